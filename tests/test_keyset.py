@@ -1,0 +1,171 @@
+"""Tests of wmtp/keyset.py, the one definition of the Windowed-MTP draft key set.
+
+The formula (DESIGN.md, arXiv 2607.21535 Sec. 3): a draft query at position ``t`` may read key
+``j`` iff ``j <= t and (j < n_sink or j > t - window)``; ``window`` counts the query's own key,
+so the set has ``min(t + 1, n_sink + window)`` keys. Expected sets are written out as literal
+index lists (STYLE.md lesson 2); only the exhaustive grid test re-derives them, by brute force
+in plain Python, to check every derived form (indices, mask, count, ranges) against each other.
+"""
+
+import pytest
+import torch
+
+from wmtp.keyset import (
+    draft_key_csr,
+    draft_key_indices,
+    draft_key_mask,
+    key_count,
+    key_ranges,
+    render_mask,
+)
+
+# (t, n_sink, window, expected key positions), one regime per row.
+LITERAL_CASES = [
+    pytest.param(2, 4, 6, [0, 1, 2], id="t+1<=n_sink"),
+    pytest.param(0, 4, 6, [0], id="first-position"),
+    pytest.param(7, 4, 6, [0, 1, 2, 3, 4, 5, 6, 7], id="n_sink<t+1<=n_sink+window"),
+    pytest.param(19, 2, 6, [0, 1, 14, 15, 16, 17, 18, 19], id="t+1>n_sink+window"),
+    pytest.param(9, 4, 6, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9], id="t+1==n_sink+window"),
+    pytest.param(10, 4, 6, [0, 1, 2, 3, 5, 6, 7, 8, 9, 10], id="t+1==n_sink+window+1"),
+    pytest.param(11, 4, 6, [0, 1, 2, 3, 6, 7, 8, 9, 10, 11], id="t+1==n_sink+window+2"),
+    pytest.param(9, 0, 4, [6, 7, 8, 9], id="n_sink=0-sliding"),
+    pytest.param(2, 0, 4, [0, 1, 2], id="n_sink=0-short"),
+    pytest.param(9, None, 3, [7, 8, 9], id="n_sink=None-is-0"),
+    pytest.param(9, 3, 1, [0, 1, 2, 9], id="window=1-sinks+self"),
+    pytest.param(2, 3, 1, [0, 1, 2], id="window=1-self-is-sink"),
+    pytest.param(3, 3, 1, [0, 1, 2, 3], id="window=1-self-after-sinks"),
+    pytest.param(5, 0, 1, [5], id="window=1-n_sink=0-self-only"),
+    pytest.param(5, 2, None, [0, 1, 2, 3, 4, 5], id="window=None-full-causal"),
+    pytest.param(3, None, None, [0, 1, 2, 3], id="both-None"),
+    pytest.param(4, 9, 2, [0, 1, 2, 3, 4], id="n_sink>t+1"),
+]
+
+
+@pytest.mark.parametrize("t, n_sink, window, expected", LITERAL_CASES)
+def test_draft_key_indices_literal(t, n_sink, window, expected):
+    got = draft_key_indices(t, n_sink, window)
+    assert got.dtype == torch.long
+    assert got.tolist() == expected
+    assert key_count(t, n_sink, window) == len(expected)
+
+
+def _row(kv_len, keys):
+    row = torch.zeros(kv_len, dtype=torch.bool)
+    row[keys] = True
+    return row
+
+
+def test_draft_key_mask_literal_rows():
+    q_pos = torch.tensor([0, 3, 10])
+    mask = draft_key_mask(q_pos, 12, n_sink=2, window=3)
+    assert mask.shape == (3, 12) and mask.dtype == torch.bool
+    assert torch.equal(mask[0], _row(12, [0]))
+    assert torch.equal(mask[1], _row(12, [0, 1, 2, 3]))
+    assert torch.equal(mask[2], _row(12, [0, 1, 8, 9, 10]))  # column 11 > t stays False
+
+
+def test_draft_key_mask_full_and_sliding_rows():
+    full = draft_key_mask(torch.tensor([1, 4]), 6, n_sink=None, window=None)
+    assert torch.equal(full[0], _row(6, [0, 1]))
+    assert torch.equal(full[1], _row(6, [0, 1, 2, 3, 4]))
+    sliding = draft_key_mask(torch.tensor([5]), 8, n_sink=0, window=2)
+    assert torch.equal(sliding[0], _row(8, [4, 5]))
+
+
+def test_draft_key_mask_accepts_list_and_kv_len_past_queries():
+    mask = draft_key_mask([7], 20, n_sink=1, window=2)
+    assert mask.shape == (1, 20)
+    assert torch.equal(mask[0], _row(20, [0, 6, 7]))
+
+
+def _brute_force(t, n_sink, window):
+    """The formula of DESIGN.md in plain Python: the independent check of the grid test."""
+    n_sink = n_sink or 0
+    if window is None:
+        return [j for j in range(t + 1)]
+    return [j for j in range(t + 1) if j < n_sink or j > t - window]
+
+
+T_MAX = 40
+
+
+@pytest.mark.parametrize("window", [1, 2, 3, 4, 5, 6, 7, 8, None])
+@pytest.mark.parametrize("n_sink", [0, 1, 2, 3, 4, 5, 6])
+def test_all_forms_agree_on_grid(n_sink, window):
+    mask = draft_key_mask(torch.arange(T_MAX), T_MAX, n_sink, window)  # (T_MAX, T_MAX)
+    for t in range(T_MAX):
+        expected = _brute_force(t, n_sink, window)
+        assert draft_key_indices(t, n_sink, window).tolist() == expected, t
+        assert mask[t].nonzero().flatten().tolist() == expected, t
+        want_count = t + 1 if window is None else min(t + 1, n_sink + window)
+        assert key_count(t, n_sink, window) == want_count == len(expected), t
+
+        (s0, s1), (r0, r1) = key_ranges(t, n_sink, window)
+        assert s0 == 0 and s0 <= s1 <= r0 <= r1 == t + 1, (t, (s0, s1), (r0, r1))  # disjoint, sink first
+        assert list(range(s0, s1)) + list(range(r0, r1)) == expected, t
+
+
+def test_draft_key_csr_one_sequence():
+    indptr, indices = draft_key_csr(torch.tensor([2, 5, 6]), n_sink=1, window=2)
+    assert indptr.tolist() == [0, 3, 6, 9]
+    assert indices.tolist() == [0, 1, 2, 0, 4, 5, 0, 5, 6]
+    assert indptr.dtype == indices.dtype == torch.long
+
+
+def test_draft_key_csr_two_sequences():
+    indptr, indices = draft_key_csr([torch.tensor([0, 1]), torch.tensor([4])], n_sink=1, window=2)
+    assert indptr.tolist() == [0, 1, 3, 6]
+    assert indices.tolist() == [0, 0, 1, 0, 3, 4]
+
+
+def test_draft_key_csr_no_queries():
+    indptr, indices = draft_key_csr([], n_sink=1, window=2)
+    assert indptr.tolist() == [0]
+    assert indices.tolist() == []
+
+
+BAD_ARGS = [
+    pytest.param(-1, 4, "n_sink", id="negative-n_sink"),
+    pytest.param(1.5, 4, "n_sink", id="float-n_sink"),
+    pytest.param(True, 4, "n_sink", id="bool-n_sink"),
+    pytest.param(2, 0, "window", id="window-0"),
+    pytest.param(2, -3, "window", id="negative-window"),
+    pytest.param(2, 2.5, "window", id="float-window"),
+    pytest.param(2, True, "window", id="bool-window"),
+]
+
+KEYSET_CALLS = {
+    "indices": lambda n_sink, window: draft_key_indices(5, n_sink, window),
+    "mask": lambda n_sink, window: draft_key_mask(torch.arange(6), 6, n_sink, window),
+    "csr": lambda n_sink, window: draft_key_csr(torch.arange(6), n_sink, window),
+    "ranges": lambda n_sink, window: key_ranges(5, n_sink, window),
+    "count": lambda n_sink, window: key_count(5, n_sink, window),
+}
+
+
+@pytest.mark.parametrize("call", KEYSET_CALLS.values(), ids=KEYSET_CALLS.keys())
+@pytest.mark.parametrize("n_sink, window, name", BAD_ARGS)
+def test_bad_key_set_args_raise(call, n_sink, window, name):
+    with pytest.raises(ValueError, match=name):
+        call(n_sink, window)
+
+
+@pytest.mark.parametrize("fn", [draft_key_indices, key_ranges, key_count])
+@pytest.mark.parametrize("window", [4, None])
+def test_negative_position_raises(fn, window):
+    with pytest.raises(ValueError, match="position"):
+        fn(-1, 2, window)
+
+
+def test_render_mask_rows_match_mask():
+    text = render_mask(kv_len=8, n_sink=2, window=3)
+    lines = text.splitlines()
+    assert lines[0].startswith("n_sink=2 window=3")
+    rows = [line.split()[-1] for line in lines[1:]]
+    assert len(rows) == 8
+    assert rows[0] == "#......."
+    assert rows[5] == "##.###.."
+    assert rows[7] == "##...###"
+    mask = draft_key_mask(torch.arange(8), 8, 2, 3)
+    for t, row in enumerate(rows):
+        assert [c == "#" for c in row] == mask[t].tolist(), t

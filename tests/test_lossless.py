@@ -1,0 +1,172 @@
+"""Losslessness: speculative greedy output equals dense greedy output, token for token.
+
+Three kinds of draft (STYLE.md lesson 7): an oracle right for exactly ``j`` tokens per step then
+wrong (every accept length 0..K), a random untrained MTP head, and a trained one; full and
+windowed key sets; depths 1..8; prompts of length 1, n_sink, n_sink+window±1; stop conditions.
+Float64 on CPU (decode.py NOTE [Exactness]).
+"""
+
+import pytest
+import torch
+
+import wmtp
+from wmtp.decode import verify_greedy, verify_greedy_loop
+
+V = 512
+KEYSETS = [(0, None), (4, 16), (0, 1), (2, 3), (4, 1000)]  # native, windowed, self only, tiny, > context
+
+
+@pytest.fixture(scope="module")
+def models():
+    """A tiny target with weights drawn wide enough that greedy output varies, and a random head."""
+    target, head = wmtp.build_models("tiny", seed=0)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in target.parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    return target.double(), head.double()
+
+
+class OracleDraft:
+    """A draft that knows the dense output: right for the first ``j`` drafts of every step, then wrong.
+
+    It has the MTP head's call signature. Its hidden state carries the draft index: the extend
+    call (target hidden in) is draft 0; a recursive call reads the index from its hidden input.
+    """
+
+    SENTINEL = 1e6
+
+    def __init__(self, head: wmtp.MTPHead, sequence: torch.Tensor, j: int):
+        self.head, self.seq, self.j = head, sequence, j
+
+    def new_cache(self, *args, **kwargs):
+        return self.head.new_cache(*args, **kwargs)
+
+    def __call__(self, hidden, next_ids, pos, cache, n_sink, window, impl):
+        last = float(hidden[0, -1, 0])
+        index = int(last - self.SENTINEL) + 1 if last >= self.SENTINEL else 0
+        t = int(pos[-1])
+        truth = int(self.seq[t + 2]) if t + 2 < len(self.seq) else 0
+        token = truth if index < self.j else (truth + 1) % V
+        logits = torch.zeros(1, hidden.shape[1], V, dtype=hidden.dtype)
+        logits[0, -1, token] = 1.0
+        g = torch.full_like(hidden, self.SENTINEL + index)
+        return logits, g
+
+
+def _prompt(n: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, V, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("depth", [1, 3, 8])
+@pytest.mark.parametrize("n_sink,window", KEYSETS)
+def test_oracle_draft_every_accept_length(models, depth, n_sink, window):
+    target, head = models
+    prompt = _prompt(12)
+    ref = wmtp.greedy_generate(target, prompt, 40)
+    seq = torch.cat([prompt, ref, torch.zeros(depth + 2, dtype=torch.long)])
+    for j in range(depth + 1):
+        out, stats = wmtp.speculative_generate(target, OracleDraft(head, seq, j), prompt, 40, depth, n_sink, window)
+        assert torch.equal(out, ref), f"j={j}"
+        # every full step accepts exactly j drafts (the last step may be cut by max_new_tokens)
+        assert stats.accept_length_histogram[j] >= stats.steps - 1
+        assert stats.accepted >= j * (stats.steps - 1)
+
+
+@pytest.mark.parametrize("depth", range(1, 9))
+@pytest.mark.parametrize("n_sink,window", KEYSETS)
+def test_random_head_is_lossless(models, depth, n_sink, window):
+    target, head = models
+    prompt = _prompt(20, seed=depth)
+    ref = wmtp.greedy_generate(target, prompt, 24)
+    out, stats = wmtp.speculative_generate(target, head, prompt, 24, depth, n_sink, window)
+    assert torch.equal(out, ref)
+    assert stats.proposed == stats.steps * depth and len(out) == 24
+
+
+def test_draft_equal_to_target_accepts_everything(models):
+    """An oracle right for all K drafts accepts all of them: AL = K + 1."""
+    target, head = models
+    prompt, depth = _prompt(9), 4
+    ref = wmtp.greedy_generate(target, prompt, 50)
+    seq = torch.cat([prompt, ref, torch.zeros(depth + 2, dtype=torch.long)])
+    out, stats = wmtp.speculative_generate(target, OracleDraft(head, seq, depth), prompt, 50, depth)
+    assert torch.equal(out, ref)
+    assert stats.accept_length_histogram[depth] == stats.steps == 10
+    assert stats.mean_accept_length == depth + 1
+
+
+@pytest.mark.parametrize("prompt_len", [1, 4, 4 + 16 - 1, 4 + 16, 4 + 16 + 1])
+@pytest.mark.parametrize("n_sink,window", [(4, 16), (0, None)])
+def test_prompt_lengths_around_the_window(models, prompt_len, n_sink, window):
+    target, head = models
+    prompt = _prompt(prompt_len, seed=prompt_len)
+    ref = wmtp.greedy_generate(target, prompt, 30)
+    out, _ = wmtp.speculative_generate(target, head, prompt, 30, 3, n_sink, window)
+    assert torch.equal(out, ref)
+
+
+def test_max_new_tokens_mid_acceptance(models):
+    """A step that accepts past max_new_tokens is cut exactly at max_new_tokens."""
+    target, head = models
+    prompt, depth = _prompt(7), 6
+    ref = wmtp.greedy_generate(target, prompt, 40)
+    seq = torch.cat([prompt, ref, torch.zeros(depth + 2, dtype=torch.long)])
+    for n in [1, 2, 5, 9, 10, 13]:
+        out, _ = wmtp.speculative_generate(target, OracleDraft(head, seq, depth), prompt, n, depth, 4, 16)
+        assert torch.equal(out, ref[:n])
+    assert wmtp.speculative_generate(target, head, prompt, 0, depth)[0].numel() == 0
+
+
+def test_eos_inside_an_accepted_run(models):
+    """EOS produced inside an accepted run ends the output right after it, as in dense decoding."""
+    target, head = models
+    prompt, depth = _prompt(7), 5
+    ref = wmtp.greedy_generate(target, prompt, 40)
+    eos = int(ref[9])  # first occurrence decides where dense decoding stops
+    dense = wmtp.greedy_generate(target, prompt, 40, eos_id=eos)
+    assert dense[-1] == eos and len(dense) < 40
+    seq = torch.cat([prompt, ref, torch.zeros(depth + 2, dtype=torch.long)])
+    for j in [0, 2, depth]:
+        out, _ = wmtp.speculative_generate(target, OracleDraft(head, seq, j), prompt, 40, depth, 4, 16, eos_id=eos)
+        assert torch.equal(out, dense), f"j={j}"
+
+
+def test_loop_and_batched_verifiers_agree(models):
+    g = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        k = int(torch.randint(1, 9, (1,), generator=g))
+        choice = torch.randint(0, 3, (k + 1,), generator=g)
+        drafts = torch.where(torch.rand(k, generator=g) < 0.7, choice[:k], torch.randint(0, 3, (k,), generator=g))
+        assert verify_greedy(drafts, choice) == verify_greedy_loop(drafts, choice)
+    assert verify_greedy(torch.tensor([1, 2, 3]), torch.tensor([1, 2, 4, 0])) == 2
+    assert verify_greedy(torch.tensor([1, 2, 3]), torch.tensor([0, 2, 3, 0])) == 0  # no acceptance past a mismatch
+    target, head = models
+    prompt = _prompt(15)
+    a, sa = wmtp.speculative_generate(target, head, prompt, 20, 3, 4, 16, verifier="loop")
+    b, sb = wmtp.speculative_generate(target, head, prompt, 20, 3, 4, 16, verifier="batched")
+    assert torch.equal(a, b) and sa.accept_length_histogram == sb.accept_length_histogram
+
+
+def test_draft_keys_read_follow_the_key_set(models):
+    """Per draft query the windowed head reads min(t+1, n_sink+window) keys."""
+    target, head = models
+    prompt = _prompt(60)
+    _, full = wmtp.speculative_generate(target, head, prompt, 10, 2)
+    _, win = wmtp.speculative_generate(target, head, prompt, 10, 2, n_sink=4, window=16)
+    assert win.draft_queries == full.draft_queries
+    assert win.draft_keys_read == 20 * win.draft_queries
+    assert full.draft_keys_read > 60 * full.draft_queries
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(depth=0), "depth"), (dict(depth=-2), "depth"), (dict(n_sink=-1), "n_sink"),
+    (dict(window=0), "window"), (dict(max_new_tokens=-1), "max_new_tokens"),
+    (dict(max_new_tokens=5000), "KV cache"), (dict(impl="cuda"), "impl"), (dict(impl="triton"), "triton"),
+])
+def test_bad_arguments_raise_value_error(models, kwargs, match):
+    target, head = models
+    args = dict(max_new_tokens=4, depth=2) | kwargs
+    with pytest.raises(ValueError, match=match):
+        wmtp.speculative_generate(target, head, _prompt(5), **args)

@@ -1,0 +1,93 @@
+"""Target LM, MTP head and KV cache: incremental decoding equals a full pass, stale cache entries
+are never read (no rollback needed), weights come from an explicit generator."""
+
+import pytest
+import torch
+
+import wmtp
+from wmtp.config import ModelConfig
+from wmtp.kvcache import KVCache
+
+
+@pytest.fixture(scope="module")
+def models():
+    target, head = wmtp.build_models("tiny", seed=0)
+    return target.double(), head.double()
+
+
+def test_cached_decoding_matches_one_full_pass(models):
+    """Prefill + one-token steps through the position-indexed cache == a cache-free full forward."""
+    target, _ = models
+    ids = torch.randint(0, 512, (1, 70), generator=torch.Generator().manual_seed(0))
+    full, _ = target(ids)
+    cache = target.new_cache(1, 128)
+    parts = [target(ids[:, :30], torch.arange(30), cache)[0]]
+    for p in range(30, 70, 5):  # chunks of 5, like verify passes
+        parts.append(target(ids[:, p:p + 5], torch.arange(p, p + 5), cache)[0])
+    torch.testing.assert_close(torch.cat(parts, 1), full, rtol=1e-10, atol=1e-10)
+
+
+def test_stale_positions_are_never_read(models):
+    """Garbage past the current position (rejected drafts) leaves the output unchanged."""
+    target, head = models
+    ids = torch.randint(0, 512, (1, 40), generator=torch.Generator().manual_seed(1))
+    clean = target.new_cache(1, 64)
+    ref, hid = target(ids, torch.arange(40), clean)
+    dirty = target.new_cache(1, 64)
+    dirty.k.fill_(float("nan"))
+    dirty.v.fill_(float("nan"))
+    out, _ = target(ids, torch.arange(40), dirty)
+    assert torch.equal(out, ref)
+    dcache = head.new_cache(1, 64)
+    dcache.k[..., 40:, :] = 1e30  # stale speculative draft KV beyond the extend
+    a, _ = head(hid, ids, torch.arange(40), dcache, n_sink=4, window=8)
+    b, _ = head(hid, ids, torch.arange(40), head.new_cache(1, 64), n_sink=4, window=8)
+    assert torch.equal(a, b)
+
+
+def test_head_shares_but_does_not_own_the_target_weights(models):
+    target, head = models
+    names = set(head.state_dict())
+    assert not any("embed" == n or n.startswith("target") for n in names)
+    assert {"proj", "hidden_norm.weight", "embed_norm.weight"} <= names
+    assert head.target is target
+
+
+def test_weights_come_from_the_seed_not_global_rng():
+    state = torch.random.get_rng_state()
+    a, ha = wmtp.build_models("tiny", seed=3)
+    b, hb = wmtp.build_models("tiny", seed=3)
+    c, _ = wmtp.build_models("tiny", seed=4)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert torch.equal(a.embed, b.embed) and torch.equal(ha.proj, hb.proj)
+    assert not torch.equal(a.embed, c.embed)
+    assert not a.training and not ha.training
+
+
+def test_hybrid_layers():
+    target, _ = wmtp.build_models("tiny")
+    cfg = target.config
+    for i, block in enumerate(target.layers):
+        is_global = i in cfg.global_layers
+        assert block.attn.rope is not is_global and block.attn.logn_scale is is_global
+        assert target.layer_key_set(i) == ((0, None) if is_global else (0, cfg.local_window))
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(d_model=65), "divisible"), (dict(n_kv_heads=3), "divisible"),
+    (dict(global_layers=(7,)), "global_layers"), (dict(local_window=0), "window"),
+])
+def test_bad_model_config(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ModelConfig(**kwargs)
+
+
+def test_cache_refuses_positions_past_its_end():
+    cache = KVCache(1, 1, 2, 8, 4)
+    with pytest.raises(ValueError, match="does not fit"):
+        cache.update(0, torch.tensor([8]), torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4))
+
+
+def test_unknown_preset():
+    with pytest.raises(ValueError, match="unknown preset"):
+        wmtp.build_models("huge")

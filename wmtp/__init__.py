@@ -1,0 +1,40 @@
+"""wmtp: Windowed-MTP speculative decoding (arXiv 2607.21535), reproduced and explained.
+
+The draft head attends to ``n_sink`` attention sinks plus the ``window`` most recent keys; the
+target verifies with full attention, so the output is exactly the target's greedy output.
+"""
+
+import torch
+
+from .attention import attention, resolve_impl
+from .config import PRESETS, KeySetConfig, ModelConfig, MTPConfig, SpecConfig, TrainConfig, get_preset
+from .decode import SpecStats, greedy_generate, speculative_generate, verify_greedy, verify_greedy_loop
+from .keyset import draft_key_csr, draft_key_indices, draft_key_mask
+from .model import TargetLM
+from .mtp import MTPHead
+
+__version__ = "0.1.0"
+
+
+def build_models(preset: str = "tiny", seed: int = 0) -> tuple[TargetLM, MTPHead]:
+    """Randomly initialised target and MTP head of a named preset, in eval mode.
+
+    Args:
+        preset: a name in ``wmtp.PRESETS``.
+        seed: seeds one ``torch.Generator`` used for both models' weights.
+    """
+    p = get_preset(preset)
+    g = torch.Generator().manual_seed(seed)
+    target = TargetLM(p.model, generator=g)
+    head = MTPHead(p.mtp, target, generator=g)
+    return target.eval(), head.eval()
+
+
+
+
+__all__ = [
+    "attention", "resolve_impl", "draft_key_indices", "draft_key_mask", "draft_key_csr",
+    "TargetLM", "MTPHead", "build_models", "greedy_generate", "speculative_generate", "SpecStats",
+    "verify_greedy", "verify_greedy_loop", "PRESETS", "get_preset", "ModelConfig", "MTPConfig",
+    "KeySetConfig", "SpecConfig", "TrainConfig", "__version__",
+]

@@ -1,0 +1,94 @@
+"""Reference attention in plain PyTorch: the ground truth for every kernel (CPU, MPS, CUDA).
+
+Implements ``attention(q, k, v, q_pos, n_sink, window)`` for the draft key set of Windowed-MTP
+(arXiv 2607.21535, Sec. 3) and, with ``window=None``, for the target's full causal set. It never
+reads a key outside the key set's two ranges (wmtp/keyset.py: the sink range and the recent
+range), so its cost scales with the keys read, ``min(t + 1, n_sink + window)`` per query, not
+with the cache length. That is the draft-KV saving the paper measures.
+
+NOTE [Precision]: scores, softmax and the weighted sum run in ``promote_types(dtype, float32)``
+(fp32 for fp16/bf16/fp32 inputs, fp64 for fp64 inputs); the output is cast back to ``q.dtype``.
+Kernels accumulate in fp32 too, so this mirrors their precision boundaries.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..keyset import in_key_set, key_ranges
+
+BLOCK_Q = 256  # queries per block: bounds the (Lq, keys) score tile of a long prefill
+
+
+def _query_blocks(q_pos: torch.Tensor) -> list[tuple[int, int]]:
+    """Split queries into blocks of at most ``BLOCK_Q`` consecutive positions.
+
+    Within such a block the union of the key sets is exactly two ranges (the sinks, and the
+    recent range from the first query's window start to the last query), so no key outside
+    every query's set is read. Queries at scattered positions get blocks of their own.
+    """
+    if q_pos.numel() == 1:
+        return [(0, 1)]
+    breaks = (torch.nonzero(q_pos[1:] - q_pos[:-1] != 1).flatten() + 1).tolist()
+    blocks = []
+    for a, b in zip([0] + breaks, breaks + [q_pos.numel()]):
+        blocks += [(s, min(s + BLOCK_Q, b)) for s in range(a, b, BLOCK_Q)]
+    return blocks
+
+
+def _gather(x: torch.Tensor, ranges: list[tuple[int, int]]) -> torch.Tensor:
+    """Keys of ``x`` ``(B, H, S, D)`` in the given position ranges: a view for one range, else a copy."""
+    if len(ranges) == 1:
+        return x[:, :, ranges[0][0] : ranges[0][1]]
+    return torch.cat([x[:, :, a:b] for a, b in ranges], dim=2)
+
+
+def attention_torch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_pos: torch.Tensor,
+    n_sink: int | None = None,
+    window: int | None = None,
+) -> torch.Tensor:
+    """Sink+window (or full causal) attention for queries at absolute positions ``q_pos``.
+
+    Args:
+        q: ``(B, Hq, Lq, D)`` queries.
+        k, v: ``(B, Hkv, S, D)`` keys and values indexed by absolute position (a KV cache);
+            positions past ``max(q_pos)`` are never read, whatever they hold.
+        q_pos: ``(Lq,)`` absolute positions of the queries, each ``< S``.
+        n_sink: sink keys (``None`` = 0).
+        window: recent keys including the query's own (``None`` = full causal set).
+
+    Returns:
+        ``(B, Hq, Lq, D)`` in ``q.dtype``.
+    """
+    B, Hq, Lq, D = q.shape
+    Hkv = k.shape[1]
+    group = Hq // Hkv
+    acc = torch.promote_types(q.dtype, torch.float32)
+    scale = D**-0.5
+    out = torch.empty_like(q)
+    for start, stop in _query_blocks(q_pos):
+        pos = q_pos[start:stop]  # (Lb,) consecutive positions lo..hi
+        lo, hi = int(pos[0]), int(pos[-1])
+        # Keys any query in [lo, hi] may read: the sinks of `hi`, then the recent range from lo's start.
+        (_, sink_end), _ = key_ranges(hi, n_sink, window)
+        _, (recent_start, _) = key_ranges(lo, n_sink, window)
+        recent_start = max(recent_start, sink_end)  # disjoint ranges: no key counted twice
+        keys = [(0, hi + 1)] if recent_start == sink_end else [(0, sink_end), (recent_start, hi + 1)]
+        keys = [(a, b) for a, b in keys if b > a]  # (B, Hkv, Kn, D) below is read from these ranges only
+        ks = _gather(k, keys).to(acc)  # (B, Hkv, Kn, D)
+        vs = _gather(v, keys).to(acc)  # (B, Hkv, Kn, D)
+        qb = q[:, :, start:stop].to(acc)  # (B, Hq, Lb, D)
+        qb = qb.reshape(B, Hkv, group * len(pos), D)  # GQA: the query heads of one KV head together
+        scores = (qb @ ks.transpose(-1, -2)) * scale  # (B, Hkv, group*Lb, Kn)
+        if len(pos) > 1:  # one query reads exactly the gathered keys; a block needs the formula
+            key_pos = torch.cat([torch.arange(a, b, device=q.device) for a, b in keys])  # (Kn,)
+            allowed = in_key_set(pos[:, None], key_pos[None, :], n_sink, window)  # (Lb, Kn)
+            scores = scores.view(B, Hkv, group, len(pos), -1).masked_fill(~allowed, float("-inf"))
+        probs = torch.softmax(scores, dim=-1).view(B, Hkv, group * len(pos), -1)
+        ob = (probs @ vs).view(B, Hq, len(pos), D)  # (B, Hq, Lb, D)
+        out[:, :, start:stop] = ob.to(q.dtype)
+    return out

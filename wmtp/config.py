@@ -1,0 +1,137 @@
+"""Frozen configuration dataclasses and the named presets.
+
+Every experiment is described by these dataclasses; ``dataclasses.asdict`` of each goes verbatim
+into the metrics JSON (wmtp/metrics.py). Paper symbols (arXiv 2607.21535, Sec. 3-4) are named in
+the field comments. Presets live in one dict, ``PRESETS``: ``tiny`` for tests (seconds on CPU),
+``small`` for the CPU reproduction (``wmtp reproduce``, about ten minutes on two cores).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .keyset import check_key_set_args
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Target LM: Llama-style decoder with local (RoPE, sliding window) and global (NoPE) layers."""
+
+    vocab_size: int = 4096
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4  # query heads Hq
+    n_kv_heads: int = 2  # key/value heads Hkv (GQA: Hq % Hkv == 0)
+    d_ff: int = 384  # SwiGLU hidden size
+    local_window: int = 64  # keys a local layer reads (same formula as the draft, n_sink=0)
+    global_layers: tuple[int, ...] = (1, 3)  # full-attention NoPE layers; the rest are local
+    rope_theta: float = 10000.0
+    train_seq_len: int = 256  # context used in training; NoPE layers scale q by log-length past it
+    max_seq_len: int = 20480  # KV-cache capacity in positions
+    norm_eps: float = 1e-5
+    head_dim: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads {self.n_heads} is not divisible by n_kv_heads {self.n_kv_heads}")
+        if any(not 0 <= i < self.n_layers for i in self.global_layers):
+            raise ValueError(f"global_layers {self.global_layers} out of range for {self.n_layers} layers")
+        check_key_set_args(0, self.local_window)
+        object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
+
+
+@dataclass(frozen=True)
+class MTPConfig:
+    """DeepSeek-V3-style MTP draft head: one transformer block with its own (draft) KV cache."""
+
+    train_depth: int = 3  # recursive steps unrolled in training (draft positions 1..train_depth)
+    rope: bool = True  # draft keys carry RoPE of their absolute position (paper default)
+
+
+@dataclass(frozen=True)
+class KeySetConfig:
+    """One draft key set: ``n_sink`` sinks plus ``window`` recent keys (``None`` = full context)."""
+
+    n_sink: int = 64  # paper: 64 attention sinks
+    window: int | None = 4096  # paper: 4096 recent keys, including the query's own
+
+    def __post_init__(self) -> None:
+        check_key_set_args(self.n_sink, self.window)
+
+    @property
+    def label(self) -> str:
+        return "native" if self.window is None else f"sink{self.n_sink}+win{self.window}"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation of the target LM and, separately, of the MTP head (target frozen)."""
+
+    target_steps: int = 200
+    head_steps: int = 100
+    batch_size: int = 16
+    seq_len: int = 256
+    lr: float = 3e-3
+    head_lr: float = 3e-3
+    weight_decay: float = 0.1
+    warmup_steps: int = 20
+    grad_clip: float = 1.0
+    max_train_chars: int | None = 4_000_000  # cap on training text (tokenizer and LM)
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Speculative decoding experiment: draft depth, arms, contexts and repeats."""
+
+    depth: int = 7  # paper: 7 draft tokens per step (MTP depth K)
+    keysets: tuple[KeySetConfig, ...] = (
+        KeySetConfig(n_sink=0, window=None),  # native: the draft reads the whole context
+        KeySetConfig(n_sink=64, window=4096),  # paper setting
+        KeySetConfig(n_sink=8, window=64),  # small setting
+    )
+    contexts: tuple[int, ...] = (1024, 4096, 16384)
+    new_tokens: int = 64
+    repeats: int = 3  # timing repeats (medians reported)
+    ppl_contexts: tuple[int, ...] = (1024, 4096, 16384)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.depth, bool) or not isinstance(self.depth, int) or self.depth < 1:
+            raise ValueError(f"depth must be a positive integer, got {self.depth!r}")
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    model: ModelConfig
+    mtp: MTPConfig
+    train: TrainConfig
+    spec: SpecConfig
+
+
+PRESETS: dict[str, Preset] = {
+    "tiny": Preset(
+        name="tiny",
+        model=ModelConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128,
+                          local_window=16, global_layers=(1,), train_seq_len=64, max_seq_len=2048),
+        mtp=MTPConfig(train_depth=2),
+        train=TrainConfig(target_steps=30, head_steps=20, batch_size=8, seq_len=64, max_train_chars=200_000),
+        spec=SpecConfig(depth=3, keysets=(KeySetConfig(0, None), KeySetConfig(4, 16)), contexts=(64, 256),
+                        new_tokens=16, repeats=2, ppl_contexts=(64, 256)),
+    ),
+    "small": Preset(
+        name="small",
+        model=ModelConfig(d_model=256, n_heads=4, n_kv_heads=4, d_ff=512),
+        mtp=MTPConfig(train_depth=2),
+        train=TrainConfig(target_steps=300, head_steps=150),
+        spec=SpecConfig(new_tokens=128),
+    ),
+}
+
+
+def get_preset(name: str) -> Preset:
+    """Look up a preset by name; raises ``ValueError`` naming the known presets."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}")
+    return PRESETS[name]

@@ -1,0 +1,369 @@
+"""Text corpora and the byte-level BPE tokenizer that wmtp trains on.
+
+`load_corpus` finds WikiText-2 (Merity et al., 2016), the corpus of the Windowed-MTP experiments,
+in this order, and says in `Corpus.message` what it loaded and what it substituted:
+
+1. a local directory you pass (any of the usual layouts, read through `datasets`);
+2. the HuggingFace hub (`wikitext-2-raw-v1`), only when huggingface.co answers quickly;
+3. offline default `python-stdlib`: the standard-library source of the running Python, which
+   every machine has, split 90/5/5 into train/valid/test by a stable hash of each file's path.
+
+`train_tokenizer` trains (or loads from its cache) a byte-level BPE through `tokenizers`; `encode`
+and `decode` turn text into a 1-D LongTensor of token ids and back, exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import socket
+import sysconfig
+import tempfile
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from pathlib import Path
+
+import datasets
+import numpy as np
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from .fileio import atomic_path
+
+EOS = "<|endoftext|>"  # the one special token; id 0
+TOKENIZER_TRAIN_CHARS = 8_000_000  # BPE trains on at most this many leading chars of train
+LINES_PER_CHUNK = 200  # encode() tokenizes text in chunks of this many lines
+HUB_HOST, HUB_REPO, HUB_CONFIG = "huggingface.co", "Salesforce/wikitext", "wikitext-2-raw-v1"
+SPLITS = ("train", "valid", "test")
+
+# File names of each split in the WikiText layouts, first match wins: the original zips
+# (wiki.train.raw / wiki.train.tokens), pytorch/examples (train.txt) and the hub's parquet.
+_SPLIT_NAMES = {"train": ("train",), "valid": ("valid", "validation"), "test": ("test",)}
+_TEXT_LAYOUTS = ("wiki.{}.raw", "wiki.{}.tokens", "{}.txt")
+# Directories left out of the python-stdlib corpus: installed packages and the test suites.
+_STDLIB_SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
+_TRUE = {"1", "ON", "YES", "TRUE"}  # what huggingface_hub accepts as a true env value
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """The raw text of a corpus' three splits, and where it came from.
+
+    Attributes:
+        name: "wikitext-2" or "python-stdlib".
+        train, valid, test: raw text of each split (left out of repr: they are megabytes).
+        source: a directory path, "hub:wikitext-2-raw-v1", or the stdlib path.
+        message: one human line saying what was loaded and anything substituted.
+    """
+
+    name: str
+    train: str = field(repr=False)
+    valid: str = field(repr=False)
+    test: str = field(repr=False)
+    source: str
+    message: str
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """First 16 hex chars of sha256 over the name and the three texts (a cache key)."""
+        digest = hashlib.sha256()
+        for part in (self.name, self.train, self.valid, self.test):
+            digest.update(part.encode("utf-8", errors="surrogatepass") + b"\0")
+        return digest.hexdigest()[:16]
+
+
+def load_corpus(dataset_dir: str | Path | None = None, *, hub_timeout_s: float = 1.5,
+                max_chars: int | None = None) -> Corpus:
+    """Load WikiText-2 from `dataset_dir`, else from the hub, else the offline python-stdlib corpus.
+
+    Args:
+        dataset_dir: a directory holding WikiText-2 itself or in a subdirectory one level down
+            (e.g. `data/wikitext-2-raw/`), in any layout: `wiki.{train,valid,test}.{raw,tokens}`,
+            `{train,valid,test}.txt` or the hub's `{train,validation,test}-*.parquet`. If it holds
+            valid and test but no train split, valid becomes the training text and test is cut
+            in two at a line boundary (first half valid, second half test). A directory without
+            WikiText falls through to the hub and then to python-stdlib.
+        hub_timeout_s: how long to wait for huggingface.co:443 before calling the hub unreachable.
+            HF_DATASETS_OFFLINE=1 or HF_HUB_OFFLINE=1 skips the attempt.
+        max_chars: if given, cut train to at most `max_chars` characters and valid and test to at
+            most `max(max_chars // 10, 1)` each, at a line boundary where there is one.
+
+    Returns:
+        The Corpus; its `message` says what was loaded and anything substituted.
+
+    Raises:
+        ValueError: `dataset_dir` does not exist, is not a directory or is empty; it holds only
+            part of WikiText-2 (no valid or no test split); or a split file is empty.
+    """
+    if dataset_dir is not None:
+        folder = Path(dataset_dir)
+        if not folder.exists():
+            raise ValueError(f"dataset dir '{folder}' does not exist")
+        if not folder.is_dir():
+            raise ValueError(f"dataset dir '{folder}' is not a directory")
+        if not any(folder.iterdir()):
+            raise ValueError(f"dataset dir '{folder}' is empty")
+        corpus = _load_local_wikitext(folder)
+        why = f"no WikiText-2 in {folder}"
+    else:
+        corpus, why = None, "no dataset dir given"
+    if corpus is None:
+        offline_because = _hub_offline_reason(hub_timeout_s)
+        if offline_because is None:
+            corpus = _load_from_hub(why)
+        else:
+            corpus = _load_stdlib(f"{why} and the hub is unreachable ({offline_because})")
+    return corpus if max_chars is None else _truncate_corpus(corpus, max_chars)
+
+
+def _load_local_wikitext(folder: Path) -> Corpus | None:
+    """WikiText-2 from `folder` or one of its subdirectories, or None if there is none."""
+    # Subdirectories: raw variants first; never WikiText-103 (a different, 50x larger corpus).
+    subdirs = sorted((d for d in folder.iterdir() if d.is_dir() and "103" not in d.name),
+                     key=lambda d: ("raw" not in d.name, d.name))
+    for candidate in (folder, *subdirs):
+        found = _find_split_files(candidate)
+        if found is not None:
+            return _read_wikitext(candidate, *found)
+    return None
+
+
+def _find_split_files(folder: Path) -> tuple[str, dict[str, Path]] | None:
+    """The first WikiText layout in `folder` as (builder, {split: file}), or None."""
+    for pattern in _TEXT_LAYOUTS:
+        files = {}
+        for split, names in _SPLIT_NAMES.items():
+            existing = [p for n in names if (p := folder / pattern.format(n)).is_file()]
+            if existing:
+                files[split] = existing[0]
+        if files:
+            return "text", files
+    files = {}
+    for path in sorted(folder.glob("*.parquet")):
+        for split, names in _SPLIT_NAMES.items():
+            if path.name.startswith(names):
+                files.setdefault(split, path)  # hub splits are single files; take the first
+    return ("parquet", files) if files else None
+
+
+def _read_wikitext(folder: Path, builder: str, files: dict[str, Path]) -> Corpus:
+    """Read the split files through `datasets` and make the Corpus, substituting a missing train."""
+    missing = [split for split in ("valid", "test") if split not in files]
+    if missing:
+        raise ValueError(f"WikiText-2 in '{folder}' has no {' or '.join(missing)} split "
+                         f"(found {', '.join(p.name for p in files.values())})")
+    texts = _read_with_datasets(builder, files)
+    layout = ", ".join(p.name for p in files.values())
+    if "train" in files:
+        return Corpus("wikitext-2", texts["train"], texts["valid"], texts["test"],
+                      source=str(folder), message=f"loaded WikiText-2 from {folder} ({layout})")
+    lines = texts["test"].split("\n")
+    half = len(lines) // 2
+    return Corpus("wikitext-2", train=texts["valid"], valid="\n".join(lines[:half]),
+                  test="\n".join(lines[half:]), source=str(folder),
+                  message=f"WikiText-2 in {folder} has no train split: training on its "
+                          "valid split, evaluating on its test split "
+                          "(first half valid, second half test)")
+
+
+def _read_with_datasets(builder: str, files: dict[str, Path]) -> dict[str, str]:
+    """{split: text} read by `datasets.load_dataset(builder)`; rows are lines, joined with "\\n"."""
+    for path in files.values():
+        if path.stat().st_size == 0:  # checked before datasets sees it, which may fail oddly
+            raise ValueError(f"split file '{path}' is empty")
+    # A throwaway cache, so that nothing is written into the dataset dir or left behind.
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as cache, _quiet_datasets():
+        dataset = datasets.load_dataset(builder, cache_dir=cache,
+                                        data_files={split: str(p) for split, p in files.items()})
+        texts = {split: _join_lines(dataset[split]["text"]) for split in files}
+        del dataset  # let go of its memory-mapped files before the cache is deleted
+    for split, text in texts.items():
+        if not text.strip():
+            raise ValueError(f"split file '{files[split]}' is empty (only whitespace)")
+    return texts
+
+
+def _join_lines(rows) -> str:
+    """Join dataset rows into one text. Hub rows keep their "\\n" (blank lines are ""): drop it."""
+    return "\n".join(row.removesuffix("\n") for row in rows)
+
+
+@contextlib.contextmanager
+def _quiet_datasets():
+    """Hide the progress bars of `datasets` for the duration, then restore them as they were."""
+    was_enabled = datasets.utils.logging.is_progress_bar_enabled()
+    datasets.utils.logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            datasets.utils.logging.enable_progress_bar()
+
+
+def _hub_offline_reason(timeout_s: float) -> str | None:
+    """None if huggingface.co accepts a TCP connection within `timeout_s`, else why not.
+
+    The hub's own client retries for a long time when offline, so we look first. The name
+    lookup (DNS) is not bounded by `timeout_s`; on a machine without a resolver it fails at once.
+    """
+    for var in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
+        if os.environ.get(var, "").upper() in _TRUE:
+            return f"{var}={os.environ[var]}"
+    try:
+        with socket.create_connection((HUB_HOST, 443), timeout=timeout_s):
+            return None
+    except OSError as err:
+        return f"{HUB_HOST}:443: {err}"
+
+
+def _load_from_hub(why: str) -> Corpus:
+    """WikiText-2 (raw) from the HuggingFace hub, cached in the user's `datasets` cache."""
+    try:
+        with _quiet_datasets():
+            dataset = datasets.load_dataset(HUB_REPO, HUB_CONFIG)  # the alias "wikitext" is legacy
+        hub_names = {"train": "train", "valid": "validation", "test": "test"}
+        texts = {ours: _join_lines(dataset[theirs]["text"]) for ours, theirs in hub_names.items()}
+    except Exception as err:  # reachable but failing: say what to do instead of hiding it
+        raise RuntimeError(f"huggingface.co is reachable but loading {HUB_REPO}/{HUB_CONFIG} "
+                           f"failed ({err!r}); pass a dataset dir, or set HF_DATASETS_OFFLINE=1 "
+                           f"to use the offline default corpus python-stdlib") from err
+    return Corpus("wikitext-2", **texts, source=f"hub:{HUB_CONFIG}",
+                  message=f"{why}: loaded {HUB_REPO}/{HUB_CONFIG} from the HuggingFace hub")
+
+
+def _load_stdlib(why: str) -> Corpus:
+    """The python-stdlib corpus: every stdlib `*.py` file but tests, split by a hash of its path.
+
+    Files are sorted by relative path, each prefixed by a `# file: relative/path.py` line. A file
+    goes to train, valid or test when sha1(path) mod 100 is < 90, < 95 or otherwise, so the split
+    of a file never depends on which other files this Python has.
+    """
+    root = Path(sysconfig.get_paths()["stdlib"])
+    parts: dict[str, list[str]] = {split: [] for split in SPLITS}
+    for rel in _stdlib_files(root):
+        bucket = int(hashlib.sha1(rel.encode()).hexdigest(), 16) % 100
+        split = "train" if bucket < 90 else "valid" if bucket < 95 else "test"
+        text = (root / rel).read_text(encoding="utf-8", errors="replace")
+        parts[split].append(f"# file: {rel}\n{text}" + ("" if text.endswith("\n") else "\n"))
+    return Corpus("python-stdlib", **{split: "".join(p) for split, p in parts.items()},
+                  source=str(root),
+                  message=f"{why}: using the offline default corpus python-stdlib "
+                          f"(the standard-library source of this Python, {root})")
+
+
+def _stdlib_files(root: Path) -> list[str]:
+    """Relative POSIX paths of the `*.py` files under `root`, sorted, test suites left out."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in _STDLIB_SKIP_DIRS]  # prune, don't descend
+        rel_dir = Path(dirpath).relative_to(root)
+        found += [(rel_dir / f).as_posix() for f in filenames if f.endswith(".py")]
+    return sorted(found)
+
+
+def _truncate(text: str, max_chars: int) -> str:
+    """At most `max_chars` leading characters of `text`, ending at a line boundary if possible."""
+    if len(text) <= max_chars:
+        return text
+    cut = text.rfind("\n", 0, max_chars)
+    return text[:cut] if cut > 0 else text[:max_chars]
+
+
+def _truncate_corpus(corpus: Corpus, max_chars: int) -> Corpus:
+    if max_chars < 1:
+        raise ValueError(f"max_chars must be >= 1, got {max_chars}")
+    small = max(max_chars // 10, 1)
+    return replace(corpus, train=_truncate(corpus.train, max_chars),
+                   valid=_truncate(corpus.valid, small), test=_truncate(corpus.test, small),
+                   message=f"{corpus.message}; cut to max_chars={max_chars} "
+                           f"(valid and test to {small})")
+
+
+def train_tokenizer(corpus: Corpus, vocab_size: int, cache_dir: str | Path) -> Tokenizer:
+    """A byte-level BPE trained on `corpus.train`, loaded from `cache_dir` when already trained.
+
+    Byte-level means every string encodes and decodes back exactly, with no unknown token. The
+    only special token is `<|endoftext|>`, id 0. Training reads at most the first
+    TOKENIZER_TRAIN_CHARS (8M) characters of train, at a line boundary, which bounds its time
+    and memory (the stdlib corpus, 11M characters, trains in seconds on 2 CPU cores). The file
+    is `cache_dir/tokenizer-{name}-{fingerprint}-v{vocab_size}.json`, written atomically.
+
+    Args:
+        corpus: the corpus; only its train split is read.
+        vocab_size: size of the vocabulary including the 256 bytes and `<|endoftext|>` (>= 257).
+        cache_dir: directory of tokenizer files; created if missing.
+
+    Returns:
+        The tokenizer.
+    """
+    if vocab_size < 257:
+        raise ValueError(f"vocab_size must be >= 257 (256 bytes + {EOS}), got {vocab_size}")
+    path = Path(cache_dir) / f"tokenizer-{corpus.name}-{corpus.fingerprint}-v{vocab_size}.json"
+    if path.is_file():
+        return Tokenizer.from_file(str(path))
+    tokenizer = _train_bpe(_truncate(corpus.train, TOKENIZER_TRAIN_CHARS), vocab_size)
+    with atomic_path(path) as tmp:  # a reader never sees half a file
+        tokenizer.save(str(tmp))
+    return tokenizer
+
+
+def _train_bpe(text: str, vocab_size: int) -> Tokenizer:
+    """Train a byte-level BPE with `<|endoftext|>` as id 0 on `text`."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(_line_chunks(text, LINES_PER_CHUNK), trainer=trainer)
+    return tokenizer
+
+
+def eos_id(tokenizer: Tokenizer) -> int:
+    """The id of `<|endoftext|>` (0 for tokenizers made by `train_tokenizer`)."""
+    token_id = tokenizer.token_to_id(EOS)
+    if token_id is None:
+        raise ValueError(f"tokenizer has no {EOS} token")
+    return token_id
+
+
+def _line_chunks(text: str, lines_per_chunk: int) -> list[str]:
+    """`text` cut after every `lines_per_chunk` lines; the chunks join back to `text` exactly."""
+    lines = text.splitlines(keepends=True)
+    return ["".join(lines[i:i + lines_per_chunk]) for i in range(0, len(lines), lines_per_chunk)]
+
+
+def encode(tokenizer: Tokenizer, text: str, *,
+           lines_per_chunk: int = LINES_PER_CHUNK) -> torch.Tensor:
+    """Token ids of `text` as a 1-D LongTensor, encoded in parallel chunks of lines.
+
+    Each chunk of `lines_per_chunk` lines is encoded on its own (`encode_batch` runs them on all
+    cores), so no token straddles a chunk boundary: the ids equal those of encoding chunk by
+    chunk, which can differ slightly from encoding the whole text at once (about 0.05% more
+    tokens on the stdlib corpus). For training a language model that is harmless, and it is
+    several times faster.
+
+    Args:
+        tokenizer: a tokenizer from `train_tokenizer`.
+        text: the text; any string.
+        lines_per_chunk: lines per chunk.
+
+    Returns:
+        LongTensor (N,) of token ids; `decode` gives `text` back exactly.
+    """
+    ids: list[np.ndarray] = []
+    chunks = _line_chunks(text, lines_per_chunk)
+    for start in range(0, len(chunks), 256):  # 256 chunks at a time bounds the Encoding objects
+        batch = tokenizer.encode_batch(chunks[start:start + 256], add_special_tokens=False)
+        ids += [np.asarray(e.ids, dtype=np.int64) for e in batch]
+    return torch.from_numpy(np.concatenate(ids)) if ids else torch.empty(0, dtype=torch.long)
+
+
+def decode(tokenizer: Tokenizer, ids: torch.Tensor | list[int]) -> str:
+    """The text of token ids (a 1-D tensor or a list), special tokens included."""
+    return tokenizer.decode(torch.as_tensor(ids).tolist(), skip_special_tokens=False)
+
+
+def corpus_token_splits(corpus: Corpus, tokenizer: Tokenizer) -> dict[str, torch.Tensor]:
+    """{"train", "valid", "test"}: each split of `corpus` encoded by `encode`."""
+    return {split: encode(tokenizer, getattr(corpus, split)) for split in SPLITS}

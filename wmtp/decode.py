@@ -1,0 +1,237 @@
+"""Dense greedy decoding, greedy verification, and (Windowed-)MTP speculative decoding.
+
+One speculative step (arXiv 2607.21535, Sec. 2-3), with ``n`` tokens committed and ``x`` the
+target's latest token at position ``n``:
+
+1. *draft extend*: the head consumes the target hidden states of the positions committed since
+   its last step (filling the draft KV with true-chain entries) and guesses ``d_1``;
+2. *draft*: ``depth - 1`` recursive head steps guess ``d_2 .. d_K`` (speculative draft KV);
+3. *verify*: one target pass over ``[x, d_1 .. d_K]`` at positions ``n .. n+K`` yields the
+   target's greedy choices ``y_0 .. y_K``; ``d_i`` is accepted while ``d_i == y_{i-1}``;
+4. commit the accepted drafts plus ``y_a`` (the target's own next token).
+
+Only the head's attention key set changes with ``(n_sink, window)``. Every committed token is
+the target's greedy argmax given the committed prefix, so the output equals ``greedy_generate``
+token for token, whatever the draft proposes (tests/test_lossless.py asserts it). Both caches are
+position-indexed: rejected positions are overwritten by the next step, never rolled back
+(wmtp/kvcache.py). On a full accept the head consumes its last proposal ``d_K`` in the next
+step's extend, like every other accepted token.
+
+NOTE [Exactness]: the proof is exact in real arithmetic. In floating point, a position's logits
+from a ``K+1``-token verify pass and from a one-token decode pass can differ in the last bits
+(different matrix shapes sum in different orders); a near-tie can then flip an argmax. The
+losslessness checks therefore run in float64 on CPU, where that noise is ~1e-16.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .attention import resolve_impl
+from .device import synchronize
+from .keyset import check_key_set_args, key_count
+from .model import TargetLM
+from .mtp import MTPHead
+
+VERIFIERS = ("batched", "loop")
+
+
+@dataclass
+class SpecStats:
+    """Counters of one speculative generation. ``accept_length_histogram[a]``: steps accepting ``a`` drafts."""
+
+    depth: int
+    proposed: int = 0
+    accepted: int = 0
+    steps: int = 0
+    accept_length_histogram: list[int] = field(default_factory=list)
+    per_position_accepted: list[int] = field(default_factory=list)
+    draft_keys_read: int = 0  # keys read by draft attention while decoding (prompt prefill excluded)
+    draft_queries: int = 0
+    draft_time_s: float = 0.0  # wall-clock of draft extend + recursive drafting, all steps
+    verify_time_s: float = 0.0  # wall-clock of the target's verify passes, all steps
+    step_times_s: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.accept_length_histogram = self.accept_length_histogram or [0] * (self.depth + 1)
+        self.per_position_accepted = self.per_position_accepted or [0] * self.depth
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted drafts over proposed drafts."""
+        return self.accepted / max(self.proposed, 1)
+
+    @property
+    def mean_accept_length(self) -> float:
+        """Tokens committed per target pass (accepted drafts + the target's token): the paper's AL."""
+        return (self.accepted + self.steps) / max(self.steps, 1)
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        """Fraction of steps in which draft position ``i`` (0-based) was accepted."""
+        return [a / max(self.steps, 1) for a in self.per_position_accepted]
+
+    def to_dict(self) -> dict:
+        keys = ("depth", "proposed", "accepted", "steps", "accept_length_histogram", "draft_keys_read",
+                "draft_queries", "draft_time_s", "verify_time_s", "step_times_s", "acceptance_rate",
+                "mean_accept_length", "per_position_acceptance")
+        return {k: getattr(self, k) for k in keys}
+
+
+def verify_greedy(drafts: torch.Tensor, target_choice: torch.Tensor) -> int:
+    """Number of drafts accepted: the longest prefix with ``drafts[i] == target_choice[i]``.
+
+    ``drafts`` is ``(K,)``; ``target_choice`` ``(K+1,)`` is the target's argmax at the verify
+    positions, so ``target_choice[a]`` is the token committed after ``a`` accepted drafts.
+    """
+    return int((drafts == target_choice[: drafts.shape[0]]).long().cumprod(0).sum())
+
+
+def verify_greedy_loop(drafts: torch.Tensor, target_choice: torch.Tensor) -> int:
+    """Token-by-token reference for :func:`verify_greedy`: stop at the first mismatch."""
+    accepted = 0
+    for i in range(drafts.shape[0]):
+        if int(drafts[i]) != int(target_choice[i]):
+            break
+        accepted += 1
+    return accepted
+
+
+def _check_request(target: TargetLM, prompt_ids: torch.Tensor, max_new_tokens: int, extra: int) -> int:
+    if not isinstance(prompt_ids, torch.Tensor) or prompt_ids.dim() != 1 or prompt_ids.numel() == 0:
+        raise ValueError("prompt_ids must be a non-empty 1-D LongTensor of token ids")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+    if int(prompt_ids.min()) < 0 or int(prompt_ids.max()) >= target.config.vocab_size:
+        raise ValueError(f"prompt token ids must lie in [0, {target.config.vocab_size})")
+    needed = prompt_ids.numel() + max_new_tokens + extra
+    if needed > target.config.max_seq_len:
+        raise ValueError(f"prompt of {prompt_ids.numel()} tokens plus {max_new_tokens} new tokens needs "
+                         f"{needed} cache positions; the KV cache holds {target.config.max_seq_len}")
+    return needed
+
+
+def _finish(out: list[int], max_new_tokens: int, eos_id: int | None) -> tuple[list[int], bool]:
+    """Truncate at ``max_new_tokens`` and after the first ``eos_id``; say whether to stop."""
+    if eos_id is not None and eos_id in out:
+        return out[: out.index(eos_id) + 1][:max_new_tokens], True
+    return out[:max_new_tokens], len(out) >= max_new_tokens
+
+
+@torch.no_grad()
+def greedy_generate(target: TargetLM, prompt_ids: torch.Tensor, max_new_tokens: int,
+                    eos_id: int | None = None, impl: str = "auto", step_times: list[float] | None = None
+                    ) -> torch.Tensor:
+    """Dense greedy decoding with a KV cache: the reference output of every speculative run.
+
+    If ``step_times`` is a list, the wall-clock seconds of each one-token decode pass (prefill
+    excluded) are appended to it.
+
+    Returns:
+        1-D LongTensor of the new tokens (``max_new_tokens`` long, shorter only after ``eos_id``).
+    """
+    needed = _check_request(target, prompt_ids, max_new_tokens, extra=1)
+    impl = resolve_impl(impl, prompt_ids.device)
+    cache = target.new_cache(1, needed)
+    logits, _ = target(prompt_ids[None], torch.arange(prompt_ids.numel(), device=prompt_ids.device), cache, impl)
+    out: list[int] = []
+    n = prompt_ids.numel()
+    while max_new_tokens:
+        out.append(int(logits[0, -1].argmax()))
+        out, stop = _finish(out, max_new_tokens, eos_id)
+        if stop:
+            break
+        last = torch.tensor([[out[-1]]], device=prompt_ids.device)
+        synchronize(prompt_ids.device)
+        t0 = time.perf_counter()
+        logits, _ = target(last, torch.tensor([n], device=prompt_ids.device), cache, impl)
+        synchronize(prompt_ids.device)
+        if step_times is not None:
+            step_times.append(time.perf_counter() - t0)
+        n += 1
+    return torch.tensor(out, dtype=torch.long, device=prompt_ids.device)
+
+
+
+@torch.no_grad()
+def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max_new_tokens: int,
+                         depth: int, n_sink: int | None = None, window: int | None = None, impl: str = "auto",
+                         eos_id: int | None = None, verifier: str = "batched"
+                         ) -> tuple[torch.Tensor, SpecStats]:
+    """Greedy speculative decoding with an MTP draft head whose attention reads ``(n_sink, window)``.
+
+    Args:
+        target: the target LM (full attention in verification, always).
+        draft: the MTP head drafting ``depth`` tokens per step, recursively.
+        prompt_ids: 1-D LongTensor prompt.
+        max_new_tokens: tokens to generate.
+        depth: draft tokens per step (K).
+        n_sink, window: the draft key set (``window=None``: native MTP, full context).
+        impl: attention implementation for draft and target.
+        eos_id: stop after this token (included in the output).
+        verifier: ``"batched"`` (cumprod of matches) or ``"loop"`` (token by token).
+
+    Returns:
+        The new tokens (identical to ``greedy_generate``) and the step statistics.
+    """
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+        raise ValueError(f"depth must be a positive integer, got {depth!r}")
+    check_key_set_args(n_sink, window)
+    if verifier not in VERIFIERS:
+        raise ValueError(f"unknown verifier {verifier!r}; choose one of {', '.join(VERIFIERS)}")
+    needed = _check_request(target, prompt_ids, max_new_tokens, extra=depth + 1)
+    impl = resolve_impl(impl, prompt_ids.device)
+    verify = verify_greedy if verifier == "batched" else verify_greedy_loop
+    dev = prompt_ids.device
+    stats = SpecStats(depth=depth)
+    tcache, dcache = target.new_cache(1, needed), draft.new_cache(1, needed)
+
+    P = prompt_ids.numel()
+    logits, hidden = target(prompt_ids[None], torch.arange(P, device=dev), tcache, impl)
+    x = logits[0, -1].argmax()  # the target's first new token, at position P
+    out, stop = _finish([int(x)], max_new_tokens, eos_id)
+    if P > 1:  # draft prefill: true-chain draft KV for positions 0..P-2 (not part of any step)
+        draft(hidden[:, :-1], prompt_ids[None, 1:], torch.arange(P - 1, device=dev), dcache, n_sink, window, impl)
+    # Positions the head has not consumed yet: their target hidden states and following tokens.
+    head_start, h_new, next_tokens = P - 1, hidden[:, -1:], x.view(1)
+    n = P  # committed positions 0..n-1 are in the target cache; x sits at position n
+    while not stop:
+        synchronize(dev)
+        t0 = time.perf_counter()
+        ext_pos = torch.arange(head_start, n, device=dev)
+        dlogits, g = draft(h_new, next_tokens[None], ext_pos, dcache, n_sink, window, impl)
+        drafts = [dlogits[0, -1].argmax()]
+        for i in range(1, depth):  # recursive drafting: the head's own hidden state feeds it back
+            pos_i = torch.tensor([n - 1 + i], device=dev)
+            dlogits, g = draft(g[:, -1:], drafts[-1].view(1, 1), pos_i, dcache, n_sink, window, impl)
+            drafts.append(dlogits[0, -1].argmax())
+        d = torch.stack(drafts)  # (K,)
+        draft_pos = range(head_start, n - 1 + depth)  # the extend's queries, then the recursive ones
+        stats.draft_keys_read += sum(key_count(t, n_sink, window) for t in draft_pos)
+        stats.draft_queries += len(draft_pos)
+        synchronize(dev)
+        t1 = time.perf_counter()
+        vlogits, vhidden = target(torch.cat([x.view(1), d])[None], torch.arange(n, n + depth + 1, device=dev),
+                                  tcache, impl)
+        choice = vlogits[0].argmax(-1)  # (K+1,) the target's greedy token after each prefix
+        a = verify(d, choice)
+        synchronize(dev)
+        t2 = time.perf_counter()
+        stats.draft_time_s += t1 - t0
+        stats.verify_time_s += t2 - t1
+        stats.step_times_s.append(t2 - t0)
+        stats.steps += 1
+        stats.proposed += depth
+        stats.accepted += a
+        stats.accept_length_histogram[a] += 1
+        for i in range(a):
+            stats.per_position_accepted[i] += 1
+        x = choice[a]
+        out, stop = _finish(out + d[:a].tolist() + [int(x)], max_new_tokens, eos_id)
+        # The head's next extend consumes positions n..n+a with the target's own hidden states.
+        head_start, h_new, next_tokens = n, vhidden[:, : a + 1], torch.cat([d[:a], x.view(1)])
+        n += a + 1
+    return torch.tensor(out, dtype=torch.long, device=dev), stats

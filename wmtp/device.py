@@ -1,0 +1,43 @@
+"""Devices, picked in one place: ``resolve_device`` maps a name to a ``torch.device`` or raises.
+
+The reference path runs on CPU, Apple MPS and CUDA (DESIGN.md); ``auto`` prefers CUDA, then MPS,
+then CPU. Asking for a device that is absent is an error, never a silent fallback.
+"""
+
+from __future__ import annotations
+
+import torch
+
+DEVICES = ("auto", "cpu", "mps", "cuda")
+
+
+def resolve_device(name: str) -> torch.device:
+    """``"auto" | "cpu" | "mps" | "cuda"`` (or ``"cuda:N"``) to a ``torch.device``.
+
+    Raises:
+        ValueError: for an unknown name or a device this machine does not have.
+    """
+    base = name.split(":")[0]
+    if base not in DEVICES:
+        raise ValueError(f"unknown device {name!r}; choose one of {', '.join(DEVICES)}")
+    if base == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        return torch.device("mps") if mps_available() else torch.device("cpu")
+    if base == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but CUDA is not available on this machine")
+    if base == "mps" and not mps_available():
+        raise ValueError(f"device {name!r} requested but Apple MPS is not available on this machine")
+    return torch.device(name)
+
+
+def mps_available() -> bool:
+    return getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued work on ``device`` (a no-op on CPU), so wall-clock timings are honest."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()

@@ -1,0 +1,151 @@
+"""The draft key set of Windowed-MTP: the one definition, and the forms derived from it.
+
+Windowed-MTP (arXiv 2607.21535, Sec. 3) lets the MTP draft head attend only to the first
+``n_sink`` tokens (attention sinks) and the most recent ``window`` tokens. For a query at
+absolute position ``t`` (0-based; its own key is at ``t``) the draft may read key ``j`` iff
+
+    j <= t  and  ( j < n_sink  or  j > t - window )
+
+so ``window`` counts the query's own key and the set holds ``min(t + 1, n_sink + window)``
+keys. With ``S = t + 1`` this is the paper's ``{0 .. n_sink-1} ∪ {S-window .. S-1}``.
+``window=None`` means the full causal set ``{0 .. t}``; ``n_sink=0`` is a pure sliding
+window. The target model always verifies with the full causal set.
+
+``in_key_set`` below is that formula and nothing else. Every other form — the two key
+ranges a kernel loops over, index lists, boolean masks, the CSR layout for a batch — is
+derived from it here and tested against it with literal index lists (tests/test_keyset.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "check_key_set_args",
+    "in_key_set",
+    "key_ranges",
+    "key_count",
+    "draft_key_indices",
+    "draft_key_mask",
+    "draft_key_csr",
+]
+
+
+def check_key_set_args(n_sink: int | None, window: int | None) -> int:
+    """Validate ``(n_sink, window)`` and return ``n_sink`` with ``None`` read as 0.
+
+    Raises:
+        ValueError: if ``n_sink`` is negative or ``window`` is not a positive integer.
+    """
+    n_sink = 0 if n_sink is None else n_sink
+    if isinstance(n_sink, bool) or not isinstance(n_sink, int) or n_sink < 0:
+        raise ValueError(f"n_sink must be a non-negative integer, got {n_sink!r}")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"window must be a positive integer or None (full causal set), got {window!r}")
+    return n_sink
+
+
+def in_key_set(t: torch.Tensor, j: torch.Tensor, n_sink: int | None, window: int | None) -> torch.Tensor:
+    """THE key-set formula: may a draft query at position ``t`` read the key at position ``j``?
+
+    ``t`` and ``j`` broadcast against each other (e.g. ``t[:, None]`` and ``j[None, :]``).
+    """
+    n_sink = check_key_set_args(n_sink, window)
+    causal = j <= t
+    if window is None:
+        return causal
+    return causal & ((j < n_sink) | (j > t - window))
+
+
+def key_ranges(t: int, n_sink: int | None, window: int | None) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The key set of position ``t`` as two disjoint half-open ranges ``(sink, recent)``.
+
+    ``sink = [0, a)`` and ``recent = [b, t + 1)`` with ``a <= b``; either may be empty. This is
+    the form the kernels loop over: two contiguous key ranges, never a gathered copy.
+    """
+    n_sink = check_key_set_args(n_sink, window)
+    if t < 0:
+        raise ValueError(f"query position must be >= 0, got {t}")
+    if window is None:
+        return (0, 0), (0, t + 1)
+    a = min(n_sink, t + 1)  # sinks that exist yet
+    b = max(n_sink, t - window + 1)  # first recent key that is not already a sink
+    return (0, a), (min(b, t + 1), t + 1)
+
+
+def key_count(t: int, n_sink: int | None, window: int | None) -> int:
+    """Number of keys a draft query at position ``t`` reads: ``min(t + 1, n_sink + window)``."""
+    (s0, s1), (r0, r1) = key_ranges(t, n_sink, window)
+    return (s1 - s0) + (r1 - r0)
+
+
+def draft_key_indices(t: int, n_sink: int | None, window: int | None) -> torch.Tensor:
+    """Key positions the draft query at position ``t`` may read, ascending.
+
+    Example: ``draft_key_indices(19, n_sink=2, window=6)`` is ``[0, 1, 14, 15, 16, 17, 18, 19]``.
+
+    Args:
+        t: absolute query position (0-based).
+        n_sink: number of attention-sink keys at the start (``None`` = 0).
+        window: number of recent keys including the query's own (``None`` = full causal set).
+
+    Returns:
+        LongTensor of key positions.
+    """
+    (s0, s1), (r0, r1) = key_ranges(t, n_sink, window)
+    return torch.cat([torch.arange(s0, s1), torch.arange(r0, r1)])
+
+
+def draft_key_mask(q_pos: torch.Tensor, kv_len: int, n_sink: int | None, window: int | None) -> torch.Tensor:
+    """Boolean mask ``(len(q_pos), kv_len)``: ``mask[i, j]`` iff query ``q_pos[i]`` may read key ``j``.
+
+    Args:
+        q_pos: LongTensor ``(Lq,)`` of absolute query positions.
+        kv_len: number of key positions (columns).
+        n_sink: number of sink keys (``None`` = 0).
+        window: recent-window size including the query (``None`` = full causal set).
+    """
+    q_pos = torch.as_tensor(q_pos, dtype=torch.long)
+    j = torch.arange(kv_len, device=q_pos.device)
+    return in_key_set(q_pos[:, None], j[None, :], n_sink, window)  # (Lq, kv_len)
+
+
+def draft_key_csr(
+    q_pos: torch.Tensor | list[torch.Tensor], n_sink: int | None, window: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """CSR form of the key sets of many queries: ``(indptr, indices)``.
+
+    Row ``r`` (the r-th query, sequences concatenated in order when a list is given) reads keys
+    ``indices[indptr[r]:indptr[r + 1]]``, ascending positions within its own sequence. This is
+    the layout that paged kernels and FlashInfer-style sparse attention consume.
+
+    Args:
+        q_pos: ``(Lq,)`` positions of one sequence, or a list of such tensors (one per sequence).
+        n_sink: number of sink keys (``None`` = 0).
+        window: recent-window size including the query (``None`` = full causal set).
+
+    Returns:
+        ``indptr`` LongTensor ``(R + 1,)`` and ``indices`` LongTensor ``(nnz,)``.
+    """
+    seqs = q_pos if isinstance(q_pos, (list, tuple)) else [q_pos]
+    rows = [draft_key_indices(int(t), n_sink, window) for seq in seqs for t in torch.as_tensor(seq).tolist()]
+    counts = torch.tensor([len(r) for r in rows], dtype=torch.long)
+    indptr = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
+    indices = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)
+    return indptr, indices
+
+
+def render_mask(kv_len: int = 24, n_sink: int = 4, window: int = 6) -> str:
+    """Draw the key set of every query ``t < kv_len`` as text: ``#`` read, ``.`` skipped."""
+    mask = draft_key_mask(torch.arange(kv_len), kv_len, n_sink, window)
+    lines = [f"n_sink={n_sink} window={window}  (row t = query position, column j = key position)"]
+    lines += [f"t={t:3d} " + "".join("#" if m else "." for m in row.tolist()) for t, row in enumerate(mask)]
+    return "\n".join(lines)
+
+
+def main() -> None:  # pragma: no cover - a picture for notebooks and docs
+    print(render_mask())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

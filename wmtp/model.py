@@ -1,0 +1,171 @@
+"""Target LM: a small Llama-style decoder (RMSNorm, SwiGLU, GQA) with a position-indexed KV cache.
+
+The paper (arXiv 2607.21535, Sec. 2 and 5) targets hybrid models in which few layers hold full
+KV. This target mirrors that: most layers are *local* (RoPE, sliding window of ``local_window``
+keys, the key-set formula with ``n_sink=0``), and ``global_layers`` are full-attention layers
+with no positional encoding (NoPE). Trained at a short context, such a model stays sensible at
+16K tokens: the local layers never see an unseen distance, and the NoPE layers scale their
+queries by ``max(1, log(t + 1) / log(train_seq_len))`` (log-length scaling, as in Qwen's
+logn attention) so that attention does not flatten as the context grows.
+
+Parameters are plain ``nn.Parameter``s initialised from an explicit ``torch.Generator``: building
+a model never touches torch's global RNG.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .attention import attention
+from .config import ModelConfig
+from .kvcache import KVCache
+
+
+def _weight(out_features: int, in_features: int) -> nn.Parameter:
+    return nn.Parameter(torch.empty(out_features, in_features))
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        acc = x.to(torch.promote_types(x.dtype, torch.float32))
+        acc = acc * torch.rsqrt(acc.pow(2).mean(-1, keepdim=True) + self.eps)
+        return acc.to(x.dtype) * self.weight
+
+
+def apply_rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotate ``x`` ``(B, H, L, D)`` by the RoPE angles of absolute positions ``pos`` ``(L,)``."""
+    D = x.shape[-1]
+    acc = torch.promote_types(x.dtype, torch.float32)
+    inv_freq = theta ** (-torch.arange(0, D, 2, device=x.device, dtype=acc) / D)  # (D/2,)
+    angles = pos.to(acc)[:, None] * inv_freq[None, :]  # (L, D/2)
+    cos, sin = angles.cos(), angles.sin()
+    x1, x2 = x.to(acc).chunk(2, dim=-1)  # (B, H, L, D/2) each
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
+
+
+class Attention(nn.Module):
+    """GQA self-attention over a key set; RoPE optional; optional per-query log-length scaling."""
+
+    def __init__(self, cfg: ModelConfig, *, rope: bool, logn_scale: bool = False) -> None:
+        super().__init__()
+        self.cfg, self.rope, self.logn_scale = cfg, rope, logn_scale
+        self.wq = _weight(cfg.n_heads * cfg.head_dim, cfg.d_model)
+        self.wk = _weight(cfg.n_kv_heads * cfg.head_dim, cfg.d_model)
+        self.wv = _weight(cfg.n_kv_heads * cfg.head_dim, cfg.d_model)
+        self.wo = _weight(cfg.d_model, cfg.n_heads * cfg.head_dim)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache | None, layer: int,
+                n_sink: int | None, window: int | None, impl: str) -> torch.Tensor:
+        B, L, _ = x.shape
+        c = self.cfg
+        q = F.linear(x, self.wq).view(B, L, c.n_heads, c.head_dim).transpose(1, 2)  # (B, Hq, L, D)
+        k = F.linear(x, self.wk).view(B, L, c.n_kv_heads, c.head_dim).transpose(1, 2)  # (B, Hkv, L, D)
+        v = F.linear(x, self.wv).view(B, L, c.n_kv_heads, c.head_dim).transpose(1, 2)  # (B, Hkv, L, D)
+        if self.rope:
+            q, k = apply_rope(q, pos, c.rope_theta), apply_rope(k, pos, c.rope_theta)
+        if self.logn_scale:
+            scale = (torch.log(pos.to(q.dtype) + 1) / math.log(c.train_seq_len)).clamp(min=1.0)  # (L,)
+            q = q * scale[:, None]
+        if cache is not None:
+            k, v = cache.update(layer, pos, k, v)  # (B, Hkv, S, D): the whole position-indexed buffer
+        elif int(pos[0]) != 0:
+            raise ValueError("a forward pass without a cache must start at position 0")
+        y = attention(q, k, v, pos, n_sink=n_sink, window=window, impl=impl)  # (B, Hq, L, D)
+        return F.linear(y.transpose(1, 2).reshape(B, L, -1), self.wo)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.w_gate = _weight(cfg.d_ff, cfg.d_model)
+        self.w_up = _weight(cfg.d_ff, cfg.d_model)
+        self.w_down = _weight(cfg.d_model, cfg.d_ff)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(F.silu(F.linear(x, self.w_gate)) * F.linear(x, self.w_up), self.w_down)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
+
+    def __init__(self, cfg: ModelConfig, *, rope: bool, logn_scale: bool = False) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg, rope=rope, logn_scale=logn_scale)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache | None, layer: int,
+                n_sink: int | None, window: int | None, impl: str) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), pos, cache, layer, n_sink, window, impl)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+def init_weights(module: nn.Module, generator: torch.Generator, n_layers: int) -> None:
+    """Initialise every matrix ``N(0, 0.02)`` (output projections ``/ sqrt(2 n_layers)``), norms to 1."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if p.dim() == 1:
+                p.fill_(1.0)
+                continue
+            std = 0.02 / math.sqrt(2 * n_layers) if name.endswith(("wo", "w_down")) else 0.02
+            p.copy_(torch.randn(p.shape, generator=generator) * std)
+
+
+class TargetLM(nn.Module):
+    """The target model. ``forward`` returns logits and the final hidden state (before the norm).
+
+    Args:
+        config: model shape.
+        generator: RNG for the initial weights (default: a generator seeded with 0).
+    """
+
+    def __init__(self, config: ModelConfig, generator: torch.Generator | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Parameter(torch.empty(config.vocab_size, config.d_model))  # tied with the LM head
+        self.layers = nn.ModuleList(
+            Block(config, rope=i not in config.global_layers, logn_scale=i in config.global_layers)
+            for i in range(config.n_layers)
+        )
+        self.norm = RMSNorm(config.d_model, config.norm_eps)
+        init_weights(self, generator or torch.Generator().manual_seed(0), config.n_layers)
+
+    def layer_key_set(self, i: int) -> tuple[int, int | None]:
+        """``(n_sink, window)`` of target layer ``i``: full causal for global layers."""
+        return (0, None) if i in self.config.global_layers else (0, self.config.local_window)
+
+    def new_cache(self, batch: int = 1, max_len: int | None = None, *, dtype: torch.dtype | None = None,
+                  device: torch.device | str | None = None) -> KVCache:
+        c = self.config
+        return KVCache(c.n_layers, batch, c.n_kv_heads, max_len or c.max_seq_len, c.head_dim,
+                       dtype=dtype or self.embed.dtype, device=device or self.embed.device)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm and LM head (shared, frozen, with the MTP head)."""
+        return F.linear(self.norm(hidden), self.embed)  # (B, L, V)
+
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor | None = None, cache: KVCache | None = None,
+                impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+        """Run tokens ``ids`` ``(B, L)`` at absolute positions ``pos`` ``(L,)`` (default ``0..L-1``).
+
+        With a ``cache``, keys are written at ``pos`` and every earlier position is read from it.
+
+        Returns:
+            ``logits (B, L, V)`` and ``hidden (B, L, d_model)``.
+        """
+        if pos is None:
+            pos = torch.arange(ids.shape[1], device=ids.device)
+        x = F.embedding(ids, self.embed)  # (B, L, d)
+        for i, block in enumerate(self.layers):
+            x = block(x, pos, cache, i, *self.layer_key_set(i), impl)
+        return self.logits(x), x

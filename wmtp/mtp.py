@@ -1,0 +1,74 @@
+"""MTP draft head, DeepSeek-V3 style, with its own (draft) KV cache.
+
+One step of the head (arXiv 2607.21535, Sec. 2; DeepSeek-V3 report, Sec. 2.2) at position ``t``:
+
+    x_t = W [ RMSNorm(h_t) ; RMSNorm(Emb(token_{t+1})) ]        (2d -> d)
+    g_t = Block(x_t)                attention over the draft KV, the Windowed-MTP key set
+    logits_t = LMHead(FinalNorm(g_t))   -> a guess for token_{t+2}
+
+``h_t`` is the target's final hidden state at ``t`` for committed positions and, when drafting
+more than one token, the head's own ``g`` from the previous position (recursive use). The
+embedding, final norm and LM head are the target's, shared and frozen; the head owns only the
+two norms, the projection and the block. Windowed-MTP changes one thing: the block's attention
+reads the key set ``(n_sink, window)`` of the draft KV instead of every position.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import MTPConfig
+from .kvcache import KVCache
+from .model import Block, RMSNorm, TargetLM, init_weights
+
+
+class MTPHead(nn.Module):
+    """Draft head sharing ``target``'s embedding and LM head (not registered: not its parameters).
+
+    Args:
+        config: head settings.
+        target: the target LM whose embedding, final norm and LM head are used.
+        generator: RNG for the initial weights (default: a generator seeded with 1).
+    """
+
+    def __init__(self, config: MTPConfig, target: TargetLM, generator: torch.Generator | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.__dict__["target"] = target  # shared, frozen; kept out of this module's parameters
+        mc = target.config
+        self.hidden_norm = RMSNorm(mc.d_model, mc.norm_eps)
+        self.embed_norm = RMSNorm(mc.d_model, mc.norm_eps)
+        self.proj = nn.Parameter(torch.empty(mc.d_model, 2 * mc.d_model))
+        self.block = Block(mc, rope=config.rope)
+        init_weights(self, generator or torch.Generator().manual_seed(1), n_layers=1)
+
+    def new_cache(self, batch: int = 1, max_len: int | None = None, *, dtype: torch.dtype | None = None,
+                  device: torch.device | str | None = None) -> KVCache:
+        mc = self.target.config
+        return KVCache(1, batch, mc.n_kv_heads, max_len or mc.max_seq_len, mc.head_dim,
+                       dtype=dtype or self.proj.dtype, device=device or self.proj.device)
+
+    def forward(self, hidden: torch.Tensor, next_ids: torch.Tensor, pos: torch.Tensor | None = None,
+                cache: KVCache | None = None, n_sink: int | None = None, window: int | None = None,
+                impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+        """One draft step for positions ``pos``.
+
+        Args:
+            hidden: ``(B, L, d)`` target hidden (or the head's previous ``g``) at positions ``pos``.
+            next_ids: ``(B, L)`` the token that follows each position.
+            pos: ``(L,)`` absolute positions (default ``0..L-1``).
+            cache: the draft KV cache (written at ``pos``, read through the key set).
+            n_sink, window: the draft key set (``window=None``: full context, the native MTP).
+            impl: attention implementation.
+
+        Returns:
+            ``logits (B, L, V)`` guessing the token two after each position, and ``g (B, L, d)``.
+        """
+        if pos is None:
+            pos = torch.arange(hidden.shape[1], device=hidden.device)
+        e = F.embedding(next_ids, self.target.embed)  # (B, L, d)
+        x = F.linear(torch.cat([self.hidden_norm(hidden), self.embed_norm(e)], dim=-1), self.proj)  # (B, L, d)
+        g = self.block(x, pos, cache, 0, n_sink, window, impl)  # (B, L, d)
+        return self.target.logits(g), g

@@ -1,0 +1,155 @@
+"""``wmtp reproduce --paper windowed-mtp``: the CPU reproduction of Windowed-MTP, end to end.
+
+Steps (arXiv 2607.21535, Sec. 4 in miniature): load the corpus; train (or load) the tokenizer,
+the target LM and the MTP head; measure target perplexity at long contexts and the head's
+per-position accuracy; then, at each context, decode with the dense target and with every draft
+arm (native full-context MTP and the windowed key sets), *assert* that every arm's output equals
+the dense output, and only then record acceptance, accept lengths, draft keys read, draft and
+verify time, step time and TPOT side by side; finally time the draft attention alone per key set.
+Everything lands in one metrics JSON with the configs, corpus, versions and command.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from . import data
+from .bench import bench_draft_attention
+from .config import Preset
+from .decode import greedy_generate, speculative_generate
+from .metrics import SCHEMA_VERSION, environment, reduction, speedup, write_json
+from .model import TargetLM
+from .mtp import MTPHead
+from .train import (
+    checkpoint_meta,
+    head_accuracy,
+    load_checkpoint,
+    perplexity,
+    save_checkpoint,
+    train_head,
+    train_target,
+)
+
+DRAFT_ATTENTION_BAR = {"context": 16384, "n_sink": 8, "window": 64, "min_ratio": 15.0}
+
+
+def prepare_models(preset: Preset, corpus: data.Corpus, tokens: dict, seed: int, device: torch.device,
+                   checkpoint: Path, progress: bool, log) -> tuple[TargetLM, MTPHead, dict]:
+    """Load the checkpoint made for exactly this config, corpus and seed, or train and save one."""
+    g = torch.Generator().manual_seed(seed)
+    target = TargetLM(preset.model, generator=g)
+    head = MTPHead(preset.mtp, target, generator=g)
+    meta = checkpoint_meta(preset, corpus.name, corpus.fingerprint, seed)
+    info: dict = {"checkpoint": str(checkpoint)}
+    if checkpoint.exists():
+        load_checkpoint(checkpoint, target, head, meta)
+        log(f"loaded checkpoint {checkpoint}")
+        info["loaded"] = True
+    else:
+        t0 = time.perf_counter()
+        info["target_losses"] = train_target(target, tokens["train"], preset.train, g, progress)
+        info["target_train_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        info["head_losses"] = train_head(head, target, tokens["train"], preset.train, g, progress)
+        info["head_train_s"] = time.perf_counter() - t0
+        save_checkpoint(checkpoint, target, head, meta)
+        info["loaded"] = False
+    return target.to(device).eval(), head.to(device).eval(), info
+
+
+def run_arms(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: Preset, eos: int | None) -> dict:
+    """Dense decode and every draft arm at one context; losslessness asserted before anything is kept."""
+    spec = preset.spec
+    dense_steps: list[float] = []
+    dense = greedy_generate(target, prompt, spec.new_tokens, eos_id=eos, step_times=dense_steps)
+    dense_tpot = sum(dense_steps) / max(len(dense) - 1, 1)  # the first token comes from the prefill
+    row = {"context": prompt.numel(), "new_tokens": len(dense),
+           "dense": {"step_median_s": statistics.median(dense_steps), "tpot_s": dense_tpot}, "arms": {}}
+    native_draft = None
+    for ks in sorted(spec.keysets, key=lambda c: c.window is not None):  # native first: the baseline
+        out, stats = speculative_generate(target, head, prompt, spec.new_tokens, spec.depth, ks.n_sink, ks.window,
+                                          eos_id=eos)
+        if not torch.equal(out, dense):
+            raise AssertionError(f"arm {ks.label} at context {prompt.numel()} is not lossless: "
+                                 f"speculative output differs from dense greedy output")
+        s = stats.to_dict()
+        steps = s.pop("step_times_s")
+        tpot_s = (stats.draft_time_s + stats.verify_time_s) / max(len(out) - 1, 1)
+        draft_per_step = stats.draft_time_s / stats.steps
+        native_draft = draft_per_step if ks.window is None else native_draft
+        row["arms"][ks.label] = s | {
+            "lossless": True, "n_sink": ks.n_sink, "window": ks.window,
+            "draft_keys_read_per_step": stats.draft_keys_read / stats.steps,
+            "draft_time_per_step_s": draft_per_step, "verify_time_per_step_s": stats.verify_time_s / stats.steps,
+            "step_median_s": statistics.median(steps), "tpot_s": tpot_s,
+            "tpot_speedup_vs_dense": speedup(dense_tpot, tpot_s),
+            "draft_time_reduction_vs_native": reduction(native_draft, draft_per_step) if native_draft else None,
+        }
+    return row
+
+
+def reproduce(preset: Preset, dataset_dir: str | None, device: torch.device, seed: int, out: Path | None,
+              cache_dir: Path, checkpoint: Path | None, command: str, progress: bool = True, log=print) -> dict:
+    """Run the whole reproduction; write and return the metrics dict."""
+    t_start = time.perf_counter()
+    corpus = data.load_corpus(dataset_dir, max_chars=preset.train.max_train_chars)
+    log(corpus.message)
+    tok = data.train_tokenizer(corpus, preset.model.vocab_size, cache_dir)
+    tokens = data.corpus_token_splits(corpus, tok)
+    eos = data.eos_id(tok)
+    checkpoint = checkpoint or cache_dir / f"ckpt-{preset.name}-{corpus.name}-{corpus.fingerprint}-seed{seed}.pt"
+    target, head, train_info = prepare_models(preset, corpus, tokens, seed, device, checkpoint, progress, log)
+
+    spec = preset.spec
+    log("evaluating perplexity and head accuracy")
+    ppl = {str(c): perplexity(target, tokens["valid"], c) for c in spec.ppl_contexts}
+    acc = head_accuracy(head, target, tokens["valid"], spec.depth, preset.train.seq_len, 8,
+                        torch.Generator().manual_seed(seed))
+
+    dtype = torch.float64 if device.type == "cpu" else torch.float32  # decode.py NOTE [Exactness]
+    target64, head64 = target.to(dtype), head.to(dtype)
+    contexts = []
+    for c in spec.contexts:
+        log(f"decoding at context {c}: dense and {len(spec.keysets)} draft arms")
+        prompt = tokens["test"][:c].to(device)
+        if prompt.numel() < c:
+            raise ValueError(f"the test split has {prompt.numel()} tokens; context {c} needs more")
+        contexts.append(run_arms(target64, head64, prompt, preset, eos))
+
+    log("timing draft attention alone per key set")
+    attn = bench_draft_attention(preset.model, spec.contexts, spec.keysets, repeats=max(spec.repeats, 20) * 5,
+                                 dtype=dtype, device=device, seed=seed)
+    bar = next((r for r in attn if r["context"] == DRAFT_ATTENTION_BAR["context"]
+                and r["n_sink"] == DRAFT_ATTENTION_BAR["n_sink"] and r["window"] == DRAFT_ATTENTION_BAR["window"]),
+               None)
+    metrics = {
+        "schema_version": SCHEMA_VERSION,
+        "paper": "windowed-mtp (arXiv 2607.21535)",
+        "command": command,
+        "seed": seed,
+        "corpus": {"name": corpus.name, "source": corpus.source, "message": corpus.message,
+                   "fingerprint": corpus.fingerprint, "tokens": {k: int(v.numel()) for k, v in tokens.items()}},
+        "config": {"preset": preset.name, "model": asdict(preset.model), "mtp": asdict(preset.mtp),
+                   "train": asdict(preset.train), "spec": asdict(preset.spec)},
+        "decode_dtype": str(dtype).removeprefix("torch."),
+        "environment": environment(device),
+        "training": {k: v for k, v in train_info.items() if not k.endswith("losses")}
+        | {k: v[-1] for k, v in train_info.items() if k.endswith("losses")},
+        "target_perplexity": ppl,
+        "head_top1_accuracy_teacher_forced": acc,
+        "contexts": contexts,
+        "draft_attention": attn,
+        "bars": {"draft_attention_16k_sink8_win64": None if bar is None else {
+            **DRAFT_ATTENTION_BAR, "keys_read": bar["keys_read"], "ratio": bar["time_ratio_vs_native"],
+            "met": bar["time_ratio_vs_native"] >= DRAFT_ATTENTION_BAR["min_ratio"]}},
+        "lossless": "asserted: every arm's tokens equal the dense greedy tokens (torch.equal)",
+        "wall_time_s": time.perf_counter() - t_start,
+    }
+    if out is not None:
+        write_json(out, metrics)
+    return metrics
