@@ -94,3 +94,19 @@ def test_checkpoint_round_trip_and_config_check(trained, tmp_path):
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match="cannot be read"):
         load_checkpoint(tmp_path / "junk.pt", t2, h2, meta)
+
+
+def test_perplexity_scores_the_same_text_in_windows(trained):
+    """Two windows of 128 tokens: the mean NLL over both, each window read from its own start."""
+    import math
+
+    import torch.nn.functional as F
+
+    target, _, tokens, _, _ = trained
+    nll = []
+    for w in range(2):
+        x = tokens[w * 128 : (w + 1) * 128 + 1][None]
+        with torch.no_grad():
+            logits, _ = target(x[:, :-1])
+        nll.append(F.cross_entropy(logits[0].double(), x[0, 1:], reduction="sum").item())
+    assert math.isclose(perplexity(target, tokens, 128, 256), math.exp(sum(nll) / 256), rel_tol=1e-9)

@@ -11,6 +11,8 @@ Everything lands in one metrics JSON with the configs, corpus, versions and comm
 
 from __future__ import annotations
 
+import hashlib
+import json
 import statistics
 import time
 from dataclasses import asdict
@@ -39,12 +41,18 @@ DRAFT_ATTENTION_BAR = {"context": 16384, "n_sink": 8, "window": 64, "min_ratio":
 
 
 def prepare_models(preset: Preset, corpus: data.Corpus, tokens: dict, seed: int, device: torch.device,
-                   checkpoint: Path, progress: bool, log) -> tuple[TargetLM, MTPHead, dict]:
-    """Load the checkpoint made for exactly this config, corpus and seed, or train and save one."""
+                   cache_dir: Path, checkpoint: Path | None, progress: bool, log) -> tuple[TargetLM, MTPHead, dict]:
+    """Load the checkpoint made for exactly this config, corpus and seed, or train and save one.
+
+    The default checkpoint name carries a hash of all that, so a changed config trains anew; an
+    explicit ``checkpoint`` made for anything else is refused with ``ValueError``.
+    """
     g = torch.Generator().manual_seed(seed)
     target = TargetLM(preset.model, generator=g)
     head = MTPHead(preset.mtp, target, generator=g)
     meta = checkpoint_meta(preset, corpus.name, corpus.fingerprint, seed)
+    digest = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:12]
+    checkpoint = checkpoint or cache_dir / f"ckpt-{preset.name}-{corpus.name}-seed{seed}-{digest}.pt"
     info: dict = {"checkpoint": str(checkpoint)}
     if checkpoint.exists():
         load_checkpoint(checkpoint, target, head, meta)
@@ -102,12 +110,13 @@ def reproduce(preset: Preset, dataset_dir: str | None, device: torch.device, see
     tok = data.train_tokenizer(corpus, preset.model.vocab_size, cache_dir)
     tokens = data.corpus_token_splits(corpus, tok)
     eos = data.eos_id(tok)
-    checkpoint = checkpoint or cache_dir / f"ckpt-{preset.name}-{corpus.name}-{corpus.fingerprint}-seed{seed}.pt"
-    target, head, train_info = prepare_models(preset, corpus, tokens, seed, device, checkpoint, progress, log)
+    target, head, train_info = prepare_models(preset, corpus, tokens, seed, device, cache_dir, checkpoint, progress,
+                                              log)
 
     spec = preset.spec
     log("evaluating perplexity and head accuracy")
-    ppl = {str(c): perplexity(target, tokens["valid"], c) for c in spec.ppl_contexts}
+    ppl_tokens = min(4 * max(spec.ppl_contexts), tokens["valid"].numel() - 1)  # the same text for every context
+    ppl = {str(c): perplexity(target, tokens["valid"], c, ppl_tokens) for c in spec.ppl_contexts}
     acc = head_accuracy(head, target, tokens["valid"], spec.depth, preset.train.seq_len, 8,
                         torch.Generator().manual_seed(seed))
 
@@ -140,7 +149,7 @@ def reproduce(preset: Preset, dataset_dir: str | None, device: torch.device, see
         "environment": environment(device),
         "training": {k: v for k, v in train_info.items() if not k.endswith("losses")}
         | {k: v[-1] for k, v in train_info.items() if k.endswith("losses")},
-        "target_perplexity": ppl,
+        "target_perplexity": {"valid_tokens_scored": ppl_tokens, "by_context": ppl},
         "head_top1_accuracy_teacher_forced": acc,
         "contexts": contexts,
         "draft_attention": attn,

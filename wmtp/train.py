@@ -129,13 +129,22 @@ def head_accuracy(head: MTPHead, target: TargetLM, tokens: torch.Tensor, depth: 
 
 
 @torch.no_grad()
-def perplexity(target: TargetLM, tokens: torch.Tensor, context: int) -> float:
-    """Perplexity of the first ``context + 1`` tokens of ``tokens``, read in one window of ``context``."""
-    if tokens.numel() < context + 1:
-        raise ValueError(f"evaluation text has {tokens.numel()} tokens; need {context + 1}")
-    x = tokens[: context + 1][None].to(target.embed.device)
-    logits, _ = target(x[:, :-1], impl="torch")  # (1, context, V)
-    return math.exp(F.cross_entropy(logits[0].double(), x[0, 1:]).item())
+def perplexity(target: TargetLM, tokens: torch.Tensor, context: int, n_tokens: int | None = None) -> float:
+    """Perplexity of the first ``n_tokens`` tokens read in consecutive windows of ``context`` tokens.
+
+    Every context length scores the same text (``n_tokens``, default one window), so the numbers
+    compare how well the model uses longer contexts, not how hard different passages are.
+    """
+    n_tokens = n_tokens or context
+    n_windows = n_tokens // context
+    if n_windows < 1 or tokens.numel() < n_windows * context + 1:
+        raise ValueError(f"evaluation text has {tokens.numel()} tokens; need {max(n_windows, 1) * context + 1}")
+    nll = 0.0
+    for w in range(n_windows):
+        x = tokens[w * context : (w + 1) * context + 1][None].to(target.embed.device)  # (1, context + 1)
+        logits, _ = target(x[:, :-1], impl="torch")  # (1, context, V)
+        nll += F.cross_entropy(logits[0].double(), x[0, 1:], reduction="sum").item()
+    return math.exp(nll / (n_windows * context))
 
 
 def save_checkpoint(path: str | Path, target: TargetLM, head: MTPHead, meta: dict) -> None:

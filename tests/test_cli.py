@@ -1,0 +1,118 @@
+"""The ``wmtp`` command: help texts, bad input (exit 2, one line, no traceback), and a tiny
+end-to-end ``reproduce`` that writes a metrics JSON whose every arm was asserted lossless."""
+
+import json
+import random
+
+import pytest
+import torch
+
+from wmtp.cli import auto_research_main, main
+
+WORDS = "the of and in to a was is for on as with by he at from his an were are which it this that".split()
+
+
+@pytest.fixture(scope="module")
+def wikitext_dir(tmp_path_factory):
+    """A small WikiText-format corpus (train/valid/test.txt) with some structure to learn."""
+    root = tmp_path_factory.mktemp("wikitext")
+    rng = random.Random(0)
+    for split, n in [("train", 1500), ("valid", 300), ("test", 300)]:
+        lines = []
+        for i in range(n):
+            if i % 25 == 0:
+                lines.append(f" = Section {i // 25} = ")
+            lines.append(" " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 20))) + " . ")
+        (root / f"{split}.txt").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def _run(capsys, argv, entry=main):
+    code = entry(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_help_lists_every_subcommand_and_flag(capsys):
+    code, out, _ = _run(capsys, ["--help"])
+    assert code == 0 and "reproduce" in out and "bench" in out
+    code, out, _ = _run(capsys, ["reproduce", "--help"])
+    for flag in ("--paper", "--dataset-dir", "--device", "--seed", "--preset", "--out", "--depth", "--keysets"):
+        assert flag in out
+    code, out, _ = _run(capsys, ["bench", "attention", "--help"])
+    assert code == 0 and "--contexts" in out
+
+
+BAD = [
+    (["reproduce", "--depth", "0"], "depth"),
+    (["reproduce", "--depth", "-3"], "depth"),
+    (["reproduce", "--keysets=-1:64"], "n_sink"),
+    (["reproduce", "--keysets", "8:-2"], "window"),
+    (["reproduce", "--keysets", "8"], "SINK:WINDOW"),
+    (["reproduce", "--device", "tpu"], "unknown device"),
+    (["reproduce", "--device", "mps"], "MPS is not available"),
+    (["reproduce", "--preset", "huge"], "unknown preset"),
+    (["reproduce", "--contexts", "100000"], "cache"),
+    (["reproduce", "--dataset-dir", "/no/such/dir"], "does not exist"),
+    (["reproduce", "--seed", "abc"], "invalid int"),
+    (["reproduce", "--paper", "other"], "invalid choice"),
+    (["bench", "attention", "--device", "tpu"], "unknown device"),
+    (["bench", "attention", "--repeats", "0"], "positive"),
+]
+
+
+@pytest.mark.parametrize("argv,match", BAD)
+def test_bad_input_exits_2_with_one_line(capsys, argv, match):
+    code, out, err = _run(capsys, argv)
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and match in err, err
+    assert "Traceback" not in err + out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error for an absent CUDA device")
+def test_absent_cuda_is_a_clear_error(capsys):
+    code, _, err = _run(capsys, ["reproduce", "--device", "cuda"])
+    assert code == 2 and "CUDA is not available" in err
+
+
+def test_empty_dataset_dir(capsys, tmp_path):
+    code, _, err = _run(capsys, ["reproduce", "--dataset-dir", str(tmp_path)])
+    assert code == 2 and "empty" in err
+
+
+def test_auto_research_alias(capsys):
+    code, out, _ = _run(capsys, ["reproduce", "--help"], auto_research_main)
+    assert code == 0 and "auto-research" in out
+    code, _, err = _run(capsys, ["reproduce", "--depth", "0"], auto_research_main)
+    assert code == 2 and err.startswith("auto-research: error:")
+
+
+def test_tiny_reproduce_end_to_end(capsys, wikitext_dir, tmp_path):
+    out = tmp_path / "m.json"
+    args = ["reproduce", "--paper", "windowed-mtp", "--preset", "tiny", "--dataset-dir", str(wikitext_dir),
+            "--device", "cpu", "--seed", "0", "--cache-dir", str(tmp_path / "cache"), "--no-progress"]
+    code, stdout, err = _run(capsys, args + ["--out", str(out)])
+    assert code == 0, err
+    m = json.loads(out.read_text())
+    assert m["schema_version"] == 1 and m["corpus"]["name"] == "wikitext-2" and m["seed"] == 0
+    assert m["command"].startswith("wmtp reproduce --paper windowed-mtp --preset tiny")
+    assert m["config"]["model"]["d_model"] == 64 and m["config"]["spec"]["depth"] == 3
+    assert [c["context"] for c in m["contexts"]] == [64, 256]
+    for c in m["contexts"]:
+        assert set(c["arms"]) == {"native", "sink4+win16"}
+        for arm in c["arms"].values():
+            assert arm["lossless"] is True and sum(arm["accept_length_histogram"]) == arm["steps"]
+    windowed = m["contexts"][1]["arms"]["sink4+win16"]
+    assert windowed["draft_keys_read_per_step"] <= 20 * windowed["draft_queries"] / windowed["steps"]
+    assert set(m["target_perplexity"]["by_context"]) == {"64", "256"} and len(m["head_top1_accuracy_teacher_forced"]) == 3
+    assert "native" in stdout and not list(tmp_path.glob("*.tmp"))
+
+    # Same config again: the checkpoint is reused, not retrained.
+    code, _, err = _run(capsys, args + ["--out", str(tmp_path / "again.json")])
+    assert code == 0 and "loaded checkpoint" in err
+    # A checkpoint made for another config (seed) is refused with exit 2.
+    ckpt = next((tmp_path / "cache").glob("ckpt-*.pt"))
+    other_seed = [a if a != "0" else "1" for a in args]
+    code, _, err = _run(capsys, other_seed + ["--checkpoint", str(ckpt), "--out", str(tmp_path / "x.json")])
+    assert code == 2 and "another config" in err and "seed" in err
+    assert not (tmp_path / "x.json").exists()

@@ -1,0 +1,237 @@
+"""The ``wmtp`` command (and its ``auto-research`` alias): ``build_parser()`` + ``main(argv) -> int``.
+
+Subcommands: ``reproduce`` (train or load the models, run every arm, assert losslessness, write
+the metrics JSON; arXiv 2607.21535 in miniature) and ``bench attention`` (draft-attention time
+per key set and context). Bad input exits with status 2 and one line on stderr, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+PAPERS = ("windowed-mtp",)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error in one line and exits 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser(prog: str = "wmtp") -> argparse.ArgumentParser:
+    parser = _Parser(prog=prog, description="Windowed-MTP: speculative decoding whose MTP draft head reads only "
+                     "attention sinks and a recent window, verified losslessly by the full-attention target.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    rep = sub.add_parser("reproduce", help="train (or load) the models, run all arms, write metrics JSON",
+                         description="Reproduce Windowed-MTP on CPU: train the target LM and MTP head (or load "
+                         "the cached checkpoint), decode at each context with the native and windowed draft "
+                         "arms, assert every arm equals dense greedy decoding, and write metrics/*.json.")
+    rep.add_argument("--paper", choices=PAPERS, default="windowed-mtp", help="which paper to reproduce")
+    rep.add_argument("--dataset-dir", default=None, help="folder holding WikiText-2 (any of its layouts); "
+                     "without WikiText there, the hub is tried when online, else the offline corpus python-stdlib")
+    rep.add_argument("--device", default="auto", help="cpu, mps, cuda or auto (default: auto)")
+    rep.add_argument("--seed", type=int, default=42, help="seed of weights and batches (default: 42)")
+    rep.add_argument("--preset", default="small", help="named preset from wmtp.PRESETS (default: small)")
+    rep.add_argument("--out", type=Path, default=None,
+                     help="metrics JSON path (default: metrics/<corpus>-seed<seed>.json)")
+    rep.add_argument("--cache-dir", type=Path, default=Path(".wmtp-cache"),
+                     help="tokenizer and checkpoint cache (default: .wmtp-cache)")
+    rep.add_argument("--checkpoint", type=Path, default=None,
+                     help="checkpoint to load, or to write after training (default: in the cache dir)")
+    rep.add_argument("--depth", type=int, default=None, help="draft tokens per step K (default: the preset's)")
+    rep.add_argument("--keysets", nargs="+", default=None, metavar="SINK:WINDOW",
+                     help="windowed draft arms, e.g. 64:4096 8:64 (the native arm always runs; default: preset's)")
+    rep.add_argument("--contexts", type=int, nargs="+", default=None, help="prompt lengths (default: preset's)")
+    rep.add_argument("--new-tokens", type=int, default=None, help="tokens generated per arm (default: preset's)")
+    rep.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    bench = sub.add_parser("bench", help="benchmarks", description="Benchmarks; figures are medians of repeats.")
+    bench_sub = bench.add_subparsers(dest="bench", required=True, parser_class=_Parser)
+    att = bench_sub.add_parser("attention", help="attention time per kernel, key set and context",
+                               description="On CUDA: time wmtp's Triton kernels (windowed draft, full verify; "
+                               "contiguous and paged cache) next to SDPA, gather+SDPA, compact SDPA and FlexAttention "
+                               "at contexts up to 1M, against the HBM floor; write JSON and a plot. Elsewhere: time "
+                               "one draft query with the preset's native and windowed key sets, side by side.")
+    att.add_argument("--device", default="auto", help="cpu, mps, cuda or auto (default: auto)")
+    att.add_argument("--preset", default="small", help="(CPU/MPS) preset whose head shapes and key sets are used")
+    att.add_argument("--contexts", type=int, nargs="+", default=None,
+                     help="cache lengths S (default: 16384 131072 524288 1048576 on CUDA, 1024 4096 16384 elsewhere)")
+    att.add_argument("--repeats", type=int, default=100, help="(CPU/MPS) timed repeats per cell (median reported)")
+    att.add_argument("--rep-ms", type=int, default=100, help="(CUDA) do_bench measuring time per cell, in ms")
+    att.add_argument("--methods", nargs="+", default=None, help="(CUDA) methods to time (default: all)")
+    att.add_argument("--dtype", choices=("float32", "float64", "float16", "bfloat16"), default=None,
+                     help="default: bfloat16 on CUDA, float32 elsewhere")
+    att.add_argument("--out", type=Path, default=None,
+                     help="write the JSON here (CUDA default: metrics/bench-attention-<h200|cuda>.json)")
+    att.add_argument("--plot", type=Path, default=None, help="(CUDA) write the plot here (default: --out as .png)")
+    return parser
+
+
+def _print_reproduce(console: Console, m: dict) -> None:
+    table = Table(title=f"Windowed-MTP reproduction: {m['corpus']['name']}, depth {m['config']['spec']['depth']}, "
+                  f"decode {m['decode_dtype']}")
+    for col in ("context", "arm", "keys/step", "accept", "AL", "draft ms/step", "verify ms/step", "TPOT ms",
+                "TPOT speedup vs dense", "lossless"):
+        table.add_column(col, justify="right")
+    for c in m["contexts"]:
+        table.add_row(str(c["context"]), "dense", "-", "-", "1.00", "-", f"{c['dense']['step_median_s'] * 1e3:.2f}",
+                      f"{c['dense']['tpot_s'] * 1e3:.2f}", "-", "-")
+        for name, a in c["arms"].items():
+            table.add_row("", name, f"{a['draft_keys_read_per_step']:.0f}", f"{a['acceptance_rate']:.2f}",
+                          f"{a['mean_accept_length']:.2f}", f"{a['draft_time_per_step_s'] * 1e3:.2f}",
+                          f"{a['verify_time_per_step_s'] * 1e3:.2f}", f"{a['tpot_s'] * 1e3:.2f}",
+                          f"{a['tpot_speedup_vs_dense']:+.2f}", "yes" if a["lossless"] else "NO")
+    console.print(table)
+    _print_attention(console, m["draft_attention"])
+    ppl = m["target_perplexity"]
+    console.print(f"target perplexity on {ppl['valid_tokens_scored']} valid tokens, by context: {ppl['by_context']}")
+
+
+def _print_attention(console: Console, rows: list[dict]) -> None:
+    table = Table(title="Draft attention alone (one query), median of repeats")
+    for col in ("context", "key set", "keys read", "median ms", "times faster than native"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        ratio = r["time_ratio_vs_native"]
+        table.add_row(str(r["context"]), r["keyset"], str(r["keys_read"]), f"{r['median_s'] * 1e3:.4f}",
+                      "-" if r["window"] is None else f"{ratio:.1f}x")
+    console.print(table)
+
+
+def parse_keyset(text: str):
+    """``"SINK:WINDOW"`` to a ``KeySetConfig`` (``ValueError`` on anything else)."""
+    from .config import KeySetConfig
+
+    try:
+        sink, window = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise ValueError(f"key set {text!r} is not SINK:WINDOW (two integers, e.g. 64:4096)") from None
+    return KeySetConfig(n_sink=sink, window=window)
+
+
+def _preset_with_overrides(args: argparse.Namespace):
+    """The named preset with the command line's overrides, validated before any work starts."""
+    from dataclasses import replace
+
+    from .config import KeySetConfig, get_preset
+
+    preset = get_preset(args.preset)
+    spec = preset.spec
+    if args.depth is not None:
+        spec = replace(spec, depth=args.depth)
+    if args.keysets is not None:
+        spec = replace(spec, keysets=(KeySetConfig(0, None), *map(parse_keyset, args.keysets)))
+    if args.contexts is not None:
+        spec = replace(spec, contexts=tuple(args.contexts))
+    if args.new_tokens is not None:
+        spec = replace(spec, new_tokens=args.new_tokens)
+    if spec.new_tokens < 1 or any(c < 1 for c in spec.contexts):
+        raise ValueError("--contexts and --new-tokens must be positive")
+    longest = max(spec.contexts) + spec.new_tokens + spec.depth + 1
+    if longest > preset.model.max_seq_len:
+        raise ValueError(f"a prompt of {max(spec.contexts)} tokens plus {spec.new_tokens} new tokens and depth "
+                         f"{spec.depth} needs {longest} cache positions; the KV cache holds {preset.model.max_seq_len}")
+    return replace(preset, spec=spec)
+
+
+def _reproduce(args: argparse.Namespace, prog: str, argv: list[str]) -> int:
+    from .device import resolve_device
+    from .reproduce import reproduce
+
+    preset, device = _preset_with_overrides(args), resolve_device(args.device)
+    console = Console(stderr=True)
+    command = " ".join([prog, *map(shlex.quote, argv)])
+
+    def log(line: str) -> None:  # one plain line each, never re-wrapped or styled
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    m = reproduce(preset, args.dataset_dir, device, args.seed, None, args.cache_dir, args.checkpoint, command,
+                  progress=not args.no_progress, log=log)
+    from .metrics import write_json
+
+    out = args.out or Path("metrics") / f"{m['corpus']['name']}-seed{args.seed}.json"
+    write_json(out, m)
+    _print_reproduce(Console(), m)
+    console.print(f"wrote {out} in {m['wall_time_s']:.0f} s")
+    return 0
+
+
+def _bench_attention(args: argparse.Namespace) -> int:
+    import torch
+
+    from .device import resolve_device
+    from .metrics import environment, write_json
+
+    if args.repeats < 1 or args.rep_ms < 1 or any(c < 1 for c in args.contexts or ()):
+        raise ValueError("--repeats, --rep-ms and --contexts must be positive")
+    device = resolve_device(args.device)
+    dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
+    if device.type == "cuda":  # the kernel sweep (wmtp/bench_attention.py)
+        from . import bench_attention as ba
+
+        slug = "h200" if "H200" in torch.cuda.get_device_name(device) else "cuda"
+        out = args.out or Path("metrics") / f"bench-attention-{slug}.json"
+        png = args.plot or out.with_suffix(".png")
+        contexts, methods = tuple(args.contexts or ba.CONTEXTS), tuple(args.methods or ba.METHODS)
+        command = shlex.join(["wmtp", "bench", "attention", "--device", args.device, "--dtype", dtype, "--rep-ms",
+                              str(args.rep_ms), "--contexts", *map(str, contexts), "--methods", *methods,
+                              "--out", str(out), "--plot", str(png)])
+        result = ba.sweep(device, contexts=contexts, dtype=getattr(torch, dtype), methods=methods,
+                          rep_ms=args.rep_ms, command=command)
+        Console(width=160).print(ba.table(result))
+        write_json(out, result)
+        err = Console(stderr=True)
+        try:
+            ba.plot(result, png)
+            wrote = f"{out} and {png}"
+        except Exception as e:  # the JSON is written; a missing matplotlib must not hide it
+            wrote = f"{out} (no plot: {type(e).__name__}: {e})"
+        for name, bar in result["bars"].items():
+            err.print(f"bar {name}: {'met' if bar['met'] else 'NOT met'}", markup=False)
+        err.print(f"wrote {wrote}; the sweep took {result['wall_time_s']:.0f} s", markup=False)
+        return 0
+    if args.plot or args.methods:
+        raise ValueError("--plot and --methods belong to the kernel sweep, which needs --device cuda")
+    from .bench import bench_draft_attention
+    from .config import get_preset
+
+    preset = get_preset(args.preset)
+    rows = bench_draft_attention(preset.model, tuple(args.contexts or (1024, 4096, 16384)), preset.spec.keysets,
+                                 repeats=args.repeats, dtype=getattr(torch, dtype), device=device)
+    _print_attention(Console(), rows)
+    if args.out:
+        write_json(args.out, {"environment": environment(device), "dtype": dtype, "rows": rows})
+    return 0
+
+
+def main(argv: list[str] | None = None, prog: str = "wmtp") -> int:
+    """Run the command line; return the exit status (2 for bad input)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = build_parser(prog).parse_args(argv)
+    except SystemExit as e:  # --help (0) or a usage error (2), already printed
+        return int(e.code or 0)
+    try:
+        if args.command == "reproduce":
+            return _reproduce(args, prog, argv)
+        return _bench_attention(args)
+    except ValueError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+
+
+def auto_research_main(argv: list[str] | None = None) -> int:
+    """``auto-research``: the same command line (``auto-research reproduce --paper windowed-mtp ...``)."""
+    return main(argv, prog="auto-research")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
