@@ -201,7 +201,9 @@ def test_reads_only_the_key_set(Lq, S, n_sink, window, positions, dtype):
     assert torch.equal(out, clean)
 
 
-def test_impl_switch():
+def test_impl_switch(monkeypatch):
+    """No silent fallback: triton off CUDA (and without the interpreter) raises."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert resolve_impl("auto", "cpu") == "torch"
     assert resolve_impl("torch", "cpu") == "torch"
     q, k, v, q_pos = _make_inputs(1, 2, 1, 1, 10, 16, torch.float32, seed=0)

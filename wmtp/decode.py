@@ -26,6 +26,7 @@ losslessness checks therefore run in float64 on CPU, where that noise is ~1e-16.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -37,6 +38,7 @@ from .model import TargetLM
 from .mtp import MTPHead
 
 VERIFIERS = ("batched", "loop")
+Verifier = Callable[[torch.Tensor, torch.Tensor], int]  # (drafts (K,), target choices (K+1,)) -> accepted
 
 
 @dataclass
@@ -134,7 +136,7 @@ def greedy_generate(target: TargetLM, prompt_ids: torch.Tensor, max_new_tokens: 
         1-D LongTensor of the new tokens (``max_new_tokens`` long, shorter only after ``eos_id``).
     """
     needed = _check_request(target, prompt_ids, max_new_tokens, extra=1)
-    impl = resolve_impl(impl, prompt_ids.device)
+    impl = resolve_impl(impl, prompt_ids.device, target.embed.dtype, target.config.head_dim)
     cache = target.new_cache(1, needed)
     logits, _ = target(prompt_ids[None], torch.arange(prompt_ids.numel(), device=prompt_ids.device), cache, impl)
     out: list[int] = []
@@ -159,7 +161,7 @@ def greedy_generate(target: TargetLM, prompt_ids: torch.Tensor, max_new_tokens: 
 @torch.no_grad()
 def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max_new_tokens: int,
                          depth: int, n_sink: int | None = None, window: int | None = None, impl: str = "auto",
-                         eos_id: int | None = None, verifier: str = "batched"
+                         eos_id: int | None = None, verifier: str | Verifier = "batched"
                          ) -> tuple[torch.Tensor, SpecStats]:
     """Greedy speculative decoding with an MTP draft head whose attention reads ``(n_sink, window)``.
 
@@ -172,7 +174,8 @@ def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Ten
         n_sink, window: the draft key set (``window=None``: native MTP, full context).
         impl: attention implementation for draft and target.
         eos_id: stop after this token (included in the output).
-        verifier: ``"batched"`` (cumprod of matches) or ``"loop"`` (token by token).
+        verifier: ``"batched"`` (cumprod of matches), ``"loop"`` (token by token), or a function
+            with :func:`verify_greedy`'s signature (the course grader plugs a student's in here).
 
     Returns:
         The new tokens (identical to ``greedy_generate``) and the step statistics.
@@ -180,11 +183,11 @@ def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Ten
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
         raise ValueError(f"depth must be a positive integer, got {depth!r}")
     check_key_set_args(n_sink, window)
-    if verifier not in VERIFIERS:
-        raise ValueError(f"unknown verifier {verifier!r}; choose one of {', '.join(VERIFIERS)}")
+    if not callable(verifier) and verifier not in VERIFIERS:
+        raise ValueError(f"unknown verifier {verifier!r}; choose one of {', '.join(VERIFIERS)} or pass a function")
     needed = _check_request(target, prompt_ids, max_new_tokens, extra=depth + 1)
-    impl = resolve_impl(impl, prompt_ids.device)
-    verify = verify_greedy if verifier == "batched" else verify_greedy_loop
+    impl = resolve_impl(impl, prompt_ids.device, target.embed.dtype, target.config.head_dim)
+    verify = verifier if callable(verifier) else {"batched": verify_greedy, "loop": verify_greedy_loop}[verifier]
     dev = prompt_ids.device
     stats = SpecStats(depth=depth)
     tcache, dcache = target.new_cache(1, needed), draft.new_cache(1, needed)

@@ -1,37 +1,80 @@
 """Public attention op with an explicit implementation switch (arXiv 2607.21535, Sec. 3).
 
 ``attention(q, k, v, q_pos, n_sink, window, impl)`` computes attention of queries at absolute
-positions ``q_pos`` over the keys of wmtp/keyset.py's key set. ``impl="torch"`` is the plain
-PyTorch reference (attention/reference.py). ``impl="auto"`` resolves once, by device, through
-``resolve_impl``. Asking for an implementation that is not available raises ``ValueError``:
-there is no silent fallback.
+positions ``q_pos`` over the keys of wmtp/keyset.py's key set, on a contiguous cache;
+``paged_attention(q, k_pages, v_pages, block_table, q_pos, ...)`` does the same on a paged cache.
+``impl="torch"`` is the plain PyTorch reference (attention/reference.py, attention/paged.py);
+``impl="triton"`` the split-K kernel of attention/triton_attention.py. ``impl="auto"`` resolves
+once, by device, through ``resolve_impl``. Asking for an implementation that cannot run raises
+``ValueError``: there is no silent fallback. Triton is imported only when it is used, so
+``import wmtp`` works without it.
 """
 
 from __future__ import annotations
 
+import functools
+import os
+
 import torch
 
 from ..keyset import check_key_set_args
+from .paged import paged_attention_torch
 from .reference import attention_torch
 
 IMPLS = ("auto", "torch", "triton")
+TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+TRITON_HEAD_DIMS = (16, 32, 64, 128, 256)
 
-__all__ = ["attention", "resolve_impl", "IMPLS"]
+__all__ = ["attention", "paged_attention", "resolve_impl", "IMPLS"]
 
 
-def resolve_impl(impl: str, device: torch.device | str) -> str:
+@functools.lru_cache(maxsize=None)
+def _triton_importable() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _triton_unsupported(dtype: torch.dtype | None, head_dim: int | None) -> str | None:
+    """Why the Triton kernel cannot take these inputs, or ``None`` if it can."""
+    if dtype is not None and dtype not in TRITON_DTYPES:
+        return f"dtype {dtype} (the kernel takes float16, bfloat16 or float32)"
+    if head_dim is not None and head_dim not in TRITON_HEAD_DIMS:
+        return f"head_dim {head_dim} (the kernel takes {', '.join(map(str, TRITON_HEAD_DIMS))})"
+    return None
+
+
+def resolve_impl(impl: str, device: torch.device | str, dtype: torch.dtype | None = None,
+                 head_dim: int | None = None) -> str:
     """Resolve ``impl`` for tensors on ``device`` to a concrete implementation name.
 
-    ``"auto"`` is ``"torch"`` on every device until the Triton kernels land (issue 3).
+    ``"auto"`` is ``"triton"`` for CUDA tensors when triton imports (and, if given, ``dtype`` and
+    ``head_dim`` are ones the kernel takes), else ``"torch"``. ``"triton"`` runs on CUDA, or on
+    CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``, read only to detect it).
 
     Raises:
         ValueError: for an unknown name or an implementation that cannot run here.
     """
     if impl not in IMPLS:
         raise ValueError(f"unknown attention impl {impl!r}; choose one of {', '.join(IMPLS)}")
-    if impl == "triton":
-        raise ValueError("impl='triton' is not available: the Triton kernels are not part of this build; use impl='torch'")
-    return "torch"
+    device = torch.device(device)
+    if impl == "torch":
+        return "torch"
+    if impl == "auto":
+        cuda = device.type == "cuda" and _triton_unsupported(dtype, head_dim) is None
+        return "triton" if cuda and _triton_importable() else "torch"
+    interpreted = device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
+    if device.type != "cuda" and not interpreted:
+        raise ValueError(f"impl='triton' needs a CUDA device (or TRITON_INTERPRET=1 for CPU tensors); got "
+                         f"tensors on {device}; use impl='torch' or impl='auto'")
+    if not _triton_importable():
+        raise ValueError("impl='triton' needs the triton package (pip install 'wmtp[triton]'); use impl='torch'")
+    reason = _triton_unsupported(dtype, head_dim)
+    if reason is not None:
+        raise ValueError(f"impl='triton' does not support {reason}; use impl='torch'")
+    return "triton"
 
 
 def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor) -> None:
@@ -73,5 +116,53 @@ def attention(
     check_key_set_args(n_sink, window)
     q_pos = torch.as_tensor(q_pos, dtype=torch.long, device=q.device)
     _check_shapes(q, k, v, q_pos)
-    resolve_impl(impl, q.device)
+    if resolve_impl(impl, q.device, q.dtype, q.shape[-1]) == "triton":
+        from .triton_attention import attention_triton
+
+        return attention_triton(q, k, v, q_pos, n_sink, window)
     return attention_torch(q, k, v, q_pos, n_sink, window)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_pages: torch.Tensor,
+    v_pages: torch.Tensor,
+    block_table: torch.Tensor,
+    q_pos: torch.Tensor,
+    n_sink: int | None = None,
+    window: int | None = None,
+    impl: str = "auto",
+) -> torch.Tensor:
+    """Attention over the Windowed-MTP key set, with keys and values in a paged cache.
+
+    Position ``p`` of sequence ``b`` is row ``p % page_size`` of page ``block_table[b, p // page_size]``.
+
+    Args:
+        q: ``(B, Hq, Lq, D)`` queries.
+        k_pages, v_pages: ``(num_pages, page_size, Hkv, D)`` pages (``Hq % Hkv == 0``).
+        block_table: ``(B, max_pages)`` int32 page indices.
+        q_pos: ``(Lq,)`` LongTensor of absolute query positions, each ``< max_pages * page_size``.
+        n_sink: sink keys (``None`` = 0).
+        window: recent keys including the query's own (``None`` = full causal set).
+        impl: ``"auto"``, ``"torch"`` or ``"triton"``.
+
+    Returns:
+        ``(B, Hq, Lq, D)`` tensor in ``q.dtype``.
+    """
+    check_key_set_args(n_sink, window)
+    q_pos = torch.as_tensor(q_pos, dtype=torch.long, device=q.device)
+    if k_pages.dim() != 4 or v_pages.shape != k_pages.shape or block_table.dim() != 2:
+        raise ValueError(f"expected k_pages, v_pages (num_pages, page_size, Hkv, D) and block_table (B, max_pages); "
+                         f"got {tuple(k_pages.shape)}, {tuple(v_pages.shape)}, {tuple(block_table.shape)}")
+    if block_table.dtype != torch.int32:
+        raise ValueError(f"block_table must be int32, got {block_table.dtype}")
+    B, Hkv = block_table.shape[0], k_pages.shape[2]
+    capacity = block_table.shape[1] * k_pages.shape[1]  # positions the block table can address
+    # The logical (B, Hkv, capacity, D) shape the contiguous checks apply to.
+    logical = torch.empty(B, Hkv, capacity, k_pages.shape[3], device="meta")
+    _check_shapes(q, logical, logical, q_pos)
+    if resolve_impl(impl, q.device, q.dtype, q.shape[-1]) == "triton":
+        from .triton_attention import paged_attention_triton
+
+        return paged_attention_triton(q, k_pages, v_pages, block_table, q_pos, n_sink, window)
+    return paged_attention_torch(q, k_pages, v_pages, block_table, q_pos, n_sink, window)

@@ -1,0 +1,237 @@
+"""The Triton split-K kernel against the PyTorch reference, contiguous and paged caches.
+
+One parametrized test runs ``impl in {torch, triton}`` through the public ops (``wmtp.attention``,
+``paged_attention``) against a float64 ground truth computed here: dense scores over ALL ``S``
+keys, ``draft_key_mask`` (tests/test_keyset.py checks it with literal lists), ``-inf`` elsewhere.
+Without CUDA, Triton runs under its CPU interpreter (tests/conftest.py sets TRITON_INTERPRET=1),
+which costs about a millisecond per program-iteration: the CPU grid is small and chosen, the big
+grid (head_dim 128/256, more head layouts, bfloat16, long caches) runs only on CUDA.
+"""
+
+import math
+import os
+import random
+
+import pytest
+import torch
+
+import wmtp
+from wmtp.attention import paged_attention, resolve_impl
+from wmtp.attention.paged import paginate
+from wmtp.attention.reference import attention_torch
+from wmtp.keyset import draft_key_mask
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+TRITON = CUDA or os.environ.get("TRITON_INTERPRET") == "1"
+NEEDS_TRITON = pytest.mark.skipif(not TRITON, reason="Triton needs CUDA or its CPU interpreter (TRITON_INTERPRET=1)")
+CUDA_ONLY = pytest.mark.skipif(not CUDA, reason="CUDA only: keeps the CPU-interpreter run of this file short")
+
+# NOTE [Tolerances] (STYLE.md lesson 6; the flash-attn rule). The reference run in the same low
+# precision (attention_torch: fp32 softmax, output rounded to the dtype) sets the scale of honest
+# error. The kernel adds fp32 accumulation in another order, exp2 with log2(e) folded into the
+# scale, and for fp16/bf16 the probabilities rounded to the dtype before the PV product (as in
+# flash attention), so it may err by up to twice the reference plus a floor:
+#     max|out - truth| <= ERR_FACTOR * max|ref - truth| + ABS_FLOOR[dtype]
+#     rms(out - truth) / rms(truth) <= ERR_FACTOR * (same for ref) + RMS_FLOOR[dtype]
+# Floors: fp32 a few ulps of O(1) values summed over <= 5000 keys; fp16/bf16 one unit in the
+# last place of O(1) outputs (eps), covering the rounding of p.
+ERR_FACTOR = 2.0
+ABS_FLOOR = {torch.float32: 1e-5, torch.float16: torch.finfo(torch.float16).eps,
+             torch.bfloat16: torch.finfo(torch.bfloat16).eps}
+RMS_FLOOR = {torch.float32: 1e-6, torch.float16: torch.finfo(torch.float16).eps / 4,
+             torch.bfloat16: torch.finfo(torch.bfloat16).eps / 4}
+DTYPES = [torch.float32, torch.float16] + [pytest.param(torch.bfloat16, marks=CUDA_ONLY)]
+LAYOUTS = ["contiguous", "paged1", "paged16"]  # paged<N>: pages of N positions, randomly permuted
+
+
+def _dtype_id(dtype):
+    return str(dtype).removeprefix("torch.")
+
+
+def _make_inputs(B, Hq, Hkv, Lq, S, D, dtype, seed, q_pos=None):
+    """Seeded q ``(B, Hq, Lq, D)``, k, v ``(B, Hkv, S, D)`` on DEVICE, and q_pos (default: the last Lq)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype).to(DEVICE)
+
+    q_pos = torch.arange(S - Lq, S) if q_pos is None else torch.tensor(q_pos)
+    return randn(B, Hq, Lq, D), randn(B, Hkv, S, D), randn(B, Hkv, S, D), q_pos.to(DEVICE)
+
+
+def _truth(q, k, v, q_pos, n_sink, window):
+    """Dense float64 attention over all S keys, masked by the key set (on the inputs' CPU or CUDA device)."""
+    q, k, v = (x.to(torch.float64) for x in (q, k, v))
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)  # (B, Hq, S, D)
+    v = v.repeat_interleave(group, dim=1)  # (B, Hq, S, D)
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])  # (B, Hq, Lq, S)
+    allowed = draft_key_mask(q_pos.cpu(), k.shape[2], n_sink, window).to(q.device)  # (Lq, S)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v  # (B, Hq, Lq, D)
+
+
+def _run(impl, layout, q, k, v, q_pos, n_sink, window, **kwargs):
+    """The op under test: ``attention`` on the contiguous cache, or ``paged_attention`` on a paged copy."""
+    if layout == "contiguous":
+        if kwargs:
+            from wmtp.attention.triton_attention import attention_triton
+            return attention_triton(q, k, v, q_pos, n_sink, window, **kwargs)
+        return wmtp.attention(q, k, v, q_pos, n_sink=n_sink, window=window, impl=impl)
+    gen = torch.Generator().manual_seed(q.shape[-1] + k.shape[2])
+    k_pages, v_pages, block_table = paginate(k, v, int(layout.removeprefix("paged")), gen)
+    if kwargs:
+        from wmtp.attention.triton_attention import paged_attention_triton
+        return paged_attention_triton(q, k_pages, v_pages, block_table, q_pos, n_sink, window, **kwargs)
+    return paged_attention(q, k_pages, v_pages, block_table, q_pos, n_sink=n_sink, window=window, impl=impl)
+
+
+def _assert_close(out, q, k, v, q_pos, n_sink, window):
+    """The flash-attn rule of NOTE [Tolerances], against the low-precision reference's own error."""
+    dtype = q.dtype
+    assert out.dtype == dtype and out.shape == q.shape and out.device == q.device
+    assert torch.isfinite(out).all(), "output has non-finite values"
+    truth = _truth(q, k, v, q_pos, n_sink, window)
+    ref = attention_torch(q, k, v, q_pos, n_sink, window).to(torch.float64)
+    err, ref_err = (out.to(torch.float64) - truth), (ref - truth)
+    bound = ERR_FACTOR * ref_err.abs().max().item() + ABS_FLOOR[dtype]
+    assert err.abs().max().item() <= bound, f"max abs err {err.abs().max().item():.3g} > {bound:.3g} ({dtype})"
+    rms, ref_rms = (err.norm() / truth.norm()).item(), (ref_err.norm() / truth.norm()).item()
+    rms_bound = ERR_FACTOR * ref_rms + RMS_FLOOR[dtype]
+    assert rms <= rms_bound, f"relative RMS {rms:.3g} > {rms_bound:.3g} ({dtype})"
+
+
+# (B, Hq, Hkv, Lq, S, D, n_sink, window); queries at the last Lq positions of the cache.
+SHAPES = [
+    pytest.param(2, 1, 1, 1, 37, 32, 4, 8, id="decode-S37"),
+    pytest.param(1, 4, 1, 8, 100, 64, 4, 16, id="verify-S100-gqa4"),
+    pytest.param(1, 8, 2, 8, 133, 32, None, None, id="verify-S133-full"),
+    pytest.param(1, 8, 2, 1, 133, 64, None, None, id="decode-S133-full"),
+    pytest.param(1, 8, 2, 1, 133, 32, 4, 80, id="decode-S133-window80"),
+    pytest.param(1, 4, 1, 8, 19, 32, 4, 16, id="verify-S=ns+w-1"),
+    pytest.param(1, 4, 1, 8, 20, 32, 4, 16, id="verify-S=ns+w"),
+    pytest.param(1, 4, 1, 1, 21, 32, 4, 16, id="decode-S=ns+w+1"),
+    pytest.param(1, 1, 1, 8, 100, 32, 0, 16, id="verify-nosink"),
+    pytest.param(1, 4, 1, 8, 37, 32, 2, 1, id="verify-window1"),
+    pytest.param(1, 4, 1, 8, 37, 32, 40, 4, id="verify-n_sink>S"),
+    pytest.param(1, 4, 1, 100, 100, 32, 4, 16, id="prefill-L100-chunked"),  # 400 rows > 256: 2 launches
+    pytest.param(1, 4, 4, 8, 300, 128, 4, 64, id="verify-D128-mha", marks=CUDA_ONLY),
+    pytest.param(2, 8, 8, 1, 1000, 256, 4, 256, id="decode-D256-mha", marks=CUDA_ONLY),
+    pytest.param(1, 8, 2, 16, 1000, 256, None, None, id="verify-D256-Lq16", marks=CUDA_ONLY),
+    pytest.param(2, 16, 1, 16, 4161, 128, 64, 4096, id="verify-group16-S=ns+w+1", marks=CUDA_ONLY),
+    pytest.param(1, 32, 8, 4, 20000, 128, 64, 4096, id="draft-S20000", marks=CUDA_ONLY),
+    pytest.param(1, 32, 8, 9, 20000, 128, None, None, id="verify-S20000-full", marks=CUDA_ONLY),
+    pytest.param(1, 4, 1, 300, 300, 64, 4, 32, id="prefill-L300-chunked", marks=CUDA_ONLY),
+]
+
+
+@pytest.mark.parametrize("impl", ["torch", pytest.param("triton", marks=NEEDS_TRITON)])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
+@pytest.mark.parametrize("B, Hq, Hkv, Lq, S, D, n_sink, window", SHAPES)
+def test_matches_float64_truth(B, Hq, Hkv, Lq, S, D, n_sink, window, dtype, layout, impl):
+    q, k, v, q_pos = _make_inputs(B, Hq, Hkv, Lq, S, D, dtype, seed=S + Lq + D)
+    out = _run(impl, layout, q, k, v, q_pos, n_sink, window)
+    _assert_close(out, q, k, v, q_pos, n_sink, window)
+
+
+# (Lq, S, n_sink, window, q_pos or None for the last Lq positions)
+NAN_CASES = [
+    pytest.param(1, 133, 4, 16, None, id="decode-S133"),
+    pytest.param(8, 100, 0, 8, None, id="verify-nosink"),
+    pytest.param(8, 100, 2, 1, None, id="verify-window1"),
+    pytest.param(4, 300, 4, 8, [50, 51, 52, 53], id="verify-mid-cache"),
+    pytest.param(8, 300, None, None, list(range(90, 98)), id="verify-full-mid-cache"),
+    pytest.param(3, 300, 4, 8, [40, 150, 290], id="scattered-queries"),
+]
+
+
+@NEEDS_TRITON
+@pytest.mark.parametrize("layout", ["contiguous", "paged16"])
+@pytest.mark.parametrize("Lq, S, n_sink, window, positions", NAN_CASES)
+def test_reads_only_the_key_set(Lq, S, n_sink, window, positions, layout):
+    """NaN at every cache position outside the union of the key sets must not reach the output."""
+    q, k, v, q_pos = _make_inputs(2, 4, 2, Lq, S, 32, torch.float32, seed=11, q_pos=positions)
+    outside = ~draft_key_mask(q_pos.cpu(), S, n_sink, window).any(dim=0).to(DEVICE)  # (S,)
+    assert outside.any()  # the case must actually poison something
+    k_nan, v_nan = k.masked_fill(outside[:, None], float("nan")), v.masked_fill(outside[:, None], float("nan"))
+    out = _run("triton", layout, q, k_nan, v_nan, q_pos, n_sink, window)
+    assert torch.isfinite(out).all(), f"NaN leaked into queries {(~torch.isfinite(out)).any(-1).nonzero().tolist()}"
+    _assert_close(out, q, k, v, q_pos, n_sink, window)
+
+
+# (B, Hq, Hkv, Lq, S, n_sink, window, dtype, layout)
+SPLIT_CASES = [
+    pytest.param(1, 8, 2, 8, 133, 4, 40, torch.float32, "contiguous", id="verify-window"),
+    pytest.param(2, 4, 1, 1, 133, None, None, torch.float16, "paged16", id="decode-full-paged"),
+    pytest.param(1, 4, 2, 4, 100, 0, 50, torch.bfloat16, "paged1", id="verify-nosink-bf16"),
+]
+
+
+@NEEDS_TRITON
+@pytest.mark.parametrize("num_splits", [1, 3, 16])  # 16 > the key blocks: some splits get no keys
+@pytest.mark.parametrize("B, Hq, Hkv, Lq, S, n_sink, window, dtype, layout", SPLIT_CASES)
+def test_split_k(B, Hq, Hkv, Lq, S, n_sink, window, dtype, layout, num_splits):
+    """Split-K with small key blocks (masked and unmasked blocks in both ranges), empty splits included."""
+    q, k, v, q_pos = _make_inputs(B, Hq, Hkv, Lq, S, 32, dtype, seed=5)
+    out = _run("triton", layout, q, k, v, q_pos, n_sink, window, num_splits=num_splits, block_n=16)
+    _assert_close(out, q, k, v, q_pos, n_sink, window)
+
+
+def test_key_plan_reads_the_union_and_masks_only_the_edges():
+    """Host-side blocking: the two ranges hold the union of the key sets and no other key, the
+    unmasked blocks only keys every query reads, and the draft's work does not grow with S."""
+    from wmtp.attention.triton_attention import key_plan
+
+    rng = random.Random(0)
+    for _ in range(500):
+        n_sink, window = rng.choice([0, 1, 4, 64]), rng.choice([None, 1, 3, 16, 100])
+        Lq, t_min, block_n = rng.randint(1, 16), rng.randint(0, 400), rng.choice([16, 64])
+        t = torch.arange(t_min, t_min + Lq)
+        p = key_plan(t_min, t_min + Lq - 1, n_sink, window, block_n)
+        mask = draft_key_mask(t, t_min + Lq, n_sink, window)  # (Lq, S)
+        union, every = mask.any(0), mask.all(0)
+        assert 0 <= p.sink_hi <= p.rec_lo <= p.rec_hi == t_min + Lq
+        iterated = torch.zeros_like(union)
+        iterated[: p.sink_hi] = True
+        iterated[p.rec_lo : p.rec_hi] = True
+        assert torch.equal(iterated, union), (n_sink, window, t_min, Lq)
+        for lo, hi, u1, u2, n_blk in [(0, p.sink_hi, p.sink_u1, p.sink_u2, p.n_blk_sink),
+                                      (p.rec_lo, p.rec_hi, p.rec_u1, p.rec_u2, p.n_blk_rec)]:
+            assert n_blk == -(-(hi - lo) // block_n) and 0 <= u1 <= u2 <= n_blk
+            assert u1 == u2 or lo + u2 * block_n <= hi  # unmasked blocks are whole
+            assert every[lo + u1 * block_n : lo + u2 * block_n].all()
+            assert n_blk - (u2 - u1) <= 2 + 2 * -(-Lq // block_n)  # masked: only the edges
+        if window is not None:
+            assert p.sink_hi + (p.rec_hi - p.rec_lo) <= n_sink + window + Lq - 1
+
+
+def test_impl_switch_with_triton():
+    dev = torch.device(DEVICE)
+    assert resolve_impl("auto", dev) == ("triton" if CUDA else "torch")
+    assert resolve_impl("auto", dev, torch.float64) == "torch"  # the kernel takes fp16/bf16/fp32
+    if TRITON:
+        assert resolve_impl("triton", dev) == "triton"
+        with pytest.raises(ValueError, match="float64"):
+            resolve_impl("triton", dev, torch.float64)
+        with pytest.raises(ValueError, match="head_dim"):
+            resolve_impl("triton", dev, torch.float32, 96)
+
+
+def test_triton_on_cpu_needs_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="CUDA"):
+        resolve_impl("triton", "cpu")
+    assert resolve_impl("auto", "cpu") == "torch"
+
+
+def test_paged_attention_validates_inputs():
+    q, k, v, q_pos = _make_inputs(1, 4, 2, 2, 20, 32, torch.float32, seed=0)
+    k_pages, v_pages, block_table = paginate(k, v, 4, torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="int32"):
+        paged_attention(q, k_pages, v_pages, block_table.long(), q_pos, impl="torch")
+    with pytest.raises(ValueError, match="positions"):
+        paged_attention(q, k_pages, v_pages, block_table, q_pos + 10, impl="torch")
+    with pytest.raises(ValueError, match="expected"):
+        paged_attention(q, k_pages, v_pages[:, :2], block_table, q_pos, impl="torch")

@@ -1,0 +1,89 @@
+"""Paged KV-cache attention in plain PyTorch: the reference for the paged Triton kernel.
+
+A paged cache stores keys and values in fixed-size pages, ``k_pages, v_pages`` of shape
+``(num_pages, page_size, Hkv, D)``, and a block table ``(B, max_pages)`` (int32) maps logical key
+position ``p`` of sequence ``b`` to row ``p % page_size`` of page ``block_table[b, p // page_size]``
+(the vLLM layout). The key set is the one of wmtp/keyset.py (arXiv 2607.21535, Sec. 3).
+
+``paged_attention_torch`` gathers positions ``0 .. max(q_pos)`` of every sequence through the
+block table into a contiguous cache and calls ``attention_torch`` on it: simple, and correct by
+construction. ``paginate`` builds a paged cache from a contiguous one, with randomly permuted
+pages, for tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .reference import attention_torch
+
+__all__ = ["paged_attention_torch", "paginate"]
+
+
+def gather_pages(pages: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    """Positions ``0 .. length-1`` of every sequence, gathered from ``pages``: ``(B, Hkv, length, D)``."""
+    page_size = pages.shape[1]
+    pos = torch.arange(length, device=pages.device)  # (length,)
+    page = block_table[:, pos // page_size].long()  # (B, length)
+    return pages[page, pos % page_size].permute(0, 2, 1, 3)  # (B, length, Hkv, D) -> (B, Hkv, length, D)
+
+
+def paged_attention_torch(
+    q: torch.Tensor,
+    k_pages: torch.Tensor,
+    v_pages: torch.Tensor,
+    block_table: torch.Tensor,
+    q_pos: torch.Tensor,
+    n_sink: int | None = None,
+    window: int | None = None,
+) -> torch.Tensor:
+    """Attention over the key set, with keys and values in a paged cache.
+
+    Args:
+        q: ``(B, Hq, Lq, D)`` queries.
+        k_pages, v_pages: ``(num_pages, page_size, Hkv, D)`` pages of keys and values.
+        block_table: ``(B, max_pages)`` page of each sequence's logical page (int32).
+        q_pos: ``(Lq,)`` absolute query positions, each ``< max_pages * page_size``.
+        n_sink: sink keys (``None`` = 0).
+        window: recent keys including the query's own (``None`` = full causal set).
+
+    Returns:
+        ``(B, Hq, Lq, D)`` in ``q.dtype``.
+    """
+    if q_pos.numel() == 0:
+        return torch.empty_like(q)
+    length = int(q_pos.max()) + 1  # positions past the last query are never read
+    k = gather_pages(k_pages, block_table, length)  # (B, Hkv, length, D)
+    v = gather_pages(v_pages, block_table, length)  # (B, Hkv, length, D)
+    return attention_torch(q, k, v, q_pos, n_sink, window)
+
+
+def paginate(
+    k: torch.Tensor, v: torch.Tensor, page_size: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Scatter a contiguous cache into randomly permuted pages.
+
+    Args:
+        k, v: ``(B, Hkv, S, D)`` contiguous keys and values.
+        page_size: rows per page (``>= 1``).
+        generator: draws the page permutation.
+
+    Returns:
+        ``k_pages, v_pages`` ``(B * ceil(S / page_size), page_size, Hkv, D)`` and ``block_table``
+        ``(B, ceil(S / page_size))`` int32 on ``k.device``. Rows past ``S`` in a last, partly used
+        page are zero.
+    """
+    B, Hkv, S, D = k.shape
+    n_pages = -(-S // page_size)  # pages per sequence
+    perm = torch.randperm(B * n_pages, generator=generator, device=generator.device).to(k.device)
+    block_table = perm.view(B, n_pages).to(torch.int32)  # (B, n_pages)
+
+    def scatter(x: torch.Tensor) -> torch.Tensor:
+        padded = x.new_zeros(B, Hkv, n_pages * page_size, D)
+        padded[:, :, :S] = x
+        logical = padded.view(B, Hkv, n_pages, page_size, D).permute(0, 2, 3, 1, 4)  # (B, n_pages, page, Hkv, D)
+        pages = x.new_empty(B * n_pages, page_size, Hkv, D)
+        pages[perm] = logical.reshape(B * n_pages, page_size, Hkv, D)
+        return pages
+
+    return scatter(k), scatter(v), block_table

@@ -1,0 +1,396 @@
+"""Split-K flash-decoding over the Windowed-MTP key set, in Triton (arXiv 2607.21535, Sec. 3).
+
+One kernel serves the draft (``n_sink`` sinks + ``window`` recent keys) and the verify step
+(``window=None``: full causal set), on a contiguous ``(B, Hkv, S, D)`` cache or a paged
+``(num_pages, page_size, Hkv, D)`` cache with a block table. Keys are read in place: never
+gathered, never copied.
+
+Design (STYLE.md lesson 4):
+
+- Grid ``(B * Hkv, n_splits)``. A program owns one (batch, kv head) and holds the queries of all
+  ``group = Hq // Hkv`` query heads of that kv head times all ``Lq`` queries as ONE tile of
+  ``BLOCK_M = next_pow2(max(16, group * Lq))`` rows, so each key is loaded once for the group.
+  Row ``r`` is (query head ``h = r // Lq``, query ``i = r % Lq``); rows ``r >= group * Lq`` are
+  padding (their query is zero; they are never stored).
+- The tile's keys are two ranges, the union of its queries' key sets (wmtp/keyset.py): the sinks
+  ``[0, sink_end(t_max))`` and the recent range ``[recent_start(t_min), t_max + 1)``. Skipped
+  keys are never iterated, so the draft's work is O(n_sink + window + Lq), independent of S.
+- Per range, blocks of ``BLOCK_N`` keys that every query of the tile reads run UNMASKED; the
+  others (the range's edges: the sink/window boundary, the causal diagonal, a partial last
+  block) run MASKED with the key-set formula evaluated per row from that row's own ``q_pos``.
+  The host computes the unmasked block interval, so each range is three loops (masked,
+  unmasked, masked) like the ``STAGE`` split of Triton's fused-attention tutorial.
+- Split-K: the concatenated blocks of both ranges are cut into ``n_splits`` runs of whole
+  blocks; each program writes fp32 partials ``(m, l, acc)`` and ``_merge_kernel`` combines them
+  with log-sum-exp. With one split the attention kernel writes the output itself.
+- Any ``q_pos`` is correct (masks use each row's own position); scattered positions only widen
+  the recent range and mask more blocks. A tile holds at most ``max_rows(D) = min(MAX_ROWS,
+  MAX_TILE // D)`` rows (the fp32 accumulator must fit in registers); a longer query block
+  (prefill, or group 16 x 16 queries at D >= 128) is cut on the host into chunks of
+  ``max_rows(D) // group`` queries, one launch each.
+
+NOTE [Host sync]: the launcher copies ``q_pos`` to the host once per call (its min and max fix
+the key ranges), so a call waits for the work queued before it. CUDA graphs would need the
+positions passed as host integers instead.
+
+NOTE [Reads]: a MASKED block loads only the keys and values that some row of the tile reads
+(``kread``; the block table is read for the whole range), so a cache row outside the union of the
+key sets is never loaded, and NaN there cannot reach the output.
+
+NOTE [Precision]: ``tl.dot`` accumulates in fp32; softmax runs in the log2 domain
+(``qk_scale = log2(e) / sqrt(D)``, ``exp2``). fp32 inputs use ``input_precision="ieee"`` (no
+tf32). fp16/bf16 use native tensor-core dots; under the CPU interpreter, which cannot multiply
+bf16, bf16 tiles are upcast to fp32 after loading (``UPCAST``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ..keyset import key_ranges
+
+__all__ = ["attention_triton", "paged_attention_triton", "key_plan"]
+
+MAX_ROWS = 256  # most query rows (group * Lq) in one tile; longer query blocks (prefill) are chunked
+MAX_TILE = 128 * 128  # most elements of the (rows, D) fp32 accumulator: 64 KiB of registers
+MIN_BLOCKS_PER_SPLIT = 4  # a split must have enough key blocks to amortise writing its partials
+
+
+@triton.jit
+def _attend(acc, m_i, l_i, q, t,  # running (BLOCK_M, D) fp32 sum, (BLOCK_M,) max/denominator; q tile; row positions
+            k_base, v_base,  # pointers to the (batch, kv head) of K / V (contiguous) or to head kvh of page 0 (paged)
+            bt_row,  # pointer to the block-table row of this sequence (paged only)
+            stride_outer, stride_pos, stride_d,  # K/V strides: batch or page, position or page row, head dim
+            lo, hi, blk_a, blk_b,  # range [lo, hi) of key positions; this loop runs its blocks [blk_a, blk_b)
+            n_sink, window, qk_scale,
+            BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
+            MASKED: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    for blk in range(blk_a, blk_b):
+        kpos = lo + blk * BLOCK_N + offs_n  # (BLOCK_N,) key positions
+        if MASKED:  # THE key-set formula (wmtp/keyset.py), per row, plus the range bound
+            kp = kpos[None, :]
+            tt = t[:, None]
+            allowed = (kp <= tt) & ((kp < n_sink) | (kp > tt - window)) & (kp < hi)  # (BLOCK_M, BLOCK_N)
+            kread = tl.max(allowed.to(tl.int32), axis=0) > 0  # (BLOCK_N,) keys some row reads
+        if PAGED:  # position p lives at page block_table[p // PAGE_SIZE], row p % PAGE_SIZE
+            if MASKED:  # (the block-table mask is the range, not kread: triton 3.6 fails to compile that)
+                page = tl.load(bt_row + kpos // PAGE_SIZE, mask=kpos < hi, other=0)  # (BLOCK_N,)
+            else:
+                page = tl.load(bt_row + kpos // PAGE_SIZE)  # (BLOCK_N,)
+            krow = page.to(tl.int64) * stride_outer + (kpos % PAGE_SIZE) * stride_pos  # (BLOCK_N,)
+        else:
+            krow = kpos.to(tl.int64) * stride_pos  # (BLOCK_N,)
+        if MASKED:
+            k = tl.load(k_base + krow[None, :] + offs_d[:, None] * stride_d, mask=kread[None, :], other=0.0)
+            v = tl.load(v_base + krow[:, None] + offs_d[None, :] * stride_d, mask=kread[:, None], other=0.0)
+        else:
+            k = tl.load(k_base + krow[None, :] + offs_d[:, None] * stride_d)  # (D, BLOCK_N)
+            v = tl.load(v_base + krow[:, None] + offs_d[None, :] * stride_d)  # (BLOCK_N, D)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, k, input_precision=PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N), log2 domain
+        if MASKED:
+            s = tl.where(allowed, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # (BLOCK_M,)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet: avoid -inf - -inf
+        p = tl.math.exp2(s - m_use[:, None])  # (BLOCK_M, BLOCK_N)
+        alpha = tl.math.exp2(m_i - m_use)  # (BLOCK_M,)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _attend_range(acc, m_i, l_i, q, t, k_base, v_base, bt_row, stride_outer, stride_pos, stride_d,
+                  lo, hi, a, b, u1, u2,  # range [lo, hi); this split's blocks [a, b); unmasked blocks [u1, u2)
+                  n_sink, window, qk_scale,
+                  BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
+                  UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    u1 = tl.minimum(tl.maximum(u1, a), b)
+    u2 = tl.minimum(tl.maximum(u2, u1), b)
+    acc, m_i, l_i = _attend(acc, m_i, l_i, q, t, k_base, v_base, bt_row, stride_outer, stride_pos, stride_d,
+                            lo, hi, a, u1, n_sink, window, qk_scale,  # masked head
+                            BLOCK_N, HEAD_DIM, PAGE_SIZE, PAGED, True, UPCAST, PRECISION)
+    acc, m_i, l_i = _attend(acc, m_i, l_i, q, t, k_base, v_base, bt_row, stride_outer, stride_pos, stride_d,
+                            lo, hi, u1, u2, n_sink, window, qk_scale,  # unmasked interior
+                            BLOCK_N, HEAD_DIM, PAGE_SIZE, PAGED, False, UPCAST, PRECISION)
+    acc, m_i, l_i = _attend(acc, m_i, l_i, q, t, k_base, v_base, bt_row, stride_outer, stride_pos, stride_d,
+                            lo, hi, u2, b, n_sink, window, qk_scale,  # masked tail
+                            BLOCK_N, HEAD_DIM, PAGE_SIZE, PAGED, True, UPCAST, PRECISION)
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _store_rows(Out, tile, rows, b, kvh, Lq,  # Out: output base pointer; tile (R, D) fp32; rows (R,) tile rows
+                stride_ob, stride_oh, stride_ol, stride_od, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr):
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_off = b.to(tl.int64) * stride_ob + (kvh * GROUP + rows // Lq) * stride_oh + (rows % Lq) * stride_ol  # (R,)
+    ptrs = Out + row_off[:, None] + offs_d[None, :] * stride_od  # (R, D)
+    tl.store(ptrs, tile.to(Out.dtype.element_ty), mask=(rows < GROUP * Lq)[:, None])
+
+
+@triton.jit
+def _attention_kernel(
+    Q,  # (B, Hq, Lq, D) queries, any strides
+    K, V,  # contiguous: (B, Hkv, S, D); paged: (num_pages, PAGE_SIZE, Hkv, D); same strides for K and V
+    BT,  # (B, max_pages) int32 block table (paged only; any tensor otherwise)
+    QPOS,  # (Lq,) absolute query positions (int64)
+    Out,  # (B, Hq, Lq, D) output in q.dtype (written when n_splits == 1)
+    PM, PL, PACC,  # fp32 partials: (B*Hkv, n_splits, BLOCK_M) max and denominator, (..., BLOCK_M, D) sums
+    stride_qb, stride_qh, stride_ql, stride_qd,
+    stride_kouter, stride_kpos, stride_kh, stride_kd,  # batch|page, position|page row, kv head, head dim
+    stride_btb,
+    stride_ob, stride_oh, stride_ol, stride_od,
+    Hkv, Lq, n_sink, window, qk_scale,
+    sink_hi, sink_u1, sink_u2, n_blk_sink,  # sink range [0, sink_hi): blocks, unmasked blocks [u1, u2)
+    rec_lo, rec_hi, rec_u1, rec_u2, n_blk_rec,  # recent range [rec_lo, rec_hi) and its blocks
+    blocks_per_split, n_splits,
+    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    pid_bh = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    b = pid_bh // Hkv
+    kvh = pid_bh % Hkv
+    rows = tl.arange(0, BLOCK_M)  # row r = (query head r // Lq, query r % Lq)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_row = b.to(tl.int64) * stride_qb + (kvh * GROUP + rows // Lq) * stride_qh + (rows % Lq) * stride_ql  # (BLOCK_M,)
+    q = tl.load(Q + q_row[:, None] + offs_d[None, :] * stride_qd, mask=(rows < GROUP * Lq)[:, None], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    t = tl.load(QPOS + rows % Lq).to(tl.int32)  # (BLOCK_M,) padding rows repeat a real query's position
+
+    if PAGED:
+        k_base = K + kvh * stride_kh
+        v_base = V + kvh * stride_kh
+        bt_row = BT + b.to(tl.int64) * stride_btb
+    else:
+        k_base = K + b.to(tl.int64) * stride_kouter + kvh * stride_kh
+        v_base = V + b.to(tl.int64) * stride_kouter + kvh * stride_kh
+        bt_row = BT
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    # this split's blocks [start, end) of the concatenation (sink blocks, recent blocks)
+    start = pid_s * blocks_per_split
+    end = start + blocks_per_split
+    acc, m_i, l_i = _attend_range(acc, m_i, l_i, q, t, k_base, v_base, bt_row, stride_kouter, stride_kpos, stride_kd,
+                                  0, sink_hi, tl.minimum(start, n_blk_sink), tl.minimum(end, n_blk_sink),
+                                  sink_u1, sink_u2, n_sink, window, qk_scale,
+                                  BLOCK_N, HEAD_DIM, PAGE_SIZE, PAGED, UPCAST, PRECISION)
+    acc, m_i, l_i = _attend_range(acc, m_i, l_i, q, t, k_base, v_base, bt_row, stride_kouter, stride_kpos, stride_kd,
+                                  rec_lo, rec_hi, tl.maximum(start - n_blk_sink, 0),
+                                  tl.minimum(tl.maximum(end - n_blk_sink, 0), n_blk_rec),
+                                  rec_u1, rec_u2, n_sink, window, qk_scale,
+                                  BLOCK_N, HEAD_DIM, PAGE_SIZE, PAGED, UPCAST, PRECISION)
+
+    if SPLIT:  # partials of this split; a split without keys stores m = -inf, l = 0, acc = 0
+        part = (pid_bh * n_splits + pid_s) * BLOCK_M + rows  # (BLOCK_M,)
+        tl.store(PM + part, m_i)
+        tl.store(PL + part, l_i)
+        tl.store(PACC + part[:, None] * HEAD_DIM + offs_d[None, :], acc)
+    else:
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        _store_rows(Out, out, rows, b, kvh, Lq, stride_ob, stride_oh, stride_ol, stride_od, GROUP, HEAD_DIM)
+
+
+@triton.jit
+def _merge_kernel(
+    PM, PL, PACC,  # fp32 partials written by _attention_kernel: (B*Hkv, n_splits, BLOCK_M[, D])
+    Out,  # (B, Hq, Lq, D) output in q.dtype
+    stride_ob, stride_oh, stride_ol, stride_od,
+    Hkv, Lq, n_splits,
+    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, HEAD_DIM: tl.constexpr,
+):
+    pid_bh = tl.program_id(0)
+    rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)  # (BLOCK_R,) rows of the tile
+    offs_d = tl.arange(0, HEAD_DIM)
+    base = pid_bh * n_splits * BLOCK_M + rows  # (BLOCK_R,) rows of split 0
+    m = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    for s in range(n_splits):
+        m = tl.maximum(m, tl.load(PM + base + s * BLOCK_M))
+    m = tl.where(m == float("-inf"), 0.0, m)
+    l_sum = tl.zeros([BLOCK_R], tl.float32)
+    acc = tl.zeros([BLOCK_R, HEAD_DIM], tl.float32)
+    for s in range(n_splits):  # log-sum-exp merge; an empty split has weight exp2(-inf) = 0
+        w = tl.math.exp2(tl.load(PM + base + s * BLOCK_M) - m)  # (BLOCK_R,)
+        l_sum += w * tl.load(PL + base + s * BLOCK_M)
+        acc += w[:, None] * tl.load(PACC + (base + s * BLOCK_M)[:, None] * HEAD_DIM + offs_d[None, :])
+    out = acc / tl.where(l_sum == 0.0, 1.0, l_sum)[:, None]
+    _store_rows(Out, out, rows, pid_bh // Hkv, pid_bh % Hkv, Lq, stride_ob, stride_oh, stride_ol, stride_od,
+                GROUP, HEAD_DIM)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+class KeyPlan(NamedTuple):
+    """The key blocks of a tile of queries at positions ``t_min .. t_max`` (host side)."""
+
+    sink_hi: int  # sink range [0, sink_hi)
+    n_blk_sink: int  # its blocks of BLOCK_N keys
+    sink_u1: int  # its blocks [sink_u1, sink_u2) are read by every query: no mask
+    sink_u2: int
+    rec_lo: int  # recent range [rec_lo, rec_hi), disjoint from the sink range
+    rec_hi: int
+    n_blk_rec: int
+    rec_u1: int  # unmasked blocks of the recent range
+    rec_u2: int
+
+
+def _unmasked_blocks(lo: int, hi: int, f_lo: int, f_hi: int, block_n: int) -> tuple[int, int, int]:
+    """Blocks of range ``[lo, hi)`` and the interval ``[u1, u2)`` of them inside ``[f_lo, f_hi)``."""
+    n_blk = triton.cdiv(hi - lo, block_n)
+    u1 = min(max(0, -((lo - f_lo) // block_n)), n_blk)  # first block starting at or after f_lo
+    u2 = min(max(u1, (min(f_hi, hi) - lo) // block_n), n_blk)  # blocks ending at or before f_hi
+    return n_blk, u1, u2
+
+
+def key_plan(t_min: int, t_max: int, n_sink: int | None, window: int | None, block_n: int) -> KeyPlan:
+    """Key ranges for queries in ``[t_min, t_max]``: their union, blocked, and the unmasked blocks.
+
+    The ranges are the union of the key sets of wmtp/keyset.py; a block is unmasked when all its
+    keys lie in the intersection of the key sets of every position in ``[t_min, t_max]``.
+    """
+    (_, sink_hi), _ = key_ranges(t_max, n_sink, window)  # union: sinks of the last query...
+    _, (rec_lo, _) = key_ranges(t_min, n_sink, window)  # ...and the recent range from the first
+    rec_lo, rec_hi = max(rec_lo, sink_hi), t_max + 1
+    (_, full_sink_hi), _ = key_ranges(t_min, n_sink, window)  # intersection: sinks of the first...
+    _, (full_rec_lo, _) = key_ranges(t_max, n_sink, window)  # ...and [recent start of the last, t_min]
+    n_blk_sink, sink_u1, sink_u2 = _unmasked_blocks(0, sink_hi, 0, full_sink_hi, block_n)
+    n_blk_rec, rec_u1, rec_u2 = _unmasked_blocks(rec_lo, rec_hi, full_rec_lo, t_min + 1, block_n)
+    return KeyPlan(sink_hi, n_blk_sink, sink_u1, sink_u2, rec_lo, rec_hi, n_blk_rec, rec_u1, rec_u2)
+
+
+def _launch(q, k, v, block_table, page_size, q_pos, n_sink, window, num_splits, block_n):
+    """Run the kernels for one block of queries; k, v strides are (outer, position, head, dim)."""
+    B, Hq, Lq, D = q.shape
+    Hkv = k.shape[2]  # k is (outer, position, Hkv, D) in both layouts
+    group = Hq // Hkv
+    pos = q_pos.tolist()  # NOTE: one host sync, for the key ranges below
+    BLOCK_M = triton.next_power_of_2(max(16, group * Lq))
+    BLOCK_N = block_n or (64 if D <= 128 else 32)
+    plan = key_plan(min(pos), max(pos), n_sink, window, BLOCK_N)
+    sink_hi, n_blk_sink, sink_u1, sink_u2, rec_lo, rec_hi, n_blk_rec, rec_u1, rec_u2 = plan
+    n_blk = n_blk_sink + n_blk_rec
+    if num_splits is None:  # ~4 programs per SM overall, at least MIN_BLOCKS_PER_SPLIT blocks each
+        want = triton.cdiv(4 * _sm_count(q.device), B * Hkv)
+        num_splits = max(1, min(want, n_blk // MIN_BLOCKS_PER_SPLIT))
+        num_splits = triton.cdiv(n_blk, triton.cdiv(n_blk, num_splits))  # drop splits left empty
+    blocks_per_split = triton.cdiv(n_blk, num_splits)
+
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)  # (B, Hq, Lq, D)
+    split = num_splits > 1
+    if split:  # one fp32 workspace: m, l (B*Hkv, n_splits, BLOCK_M) and acc (B*Hkv, n_splits, BLOCK_M, D)
+        n = B * Hkv * num_splits * BLOCK_M
+        ws = torch.empty(n * (D + 2), device=q.device, dtype=torch.float32)
+        pm, pl, pacc = ws[:n], ws[n : 2 * n], ws[2 * n :]
+    else:  # the kernel writes `out` itself; the partial pointers are unused
+        pm = pl = pacc = out
+    bt = block_table if block_table is not None else q_pos
+    num_warps = 8 if BLOCK_M * D >= 128 * 128 else 4
+    _attention_kernel[(B * Hkv, num_splits)](
+        q, k, v, bt, q_pos, out, pm, pl, pacc,
+        *q.stride(), *k.stride(), bt.stride(0), *out.stride(),
+        Hkv, Lq, n_sink or 0, rec_hi if window is None else window, D**-0.5 * math.log2(math.e),
+        sink_hi, sink_u1, sink_u2, n_blk_sink, rec_lo, rec_hi, rec_u1, rec_u2, n_blk_rec,
+        blocks_per_split, num_splits,
+        GROUP=group, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=D, PAGE_SIZE=page_size,
+        PAGED=block_table is not None, SPLIT=split,
+        UPCAST=q.device.type == "cpu" and q.dtype == torch.bfloat16,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=num_warps,
+    )
+    if split:
+        BLOCK_R = min(BLOCK_M, 32)
+        _merge_kernel[(B * Hkv, BLOCK_M // BLOCK_R)](
+            pm, pl, pacc, out, *out.stride(), Hkv, Lq, num_splits,
+            GROUP=group, BLOCK_M=BLOCK_M, BLOCK_R=BLOCK_R, HEAD_DIM=D, num_warps=4,
+        )
+    return out
+
+
+def _check(q, k, v, q_pos):
+    assert q.device == k.device == v.device == q_pos.device, "all tensors must be on one device"
+    assert q.dtype == k.dtype == v.dtype and q.dtype in (torch.float16, torch.bfloat16, torch.float32), \
+        f"q, k, v must share one dtype of fp16/bf16/fp32, got {q.dtype}, {k.dtype}, {v.dtype}"
+    assert k.shape == v.shape and k.stride() == v.stride(), "k and v must have one shape and one layout"
+    D = q.shape[-1]
+    assert D in (16, 32, 64, 128, 256), f"head_dim must be a power of two in [16, 256], got {D}"
+    assert k.stride(-1) == 1 and q.stride(-1) == 1, "the head dimension must be contiguous"
+
+
+def _by_query_chunks(q, q_pos, group, run):
+    """Call ``run(q_chunk, pos_chunk)`` on blocks of at most ``max_rows(D) // group`` queries."""
+    Lq = q.shape[2]
+    if Lq == 0:
+        return torch.empty_like(q)
+    chunk = max(1, min(MAX_ROWS, MAX_TILE // q.shape[-1]) // group)
+    if chunk >= Lq:
+        return run(q, q_pos)
+    return torch.cat([run(q[:, :, i : i + chunk], q_pos[i : i + chunk]) for i in range(0, Lq, chunk)], dim=2)
+
+
+def attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor,
+                     n_sink: int | None = None, window: int | None = None,
+                     num_splits: int | None = None, block_n: int | None = None) -> torch.Tensor:
+    """Sink+window (or full causal) attention over a contiguous cache; semantics of ``attention_torch``.
+
+    Args:
+        q: ``(B, Hq, Lq, D)`` queries (fp16, bf16 or fp32; ``D`` a power of two, 16..256).
+        k, v: ``(B, Hkv, S, D)`` position-indexed keys and values, any strides (head dim contiguous).
+        q_pos: ``(Lq,)`` LongTensor of absolute query positions, each ``< S``.
+        n_sink: sink keys (``None`` = 0).
+        window: recent keys including the query's own (``None`` = full causal set).
+        num_splits: split-K programs per (batch, kv head); ``None`` picks from the SM count.
+        block_n: keys per block (tests use small blocks); ``None`` picks from ``D``.
+
+    Returns:
+        ``(B, Hq, Lq, D)`` in ``q.dtype``.
+    """
+    _check(q, k, v, q_pos)
+    kt, vt = k.transpose(1, 2), v.transpose(1, 2)  # views (B, S, Hkv, D): strides (batch, pos, head, dim)
+
+    def run(q_chunk, pos_chunk):
+        return _launch(q_chunk, kt, vt, None, 1, pos_chunk, n_sink, window, num_splits, block_n)
+
+    return _by_query_chunks(q, q_pos, q.shape[1] // k.shape[1], run)
+
+
+def paged_attention_triton(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
+                           block_table: torch.Tensor, q_pos: torch.Tensor,
+                           n_sink: int | None = None, window: int | None = None,
+                           num_splits: int | None = None, block_n: int | None = None) -> torch.Tensor:
+    """Sink+window (or full causal) attention over a paged cache, read in place through the block table.
+
+    Args:
+        q: ``(B, Hq, Lq, D)`` queries.
+        k_pages, v_pages: ``(num_pages, page_size, Hkv, D)``; position ``p`` of sequence ``b`` is
+            row ``p % page_size`` of page ``block_table[b, p // page_size]``.
+        block_table: ``(B, max_pages)`` int32.
+        q_pos, n_sink, window, num_splits, block_n: as in ``attention_triton``.
+
+    Returns:
+        ``(B, Hq, Lq, D)`` in ``q.dtype``.
+    """
+    _check(q, k_pages, v_pages, q_pos)
+    assert block_table.dtype == torch.int32 and block_table.device == q.device, "block_table: int32 on q's device"
+
+    def run(q_chunk, pos_chunk):
+        return _launch(q_chunk, k_pages, v_pages, block_table, k_pages.shape[1], pos_chunk, n_sink, window,
+                       num_splits, block_n)
+
+    return _by_query_chunks(q, q_pos, q.shape[1] // k_pages.shape[2], run)
