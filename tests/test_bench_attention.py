@@ -1,0 +1,180 @@
+"""The attention kernel sweep (wmtp/bench_attention.py) on CPU at toy sizes: the result's structure,
+byte counts and key counts, the correctness guard, errors recorded rather than raised, the bars on
+literal rows, the FlexAttention mask_mod against the key-set formula, the table and the plot.
+No timing is asserted: figures come from the GPU run, never from tests (DESIGN.md)."""
+
+import json
+
+import pytest
+import torch
+
+from wmtp import bench_attention as ba
+from wmtp.cli import main
+from wmtp.keyset import draft_key_mask
+
+TINY = dict(contexts=(64, 200), shapes=((4, 2, 32),), q_lens=(1, 3), dtype=torch.float32, n_sink=4, window=16,
+            repeats=2)
+SDPA_METHODS = ("sdpa_full", "gather_sdpa_window", "sdpa_compact_window")
+# The Triton interpreter runs the draft kernel on CPU tensors (tests/conftest.py sets TRITON_INTERPRET=1
+# without CUDA); with CUDA present, CPU tensors cannot reach it.
+METHODS = SDPA_METHODS + (() if torch.cuda.is_available() else ("triton_window",))
+FP32_GUARD = 1e-5  # fp32 outputs against fp32 SDPA, |out| <= ~1.5: a few ulps of summation order
+
+
+@pytest.fixture(scope="module")
+def result():
+    return ba.sweep("cpu", methods=METHODS, command="pytest", **TINY)
+
+
+def test_result_structure_and_rows(result):
+    assert json.loads(json.dumps(result)) == result  # plain JSON, no tensors, no NaN
+    for key in ("command", "environment", "dtype", "n_sink", "window", "copy_bandwidth_gbs", "rows", "bars",
+                "correctness", "caveats"):
+        assert key in result
+    assert result["dtype"] == "float32" and result["copy_bandwidth_gbs"] > 0
+    rows = result["rows"]
+    assert len(rows) == 2 * 1 * 2 * len(METHODS)
+    for r in rows:
+        assert r["error"] is None, r
+        assert r["median_ms"] > 0 and r["pct_of_floor"] == pytest.approx(r["floor_ms"] / r["median_ms"] * 100)
+        windowed = "window" in r["method"]
+        # sinks + the union of the recent windows of queries S-q_len .. S-1; the full set is all S keys
+        assert r["keys_read"] == (4 + 16 + r["q_len"] - 1 if windowed else r["S"])
+    full = next(r for r in rows if (r["method"], r["S"], r["q_len"]) == ("sdpa_full", 64, 1))
+    assert full["bytes"] == (2 * 64 * 2 * 32 + 2 * 4 * 1 * 32) * 4  # K and V of 64 keys, q and output, fp32
+
+
+def test_correctness_guard_is_small(result):
+    assert set(result["correctness"]) == {"q_len=1", "q_len=3"}
+    for guard in result["correctness"].values():
+        assert (guard["S"], guard["Hq"], guard["Hkv"], guard["D"]) == (64, 4, 2, 32)
+        assert set(guard["max_abs_err"]) == set(METHODS)
+        for name, err in guard["max_abs_err"].items():
+            assert isinstance(err, float) and err <= FP32_GUARD, (name, err)
+
+
+def test_a_failing_method_is_recorded_and_the_sweep_goes_on(monkeypatch):
+    def broken_build(cell):
+        raise RuntimeError("kernel exploded")
+
+    def broken_call(cell):
+        def call():
+            raise RuntimeError("launch failed")
+
+        return call
+
+    monkeypatch.setitem(ba._BUILDERS, "sdpa_full", broken_build)
+    monkeypatch.setitem(ba._BUILDERS, "gather_sdpa_window", broken_call)
+    res = ba.sweep("cpu", methods=SDPA_METHODS, **TINY)
+    by = {}
+    for r in res["rows"]:
+        by.setdefault(r["method"], []).append(r)
+    assert all(r["error"] == "RuntimeError: kernel exploded" and r["median_ms"] is None for r in by["sdpa_full"])
+    assert all("launch failed" in r["error"] for r in by["gather_sdpa_window"])
+    assert all(r["error"] is None and r["median_ms"] > 0 for r in by["sdpa_compact_window"])
+    assert res["correctness"]["q_len=1"]["max_abs_err"]["sdpa_full"] == "RuntimeError: kernel exploded"
+
+
+@pytest.mark.parametrize("kw", [dict(methods=("no_such_method",)), dict(window=None), dict(contexts=(2,)),
+                                dict(shapes=((3, 2, 32),)), dict(n_sink=-1), dict(repeats=0)])
+def test_bad_arguments_raise_value_error(kw):
+    with pytest.raises(ValueError):
+        ba.sweep("cpu", **{**TINY, "methods": SDPA_METHODS, **kw})
+
+
+def test_window_key_ranges_literal():
+    assert ba._window_keys(64, 3, 4, 16) == (4, 46)  # keys [0, 4) and [46, 64): 4 + 18 = 4 + 16 + 3 - 1
+    assert ba._window_keys(64, 1, 4, 16) == (4, 48)
+    assert ba._window_keys(10, 1, 4, 16) == (4, 4)  # S <= n_sink + window: every key, once
+    assert ba._window_keys(3, 1, 4, 16) == (3, 3)  # fewer keys than sinks
+
+
+def test_flex_mask_mod_is_the_key_set_formula():
+    S, q_len, n_sink, window = 40, 5, 4, 8
+    mask_mod = ba._flex_mask_mod(*(torch.tensor(x) for x in (S - q_len, n_sink, window)))
+    got = mask_mod(0, 0, torch.arange(q_len)[:, None], torch.arange(S)[None, :])  # (q_len, S)
+    assert torch.equal(got, draft_key_mask(torch.arange(S - q_len, S), S, n_sink, window))
+    row = ba._flex_mask_mod(*(torch.tensor(x) for x in (19, 2, 6)))(0, 0, torch.tensor(0), torch.arange(24))
+    assert torch.nonzero(row).flatten().tolist() == [0, 1, 14, 15, 16, 17, 18, 19]
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_flex_window_matches_the_compact_reference():
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    res = ba.sweep("cpu", **{**TINY, "contexts": (128,), "methods": ("sdpa_compact_window", "flex_window")})
+    for guard in res["correctness"].values():
+        assert guard["max_abs_err"]["flex_window"] <= FP32_GUARD
+
+
+def _row(method, S, q_len, ms, pct=None, shape=(16, 2, 256)):
+    Hq, Hkv, D = shape
+    return {"method": method, "S": S, "Hq": Hq, "Hkv": Hkv, "D": D, "q_len": q_len, "median_ms": ms,
+            "pct_of_floor": pct, "error": None if ms else "boom"}
+
+
+def _passing_rows(shape):
+    return [_row("triton_window", 16384, 1, 0.0100, shape=shape), _row("triton_window", 131072, 1, 0.0110, shape=shape),
+            _row("triton_window", 1048576, 1, 0.0105, shape=shape),
+            _row("triton_full", 1048576, 1, 1.0, 90.0, shape), _row("triton_full", 1048576, 8, 1.0, 85.0, shape),
+            _row("triton_full", 16384, 8, 1.0, 10.0, shape)]  # below the floor at small S: not a bar
+
+
+def test_bars_met_on_literal_rows():
+    rows = _passing_rows((16, 2, 256)) + _passing_rows((32, 8, 128))
+    b = ba.bars(rows)
+    assert b["draft_window_flat"]["met"] and b["verify_at_hbm_floor"]["met"]
+    v = b["draft_window_flat"]["values"]["Hq16/Hkv2/D256"]
+    assert v["max_ms"] == 0.0110 and v["growth_largest_vs_smallest_S"] == pytest.approx(0.05)
+    assert b["verify_at_hbm_floor"]["threshold"]["S"] == 1048576
+
+
+@pytest.mark.parametrize("change,bar", [
+    (lambda r: r.update(median_ms=0.0113) if r["method"] == "triton_window" and r["S"] == 1048576 else None,
+     "draft_window_flat"),  # 13% slower at 1M than at 16K, though under 0.012 ms
+    (lambda r: r.update(median_ms=0.0125) if r["method"] == "triton_window" and r["S"] == 131072 else None,
+     "draft_window_flat"),  # over 0.012 ms at one S
+    (lambda r: r.update(median_ms=None, error="boom") if r["method"] == "triton_window" and r["S"] == 16384 else None,
+     "draft_window_flat"),  # a failed row
+    (lambda r: r.update(pct_of_floor=84.9) if r["method"] == "triton_full" and r["q_len"] == 8
+     and r["S"] == 1048576 else None, "verify_at_hbm_floor"),
+])
+def test_bars_not_met(change, bar):
+    rows = _passing_rows((16, 2, 256)) + _passing_rows((32, 8, 128))
+    for r in rows[:6]:  # the first shape only
+        change(r)
+    b = ba.bars(rows)
+    assert not b[bar]["met"]
+    other = {"draft_window_flat", "verify_at_hbm_floor"} - {bar}
+    assert all(b[o]["met"] for o in other)
+    assert b[bar]["values"]  # the values say which shape failed
+
+
+def test_bars_missing_rows_are_not_met():
+    rows = [r for r in _passing_rows((16, 2, 256)) if r["q_len"] == 1]  # no q_len 8 verify row
+    assert not ba.bars(rows)["verify_at_hbm_floor"]["met"]
+    assert not any(b["met"] for b in ba.bars([]).values())
+
+
+def test_table_lists_every_method(result):
+    from rich.console import Console
+
+    console = Console(record=True, width=200)
+    console.print(ba.table(result))
+    text = console.export_text()
+    assert all(m in text for m in METHODS) and "% of floor" in text
+
+
+def test_plot_writes_a_png(result, tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "bench.png"
+    ba.plot(result, png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["bench.png"]  # no temp file left behind
+
+
+def test_cli_sweep_flags_need_cuda(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU path")
+    assert main(["bench", "attention", "--device", "cpu", "--plot", "x.png"]) == 2
+    assert "needs --device cuda" in capsys.readouterr().err
+    assert main(["bench", "attention", "--rep-ms", "0"]) == 2

@@ -1,0 +1,396 @@
+"""Attention kernels side by side on one GPU, against the HBM floor: the draft-KV tax, measured.
+
+The paper's draft-KV tax (arXiv 2607.21535, Sec. 1 and 4): a native MTP draft head reads the whole
+KV cache for every drafted token, so its attention time grows with the context ``S``; a
+Windowed-MTP draft reads ``n_sink + window`` keys whatever ``S`` is. ``sweep`` times, in one run on
+the same inputs, wmtp's Triton kernels (windowed draft, full verify; contiguous and paged cache)
+next to SDPA over the full cache, gather-then-SDPA, SDPA over a ready compact buffer and
+FlexAttention with a block mask, and sets each time against the HBM floor (the bytes a method
+must move over the measured copy bandwidth). ``bars`` checks the issue's targets; ``table`` and
+``plot`` render a result. Figures come from here, never from timed tests (DESIGN.md); ``CAVEATS``
+says what the timings include (NOTE [Timing]).
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .bench import time_call
+from .fileio import atomic_path
+from .keyset import check_key_set_args, in_key_set, key_ranges
+from .metrics import environment
+
+PAGE_SIZE = 16  # tokens per page of the paged cache
+CONTEXTS = (16384, 131072, 524288, 1048576)  # S
+SHAPES = ((16, 2, 256), (32, 8, 128))  # (Hq, Hkv, D)
+Q_LENS = (1, 8)  # 1: one draft query; 8: a verify chunk (or a batch of draft positions)
+DRAFT_MAX_MS = 0.012  # bar (a): triton_window, q_len 1, at every S
+DRAFT_MAX_GROWTH = 0.10  # bar (a): its time at the largest S within 10% of the smallest S's
+VERIFY_MIN_PCT = 85.0  # bar (b): triton_full at the largest S, percent of the HBM floor
+SDPA_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")  # torch >= 2.5
+CAVEATS = [  # NOTE [Timing]
+    "CUDA: do_bench zeroes a 256 MB buffer before every timed call, so L2 (60 MB on H200) is cold for every "
+    "method, window ones included; host work inside a call that waits for the device is timed too.",
+    "host_ms is the host's time inside one call; where it nears median_ms the launcher, not the kernel, is timed.",
+    "Window methods read the union of their queries' key sets (n_sink + window + q_len - 1 keys); for q_len > 1 "
+    "the SDPA baselines get a boolean (q_len, keys) mask made outside the timed call.",
+    "floor_ms counts a method's own ideal bytes (K and V of its keys, q, output); gather_sdpa_window also writes "
+    "and re-reads its gathered copy, which its floor does not count.",
+]
+
+
+def _window_keys(S: int, q_len: int, n_sink: int, window: int) -> tuple[int, int]:
+    """``(sink_hi, rec_lo)``: queries at ``S-q_len .. S-1`` read keys ``[0, sink_hi) ∪ [rec_lo, S)`` at most."""
+    (_, sink_hi), _ = key_ranges(S - 1, n_sink, window)
+    _, (rec_lo, _) = key_ranges(S - q_len, n_sink, window)
+    return sink_hi, max(rec_lo, sink_hi)
+
+
+def _nbytes(method: str, keys: int, Hq: int, Hkv: int, D: int, q_len: int, itemsize: int) -> int:
+    """Bytes a method must move at least: K and V of ``keys`` keys, the queries, the output (+ block table)."""
+    table = 4 * -(-keys // PAGE_SIZE) if "paged" in method else 0
+    return (2 * keys * Hkv * D + 2 * Hq * q_len * D) * itemsize + table
+
+
+def _backend_name(q, k, v, mask, gqa: bool) -> str | None:
+    """The SDPA backend PyTorch picks for these inputs (best effort: ``_fused_sdp_choice`` is private)."""
+    try:
+        from torch.nn.attention import SDPBackend
+
+        kw = {"enable_gqa": True} if gqa else {}
+        return "sdpa backend " + SDPBackend(torch._fused_sdp_choice(q, k, v, mask, 0.0, False, **kw)).name
+    except Exception:
+        return None
+
+
+class _Cell:
+    """One (S, shape, q_len): queries at positions ``S-q_len .. S-1`` over keys and values shared across q_lens."""
+
+    def __init__(self, k, v, pages: Callable, Hq: int, q_len: int, n_sink: int, window: int, gen: torch.Generator):
+        _, Hkv, S, D = k.shape
+        self.k, self.v, self.pages, self.S, self.q_len, self.n_sink, self.window = k, v, pages, S, q_len, n_sink, window
+        self.q = torch.randn(1, Hq, q_len, D, generator=gen, device=k.device, dtype=k.dtype)  # (1, Hq, Lq, D)
+        self.q_pos = torch.arange(S - q_len, S, device=k.device)  # (Lq,)
+        self.sink_hi, self.rec_lo = _window_keys(S, q_len, n_sink, window)
+        self.gqa = SDPA_GQA
+
+    def compact(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of the window union, gathered: ``(1, Hkv, keys, D)`` each."""
+        a, b = self.sink_hi, self.rec_lo
+        return tuple(torch.cat([x[:, :, :a], x[:, :, b:]], 2) for x in (self.k, self.v))
+
+    def mask(self, windowed: bool) -> torch.Tensor | None:
+        """``(q_len, keys)`` mask from THE key-set formula; ``None`` for one query (it reads every key given)."""
+        if self.q_len == 1:
+            return None
+        pos = torch.arange(self.S, device=self.q.device)  # (S,)
+        pos = torch.cat([pos[: self.sink_hi], pos[self.rec_lo :]]) if windowed else pos  # (keys,)
+        return in_key_set(self.q_pos[:, None], pos[None, :], self.n_sink, self.window if windowed else None)
+
+
+def _paginate(k, v, gen):
+    from .attention.paged import paginate
+
+    return paginate(k, v, PAGE_SIZE, gen)  # (k_pages, v_pages, block_table)
+
+
+def _attend_sdpa(q, k, v, mask, gqa: bool) -> torch.Tensor:
+    """SDPA with grouped kv heads: ``enable_gqa`` (torch >= 2.5), else k and v repeated to ``Hq`` heads."""
+    if not gqa and k.shape[1] != q.shape[1]:
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)  # (1, Hq, keys, D)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **({"enable_gqa": True} if gqa else {}))
+
+
+def _sdpa(q, k, v, mask, gqa: bool) -> Callable[[], torch.Tensor]:
+    """SDPA over ready keys; without ``enable_gqa`` they are repeated to ``Hq`` heads here, outside the timed call."""
+    k, v = (k, v) if gqa else (x.repeat_interleave(q.shape[1] // x.shape[1], 1) for x in (k, v))  # (1, Hq, keys, D)
+    fn = lambda: _attend_sdpa(q, k, v, mask, gqa)  # noqa: E731
+    fn.note = (_backend_name(q, k, v, mask, gqa) or "") + ("" if gqa else "; k/v repeated outside the timed call")
+    return fn
+
+
+def _triton(c: _Cell, windowed: bool, paged: bool) -> Callable[[], torch.Tensor]:
+    from .attention import triton_attention as ta
+
+    n_sink, window = (c.n_sink, c.window) if windowed else (None, None)
+    if paged:
+        k_pages, v_pages, block_table = c.pages()
+        return lambda: ta.paged_attention_triton(c.q, k_pages, v_pages, block_table, c.q_pos, n_sink, window)
+    return lambda: ta.attention_triton(c.q, c.k, c.v, c.q_pos, n_sink, window)
+
+
+def _gather_sdpa(c: _Cell) -> Callable[[], torch.Tensor]:
+    mask = c.mask(True)
+    fn = lambda: _attend_sdpa(c.q, *c.compact(), mask, c.gqa)  # noqa: E731 - the gather is inside the timed call
+    fn.note = _backend_name(c.q, *c.compact(), mask, c.gqa)
+    return fn
+
+
+def _flex_mask_mod(offset: torch.Tensor, n_sink: torch.Tensor, window: torch.Tensor):
+    """THE key-set formula (wmtp/keyset.py) as a FlexAttention ``mask_mod``; query ``q_idx`` is at ``offset + q_idx``.
+    The parameters are 0-d tensors, not Python ints, so that a new context does not force a recompile."""
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        t = offset + q_idx
+        return (kv_idx <= t) & ((kv_idx < n_sink) | (kv_idx > t - window))
+
+    return mask_mod
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention)
+
+
+def _flex(c: _Cell) -> Callable[[], torch.Tensor]:
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    dev = c.q.device
+    params = (torch.tensor(v, device=dev) for v in (c.S - c.q_len, c.n_sink, c.window))
+    block_mask = create_block_mask(_flex_mask_mod(*params), None, None, c.q_len, c.S, device=dev)
+    flex = _compiled_flex() if dev.type == "cuda" else flex_attention  # CPU: eager, for tests only
+    fn = lambda: flex(c.q, c.k, c.v, block_mask=block_mask, enable_gqa=True)  # noqa: E731
+    fn()  # compile and warm up here, outside the timed region
+    return fn
+
+
+_BUILDERS: dict[str, Callable[[_Cell], Callable[[], torch.Tensor]]] = {
+    "triton_window": lambda c: _triton(c, True, False),
+    "triton_window_paged": lambda c: _triton(c, True, True),
+    "triton_full": lambda c: _triton(c, False, False),
+    "triton_full_paged": lambda c: _triton(c, False, True),
+    "sdpa_full": lambda c: _sdpa(c.q, c.k, c.v, c.mask(False), c.gqa),
+    "gather_sdpa_window": _gather_sdpa,
+    "sdpa_compact_window": lambda c: _sdpa(c.q, *c.compact(), c.mask(True), c.gqa),
+    "flex_window": _flex,
+}
+METHODS = tuple(_BUILDERS)
+
+
+def _host_ms(fn: Callable[[], object], device: torch.device, calls: int = 10) -> float:
+    """Median host time inside one call, the device idle before it and not waited for after. Near
+    ``median_ms`` it says the timing is host-bound: launcher overhead, not the kernel, is measured."""
+    times = []
+    for _ in range(calls):
+        torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    torch.cuda.synchronize(device)
+    return statistics.median(times) * 1e3
+
+
+def _measure(name: str, c: _Cell, row: dict, timed_ms: Callable, ref: torch.Tensor | None) -> float | str | None:
+    """Time method ``name`` on cell ``c`` into ``row``; return max |out - ref| (fp32), or the error string.
+    A failure fills ``row["error"]`` and returns: one method's failure is data, not the end of the sweep."""
+    try:
+        t0 = time.perf_counter()
+        fn = _BUILDERS[name](c)
+        row["setup_s"], row["note"] = time.perf_counter() - t0, getattr(fn, "note", None) or None
+        err = None if ref is None else (fn().float() - ref).abs().max().item()
+        ms = timed_ms(fn)
+        row["median_ms"], row["pct_of_floor"] = ms, row["floor_ms"] / ms * 100
+        row["host_ms"] = _host_ms(fn, c.q.device) if c.q.device.type == "cuda" else None
+        return err
+    except Exception as e:
+        row["error"] = f"{type(e).__name__}: {e}"[:600]
+        return row["error"]
+
+
+def sweep(device: torch.device | str, contexts=CONTEXTS, shapes=SHAPES, q_lens=Q_LENS,
+          dtype: torch.dtype = torch.bfloat16, n_sink: int = 64, window: int = 4096, methods=METHODS, *,
+          repeats: int = 5, warmup_ms: int = 25, rep_ms: int = 100, seed: int = 0,
+          command: str | None = None) -> dict:
+    """Time every method on every (S, shape, q_len), batch 1, queries at positions ``S-q_len .. S-1``.
+
+    Inputs are random normal from one seeded generator on ``device``, drawn once per (S, shape) and
+    shared by every method and q_len. A method that fails records its error string in its row.
+
+    Args:
+        device: CUDA times with ``triton.testing.do_bench``; elsewhere with ``wmtp.bench.time_call``.
+        contexts, shapes, q_lens: cache lengths ``S``; ``(Hq, Hkv, D)`` head shapes; queries per call.
+        dtype: of q, k and v.
+        n_sink, window: the key set (wmtp/keyset.py) of the window methods.
+        methods: names from ``METHODS``.
+        repeats: timed calls per cell off CUDA (median reported).
+        warmup_ms, rep_ms: ``do_bench`` warm-up and measuring time per cell on CUDA, in ms.
+        seed, command: the generator's seed; the command line, recorded in the result.
+
+    Returns:
+        The metrics dict: settings, ``environment``, ``copy_bandwidth_gbs``, ``correctness`` (max-abs error of
+        each method against SDPA in fp32, first shape, smallest S), ``caveats``, ``rows``, ``bars``.
+    """
+    device, n_sink = torch.device(device), check_key_set_args(n_sink, window)
+    bad = [m for m in methods if m not in _BUILDERS]
+    if window is None or bad or not methods:
+        raise ValueError(f"need a window (got {window}) and methods from {', '.join(_BUILDERS)} (unknown: {bad})")
+    if not contexts or not shapes or not q_lens or min(q_lens) < 1 or min(contexts) < max(q_lens):
+        raise ValueError(f"need contexts >= every q_len >= 1; got contexts {contexts}, q_lens {q_lens}")
+    if any(len(s) != 3 or min(s) < 1 or s[0] % s[1] for s in shapes) or min(repeats, warmup_ms, rep_ms) < 1:
+        raise ValueError(f"need shapes (Hq, Hkv, D) with Hq % Hkv == 0 (got {shapes}) and positive repeats, "
+                         f"warmup_ms, rep_ms (got {repeats}, {warmup_ms}, {rep_ms})")
+    t_start = time.perf_counter()
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def timed_ms(fn: Callable[[], object]) -> float:
+        if device.type == "cuda":
+            from triton.testing import do_bench
+
+            return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+        return statistics.median(time_call(fn, device, repeats, warmup=1)) * 1e3
+
+    n = 2**30 if device.type == "cuda" else 2**23  # bf16 elements: 2 GiB on CUDA, 16 MiB elsewhere
+    src = torch.empty(n, device=device, dtype=torch.bfloat16).normal_(generator=gen)
+    dst = torch.empty_like(src)
+    bandwidth = 4 * n / (timed_ms(lambda s=src, d=dst: d.copy_(s)) * 1e-3)  # bytes/s: 2 read + 2 written per element
+    del src, dst
+
+    rows, correctness = [], {}
+    import torch._dynamo.config as dynamo  # a scoped patch: FlexAttention compiles per shape, never falls back
+
+    limit = "recompile_limit" if hasattr(dynamo, "recompile_limit") else "cache_size_limit"
+    with dynamo.patch(**{limit: max(64, getattr(dynamo, limit))}):
+        for S in contexts:
+            for Hq, Hkv, D in shapes:
+                k = v = pages = c = None
+                try:
+                    k = torch.randn(1, Hkv, S, D, generator=gen, device=device, dtype=dtype)  # (1, Hkv, S, D)
+                    v = torch.randn(1, Hkv, S, D, generator=gen, device=device, dtype=dtype)  # (1, Hkv, S, D)
+                    pages, input_error = functools.cache(functools.partial(_paginate, k, v, gen)), None
+                except Exception as e:  # e.g. out of memory: every row of this (S, shape) says so
+                    input_error = f"inputs: {type(e).__name__}: {e}"[:600]
+                for q_len in q_lens:
+                    c = None if input_error else _Cell(k, v, pages, Hq, q_len, n_sink, window, gen)
+                    refs, errs = {}, {}
+                    if c is not None and (S, (Hq, Hkv, D)) == (min(contexts), tuple(shapes[0])):
+                        guard = correctness[f"q_len={q_len}"] = {"S": S, "Hq": Hq, "Hkv": Hkv, "D": D}
+                        try:  # the correctness guard's references: SDPA in fp32 over the full or window set
+                            refs = {w: _sdpa(c.q.float(), *(x.float() for x in (c.compact() if w else (k, v))),
+                                             c.mask(w), c.gqa)() for w in (False, True)}
+                            guard.update(max_abs_err=errs, ref_max_abs={"full": refs[False].abs().max().item(),
+                                                                        "window": refs[True].abs().max().item()})
+                        except Exception as e:
+                            guard["error"], refs = f"{type(e).__name__}: {e}"[:600], {}
+                    sink_hi, rec_lo = _window_keys(S, q_len, n_sink, window)
+                    for name in methods:
+                        windowed = "window" in name
+                        keys = sink_hi + S - rec_lo if windowed else S
+                        nbytes = _nbytes(name, keys, Hq, Hkv, D, q_len, dtype.itemsize)
+                        row = {"method": name, "S": S, "Hq": Hq, "Hkv": Hkv, "D": D, "q_len": q_len,
+                               "dtype": str(dtype).removeprefix("torch."), "keys_read": keys, "median_ms": None,
+                               "bytes": nbytes, "floor_ms": nbytes / bandwidth * 1e3, "pct_of_floor": None,
+                               "host_ms": None, "setup_s": None, "note": None, "error": input_error}
+                        if c is not None:
+                            err = _measure(name, c, row, timed_ms, refs.get(windowed))
+                            errs.update({name: err} if refs else {})
+                        rows.append(row)
+                del k, v, pages, c, refs
+                gc.collect()
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+    return {"command": command, "environment": environment(device), "dtype": str(dtype).removeprefix("torch."),
+            "n_sink": n_sink, "window": window, "page_size": PAGE_SIZE, "contexts": list(contexts),
+            "shapes": [list(s) for s in shapes], "q_lens": list(q_lens), "methods": list(methods),
+            "timing": {"tool": "triton.testing.do_bench", "warmup_ms": warmup_ms, "rep_ms": rep_ms, "median": True}
+            if device.type == "cuda" else {"tool": "wmtp.bench.time_call", "repeats": repeats, "median": True},
+            "copy_bandwidth_gbs": bandwidth / 1e9, "correctness": correctness, "caveats": CAVEATS, "rows": rows,
+            "bars": bars(rows), "wall_time_s": time.perf_counter() - t_start}
+
+
+def _shape_key(r: dict) -> str:
+    return f"Hq{r['Hq']}/Hkv{r['Hkv']}/D{r['D']}"
+
+
+def bars(rows: list[dict]) -> dict:
+    """The issue's targets, evaluated from the rows; a missing or failed row leaves its bar unmet.
+
+    (a) ``triton_window``, q_len 1, every shape: max median over S <= ``DRAFT_MAX_MS`` ms, and the
+    median at the largest S within ``DRAFT_MAX_GROWTH`` of the smallest S's. (b) ``triton_full``,
+    q_len 1 and 8, every shape, at the largest S: ``pct_of_floor >= VERIFY_MIN_PCT``.
+    """
+    def pick(method: str, shape: str, q_len: int) -> list[dict]:
+        return sorted((r for r in rows if r["method"] == method and _shape_key(r) == shape and r["q_len"] == q_len),
+                      key=lambda r: r["S"])
+
+    shapes = sorted({_shape_key(r) for r in rows})
+    s_max = max((r["S"] for r in rows), default=None)
+    draft, verify = {}, {}
+    for shape in shapes:
+        rs = pick("triton_window", shape, 1)
+        ms = [r["median_ms"] for r in rs]
+        ok = bool(ms) and None not in ms
+        draft[shape] = {"ms_by_S": {str(r["S"]): r["median_ms"] for r in rs}, "max_ms": max(ms) if ok else None,
+                        "growth_largest_vs_smallest_S": ms[-1] / ms[0] - 1 if ok else None,
+                        "met": ok and max(ms) <= DRAFT_MAX_MS and ms[-1] <= (1 + DRAFT_MAX_GROWTH) * ms[0]}
+        for q_len in (1, 8):
+            pct = next((r["pct_of_floor"] for r in pick("triton_full", shape, q_len) if r["S"] == s_max), None)
+            verify[f"{shape} q_len={q_len}"] = {"pct_of_floor": pct, "met": pct is not None and pct >= VERIFY_MIN_PCT}
+    return {"draft_window_flat": {"description": "triton_window, q_len 1: max median over S; growth from the "
+                                  "smallest to the largest S", "values": draft,
+                                  "threshold": {"max_ms": DRAFT_MAX_MS, "max_growth": DRAFT_MAX_GROWTH},
+                                  "met": bool(draft) and all(e["met"] for e in draft.values())},
+            "verify_at_hbm_floor": {"description": "triton_full, q_len 1 and 8, at the largest S: percent of the "
+                                    "HBM floor", "values": verify,
+                                    "threshold": {"min_pct_of_floor": VERIFY_MIN_PCT, "S": s_max},
+                                    "met": bool(verify) and all(e["met"] for e in verify.values())}}
+
+
+def table(result: dict):
+    """A ``rich`` table of the rows, one section per (shape, q_len, S)."""
+    from rich.table import Table
+
+    t = Table(title=f"Attention, {result['dtype']}, sink {result['n_sink']} + window {result['window']}; "
+              f"HBM copy {result['copy_bandwidth_gbs']:.0f} GB/s")
+    for col in ("shape", "q_len", "S", "method", "keys", "median ms", "% of floor", "host ms", "error"):
+        t.add_column(col, justify="left" if col in ("method", "error") else "right")
+    last = None
+    for r in sorted(result["rows"], key=lambda r: (_shape_key(r), r["q_len"], r["S"])):  # stable: method order kept
+        group = (_shape_key(r), r["q_len"], r["S"])
+        if last is not None and group != last:
+            t.add_section()
+        head, last = ([str(g) for g in group] if group != last else ["", "", ""]), group
+        num = lambda x, fmt: "-" if x is None else format(x, fmt)  # noqa: E731
+        t.add_row(*head, r["method"], str(r["keys_read"]), num(r["median_ms"], ".4f"), num(r["pct_of_floor"], ".0f"),
+                  num(r.get("host_ms"), ".4f"), (r["error"] or "")[:60])
+    return t
+
+
+def plot(result: dict, png_path) -> None:
+    """Median ms against S, log-log: one panel per (shape, q_len), one line per method, and the
+    full cache's HBM floor dashed. Written atomically (temp file in the same folder, then rename)."""
+    from matplotlib.figure import Figure  # no pyplot: no global backend state
+
+    rows = result["rows"]
+    shapes, q_lens = sorted({(r["Hq"], r["Hkv"], r["D"]) for r in rows}), sorted({r["q_len"] for r in rows})
+    itemsize = getattr(torch, result["dtype"]).itemsize
+    fig = Figure(figsize=(5 * len(q_lens), 4 * len(shapes)), layout="constrained")
+    axes = fig.subplots(len(shapes), len(q_lens), squeeze=False)
+    for i, (Hq, Hkv, D) in enumerate(shapes):
+        for j, q_len in enumerate(q_lens):
+            ax = axes[i][j]
+            cell = [r for r in rows if (r["Hq"], r["Hkv"], r["D"], r["q_len"]) == (Hq, Hkv, D, q_len)]
+            for m in result["methods"]:
+                pts = sorted((r["S"], r["median_ms"]) for r in cell if r["method"] == m and r["median_ms"])
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", label=m)
+            Ss = sorted({r["S"] for r in cell})
+            floor = [_nbytes("full", S, Hq, Hkv, D, q_len, itemsize) / result["copy_bandwidth_gbs"] / 1e6 for S in Ss]
+            ax.plot(Ss, floor, "k--", label="HBM floor, full cache")
+            ax.set(xscale="log", yscale="log", title=f"Hq {Hq} / Hkv {Hkv} / D {D}, q_len {q_len}",
+                   xlabel="context S (keys)", ylabel="median ms")
+            ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize="small")
+    fig.suptitle(f"Attention time vs context, {result['dtype']}, sink {result['n_sink']} + window {result['window']}")
+    with atomic_path(png_path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+
