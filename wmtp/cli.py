@@ -72,6 +72,16 @@ def build_parser(prog: str = "wmtp") -> argparse.ArgumentParser:
     att.add_argument("--out", type=Path, default=None,
                      help="write the JSON here (CUDA default: metrics/bench-attention-<h200|cuda>.json)")
     att.add_argument("--plot", type=Path, default=None, help="(CUDA) write the plot here (default: --out as .png)")
+
+    from .grading import ASSIGNMENTS
+
+    grade = sub.add_parser("grade", help="grade a course assignment against the library's oracles",
+                           description="Import the student's file, check its function against wmtp's oracles "
+                           "(literal cases, fuzzed cases, and for greedy_verify the oracle-draft lossless harness) "
+                           "and print the first failing case. Exit 0 if it passes, 1 if not, 2 on bad input.")
+    grade.add_argument("assignment", choices=tuple(ASSIGNMENTS),
+                       help="which assignment (tutorials/assignments/)")
+    grade.add_argument("path", type=Path, help="the student's .py file")
     return parser
 
 
@@ -212,6 +222,15 @@ def _bench_attention(args: argparse.Namespace) -> int:
     return 0
 
 
+def _grade(args: argparse.Namespace) -> int:
+    from .grading import grade
+
+    report = grade(args.assignment, args.path)
+    Console().print(str(report), style="green" if report.passed else "red", markup=False, highlight=False,
+                    soft_wrap=True)
+    return 0 if report.passed else 1
+
+
 def main(argv: list[str] | None = None, prog: str = "wmtp") -> int:
     """Run the command line; return the exit status (2 for bad input)."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -222,6 +241,8 @@ def main(argv: list[str] | None = None, prog: str = "wmtp") -> int:
     try:
         if args.command == "reproduce":
             return _reproduce(args, prog, argv)
+        if args.command == "grade":
+            return _grade(args)
         return _bench_attention(args)
     except ValueError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)

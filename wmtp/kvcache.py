@@ -40,3 +40,27 @@ class KVCache:
         self.k[layer].index_copy_(2, pos, k.to(self.k.dtype))
         self.v[layer].index_copy_(2, pos, v.to(self.v.dtype))
         return self.k[layer], self.v[layer]  # (B, Hkv, S, D) each
+
+
+def ring_slot(p: int, n_sink: int, window: int, depth: int) -> int:
+    """Slot of absolute position ``p`` in the compact draft-KV ring buffer (DESIGN.md, Invariants).
+
+    The ring holds ``n_sink + window + depth`` slots: the sinks are pinned, the rest rotate::
+
+        slot(p) = p                                          if p < n_sink
+                  n_sink + (p - n_sink) mod (window + depth)  otherwise
+
+    Reads and writes use this one function. NOTE [No evicted read]: a draft query at position
+    ``t`` reads the sinks ``0 .. n_sink-1`` and the recent keys ``t-window+1 .. t`` (wmtp/keyset.py),
+    and at most ``depth`` speculative positions ``t+1 .. t+depth`` have been written past it. The
+    ``window + depth`` positions ``t-window+1 .. t+depth`` are consecutive, so they fall in distinct
+    rotating slots, and no write of a later position has yet reused any of them; the sinks are never
+    overwritten. So every key a query reads is still in its slot (tests/test_grading.py simulates it).
+
+    Raises:
+        ValueError: if ``p < 0``, ``n_sink < 0``, ``window < 1`` or ``depth < 0``.
+    """
+    for name, value, low in (("p", p, 0), ("n_sink", n_sink, 0), ("window", window, 1), ("depth", depth, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return p if p < n_sink else n_sink + (p - n_sink) % (window + depth)

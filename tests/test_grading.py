@@ -1,0 +1,200 @@
+"""The course grader (wmtp/grading.py, tutorials/assignments/): it passes every reference solution,
+fails the unimplemented templates, and catches each planted bug with a message naming the case.
+Also ``wmtp.kvcache.ring_slot`` (its formula, argument checks and no-evicted-read property) and
+``wmtp grade`` exit codes."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from wmtp import decode, grading
+from wmtp.cli import main
+from wmtp.decode import verify_greedy
+from wmtp.keyset import draft_key_indices
+from wmtp.kvcache import ring_slot
+
+ASSIGNMENTS = Path(__file__).resolve().parents[1] / "tutorials" / "assignments"
+FILES = {"keyset": "01_keyset.py", "ring_slot": "02_ring_slot.py", "greedy_verify": "03_greedy_verify.py",
+         "splitk_merge": "04_splitk_merge.py"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The harness's matrices are 64 wide: one thread is fastest and leaves the other cores alone."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _write(tmp_path, source: str) -> Path:
+    path = tmp_path / "student.py"
+    path.write_text("import torch\n\n" + source)
+    return path
+
+
+def test_every_assignment_has_a_template_and_a_solution():
+    assert set(FILES) == set(grading.ASSIGNMENTS)
+    assert sorted(p.name for p in ASSIGNMENTS.glob("0*.py")) == sorted(FILES.values())
+    assert sorted(p.name for p in (ASSIGNMENTS / "solutions").glob("0*.py")) == sorted(FILES.values())
+
+
+@pytest.mark.parametrize("assignment", FILES)
+def test_reference_solution_passes(assignment):
+    report = grading.grade(assignment, ASSIGNMENTS / "solutions" / FILES[assignment])
+    assert report.passed, str(report)
+    assert report.first_failure is None and report.n_checks > 100
+    assert str(report).startswith(f"PASS {assignment}")
+
+
+LIBRARY = {  # the library's own definitions, in the students' signatures
+    "keyset": lambda t, n_sink, window: draft_key_indices(t, n_sink, window).tolist(),
+    "ring_slot": ring_slot,
+    "greedy_verify": lambda drafts, choice: verify_greedy(torch.tensor(drafts), torch.tensor(choice)),
+}
+
+
+@pytest.mark.parametrize("assignment", LIBRARY)
+def test_literal_cases_agree_with_the_library(assignment):
+    """The grader's literal expectations are the library's answers (and its oracles pass their own grader)."""
+    report = grading.grade_function(assignment, LIBRARY[assignment])
+    assert report.passed, str(report)
+
+
+@pytest.mark.parametrize("assignment", FILES)
+def test_template_fails_as_not_implemented(assignment):
+    report = grading.grade(assignment, ASSIGNMENTS / FILES[assignment])
+    assert not report.passed and report.n_checks == 1
+    assert "not implemented yet" in report.first_failure and "not implemented yet" in str(report)
+
+
+PLANTED = {
+    "off-by-one window": ("keyset", """
+def draft_key_indices(t, n_sink, window):
+    return [j for j in range(t + 1) if j < n_sink or window is None or j >= t - window]
+""", ["draft_key_indices(t=19, n_sink=2, window=6)", "expected [0, 1, 14,", "got [0, 1, 13,", "9 keys"]),
+    "sinks counted twice": ("keyset", """
+def draft_key_indices(t, n_sink, window):
+    start = 0 if window is None else max(0, t - window + 1)
+    return list(range(min(n_sink, t + 1))) + list(range(start, t + 1))
+""", ["draft_key_indices(t=2, n_sink=4, window=6)", "expected [0, 1, 2], got [0, 1, 2, 0, 1, 2]", "appear twice"]),
+    "accepting past the first mismatch": ("greedy_verify", """
+def accept_count(drafts, target_choice):
+    return sum(d == y for d, y in zip(drafts, target_choice))
+""", ["accept_count(drafts=[1, 2, 3], target_choice=[0, 2, 3, 0])", "expected 0, got 2", "first mismatch"]),
+    "verifier comparing with the wrong target position": ("greedy_verify", """
+def accept_count(drafts, target_choice):
+    a = 0
+    while a < len(drafts) and drafts[a] == target_choice[a + 1]:
+        a += 1
+    return a
+""", ["accept_count(drafts=[1, 2, 3], target_choice=[1, 2, 3, 9])", "expected 3, got 0"]),
+    "ring slot that overwrites a sink": ("ring_slot", """
+def ring_slot(p, n_sink, window, depth):
+    return p % (n_sink + window + depth)
+""", ["ring_slot(p=12, n_sink=4, window=6, depth=2)", "expected 4, got 0", "evicts a sink"]),
+    "ring without room for the drafts": ("ring_slot", """
+def ring_slot(p, n_sink, window, depth):
+    return p if p < n_sink else n_sink + (p - n_sink) % window
+""", ["ring_slot(p=11, n_sink=4, window=6, depth=2)", "expected 11, got 5"]),
+    "merge without the exp(m_i - m) rescale": ("splitk_merge", """
+def merge_splits(m, l, acc):
+    return acc.sum(0) / l.sum()
+""", ["s=[0.5, -1.0, 2.0, 0.0] split into runs of [2, 2] keys", "m=[0.5, 2.0]", "rescale by exp(m_i - max m)"]),
+    "merge with NaN on an empty split": ("splitk_merge", """
+def merge_splits(m, l, acc):
+    w = l * torch.exp(m - m.max())
+    return (w[:, None] * (acc / l[:, None])).sum(0) / w.sum()
+""", ["split into runs of [0, 2, 1] keys", "m=[-inf, 2.0, -0.7]", "got [nan, nan]", "empty split"]),
+    "merge that overflows on large scores": ("splitk_merge", """
+def merge_splits(m, l, acc):
+    return (torch.exp(m)[:, None] * acc).sum(0) / (torch.exp(m) * l).sum()
+""", ["s=[900.0, -1800.0, 450.0] split into runs of [1, 2] keys", "got [nan, nan]"]),
+}
+
+
+@pytest.mark.parametrize("bug", PLANTED)
+def test_planted_bug_is_caught_with_the_failing_case(tmp_path, bug):
+    assignment, source, needles = PLANTED[bug]
+    report = grading.grade(assignment, _write(tmp_path, source))
+    assert not report.passed
+    for needle in needles:
+        assert needle in report.first_failure, report.first_failure
+    assert str(report).startswith(f"FAIL {assignment}")
+
+
+def test_a_crash_in_the_student_function_names_the_case(tmp_path):
+    crash = _write(tmp_path, "def ring_slot(p, n_sink, window, depth):\n    return [][p]\n")
+    report = grading.grade("ring_slot", crash)
+    assert not report.passed
+    assert report.first_failure.startswith("ring_slot(p=0, n_sink=4, window=6, depth=2): raised IndexError")
+
+
+def test_a_file_that_does_not_import_is_a_failed_grade(tmp_path):
+    report = grading.grade("keyset", _write(tmp_path, "def draft_key_indices(t, n_sink, window)\n"))
+    assert not report.passed and "could not be imported: SyntaxError" in report.first_failure
+
+
+def test_a_grader_out_of_date_with_the_decoder_is_not_blamed_on_the_student(monkeypatch):
+    monkeypatch.setattr(decode, "speculative_generate", lambda *args, **kwargs: (torch.zeros(0), None))
+    with pytest.raises(grading.GraderError, match="never called the student's verifier"):
+        grading.grade_function("greedy_verify", _loop)
+
+
+def test_bad_input_raises_value_error(tmp_path):
+    with pytest.raises(ValueError, match="no such file"):
+        grading.grade("keyset", tmp_path / "missing.py")
+    with pytest.raises(ValueError, match=r"defines no function draft_key_indices\(\)"):
+        grading.grade("keyset", _write(tmp_path, "def keys(t, n_sink, window):\n    return []\n"))
+    (tmp_path / "notes.txt").write_text("def draft_key_indices(t, n_sink, window):\n    return []\n")
+    with pytest.raises(ValueError, match="not a Python file"):
+        grading.grade("keyset", tmp_path / "notes.txt")
+    with pytest.raises(ValueError, match="unknown assignment 'kv'"):
+        grading.grade("kv", ASSIGNMENTS / "solutions" / "01_keyset.py")
+
+
+def test_ring_simulation_catches_an_evicted_read():
+    """A ring with no room for the speculative positions loses window keys (caught by simulation alone)."""
+    too_small = lambda p, n_sink, window, depth: p if p < n_sink else n_sink + (p - n_sink) % window  # noqa: E731
+    why = grading.ring_no_evicted_read(too_small, 4, 6, 2)
+    assert why == "query t=8 reads key 4 from slot 4, but position 10 overwrote it (positions up to 10 written)"
+    out_of_range = lambda p, n_sink, window, depth: p  # noqa: E731
+    assert "outside the ring's 12 slots" in grading.ring_no_evicted_read(out_of_range, 4, 6, 2)
+    for n_sink, window, depth in grading.RING_SIMULATED:
+        assert grading.ring_no_evicted_read(ring_slot, n_sink, window, depth) is None
+
+
+def test_ring_slot_formula_and_arguments():
+    assert [ring_slot(p, 2, 3, 1) for p in range(12)] == [0, 1, 2, 3, 4, 5, 2, 3, 4, 5, 2, 3]
+    assert [ring_slot(p, 0, 1, 0) for p in range(4)] == [0, 0, 0, 0]
+    for args, name in [((-1, 2, 3, 1), "p"), ((0, -1, 3, 1), "n_sink"), ((0, 2, 0, 1), "window"),
+                       ((0, 2, 3, -1), "depth"), ((0, 2, None, 1), "window"), ((True, 2, 3, 1), "p")]:
+        with pytest.raises(ValueError, match=name):
+            ring_slot(*args)
+
+
+def test_lossless_harness_catches_over_acceptance():
+    accept_all = lambda drafts, target_choice: len(drafts)  # noqa: E731
+    why = grading.lossless_harness(accept_all, 1, 4, 16)
+    assert why.startswith("output differs from dense greedy from token 2")
+    with pytest.raises(ValueError, match="returned 7"):
+        grading.lossless_harness(lambda d, c: 7, 1, 4, 16)
+    assert grading.lossless_harness(_loop, 2, 0, None) is None
+
+
+def _loop(drafts, target_choice):
+    return decode.verify_greedy_loop(torch.tensor(drafts), torch.tensor(target_choice))
+
+
+def test_cli_exit_codes(capsys, tmp_path):
+    assert main(["grade", "splitk_merge", str(ASSIGNMENTS / "solutions" / "04_splitk_merge.py")]) == 0
+    assert "PASS splitk_merge" in capsys.readouterr().out
+    bug = _write(tmp_path, "def accept_count(drafts, target_choice):\n    return len(drafts)\n")
+    assert main(["grade", "greedy_verify", str(bug)]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL greedy_verify" in out and "accept_count(drafts=[1, 2, 3], target_choice=[1, 2, 4, 0])" in out
+    assert main(["grade", "keyset", str(tmp_path / "missing.py")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert main(["grade", "kv", str(bug)]) == 2
+    assert "invalid choice" in capsys.readouterr().err
