@@ -13,6 +13,8 @@ Kernels accumulate in fp32 too, so this mirrors their precision boundaries.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from ..keyset import in_key_set, key_ranges
@@ -34,13 +36,6 @@ def _query_blocks(q_pos: torch.Tensor) -> list[tuple[int, int]]:
     for a, b in zip([0] + breaks, breaks + [q_pos.numel()]):
         blocks += [(s, min(s + BLOCK_Q, b)) for s in range(a, b, BLOCK_Q)]
     return blocks
-
-
-def _gather(x: torch.Tensor, ranges: list[tuple[int, int]]) -> torch.Tensor:
-    """Keys of ``x`` ``(B, H, S, D)`` in the given position ranges: a view for one range, else a copy."""
-    if len(ranges) == 1:
-        return x[:, :, ranges[0][0] : ranges[0][1]]
-    return torch.cat([x[:, :, a:b] for a, b in ranges], dim=2)
 
 
 def attention_torch(
@@ -78,17 +73,19 @@ def attention_torch(
         _, (recent_start, _) = key_ranges(lo, n_sink, window)
         recent_start = max(recent_start, sink_end)  # disjoint ranges: no key counted twice
         keys = [(0, hi + 1)] if recent_start == sink_end else [(0, sink_end), (recent_start, hi + 1)]
-        keys = [(a, b) for a, b in keys if b > a]  # (B, Hkv, Kn, D) below is read from these ranges only
-        ks = _gather(k, keys).to(acc)  # (B, Hkv, Kn, D)
-        vs = _gather(v, keys).to(acc)  # (B, Hkv, Kn, D)
+        keys = [(a, b) for a, b in keys if b > a]  # the only key positions this block reads
         qb = q[:, :, start:stop].to(acc)  # (B, Hq, Lb, D)
         qb = qb.reshape(B, Hkv, group * len(pos), D)  # GQA: the query heads of one KV head together
-        scores = (qb @ ks.transpose(-1, -2)) * scale  # (B, Hkv, group*Lb, Kn)
-        if len(pos) > 1:  # one query reads exactly the gathered keys; a block needs the formula
+        # Scores per range straight from the cache (views, no copy of K or V), then one softmax.
+        scores = torch.cat([qb @ k[:, :, a:b].to(acc).transpose(-1, -2) for a, b in keys], -1) * scale
+        if len(pos) > 1:  # one query reads exactly its ranges' keys; a block needs the formula
             key_pos = torch.cat([torch.arange(a, b, device=q.device) for a, b in keys])  # (Kn,)
             allowed = in_key_set(pos[:, None], key_pos[None, :], n_sink, window)  # (Lb, Kn)
             scores = scores.view(B, Hkv, group, len(pos), -1).masked_fill(~allowed, float("-inf"))
-        probs = torch.softmax(scores, dim=-1).view(B, Hkv, group * len(pos), -1)
-        ob = (probs @ vs).view(B, Hq, len(pos), D)  # (B, Hq, Lb, D)
+        probs = torch.softmax(scores, dim=-1).view(B, Hkv, group * len(pos), -1)  # (B, Hkv, group*Lb, Kn)
+        offsets = [0] + [b - a for a, b in keys]
+        ob = sum(probs[..., o : o + b - a] @ v[:, :, a:b].to(acc)  # (B, Hkv, group*Lb, D) per range
+                 for o, (a, b) in zip(itertools.accumulate(offsets), keys))
+        ob = ob.view(B, Hq, len(pos), D)  # (B, Hq, Lb, D)
         out[:, :, start:stop] = ob.to(q.dtype)
     return out
