@@ -6,10 +6,11 @@ target verifies with full attention, so the output is exactly the target's greed
 
 import torch
 
-from .attention import attention, resolve_impl
+from .attention import attention, paged_attention, resolve_impl
 from .config import PRESETS, KeySetConfig, ModelConfig, MTPConfig, SpecConfig, TrainConfig, get_preset
 from .decode import SpecStats, greedy_generate, speculative_generate, verify_greedy, verify_greedy_loop
 from .keyset import draft_key_csr, draft_key_indices, draft_key_mask
+from .kvcache import ring_slot
 from .model import TargetLM
 from .mtp import MTPHead
 
@@ -30,11 +31,9 @@ def build_models(preset: str = "tiny", seed: int = 0) -> tuple[TargetLM, MTPHead
     return target.eval(), head.eval()
 
 
-
-
 __all__ = [
-    "attention", "resolve_impl", "draft_key_indices", "draft_key_mask", "draft_key_csr",
-    "TargetLM", "MTPHead", "build_models", "greedy_generate", "speculative_generate", "SpecStats",
+    "attention", "paged_attention", "ring_slot", "resolve_impl", "draft_key_indices", "draft_key_mask",
+    "draft_key_csr", "TargetLM", "MTPHead", "build_models", "greedy_generate", "speculative_generate", "SpecStats",
     "verify_greedy", "verify_greedy_loop", "PRESETS", "get_preset", "ModelConfig", "MTPConfig",
     "KeySetConfig", "SpecConfig", "TrainConfig", "__version__",
 ]
