@@ -118,3 +118,17 @@ def test_tiny_reproduce_end_to_end(capsys, wikitext_dir, tmp_path):
     code, _, err = _run(capsys, other_seed + ["--checkpoint", str(ckpt), "--out", str(tmp_path / "x.json")])
     assert code == 2 and "another config" in err and "seed" in err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_plot_renders_a_reproduce_json(capsys, wikitext_dir, tmp_path):
+    out = tmp_path / "m.json"
+    assert main(["reproduce", "--preset", "tiny", "--dataset-dir", str(wikitext_dir), "--device", "cpu", "--seed", "3",
+                 "--cache-dir", str(tmp_path / "cache"), "--no-progress", "--out", str(out)]) == 0
+    assert (tmp_path / "m.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # reproduce draws its JSON
+    code, stdout, _ = _run(capsys, ["plot", str(out), "--out", str(tmp_path / "again.png")])
+    assert code == 0 and (tmp_path / "again.png").stat().st_size > 10_000
+    (tmp_path / "bad.json").write_text('{"rows": 1}')
+    code, _, err = _run(capsys, ["plot", str(tmp_path / "bad.json")])
+    assert code == 2 and "neither" in err
+    code, _, err = _run(capsys, ["plot", str(tmp_path / "missing.json")])
+    assert code == 2 and "cannot read" in err

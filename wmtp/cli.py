@@ -82,6 +82,11 @@ def build_parser(prog: str = "wmtp") -> argparse.ArgumentParser:
     grade.add_argument("assignment", choices=tuple(ASSIGNMENTS),
                        help="which assignment (tutorials/assignments/)")
     grade.add_argument("path", type=Path, help="the student's .py file")
+
+    plot = sub.add_parser("plot", help="draw a metrics JSON (reproduce or bench attention) as a PNG",
+                          description="Render a metrics file written by 'wmtp reproduce' or 'wmtp bench attention'.")
+    plot.add_argument("json", type=Path, help="the metrics JSON")
+    plot.add_argument("--out", type=Path, default=None, help="PNG path (default: the JSON's name with .png)")
     return parser
 
 
@@ -143,8 +148,8 @@ def _preset_with_overrides(args: argparse.Namespace):
         spec = replace(spec, contexts=tuple(args.contexts))
     if args.new_tokens is not None:
         spec = replace(spec, new_tokens=args.new_tokens)
-    if spec.new_tokens < 1 or any(c < 1 for c in spec.contexts):
-        raise ValueError("--contexts and --new-tokens must be positive")
+    if spec.new_tokens < 2 or any(c < 1 for c in spec.contexts):
+        raise ValueError("--contexts must be positive and --new-tokens at least 2 (one decode step to time)")
     longest = max(spec.contexts) + spec.new_tokens + spec.depth + 1
     if longest > preset.model.max_seq_len:
         raise ValueError(f"a prompt of {max(spec.contexts)} tokens plus {spec.new_tokens} new tokens and depth "
@@ -169,8 +174,11 @@ def _reproduce(args: argparse.Namespace, prog: str, argv: list[str]) -> int:
 
     out = args.out or Path("metrics") / f"{m['corpus']['name']}-seed{args.seed}.json"
     write_json(out, m)
+    from .plots import render
+
+    png = render(out)
     _print_reproduce(Console(), m)
-    console.print(f"wrote {out} in {m['wall_time_s']:.0f} s")
+    console.print(f"wrote {out} and {png} in {m['wall_time_s']:.0f} s")
     return 0
 
 
@@ -243,6 +251,11 @@ def main(argv: list[str] | None = None, prog: str = "wmtp") -> int:
             return _reproduce(args, prog, argv)
         if args.command == "grade":
             return _grade(args)
+        if args.command == "plot":
+            from .plots import render
+
+            print(f"wrote {render(args.json, args.out)}")
+            return 0
         return _bench_attention(args)
     except ValueError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)

@@ -53,9 +53,8 @@ class SpecStats:
     per_position_accepted: list[int] = field(default_factory=list)
     draft_keys_read: int = 0  # keys read by draft attention while decoding (prompt prefill excluded)
     draft_queries: int = 0
-    draft_time_s: float = 0.0  # wall-clock of draft extend + recursive drafting, all steps
-    verify_time_s: float = 0.0  # wall-clock of the target's verify passes, all steps
-    step_times_s: list[float] = field(default_factory=list)
+    draft_times_s: list[float] = field(default_factory=list)  # per step: draft extend + recursive drafts
+    verify_times_s: list[float] = field(default_factory=list)  # per step: the target's verify pass
 
     def __post_init__(self) -> None:
         self.accept_length_histogram = self.accept_length_histogram or [0] * (self.depth + 1)
@@ -78,7 +77,7 @@ class SpecStats:
 
     def to_dict(self) -> dict:
         keys = ("depth", "proposed", "accepted", "steps", "accept_length_histogram", "draft_keys_read",
-                "draft_queries", "draft_time_s", "verify_time_s", "step_times_s", "acceptance_rate",
+                "draft_queries", "draft_times_s", "verify_times_s", "acceptance_rate",
                 "mean_accept_length", "per_position_acceptance")
         return {k: getattr(self, k) for k in keys}
 
@@ -223,9 +222,8 @@ def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Ten
         a = verify(d, choice)
         synchronize(dev)
         t2 = time.perf_counter()
-        stats.draft_time_s += t1 - t0
-        stats.verify_time_s += t2 - t1
-        stats.step_times_s.append(t2 - t0)
+        stats.draft_times_s.append(t1 - t0)
+        stats.verify_times_s.append(t2 - t1)
         stats.steps += 1
         stats.proposed += depth
         stats.accepted += a

@@ -24,7 +24,7 @@ from . import data
 from .bench import bench_draft_attention
 from .config import Preset
 from .decode import greedy_generate, speculative_generate
-from .metrics import SCHEMA_VERSION, environment, reduction, speedup, write_json
+from .metrics import SCHEMA_VERSION, environment, reduction, speedup, tpot, write_json
 from .model import TargetLM
 from .mtp import MTPHead
 from .train import (
@@ -70,33 +70,37 @@ def prepare_models(preset: Preset, corpus: data.Corpus, tokens: dict, seed: int,
     return target.to(device).eval(), head.to(device).eval(), info
 
 
-def run_arms(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: Preset, eos: int | None) -> dict:
-    """Dense decode and every draft arm at one context; losslessness asserted before anything is kept."""
+def run_arms(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: Preset) -> dict:
+    """Dense decode and every draft arm at one context; losslessness asserted before anything is kept.
+
+    Every run generates exactly ``new_tokens`` (no end-of-text stop), so arms time the same work.
+    Times are medians over decode steps (prefill excluded): per-step draft and verify time, and
+    TPOT from the step-cost model, ``(t_verify + t_draft) / AL``; dense TPOT is its median step.
+    """
     spec = preset.spec
     dense_steps: list[float] = []
-    dense = greedy_generate(target, prompt, spec.new_tokens, eos_id=eos, step_times=dense_steps)
-    dense_tpot = sum(dense_steps) / max(len(dense) - 1, 1)  # the first token comes from the prefill
+    dense = greedy_generate(target, prompt, spec.new_tokens, step_times=dense_steps)
+    dense_step = statistics.median(dense_steps)
     row = {"context": prompt.numel(), "new_tokens": len(dense),
-           "dense": {"step_median_s": statistics.median(dense_steps), "tpot_s": dense_tpot}, "arms": {}}
+           "dense": {"step_median_s": dense_step, "tpot_s": dense_step}, "arms": {}}
     native_draft = None
     for ks in sorted(spec.keysets, key=lambda c: c.window is not None):  # native first: the baseline
-        out, stats = speculative_generate(target, head, prompt, spec.new_tokens, spec.depth, ks.n_sink, ks.window,
-                                          eos_id=eos)
+        out, stats = speculative_generate(target, head, prompt, spec.new_tokens, spec.depth, ks.n_sink, ks.window)
         if not torch.equal(out, dense):
             raise AssertionError(f"arm {ks.label} at context {prompt.numel()} is not lossless: "
                                  f"speculative output differs from dense greedy output")
         s = stats.to_dict()
-        steps = s.pop("step_times_s")
-        tpot_s = (stats.draft_time_s + stats.verify_time_s) / max(len(out) - 1, 1)
-        draft_per_step = stats.draft_time_s / stats.steps
-        native_draft = draft_per_step if ks.window is None else native_draft
+        draft_times, verify_times = s.pop("draft_times_s"), s.pop("verify_times_s")
+        draft_step, verify_step = statistics.median(draft_times), statistics.median(verify_times)
+        step = statistics.median(d + v for d, v in zip(draft_times, verify_times))
+        tpot_s = tpot(verify_step, draft_step, stats.mean_accept_length)  # TPOT = step / AL, from medians
+        native_draft = draft_step if ks.window is None else native_draft
         row["arms"][ks.label] = s | {
             "lossless": True, "n_sink": ks.n_sink, "window": ks.window,
             "draft_keys_read_per_step": stats.draft_keys_read / stats.steps,
-            "draft_time_per_step_s": draft_per_step, "verify_time_per_step_s": stats.verify_time_s / stats.steps,
-            "step_median_s": statistics.median(steps), "tpot_s": tpot_s,
-            "tpot_speedup_vs_dense": speedup(dense_tpot, tpot_s),
-            "draft_time_reduction_vs_native": reduction(native_draft, draft_per_step) if native_draft else None,
+            "draft_time_per_step_s": draft_step, "verify_time_per_step_s": verify_step, "step_median_s": step,
+            "tpot_s": tpot_s, "tpot_speedup_vs_dense": speedup(dense_step, tpot_s),
+            "draft_time_reduction_vs_native": reduction(native_draft, draft_step),
         }
     return row
 
@@ -109,7 +113,6 @@ def reproduce(preset: Preset, dataset_dir: str | None, device: torch.device, see
     log(corpus.message)
     tok = data.train_tokenizer(corpus, preset.model.vocab_size, cache_dir)
     tokens = data.corpus_token_splits(corpus, tok)
-    eos = data.eos_id(tok)
     target, head, train_info = prepare_models(preset, corpus, tokens, seed, device, cache_dir, checkpoint, progress,
                                               log)
 
@@ -128,7 +131,7 @@ def reproduce(preset: Preset, dataset_dir: str | None, device: torch.device, see
         prompt = tokens["test"][:c].to(device)
         if prompt.numel() < c:
             raise ValueError(f"the test split has {prompt.numel()} tokens; context {c} needs more")
-        contexts.append(run_arms(target64, head64, prompt, preset, eos))
+        contexts.append(run_arms(target64, head64, prompt, preset))
 
     log("timing draft attention alone per key set")
     attn = bench_draft_attention(preset.model, spec.contexts, spec.keysets, repeats=max(spec.repeats, 20) * 5,

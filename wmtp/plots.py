@@ -1,0 +1,72 @@
+"""Plots of the metrics JSON that ``wmtp reproduce`` and ``wmtp bench attention`` write.
+
+``render(json_path, png_path)`` draws any such file: the reproduction (arXiv 2607.21535's draft-KV
+tax in miniature: draft-attention cost against context per key set, and the per-step draft and
+verify time behind the step-cost equation ``step = t_verify + t_draft``) or the GPU kernel sweep
+(wmtp/bench_attention.py). matplotlib's object API is used (no pyplot, no global state), and the
+PNG is written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .fileio import atomic_path
+
+
+def plot_reproduction(m: dict, png_path: str | Path) -> None:
+    """Three panels: draft attention alone vs context; draft and verify ms per step; acceptance."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(15, 4.2), layout="constrained")
+    ax_attn, ax_step, ax_acc = fig.subplots(1, 3)
+    labels = list(dict.fromkeys(r["keyset"] for r in m["draft_attention"]))
+    for label in labels:
+        pts = sorted((r["context"], r["median_s"] * 1e3) for r in m["draft_attention"] if r["keyset"] == label)
+        ax_attn.plot(*zip(*pts), marker="o", label=label)
+    ax_attn.set(xscale="log", yscale="log", xlabel="context (keys)", ylabel="median ms per draft query",
+                title="Draft attention alone")
+    contexts = [c["context"] for c in m["contexts"]]
+    for label in m["contexts"][0]["arms"]:
+        draft = [c["arms"][label]["draft_time_per_step_s"] * 1e3 for c in m["contexts"]]
+        verify = [c["arms"][label]["verify_time_per_step_s"] * 1e3 for c in m["contexts"]]
+        line = ax_step.plot(contexts, draft, marker="o", label=f"{label}: draft")[0]
+        ax_step.plot(contexts, verify, marker="s", linestyle="--", color=line.get_color(), label=f"{label}: verify")
+        ax_acc.plot(contexts, [c["arms"][label]["mean_accept_length"] for c in m["contexts"]], marker="o",
+                    label=label)
+    ax_step.set(xscale="log", xlabel="context (tokens)", ylabel="ms per speculative step",
+                title="step = t_draft + t_verify")
+    ax_acc.set(xscale="log", xlabel="context (tokens)", ylabel="tokens per target pass (AL)",
+               title=f"Mean accept length, depth {m['config']['spec']['depth']}")
+    for ax in (ax_attn, ax_step, ax_acc):
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize="small")
+    env = m["environment"]
+    fig.suptitle(f"wmtp reproduce on {m['corpus']['name']} ({env['device']}, torch {env['versions']['torch']}, "
+                 f"decode {m['decode_dtype']})")
+    with atomic_path(png_path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+
+
+def render(json_path: str | Path, png_path: str | Path | None = None) -> Path:
+    """Draw the metrics file ``json_path`` to ``png_path`` (default: the same name with ``.png``).
+
+    Raises:
+        ValueError: if the file is missing, not JSON, or of a kind this module does not know.
+    """
+    json_path = Path(json_path)
+    try:
+        m = json.loads(json_path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read metrics file {json_path}: {type(e).__name__}") from None
+    png_path = Path(png_path) if png_path else json_path.with_suffix(".png")
+    if isinstance(m, dict) and "contexts" in m and "draft_attention" in m:
+        plot_reproduction(m, png_path)
+    elif isinstance(m, dict) and "rows" in m and "methods" in m:
+        from .bench_attention import plot
+
+        plot(m, png_path)
+    else:
+        raise ValueError(f"{json_path} is neither a 'wmtp reproduce' nor a 'wmtp bench attention' metrics file")
+    return png_path
