@@ -14,11 +14,14 @@ import random
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import wmtp
 from wmtp.attention import paged_attention, resolve_impl
 from wmtp.attention.paged import paginate
 from wmtp.attention.reference import attention_torch
+from wmtp.attention.triton_attention import _key_plan
 from wmtp.keyset import draft_key_mask
 
 CUDA = torch.cuda.is_available()
@@ -179,6 +182,26 @@ def test_split_k(B, Hq, Hkv, Lq, S, n_sink, window, dtype, layout, num_splits):
     _assert_close(out, q, k, v, q_pos, n_sink, window)
 
 
+SYNC_METHODS = ["tolist", "item", "__int__", "__index__", "__bool__", "__float__", "cpu", "numpy"]
+
+
+@NEEDS_TRITON
+@pytest.mark.parametrize("layout", ["contiguous", "paged16"])
+@pytest.mark.parametrize("n_sink, window, positions", [(4, 16, None), (None, None, None), (4, 8, [40, 150, 290])])
+def test_launcher_never_reads_device_values(n_sink, window, positions, layout, monkeypatch):
+    """NOTE [Host sync]: every way to read a tensor's values on the host raises during the call.
+    (The CPU interpreter itself calls none of these; the check is the launcher, not the device.)"""
+    q, k, v, q_pos = _make_inputs(1, 4, 2, 3, 300, 32, torch.float32, seed=3, q_pos=positions)
+    with monkeypatch.context() as patch:
+        for name in SYNC_METHODS:
+            def boom(*args, _name=name, **kwargs):
+                raise AssertionError(f"host sync: Tensor.{_name} called in the launcher")
+            patch.setattr(torch.Tensor, name, boom)
+        outs = [_run("triton", layout, q, k, v, q_pos, n_sink, window, num_splits=s, block_n=16) for s in (None, 3)]
+    for out in outs:
+        _assert_close(out, q, k, v, q_pos, n_sink, window)
+
+
 def test_key_plan_reads_the_union_and_masks_only_the_edges():
     """Host-side blocking: the two ranges hold the union of the key sets and no other key, the
     unmasked blocks only keys every query reads, and the draft's work does not grow with S."""
@@ -205,6 +228,35 @@ def test_key_plan_reads_the_union_and_masks_only_the_edges():
             assert n_blk - (u2 - u1) <= 2 + 2 * -(-Lq // block_n)  # masked: only the edges
         if window is not None:
             assert p.sink_hi + (p.rec_hi - p.rec_lo) <= n_sink + window + Lq - 1
+
+
+@triton.jit
+def _plan_probe(T_MIN, T_MAX, N_SINK, WINDOW, OUT, N: tl.constexpr, BLOCK_N: tl.constexpr):
+    i = tl.arange(0, N)
+    plan = _key_plan(tl.load(T_MIN + i), tl.load(T_MAX + i), tl.load(N_SINK + i), tl.load(WINDOW + i), BLOCK_N)
+    for j in tl.static_range(8):
+        tl.store(OUT + j * N + i, plan[j])
+
+
+@NEEDS_TRITON
+@pytest.mark.parametrize("block_n", [16, 64])
+def test_device_key_plan_matches_key_plan(block_n):
+    """The kernel's on-device plan (NOTE [Host sync]) equals the host key_plan, scattered tiles included."""
+    from wmtp.attention.triton_attention import FULL, key_plan
+
+    rng, cases = random.Random(block_n), []
+    for _ in range(512):
+        n_sink, window = rng.choice([0, 1, 4, 64]), rng.choice([None, 1, 3, 16, 100])
+        t_min = rng.randint(0, 400)
+        cases.append((t_min, t_min + rng.choice([0, 1, 7, 15, 300]), n_sink, window))
+    t_min, t_max, n_sink, window = (torch.tensor(c, dtype=torch.int32, device=DEVICE) for c in zip(*[
+        (a, b, 0 if w is None else ns, FULL if w is None else w) for a, b, ns, w in cases]))
+    out = torch.empty(8, len(cases), dtype=torch.int32, device=DEVICE)
+    _plan_probe[(1,)](t_min, t_max, n_sink, window, out, N=len(cases), BLOCK_N=block_n)
+    for case, got in zip(cases, out.T.tolist()):
+        p = key_plan(*case, block_n)
+        assert p.sink_u1 == 0 and got == [p.sink_hi, p.n_blk_sink, p.sink_u2, p.rec_lo, p.rec_hi, p.n_blk_rec,
+                                          p.rec_u1, p.rec_u2], case
 
 
 def test_impl_switch_with_triton():

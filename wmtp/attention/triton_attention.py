@@ -18,8 +18,8 @@ Design (STYLE.md lesson 4):
 - Per range, blocks of ``BLOCK_N`` keys that every query of the tile reads run UNMASKED; the
   others (the range's edges: the sink/window boundary, the causal diagonal, a partial last
   block) run MASKED with the key-set formula evaluated per row from that row's own ``q_pos``.
-  The host computes the unmasked block interval, so each range is three loops (masked,
-  unmasked, masked) like the ``STAGE`` split of Triton's fused-attention tutorial.
+  Each range is three loops (masked, unmasked, masked) like the ``STAGE`` split of Triton's
+  fused-attention tutorial.
 - Split-K: the concatenated blocks of both ranges are cut into ``n_splits`` runs of whole
   blocks; each program writes fp32 partials ``(m, l, acc)`` and ``_merge_kernel`` combines them
   with log-sum-exp. With one split the attention kernel writes the output itself.
@@ -29,9 +29,14 @@ Design (STYLE.md lesson 4):
   (prefill, or group 16 x 16 queries at D >= 128) is cut on the host into chunks of
   ``max_rows(D) // group`` queries, one launch each.
 
-NOTE [Host sync]: the launcher copies ``q_pos`` to the host once per call (its min and max fix
-the key ranges), so a call waits for the work queued before it. CUDA graphs would need the
-positions passed as host integers instead.
+NOTE [Host sync]: none. The launcher never reads a device tensor: the grid, ``n_splits``, tile
+sizes and query chunks come from shapes and Python ints only, so a call is asynchronous and
+CUDA-graph capturable. Each program loads the tile's positions, takes ``t_min``/``t_max`` and
+computes on device what ``key_plan`` computes on the host (the two ranges, their blocks, the
+unmasked blocks, its share ``cdiv(n_blk, n_splits)`` of the blocks). ``n_splits`` is chosen
+from an upper bound of the key count, ``min(S, n_sink + window + Lq - 1)`` (``S`` for the full
+set; exact for consecutive positions): a split left without keys writes ``m = -inf, l = 0``.
+``window=None`` runs as ``n_sink = 0, window = FULL`` (larger than any position).
 
 NOTE [Reads]: a MASKED block loads only the keys and values that some row of the tile reads
 (``kread``; the block table is read for the whole range), so a cache row outside the union of the
@@ -60,6 +65,7 @@ __all__ = ["attention_triton", "paged_attention_triton", "key_plan"]
 MAX_ROWS = 256  # most query rows (group * Lq) in one tile; longer query blocks (prefill) are chunked
 MAX_TILE = 128 * 128  # most elements of the (rows, D) fp32 accumulator: 64 KiB of registers
 MIN_BLOCKS_PER_SPLIT = 4  # a split must have enough key blocks to amortise writing its partials
+FULL = 1 << 30  # window=None: a window longer than any position (int32-safe: t - FULL does not wrap)
 
 
 @triton.jit
@@ -131,6 +137,20 @@ def _attend_range(acc, m_i, l_i, q, t, k_base, v_base, bt_row, stride_outer, str
 
 
 @triton.jit
+def _key_plan(t_min, t_max, n_sink, window, BLOCK_N: tl.constexpr):
+    """``key_plan`` on device (elementwise; sink_u1 is always 0). window=None runs as n_sink=0, window=FULL."""
+    rec_hi = t_max + 1  # union of the key sets of [t_min, t_max]: sinks [0, sink_hi), recent [rec_lo, rec_hi)
+    sink_hi = tl.minimum(n_sink, rec_hi)
+    rec_lo = tl.minimum(tl.maximum(tl.maximum(n_sink, t_min - window + 1), sink_hi), rec_hi)
+    n_blk_sink = tl.cdiv(sink_hi, BLOCK_N)  # unmasked blocks lie in the intersection of the key sets:
+    sink_u2 = tl.minimum(n_sink, t_min + 1) // BLOCK_N  # sinks [0, min(n_sink, t_min + 1)) and
+    n_blk_rec = tl.cdiv(rec_hi - rec_lo, BLOCK_N)  # recent [max(n_sink, t_max - window + 1), t_min + 1)
+    rec_u1 = tl.minimum(tl.cdiv(tl.maximum(tl.maximum(n_sink, t_max - window + 1) - rec_lo, 0), BLOCK_N), n_blk_rec)
+    rec_u2 = tl.minimum(tl.maximum(rec_u1, tl.maximum(t_min + 1 - rec_lo, 0) // BLOCK_N), n_blk_rec)
+    return sink_hi, n_blk_sink, sink_u2, rec_lo, rec_hi, n_blk_rec, rec_u1, rec_u2
+
+
+@triton.jit
 def _store_rows(Out, tile, rows, b, kvh, Lq,  # Out: output base pointer; tile (R, D) fp32; rows (R,) tile rows
                 stride_ob, stride_oh, stride_ol, stride_od, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr):
     offs_d = tl.arange(0, HEAD_DIM)
@@ -151,10 +171,7 @@ def _attention_kernel(
     stride_kouter, stride_kpos, stride_kh, stride_kd,  # batch|page, position|page row, kv head, head dim
     stride_btb,
     stride_ob, stride_oh, stride_ol, stride_od,
-    Hkv, Lq, n_sink, window, qk_scale,
-    sink_hi, sink_u1, sink_u2, n_blk_sink,  # sink range [0, sink_hi): blocks, unmasked blocks [u1, u2)
-    rec_lo, rec_hi, rec_u1, rec_u2, n_blk_rec,  # recent range [rec_lo, rec_hi) and its blocks
-    blocks_per_split, n_splits,
+    Hkv, Lq, n_sink, window, qk_scale, n_splits,  # window=None runs as n_sink = 0, window = FULL
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -170,6 +187,10 @@ def _attention_kernel(
     if UPCAST:
         q = q.to(tl.float32)
     t = tl.load(QPOS + rows % Lq).to(tl.int32)  # (BLOCK_M,) padding rows repeat a real query's position
+
+    sink_hi, n_blk_sink, sink_u2, rec_lo, rec_hi, n_blk_rec, rec_u1, rec_u2 = _key_plan(
+        tl.min(t, 0), tl.max(t, 0), n_sink, window, BLOCK_N)  # NOTE [Host sync]: planned on device
+    blocks_per_split = tl.cdiv(n_blk_sink + n_blk_rec, n_splits)
 
     if PAGED:
         k_base = K + kvh * stride_kh
@@ -188,7 +209,7 @@ def _attention_kernel(
     end = start + blocks_per_split
     acc, m_i, l_i = _attend_range(acc, m_i, l_i, q, t, k_base, v_base, bt_row, stride_kouter, stride_kpos, stride_kd,
                                   0, sink_hi, tl.minimum(start, n_blk_sink), tl.minimum(end, n_blk_sink),
-                                  sink_u1, sink_u2, n_sink, window, qk_scale,
+                                  0, sink_u2, n_sink, window, qk_scale,
                                   BLOCK_N, HEAD_DIM, PAGE_SIZE, PAGED, UPCAST, PRECISION)
     acc, m_i, l_i = _attend_range(acc, m_i, l_i, q, t, k_base, v_base, bt_row, stride_kouter, stride_kpos, stride_kd,
                                   rec_lo, rec_hi, tl.maximum(start - n_blk_sink, 0),
@@ -263,6 +284,9 @@ def _unmasked_blocks(lo: int, hi: int, f_lo: int, f_hi: int, block_n: int) -> tu
 def key_plan(t_min: int, t_max: int, n_sink: int | None, window: int | None, block_n: int) -> KeyPlan:
     """Key ranges for queries in ``[t_min, t_max]``: their union, blocked, and the unmasked blocks.
 
+    The host-side reference of ``_key_plan``, which the kernel runs on device (the launcher never
+    calls this: NOTE [Host sync]); tests check the two agree.
+
     The ranges are the union of the key sets of wmtp/keyset.py; a block is unmasked when all its
     keys lie in the intersection of the key sets of every position in ``[t_min, t_max]``.
     """
@@ -277,21 +301,24 @@ def key_plan(t_min: int, t_max: int, n_sink: int | None, window: int | None, blo
 
 
 def _launch(q, k, v, block_table, page_size, q_pos, n_sink, window, num_splits, block_n):
-    """Run the kernels for one block of queries; k, v strides are (outer, position, head, dim)."""
+    """Run the kernels for one block of queries; k, v strides are (outer, position, head, dim).
+
+    Sync-free (NOTE [Host sync]): everything decided here comes from shapes and Python ints.
+    """
     B, Hq, Lq, D = q.shape
     Hkv = k.shape[2]  # k is (outer, position, Hkv, D) in both layouts
     group = Hq // Hkv
-    pos = q_pos.tolist()  # NOTE: one host sync, for the key ranges below
     BLOCK_M = triton.next_power_of_2(max(16, group * Lq))
     BLOCK_N = block_n or (64 if D <= 128 else 32)
-    plan = key_plan(min(pos), max(pos), n_sink, window, BLOCK_N)
-    sink_hi, n_blk_sink, sink_u1, sink_u2, rec_lo, rec_hi, n_blk_rec, rec_u1, rec_u2 = plan
-    n_blk = n_blk_sink + n_blk_rec
+    capacity = k.shape[1] if block_table is None else block_table.shape[1] * page_size  # key positions
+    n_sink = 0 if window is None else (n_sink or 0)
+    n_keys = capacity if window is None else min(capacity, n_sink + window + Lq - 1)  # upper bound
+    n_blk = triton.cdiv(n_keys, BLOCK_N) + (window is not None)  # two ranges: one more partial block
     if num_splits is None:  # ~4 programs per SM overall, at least MIN_BLOCKS_PER_SPLIT blocks each
         want = triton.cdiv(4 * _sm_count(q.device), B * Hkv)
         num_splits = max(1, min(want, n_blk // MIN_BLOCKS_PER_SPLIT))
         num_splits = triton.cdiv(n_blk, triton.cdiv(n_blk, num_splits))  # drop splits left empty
-    blocks_per_split = triton.cdiv(n_blk, num_splits)
+    window = FULL if window is None else min(window, FULL)  # the same key set for positions < FULL
 
     out = torch.empty_like(q, memory_format=torch.contiguous_format)  # (B, Hq, Lq, D)
     split = num_splits > 1
@@ -306,9 +333,7 @@ def _launch(q, k, v, block_table, page_size, q_pos, n_sink, window, num_splits, 
     _attention_kernel[(B * Hkv, num_splits)](
         q, k, v, bt, q_pos, out, pm, pl, pacc,
         *q.stride(), *k.stride(), bt.stride(0), *out.stride(),
-        Hkv, Lq, n_sink or 0, rec_hi if window is None else window, D**-0.5 * math.log2(math.e),
-        sink_hi, sink_u1, sink_u2, n_blk_sink, rec_lo, rec_hi, rec_u1, rec_u2, n_blk_rec,
-        blocks_per_split, num_splits,
+        Hkv, Lq, n_sink, window, D**-0.5 * math.log2(math.e), num_splits,
         GROUP=group, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=D, PAGE_SIZE=page_size,
         PAGED=block_table is not None, SPLIT=split,
         UPCAST=q.device.type == "cpu" and q.dtype == torch.bfloat16,
