@@ -1,89 +1,23 @@
 """Tests of the public attention op ``wmtp.attention`` and its PyTorch reference.
 
-Ground truth is computed here, independently of wmtp/attention: dense float64 scores over ALL
-``S`` keys, the key set of ``draft_key_mask`` (itself checked with literal lists in
-tests/test_keyset.py), ``-inf`` elsewhere, softmax, and GQA by ``repeat_interleave`` of the
-k/v heads. A second check compares the full causal case with ``torch`` SDPA. Shapes are
-deliberately awkward (STYLE.md lesson 5): cache lengths that are not block multiples, lengths
-around ``n_sink + window``, prefills longer than the reference's 256-query block.
+Ground truth and tolerances come from tests/attention_truth.py (float64, dense over all keys,
+masked by ``draft_key_mask``; NOTE [Tolerances] there). A second check compares the full causal
+case with ``torch`` SDPA. Shapes are deliberately awkward (STYLE.md lesson 5): cache lengths that
+are not block multiples, lengths around ``n_sink + window``, prefills longer than the reference's
+256-query block.
 """
 
-import math
 
 import pytest
 import torch
 import torch.nn.functional as F
+from attention_truth import ATOL, assert_reference_close, dtype_id, make_inputs, truth
 
 import wmtp
 from wmtp.attention import resolve_impl
 from wmtp.keyset import draft_key_mask
 
-# NOTE [Tolerances] (STYLE.md lesson 6). An element passes if |out - truth| <= ATOL + RTOL*|truth|,
-# and the whole output if ||out - truth|| / ||truth|| <= REL_RMS. Inputs are rounded to the dtype
-# before the float64 truth is computed, so only the op's own arithmetic is measured.
-# - float64: the reference computes in float64; only summation order differs from the truth.
-# - float32: fp32 dot products (D <= 128) and a softmax over <= 600 keys: a few fp32 ulps of O(1).
-# - float16 / bfloat16: the reference computes in fp32 (error <= the fp32 ATOL) and rounds the
-#   output once, which costs at most eps/2 * |x|. Rule: RTOL = 2 * eps(dtype) (4x that bound),
-#   ATOL = the fp32 floor (also covers fp16 subnormals, spacing 6e-8), REL_RMS = eps(dtype).
-ATOL = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 1e-5, torch.bfloat16: 1e-5}
-RTOL = {
-    torch.float64: 0.0,
-    torch.float32: 0.0,
-    torch.float16: 2 * torch.finfo(torch.float16).eps,
-    torch.bfloat16: 2 * torch.finfo(torch.bfloat16).eps,
-}
-REL_RMS = {
-    torch.float64: 1e-13,
-    torch.float32: 1e-6,
-    torch.float16: torch.finfo(torch.float16).eps,
-    torch.bfloat16: torch.finfo(torch.bfloat16).eps,
-}
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
-
-
-def _dtype_id(dtype):
-    return str(dtype).removeprefix("torch.")
-
-
-def _make_inputs(B, Hq, Hkv, Lq, S, D, dtype, seed, start=None):
-    """Seeded ``q (B, Hq, Lq, D)``, ``k, v (B, Hkv, S, D)`` and ``q_pos (Lq,)``.
-
-    Queries sit at ``start .. start + Lq - 1``; by default the last ``Lq`` positions of the cache
-    (the decode / verify shape). Values are drawn in float64 and then rounded, so every dtype
-    sees the same numbers.
-    """
-    g = torch.Generator().manual_seed(seed)
-
-    def randn(*shape):
-        return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
-
-    start = S - Lq if start is None else start
-    q_pos = torch.arange(start, start + Lq)
-    return randn(B, Hq, Lq, D), randn(B, Hkv, S, D), randn(B, Hkv, S, D), q_pos
-
-
-def _truth(q, k, v, q_pos, n_sink, window):
-    """Dense float64 attention over all S keys, masked by the key set: the ground truth."""
-    q, k, v = (x.to(torch.float64) for x in (q, k, v))
-    group = q.shape[1] // k.shape[1]
-    k = k.repeat_interleave(group, dim=1)  # (B, Hq, S, D): query head h reads kv head h // group
-    v = v.repeat_interleave(group, dim=1)  # (B, Hq, S, D)
-    scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])  # (B, Hq, Lq, S)
-    allowed = draft_key_mask(q_pos, k.shape[2], n_sink, window)  # (Lq, S)
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    return torch.softmax(scores, dim=-1) @ v  # (B, Hq, Lq, D)
-
-
-def _assert_close(out, truth, dtype):
-    assert out.dtype == dtype and out.shape == truth.shape
-    assert torch.isfinite(out).all(), "output has non-finite values"
-    err = (out.to(torch.float64) - truth).abs()
-    bound = ATOL[dtype] + RTOL[dtype] * truth.abs()
-    excess = (err - bound).max().item()
-    assert excess <= 0, f"max abs err {err.max().item():.3g} exceeds bound by {excess:.3g} ({dtype})"
-    rel_rms = (err.norm() / truth.norm()).item()
-    assert rel_rms <= REL_RMS[dtype], f"relative RMS {rel_rms:.3g} > {REL_RMS[dtype]:.3g} ({dtype})"
 
 
 # (B, Hq, Hkv, Lq, S, D, n_sink, window); queries at the last Lq positions, or q_pos=arange(S) when Lq == S.
@@ -112,30 +46,30 @@ SHAPES = [
 
 
 @pytest.mark.parametrize("impl", ["torch", "auto"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("B, Hq, Hkv, Lq, S, D, n_sink, window", SHAPES)
-def test_matches_float64_truth(B, Hq, Hkv, Lq, S, D, n_sink, window, dtype, impl):
-    q, k, v, q_pos = _make_inputs(B, Hq, Hkv, Lq, S, D, dtype, seed=S + Lq)
+def test_matches_float64truth(B, Hq, Hkv, Lq, S, D, n_sink, window, dtype, impl):
+    q, k, v, q_pos = make_inputs(B, Hq, Hkv, Lq, S, D, dtype, seed=S + Lq)
     out = wmtp.attention(q, k, v, q_pos, n_sink=n_sink, window=window, impl=impl)
-    _assert_close(out, _truth(q, k, v, q_pos, n_sink, window), dtype)
+    assert_reference_close(out, truth(q, k, v, q_pos, n_sink, window), dtype)
 
 
 def test_window1_nosink_returns_own_value():
-    q, k, v, q_pos = _make_inputs(1, 4, 2, 5, 20, 32, torch.float64, seed=1)
+    q, k, v, q_pos = make_inputs(1, 4, 2, 5, 20, 32, torch.float64, seed=1)
     out = wmtp.attention(q, k, v, q_pos, n_sink=0, window=1, impl="torch")
     own = v.repeat_interleave(2, dim=1)[:, :, q_pos]  # (B, Hq, Lq, D)
     torch.testing.assert_close(out, own, atol=ATOL[torch.float64], rtol=0)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=_dtype_id)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=dtype_id)
 @pytest.mark.parametrize("S, Hq, Hkv", [(37, 1, 1), (300, 8, 2)])
 def test_full_causal_matches_sdpa(S, Hq, Hkv, dtype):
     """window=None and q_pos=arange(S) is plain causal attention: compare with SDPA in float64."""
-    q, k, v, _ = _make_inputs(1, Hq, Hkv, S, S, 64, dtype, seed=7)
+    q, k, v, _ = make_inputs(1, Hq, Hkv, S, S, 64, dtype, seed=7)
     out = wmtp.attention(q, k, v, torch.arange(S), n_sink=None, window=None, impl="torch")
     q64, k64, v64 = (x.to(torch.float64) for x in (q, k, v))
     sdpa = F.scaled_dot_product_attention(q64, k64, v64, is_causal=True, enable_gqa=Hq != Hkv)
-    _assert_close(out, sdpa, dtype)
+    assert_reference_close(out, sdpa, dtype)
 
 
 # (Lq, S, start, n_sink, window): queries mid-cache, keys after them hold garbage.
@@ -148,10 +82,10 @@ MID_CACHE = [
 
 
 @pytest.mark.parametrize("fill", [float("nan"), float("inf"), "max"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=_dtype_id)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 @pytest.mark.parametrize("Lq, S, start, n_sink, window", MID_CACHE)
 def test_future_keys_are_never_read(Lq, S, start, n_sink, window, dtype, fill):
-    q, k, v, q_pos = _make_inputs(1, 4, 2, Lq, S, 32, dtype, seed=3, start=start)
+    q, k, v, q_pos = make_inputs(1, 4, 2, Lq, S, 32, dtype, seed=3, q_pos=range(start, start + Lq))
     assert int(q_pos.max()) + 1 < S
     clean = wmtp.attention(q, k, v, q_pos, n_sink=n_sink, window=window, impl="torch")
     value = torch.finfo(dtype).max if fill == "max" else fill
@@ -161,7 +95,7 @@ def test_future_keys_are_never_read(Lq, S, start, n_sink, window, dtype, fill):
     out = wmtp.attention(q, k2, v2, q_pos, n_sink=n_sink, window=window, impl="torch")
     assert torch.isfinite(out).all()
     assert torch.equal(out, clean)
-    _assert_close(out, _truth(q, k, v, q_pos, n_sink, window), dtype)
+    assert_reference_close(out, truth(q, k, v, q_pos, n_sink, window), dtype)
 
 
 def _nan_outside_key_sets(k, v, q_pos, n_sink, window):
@@ -186,11 +120,11 @@ NAN_CASES = [
 ]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=_dtype_id)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=dtype_id)
 @pytest.mark.parametrize("Lq, S, n_sink, window, positions", NAN_CASES)
 def test_reads_only_the_key_set(Lq, S, n_sink, window, positions, dtype):
     """NaN anywhere outside every query's key set must not reach the output."""
-    q, k, v, q_pos = _make_inputs(2, 4, 2, Lq, S, 32, dtype, seed=11)
+    q, k, v, q_pos = make_inputs(2, 4, 2, Lq, S, 32, dtype, seed=11)
     if positions is not None:
         q_pos = torch.tensor(positions)
     clean = wmtp.attention(q, k, v, q_pos, n_sink=n_sink, window=window, impl="torch")
@@ -206,7 +140,7 @@ def test_impl_switch(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert resolve_impl("auto", "cpu") == "torch"
     assert resolve_impl("torch", "cpu") == "torch"
-    q, k, v, q_pos = _make_inputs(1, 2, 1, 1, 10, 16, torch.float32, seed=0)
+    q, k, v, q_pos = make_inputs(1, 2, 1, 1, 10, 16, torch.float32, seed=0)
     with pytest.raises(ValueError, match="triton"):
         wmtp.attention(q, k, v, q_pos, n_sink=2, window=4, impl="triton")
     with pytest.raises(ValueError, match="triton"):
@@ -218,7 +152,7 @@ def test_impl_switch(monkeypatch):
 
 
 def _bad_inputs():
-    q, k, v, q_pos = _make_inputs(1, 4, 2, 3, 10, 16, torch.float32, seed=0)
+    q, k, v, q_pos = make_inputs(1, 4, 2, 3, 10, 16, torch.float32, seed=0)
     return {
         "q_pos-too-long": ((q, k, v, torch.arange(4)), "q_pos"),
         "q_pos-too-short": ((q, k, v, torch.arange(2)), "q_pos"),
@@ -241,6 +175,6 @@ def test_bad_shapes_raise(case):
 
 @pytest.mark.parametrize("n_sink, window, name", [(-1, 4, "n_sink"), (2, 0, "window"), (2, 2.5, "window")])
 def test_bad_key_set_args_raise(n_sink, window, name):
-    q, k, v, q_pos = _make_inputs(1, 2, 1, 1, 10, 16, torch.float32, seed=0)
+    q, k, v, q_pos = make_inputs(1, 2, 1, 1, 10, 16, torch.float32, seed=0)
     with pytest.raises(ValueError, match=name):
         wmtp.attention(q, k, v, q_pos, n_sink=n_sink, window=window, impl="torch")

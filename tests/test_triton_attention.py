@@ -1,14 +1,13 @@
 """The Triton split-K kernel against the PyTorch reference, contiguous and paged caches.
 
 One parametrized test runs ``impl in {torch, triton}`` through the public ops (``wmtp.attention``,
-``paged_attention``) against a float64 ground truth computed here: dense scores over ALL ``S``
-keys, ``draft_key_mask`` (tests/test_keyset.py checks it with literal lists), ``-inf`` elsewhere.
+``paged_attention``) against the float64 ground truth of tests/attention_truth.py, with its kernel tolerance rule
+(NOTE [Tolerances] there: at most twice the low-precision reference's own error plus a floor).
 Without CUDA, Triton runs under its CPU interpreter (tests/conftest.py sets TRITON_INTERPRET=1),
 which costs about a millisecond per program-iteration: the CPU grid is small and chosen, the big
 grid (head_dim 128/256, more head layouts, bfloat16, long caches) runs only on CUDA.
 """
 
-import math
 import os
 import random
 
@@ -16,11 +15,11 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+from attention_truth import assert_kernel_close, dtype_id, make_inputs
 
 import wmtp
 from wmtp.attention import paged_attention, resolve_impl
 from wmtp.attention.paged import paginate
-from wmtp.attention.reference import attention_torch
 from wmtp.attention.triton_attention import _key_plan
 from wmtp.keyset import draft_key_mask
 
@@ -30,49 +29,8 @@ TRITON = CUDA or os.environ.get("TRITON_INTERPRET") == "1"
 NEEDS_TRITON = pytest.mark.skipif(not TRITON, reason="Triton needs CUDA or its CPU interpreter (TRITON_INTERPRET=1)")
 CUDA_ONLY = pytest.mark.skipif(not CUDA, reason="CUDA only: keeps the CPU-interpreter run of this file short")
 
-# NOTE [Tolerances] (STYLE.md lesson 6; the flash-attn rule). The reference run in the same low
-# precision (attention_torch: fp32 softmax, output rounded to the dtype) sets the scale of honest
-# error. The kernel adds fp32 accumulation in another order, exp2 with log2(e) folded into the
-# scale, and for fp16/bf16 the probabilities rounded to the dtype before the PV product (as in
-# flash attention), so it may err by up to twice the reference plus a floor:
-#     max|out - truth| <= ERR_FACTOR * max|ref - truth| + ABS_FLOOR[dtype]
-#     rms(out - truth) / rms(truth) <= ERR_FACTOR * (same for ref) + RMS_FLOOR[dtype]
-# Floors: fp32 a few ulps of O(1) values summed over <= 5000 keys; fp16/bf16 one unit in the
-# last place of O(1) outputs (eps), covering the rounding of p.
-ERR_FACTOR = 2.0
-ABS_FLOOR = {torch.float32: 1e-5, torch.float16: torch.finfo(torch.float16).eps,
-             torch.bfloat16: torch.finfo(torch.bfloat16).eps}
-RMS_FLOOR = {torch.float32: 1e-6, torch.float16: torch.finfo(torch.float16).eps / 4,
-             torch.bfloat16: torch.finfo(torch.bfloat16).eps / 4}
 DTYPES = [torch.float32, torch.float16] + [pytest.param(torch.bfloat16, marks=CUDA_ONLY)]
 LAYOUTS = ["contiguous", "paged1", "paged16"]  # paged<N>: pages of N positions, randomly permuted
-
-
-def _dtype_id(dtype):
-    return str(dtype).removeprefix("torch.")
-
-
-def _make_inputs(B, Hq, Hkv, Lq, S, D, dtype, seed, q_pos=None):
-    """Seeded q ``(B, Hq, Lq, D)``, k, v ``(B, Hkv, S, D)`` on DEVICE, and q_pos (default: the last Lq)."""
-    g = torch.Generator().manual_seed(seed)
-
-    def randn(*shape):
-        return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype).to(DEVICE)
-
-    q_pos = torch.arange(S - Lq, S) if q_pos is None else torch.tensor(q_pos)
-    return randn(B, Hq, Lq, D), randn(B, Hkv, S, D), randn(B, Hkv, S, D), q_pos.to(DEVICE)
-
-
-def _truth(q, k, v, q_pos, n_sink, window):
-    """Dense float64 attention over all S keys, masked by the key set (on the inputs' CPU or CUDA device)."""
-    q, k, v = (x.to(torch.float64) for x in (q, k, v))
-    group = q.shape[1] // k.shape[1]
-    k = k.repeat_interleave(group, dim=1)  # (B, Hq, S, D)
-    v = v.repeat_interleave(group, dim=1)  # (B, Hq, S, D)
-    scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])  # (B, Hq, Lq, S)
-    allowed = draft_key_mask(q_pos.cpu(), k.shape[2], n_sink, window).to(q.device)  # (Lq, S)
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    return torch.softmax(scores, dim=-1) @ v  # (B, Hq, Lq, D)
 
 
 def _run(impl, layout, q, k, v, q_pos, n_sink, window, **kwargs):
@@ -88,21 +46,6 @@ def _run(impl, layout, q, k, v, q_pos, n_sink, window, **kwargs):
         from wmtp.attention.triton_attention import paged_attention_triton
         return paged_attention_triton(q, k_pages, v_pages, block_table, q_pos, n_sink, window, **kwargs)
     return paged_attention(q, k_pages, v_pages, block_table, q_pos, n_sink=n_sink, window=window, impl=impl)
-
-
-def _assert_close(out, q, k, v, q_pos, n_sink, window):
-    """The flash-attn rule of NOTE [Tolerances], against the low-precision reference's own error."""
-    dtype = q.dtype
-    assert out.dtype == dtype and out.shape == q.shape and out.device == q.device
-    assert torch.isfinite(out).all(), "output has non-finite values"
-    truth = _truth(q, k, v, q_pos, n_sink, window)
-    ref = attention_torch(q, k, v, q_pos, n_sink, window).to(torch.float64)
-    err, ref_err = (out.to(torch.float64) - truth), (ref - truth)
-    bound = ERR_FACTOR * ref_err.abs().max().item() + ABS_FLOOR[dtype]
-    assert err.abs().max().item() <= bound, f"max abs err {err.abs().max().item():.3g} > {bound:.3g} ({dtype})"
-    rms, ref_rms = (err.norm() / truth.norm()).item(), (ref_err.norm() / truth.norm()).item()
-    rms_bound = ERR_FACTOR * ref_rms + RMS_FLOOR[dtype]
-    assert rms <= rms_bound, f"relative RMS {rms:.3g} > {rms_bound:.3g} ({dtype})"
 
 
 # (B, Hq, Hkv, Lq, S, D, n_sink, window); queries at the last Lq positions of the cache.
@@ -131,12 +74,12 @@ SHAPES = [
 
 @pytest.mark.parametrize("impl", ["torch", pytest.param("triton", marks=NEEDS_TRITON)])
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("B, Hq, Hkv, Lq, S, D, n_sink, window", SHAPES)
 def test_matches_float64_truth(B, Hq, Hkv, Lq, S, D, n_sink, window, dtype, layout, impl):
-    q, k, v, q_pos = _make_inputs(B, Hq, Hkv, Lq, S, D, dtype, seed=S + Lq + D)
+    q, k, v, q_pos = make_inputs(B, Hq, Hkv, Lq, S, D, dtype, seed=S + Lq + D, device=DEVICE)
     out = _run(impl, layout, q, k, v, q_pos, n_sink, window)
-    _assert_close(out, q, k, v, q_pos, n_sink, window)
+    assert_kernel_close(out, q, k, v, q_pos, n_sink, window)
 
 
 # (Lq, S, n_sink, window, q_pos or None for the last Lq positions)
@@ -155,13 +98,13 @@ NAN_CASES = [
 @pytest.mark.parametrize("Lq, S, n_sink, window, positions", NAN_CASES)
 def test_reads_only_the_key_set(Lq, S, n_sink, window, positions, layout):
     """NaN at every cache position outside the union of the key sets must not reach the output."""
-    q, k, v, q_pos = _make_inputs(2, 4, 2, Lq, S, 32, torch.float32, seed=11, q_pos=positions)
+    q, k, v, q_pos = make_inputs(2, 4, 2, Lq, S, 32, torch.float32, seed=11, q_pos=positions, device=DEVICE)
     outside = ~draft_key_mask(q_pos.cpu(), S, n_sink, window).any(dim=0).to(DEVICE)  # (S,)
     assert outside.any()  # the case must actually poison something
     k_nan, v_nan = k.masked_fill(outside[:, None], float("nan")), v.masked_fill(outside[:, None], float("nan"))
     out = _run("triton", layout, q, k_nan, v_nan, q_pos, n_sink, window)
     assert torch.isfinite(out).all(), f"NaN leaked into queries {(~torch.isfinite(out)).any(-1).nonzero().tolist()}"
-    _assert_close(out, q, k, v, q_pos, n_sink, window)
+    assert_kernel_close(out, q, k, v, q_pos, n_sink, window)
 
 
 # (B, Hq, Hkv, Lq, S, n_sink, window, dtype, layout)
@@ -177,9 +120,9 @@ SPLIT_CASES = [
 @pytest.mark.parametrize("B, Hq, Hkv, Lq, S, n_sink, window, dtype, layout", SPLIT_CASES)
 def test_split_k(B, Hq, Hkv, Lq, S, n_sink, window, dtype, layout, num_splits):
     """Split-K with small key blocks (masked and unmasked blocks in both ranges), empty splits included."""
-    q, k, v, q_pos = _make_inputs(B, Hq, Hkv, Lq, S, 32, dtype, seed=5)
+    q, k, v, q_pos = make_inputs(B, Hq, Hkv, Lq, S, 32, dtype, seed=5, device=DEVICE)
     out = _run("triton", layout, q, k, v, q_pos, n_sink, window, num_splits=num_splits, block_n=16)
-    _assert_close(out, q, k, v, q_pos, n_sink, window)
+    assert_kernel_close(out, q, k, v, q_pos, n_sink, window)
 
 
 SYNC_METHODS = ["tolist", "item", "__int__", "__index__", "__bool__", "__float__", "cpu", "numpy"]
@@ -191,7 +134,7 @@ SYNC_METHODS = ["tolist", "item", "__int__", "__index__", "__bool__", "__float__
 def test_launcher_never_reads_device_values(n_sink, window, positions, layout, monkeypatch):
     """NOTE [Host sync]: every way to read a tensor's values on the host raises during the call.
     (The CPU interpreter itself calls none of these; the check is the launcher, not the device.)"""
-    q, k, v, q_pos = _make_inputs(1, 4, 2, 3, 300, 32, torch.float32, seed=3, q_pos=positions)
+    q, k, v, q_pos = make_inputs(1, 4, 2, 3, 300, 32, torch.float32, seed=3, q_pos=positions, device=DEVICE)
     with monkeypatch.context() as patch:
         for name in SYNC_METHODS:
             def boom(*args, _name=name, **kwargs):
@@ -199,7 +142,7 @@ def test_launcher_never_reads_device_values(n_sink, window, positions, layout, m
             patch.setattr(torch.Tensor, name, boom)
         outs = [_run("triton", layout, q, k, v, q_pos, n_sink, window, num_splits=s, block_n=16) for s in (None, 3)]
     for out in outs:
-        _assert_close(out, q, k, v, q_pos, n_sink, window)
+        assert_kernel_close(out, q, k, v, q_pos, n_sink, window)
 
 
 def test_key_plan_reads_the_union_and_masks_only_the_edges():
@@ -279,7 +222,7 @@ def test_triton_on_cpu_needs_the_interpreter(monkeypatch):
 
 
 def test_paged_attention_validates_inputs():
-    q, k, v, q_pos = _make_inputs(1, 4, 2, 2, 20, 32, torch.float32, seed=0)
+    q, k, v, q_pos = make_inputs(1, 4, 2, 2, 20, 32, torch.float32, seed=0, device=DEVICE)
     k_pages, v_pages, block_table = paginate(k, v, 4, torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match="int32"):
         paged_attention(q, k_pages, v_pages, block_table.long(), q_pos, impl="torch")
