@@ -1,5 +1,38 @@
+#!/usr/bin/env bash
+# The kernel issue's GPU work in ONE device call (the device tool's $OUT collects what comes back):
+#   tests    - the CUDA half of tests/test_triton_attention.py and tests/test_lossless.py, then
+#              notebook 04's twin run for real on the GPU;
+#   bench    - scripts/tune_attention.py (launch options), then `wmtp bench attention` with $BENCH_ARGS.
+# With two GPUs the halves run side by side (tests on GPU 0, timings alone on GPU 1); else in turn.
+# Knobs (seconds): TEST_S, TUNE_S, TUNE_BUDGET, BENCH_S; SKIP_TUNE=1 skips the tuning.
 set -o pipefail
-export PYTHONUNBUFFERED=1
-python3 -c "import torch,triton;print(torch.__version__,triton.__version__,torch.cuda.get_device_name())"
-timeout 130 python3 -m pytest -n 8 -v -rf -p no:cacheprovider tests/test_triton_attention.py 2>&1 | grep -v PASSED | tee $OUT/pytest.log | tail -25
-timeout 110 python3 -m wmtp.cli bench attention --device cuda --contexts 16384 1048576 --rep-ms 20 --methods triton_window triton_window_paged triton_full triton_full_paged sdpa_full gather_sdpa_window sdpa_compact_window --out $OUT/bench.json --plot $OUT/bench.png 2>&1 | tee $OUT/bench.log | tail -40
+export PYTHONUNBUFFERED=1 MPLBACKEND=Agg PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+NGPU=$(python3 -c "import torch; print(torch.cuda.device_count())")
+BENCH_GPU=$(( NGPU > 1 ? 1 : 0 ))
+
+tests() {
+  { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    python3 -c "import sys, torch, triton; print(sys.version.split()[0], torch.__version__, triton.__version__)"
+    CUDA_VISIBLE_DEVICES=0 timeout "${TEST_S:-330}" python3 -m pytest -n 12 -q -rfE --durations=15 \
+      -p no:cacheprovider --timeout 240 tests/test_triton_attention.py tests/test_lossless.py
+    echo "pytest exit $?"
+    (cd tutorials && CUDA_VISIBLE_DEVICES=0 timeout 120 python3 04_triton_kernel.py)
+    echo "notebook 04 exit $?"; } > "$OUT/tests.log" 2>&1
+}
+
+bench() {
+  if [ "${SKIP_TUNE:-0}" != 1 ]; then
+    CUDA_VISIBLE_DEVICES=$BENCH_GPU timeout "${TUNE_S:-260}" python3 scripts/tune_attention.py \
+      --out "$OUT/tune.json" --budget-s "${TUNE_BUDGET:-220}" > "$OUT/tune.log" 2>&1
+    echo "tune exit $?" >> "$OUT/tune.log"
+  fi
+  # shellcheck disable=SC2086
+  CUDA_VISIBLE_DEVICES=$BENCH_GPU timeout "${BENCH_S:-200}" python3 -m wmtp.cli bench attention --device cuda \
+    $BENCH_ARGS --out "$OUT/bench.json" --plot "$OUT/bench.png" > "$OUT/bench.log" 2>&1
+  echo "bench exit $?" >> "$OUT/bench.log"
+}
+
+if [ "$NGPU" -gt 1 ]; then tests & bench; wait; else tests; bench; fi
+tail -n 30 "$OUT/tests.log"; tail -n 12 "$OUT/tune.log" 2>/dev/null; tail -n 60 "$OUT/bench.log"

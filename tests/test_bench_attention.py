@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from wmtp import bench_attention as ba
+from wmtp import bench_report
 from wmtp.cli import main
 from wmtp.keyset import draft_key_mask
 
@@ -121,7 +122,7 @@ def _passing_rows(shape):
 
 def test_bars_met_on_literal_rows():
     rows = _passing_rows((16, 2, 256)) + _passing_rows((32, 8, 128))
-    b = ba.bars(rows)
+    b = bench_report.bars(rows)
     assert b["draft_window_flat"]["met"] and b["verify_at_hbm_floor"]["met"]
     v = b["draft_window_flat"]["values"]["Hq16/Hkv2/D256"]
     assert v["max_ms"] == 0.0110 and v["growth_largest_vs_smallest_S"] == pytest.approx(0.05)
@@ -142,7 +143,7 @@ def test_bars_not_met(change, bar):
     rows = _passing_rows((16, 2, 256)) + _passing_rows((32, 8, 128))
     for r in rows[:6]:  # the first shape only
         change(r)
-    b = ba.bars(rows)
+    b = bench_report.bars(rows)
     assert not b[bar]["met"]
     other = {"draft_window_flat", "verify_at_hbm_floor"} - {bar}
     assert all(b[o]["met"] for o in other)
@@ -151,15 +152,15 @@ def test_bars_not_met(change, bar):
 
 def test_bars_missing_rows_are_not_met():
     rows = [r for r in _passing_rows((16, 2, 256)) if r["q_len"] == 1]  # no q_len 8 verify row
-    assert not ba.bars(rows)["verify_at_hbm_floor"]["met"]
-    assert not any(b["met"] for b in ba.bars([]).values())
+    assert not bench_report.bars(rows)["verify_at_hbm_floor"]["met"]
+    assert not any(b["met"] for b in bench_report.bars([]).values())
 
 
 def test_table_lists_every_method(result):
     from rich.console import Console
 
     console = Console(record=True, width=200)
-    console.print(ba.table(result))
+    console.print(bench_report.table(result))
     text = console.export_text()
     assert all(m in text for m in METHODS) and "% of floor" in text
 
@@ -167,7 +168,7 @@ def test_table_lists_every_method(result):
 def test_plot_writes_a_png(result, tmp_path):
     pytest.importorskip("matplotlib")
     png = tmp_path / "bench.png"
-    ba.plot(result, png)
+    bench_report.plot(result, png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in tmp_path.iterdir()] == ["bench.png"]  # no temp file left behind
 

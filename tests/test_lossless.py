@@ -3,8 +3,12 @@
 Three kinds of draft (STYLE.md lesson 7): an oracle right for exactly ``j`` tokens per step then
 wrong (every accept length 0..K), a random untrained MTP head, and a trained one; full and
 windowed key sets; depths 1..8; prompts of length 1, n_sink, n_sink+window±1; stop conditions.
-Float64 on CPU (decode.py NOTE [Exactness]).
+Float64 on CPU (decode.py NOTE [Exactness]). The same checks run on every backend: the Triton
+kernel under its CPU interpreter (a subset: it is slow), and both impls on CUDA (every arm and depth).
 """
+
+import copy
+import os
 
 import pytest
 import torch
@@ -15,6 +19,8 @@ from wmtp.decode import verify_greedy, verify_greedy_loop
 from wmtp.grading import harness_models
 
 V = 512
+CUDA = torch.cuda.is_available()
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 KEYSETS = [(0, None), (4, 16), (0, 1), (2, 3), (4, 1000)]  # native, windowed, self only, tiny, > context
 
 
@@ -143,3 +149,43 @@ def test_bad_arguments_raise_value_error(models, kwargs, match):
     args = dict(max_new_tokens=4, depth=2) | kwargs
     with pytest.raises(ValueError, match=match):
         wmtp.speculative_generate(target, head, _prompt(5), **args)
+
+
+# (device, impl, depth, n_sink, window): both impls on CUDA at every depth and arm; the kernel
+# interpreted on CPU (without CUDA) at a few, since the interpreter runs ~1 ms per program-iteration.
+CUDA_ONLY = pytest.mark.skipif(not CUDA, reason="CUDA only")
+BACKEND_CASES = [pytest.param("cuda", impl, depth, ns, w, id=f"cuda-{impl}-K{depth}-{ns}+{w}", marks=CUDA_ONLY)
+                 for impl in ("torch", "triton") for depth in range(1, 9) for ns, w in KEYSETS]
+BACKEND_CASES += [pytest.param("cpu", "triton", depth, ns, w, id=f"cpu-triton-interpreted-K{depth}-{ns}+{w}",
+                               marks=pytest.mark.skipif(not INTERPRETED, reason="needs TRITON_INTERPRET=1"))
+                  for depth, ns, w in [(4, 0, None), (4, 4, 16), (1, 2, 3), (3, 0, 1)]]
+
+
+@pytest.fixture(scope="module")
+def device_models():
+    """``harness_models`` per device, built once: {device: (target, head)} (float64 everywhere)."""
+    cache = {}
+
+    def get(device):
+        if device not in cache:  # a copy: harness_models() is cached and shared with the CPU tests
+            target, head = copy.deepcopy(harness_models())
+            cache[device] = (target.to(device), head.to(device))
+        return cache[device]
+
+    return get
+
+
+@pytest.mark.parametrize("device, impl, depth, n_sink, window", BACKEND_CASES)
+def test_every_backend_is_lossless(device_models, device, impl, depth, n_sink, window):
+    """Oracle drafts right for exactly j = 0..K tokens and the random head, on the backend's own
+    draft AND verify attention: the output equals the same backend's dense greedy decoding."""
+    target, head = device_models(device)
+    prompt = _prompt(12, seed=depth).to(device)
+    ref = wmtp.greedy_generate(target, prompt, 24, impl=impl)
+    seq = torch.cat([prompt, ref, torch.zeros(depth + 2, dtype=torch.long, device=device)])
+    drafts = [(j, OracleDraft(head, seq, j)) for j in range(depth + 1)] + [(None, head)]
+    for j, draft in drafts:
+        out, stats = wmtp.speculative_generate(target, draft, prompt, 24, depth, n_sink, window, impl=impl)
+        assert out.device.type == device and torch.equal(out, ref), f"j={j}"
+        if j is not None:
+            assert stats.accept_length_histogram[j] >= stats.steps - 1, f"j={j}"

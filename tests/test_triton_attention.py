@@ -29,7 +29,7 @@ TRITON = CUDA or os.environ.get("TRITON_INTERPRET") == "1"
 NEEDS_TRITON = pytest.mark.skipif(not TRITON, reason="Triton needs CUDA or its CPU interpreter (TRITON_INTERPRET=1)")
 CUDA_ONLY = pytest.mark.skipif(not CUDA, reason="CUDA only: keeps the CPU-interpreter run of this file short")
 
-DTYPES = [torch.float32, torch.float16] + [pytest.param(torch.bfloat16, marks=CUDA_ONLY)]
+DTYPES = [torch.float32, torch.float16, torch.float64] + [pytest.param(torch.bfloat16, marks=CUDA_ONLY)]
 LAYOUTS = ["contiguous", "paged1", "paged16"]  # paged<N>: pages of N positions, randomly permuted
 
 
@@ -145,10 +145,21 @@ def test_launcher_never_reads_device_values(n_sink, window, positions, layout, m
         assert_kernel_close(out, q, k, v, q_pos, n_sink, window)
 
 
+@NEEDS_TRITON
+@pytest.mark.parametrize("layout", ["contiguous", "paged16"])
+def test_positions_past_the_cache_are_clamped(layout):
+    """Positions are not checked on the host (NOTE [Host sync]); the kernel clamps them to S - 1,
+    so a bad position attends like the last one instead of reading outside the cache."""
+    q, k, v, _ = make_inputs(1, 4, 2, 2, 48, 32, torch.float32, seed=4, device=DEVICE)  # S = 3 whole pages
+    bad, last = torch.tensor([47, 1000], device=DEVICE), torch.tensor([47, 47], device=DEVICE)
+    out = _run("triton", layout, q, k, v, bad, 4, 8, num_splits=2, block_n=16)
+    assert_kernel_close(out, q, k, v, last, 4, 8)
+
+
 def test_key_plan_reads_the_union_and_masks_only_the_edges():
     """Host-side blocking: the two ranges hold the union of the key sets and no other key, the
     unmasked blocks only keys every query reads, and the draft's work does not grow with S."""
-    from wmtp.attention.triton_attention import key_plan
+    from wmtp.attention.plan import key_plan
 
     rng = random.Random(0)
     for _ in range(500):
@@ -185,7 +196,8 @@ def _plan_probe(T_MIN, T_MAX, N_SINK, WINDOW, OUT, N: tl.constexpr, BLOCK_N: tl.
 @pytest.mark.parametrize("block_n", [16, 64])
 def test_device_key_plan_matches_key_plan(block_n):
     """The kernel's on-device plan (NOTE [Host sync]) equals the host key_plan, scattered tiles included."""
-    from wmtp.attention.triton_attention import FULL, key_plan
+    from wmtp.attention.plan import key_plan
+    from wmtp.attention.triton_attention import FULL
 
     rng, cases = random.Random(block_n), []
     for _ in range(512):
@@ -205,11 +217,12 @@ def test_device_key_plan_matches_key_plan(block_n):
 def test_impl_switch_with_triton():
     dev = torch.device(DEVICE)
     assert resolve_impl("auto", dev) == ("triton" if CUDA else "torch")
-    assert resolve_impl("auto", dev, torch.float64) == "torch"  # the kernel takes fp16/bf16/fp32
+    assert resolve_impl("auto", dev, torch.float64) == ("triton" if CUDA else "torch")  # fp64: GPU losslessness
+    assert resolve_impl("auto", dev, torch.int32) == "torch"  # the kernel takes fp16/bf16/fp32/fp64
     if TRITON:
         assert resolve_impl("triton", dev) == "triton"
-        with pytest.raises(ValueError, match="float64"):
-            resolve_impl("triton", dev, torch.float64)
+        with pytest.raises(ValueError, match="int32"):
+            resolve_impl("triton", dev, torch.int32)
         with pytest.raises(ValueError, match="head_dim"):
             resolve_impl("triton", dev, torch.float32, 96)
 

@@ -86,18 +86,22 @@ print("naive output", tuple(naive_attention(q, k, v, q_pos, 4, 64).shape))
 import inspect  # noqa: E402
 
 from wmtp.attention import triton_attention as ta  # noqa: E402 - imports triton (interpreted on CPU)
+from wmtp.attention.plan import key_plan  # noqa: E402
 
 print(inspect.getsource(ta._attend.fn))
 
 # %% [markdown]
-# The host decides, once per call, which blocks each range has and which of them need no mask
-# (`key_plan`): a block is unmasked when every query of the tile reads all its keys. For a chunk of
+# Each program decides, on the GPU, from the query positions it loads, which blocks each range has
+# and which of them need no mask (the kernel's `_key_plan`; `key_plan` in `wmtp/attention/plan.py`
+# is the same computation in Python, and a test checks they agree). The host never reads a
+# position, so a call never waits for the GPU. A block is unmasked when every query of the tile
+# reads all its keys. For a chunk of
 # 8 draft queries at the end of a 100K-token context, with 64 sinks and a 4096-key window, in blocks of
 # 64 keys:
 
 # %%
 S, Lq, BLOCK_N = 100_000, 8, 64
-plan = ta.key_plan(S - Lq, S - 1, n_sink=64, window=4096, block_n=BLOCK_N)
+plan = key_plan(S - Lq, S - 1, n_sink=64, window=4096, block_n=BLOCK_N)
 print(plan)
 print(f"sink range [0, {plan.sink_hi}): {plan.n_blk_sink} block(s), unmasked blocks [{plan.sink_u1}, {plan.sink_u2})")
 print(f"recent range [{plan.rec_lo}, {plan.rec_hi}): {plan.n_blk_rec} blocks, "
@@ -193,8 +197,8 @@ def blocks(plan):
 print(f"key blocks of {BLOCK_N} keys visited by a tile of {LQ} queries (masked ones in brackets)")
 print(f"{'context':>9} {'full causal':>14} {'64 + 4096':>12}")
 for S in (4_096, 16_384, 65_536, 262_144, 1_048_576):
-    full = blocks(ta.key_plan(S - LQ, S - 1, None, None, BLOCK_N))
-    win = blocks(ta.key_plan(S - LQ, S - 1, 64, 4096, BLOCK_N))
+    full = blocks(key_plan(S - LQ, S - 1, None, None, BLOCK_N))
+    win = blocks(key_plan(S - LQ, S - 1, 64, 4096, BLOCK_N))
     print(f"{S:>9} {full[0]:>8} ({full[1]}) {win[0]:>8} ({win[1]})")
 
 # %%

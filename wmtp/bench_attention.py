@@ -7,7 +7,7 @@ the same inputs, wmtp's Triton kernels (windowed draft, full verify; contiguous 
 next to SDPA over the full cache, gather-then-SDPA, SDPA over a ready compact buffer and
 FlexAttention with a block mask, and sets each time against the HBM floor (the bytes a method
 must move over the measured copy bandwidth). ``bars`` checks the issue's targets; ``table`` and
-``plot`` render a result. Figures come from here, never from timed tests (DESIGN.md); ``CAVEATS``
+``plot`` (wmtp/bench_report.py) render a result. Figures come from here, never from timed tests (DESIGN.md); ``CAVEATS``
 says what the timings include (NOTE [Timing]).
 """
 
@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from .bench import time_call
-from .fileio import atomic_path
+from .bench_report import bars
 from .keyset import check_key_set_args, in_key_set, key_ranges
 from .metrics import environment
 
@@ -31,14 +31,13 @@ PAGE_SIZE = 16  # tokens per page of the paged cache
 CONTEXTS = (16384, 131072, 524288, 1048576)  # S
 SHAPES = ((16, 2, 256), (32, 8, 128))  # (Hq, Hkv, D)
 Q_LENS = (1, 8)  # 1: one draft query; 8: a verify chunk (or a batch of draft positions)
-DRAFT_MAX_MS = 0.012  # bar (a): triton_window, q_len 1, at every S
-DRAFT_MAX_GROWTH = 0.10  # bar (a): its time at the largest S within 10% of the smallest S's
-VERIFY_MIN_PCT = 85.0  # bar (b): triton_full at the largest S, percent of the HBM floor
 SDPA_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")  # torch >= 2.5
 CAVEATS = [  # NOTE [Timing]
     "CUDA: do_bench zeroes a 256 MB buffer before every timed call, so L2 (60 MB on H200) is cold for every "
     "method, window ones included; host work inside a call that waits for the device is timed too.",
     "host_ms is the host's time inside one call; where it nears median_ms the launcher, not the kernel, is timed.",
+    "graph_ms: the same call captured once in a CUDA graph and its replay timed the same way (cold L2): the "
+    "kernels' device time without the launcher; median_ms, from plain calls, is what the bars use.",
     "Window methods read the union of their queries' key sets (n_sink + window + q_len - 1 keys); for q_len > 1 "
     "the SDPA baselines get a boolean (q_len, keys) mask made outside the timed call.",
     "floor_ms counts a method's own ideal bytes (K and V of its keys, q, output); gather_sdpa_window also writes "
@@ -190,6 +189,23 @@ def _host_ms(fn: Callable[[], object], device: torch.device, calls: int = 10) ->
     return statistics.median(times) * 1e3
 
 
+def _graph_ms(fn: Callable[[], object], timed_ms: Callable) -> float | str:
+    """``fn`` captured once in a CUDA graph, its replay timed like every method: the device time
+    of the call's kernels with no launcher in the way (NOTE [Timing]). An error string if capture fails."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm up off the default stream, as capture requires
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return timed_ms(graph.replay)
+    except Exception as e:
+        return f"graph capture: {type(e).__name__}: {e}"[:300]
+
+
 def _measure(name: str, c: _Cell, row: dict, timed_ms: Callable, ref: torch.Tensor | None) -> float | str | None:
     """Time method ``name`` on cell ``c`` into ``row``; return max |out - ref| (fp32), or the error string.
     A failure fills ``row["error"]`` and returns: one method's failure is data, not the end of the sweep."""
@@ -200,7 +216,11 @@ def _measure(name: str, c: _Cell, row: dict, timed_ms: Callable, ref: torch.Tens
         err = None if ref is None else (fn().float() - ref).abs().max().item()
         ms = timed_ms(fn)
         row["median_ms"], row["pct_of_floor"] = ms, row["floor_ms"] / ms * 100
-        row["host_ms"] = _host_ms(fn, c.q.device) if c.q.device.type == "cuda" else None
+        if c.q.device.type == "cuda":
+            row["host_ms"] = _host_ms(fn, c.q.device)
+            graph = _graph_ms(fn, timed_ms)
+            row["graph_ms"], row["note"] = (graph, row["note"]) if isinstance(graph, float) else \
+                (None, "; ".join(filter(None, [row["note"], graph])))
         return err
     except Exception as e:
         row["error"] = f"{type(e).__name__}: {e}"[:600]
@@ -289,7 +309,8 @@ def sweep(device: torch.device | str, contexts=CONTEXTS, shapes=SHAPES, q_lens=Q
                         row = {"method": name, "S": S, "Hq": Hq, "Hkv": Hkv, "D": D, "q_len": q_len,
                                "dtype": str(dtype).removeprefix("torch."), "keys_read": keys, "median_ms": None,
                                "bytes": nbytes, "floor_ms": nbytes / bandwidth * 1e3, "pct_of_floor": None,
-                               "host_ms": None, "setup_s": None, "note": None, "error": input_error}
+                               "host_ms": None, "graph_ms": None, "setup_s": None, "note": None,
+                               "error": input_error}
                         if c is not None:
                             err = _measure(name, c, row, timed_ms, refs.get(windowed))
                             errs.update({name: err} if refs else {})
@@ -305,92 +326,3 @@ def sweep(device: torch.device | str, contexts=CONTEXTS, shapes=SHAPES, q_lens=Q
             if device.type == "cuda" else {"tool": "wmtp.bench.time_call", "repeats": repeats, "median": True},
             "copy_bandwidth_gbs": bandwidth / 1e9, "correctness": correctness, "caveats": CAVEATS, "rows": rows,
             "bars": bars(rows), "wall_time_s": time.perf_counter() - t_start}
-
-
-def _shape_key(r: dict) -> str:
-    return f"Hq{r['Hq']}/Hkv{r['Hkv']}/D{r['D']}"
-
-
-def bars(rows: list[dict]) -> dict:
-    """The issue's targets, evaluated from the rows; a missing or failed row leaves its bar unmet.
-
-    (a) ``triton_window``, q_len 1, every shape: max median over S <= ``DRAFT_MAX_MS`` ms, and the
-    median at the largest S within ``DRAFT_MAX_GROWTH`` of the smallest S's. (b) ``triton_full``,
-    q_len 1 and 8, every shape, at the largest S: ``pct_of_floor >= VERIFY_MIN_PCT``.
-    """
-    def pick(method: str, shape: str, q_len: int) -> list[dict]:
-        return sorted((r for r in rows if r["method"] == method and _shape_key(r) == shape and r["q_len"] == q_len),
-                      key=lambda r: r["S"])
-
-    shapes = sorted({_shape_key(r) for r in rows})
-    s_max = max((r["S"] for r in rows), default=None)
-    draft, verify = {}, {}
-    for shape in shapes:
-        rs = pick("triton_window", shape, 1)
-        ms = [r["median_ms"] for r in rs]
-        ok = bool(ms) and None not in ms
-        draft[shape] = {"ms_by_S": {str(r["S"]): r["median_ms"] for r in rs}, "max_ms": max(ms) if ok else None,
-                        "growth_largest_vs_smallest_S": ms[-1] / ms[0] - 1 if ok else None,
-                        "met": ok and max(ms) <= DRAFT_MAX_MS and ms[-1] <= (1 + DRAFT_MAX_GROWTH) * ms[0]}
-        for q_len in (1, 8):
-            pct = next((r["pct_of_floor"] for r in pick("triton_full", shape, q_len) if r["S"] == s_max), None)
-            verify[f"{shape} q_len={q_len}"] = {"pct_of_floor": pct, "met": pct is not None and pct >= VERIFY_MIN_PCT}
-    return {"draft_window_flat": {"description": "triton_window, q_len 1: max median over S; growth from the "
-                                  "smallest to the largest S", "values": draft,
-                                  "threshold": {"max_ms": DRAFT_MAX_MS, "max_growth": DRAFT_MAX_GROWTH},
-                                  "met": bool(draft) and all(e["met"] for e in draft.values())},
-            "verify_at_hbm_floor": {"description": "triton_full, q_len 1 and 8, at the largest S: percent of the "
-                                    "HBM floor", "values": verify,
-                                    "threshold": {"min_pct_of_floor": VERIFY_MIN_PCT, "S": s_max},
-                                    "met": bool(verify) and all(e["met"] for e in verify.values())}}
-
-
-def table(result: dict):
-    """A ``rich`` table of the rows, one section per (shape, q_len, S)."""
-    from rich.table import Table
-
-    t = Table(title=f"Attention, {result['dtype']}, sink {result['n_sink']} + window {result['window']}; "
-              f"HBM copy {result['copy_bandwidth_gbs']:.0f} GB/s")
-    for col in ("shape", "q_len", "S", "method", "keys", "median ms", "% of floor", "host ms", "error"):
-        t.add_column(col, justify="left" if col in ("method", "error") else "right")
-    last = None
-    for r in sorted(result["rows"], key=lambda r: (_shape_key(r), r["q_len"], r["S"])):  # stable: method order kept
-        group = (_shape_key(r), r["q_len"], r["S"])
-        if last is not None and group != last:
-            t.add_section()
-        head, last = ([str(g) for g in group] if group != last else ["", "", ""]), group
-        num = lambda x, fmt: "-" if x is None else format(x, fmt)  # noqa: E731
-        t.add_row(*head, r["method"], str(r["keys_read"]), num(r["median_ms"], ".4f"), num(r["pct_of_floor"], ".0f"),
-                  num(r.get("host_ms"), ".4f"), (r["error"] or "")[:60])
-    return t
-
-
-def plot(result: dict, png_path) -> None:
-    """Median ms against S, log-log: one panel per (shape, q_len), one line per method, and the
-    full cache's HBM floor dashed. Written atomically (temp file in the same folder, then rename)."""
-    from matplotlib.figure import Figure  # no pyplot: no global backend state
-
-    rows = result["rows"]
-    shapes, q_lens = sorted({(r["Hq"], r["Hkv"], r["D"]) for r in rows}), sorted({r["q_len"] for r in rows})
-    itemsize = getattr(torch, result["dtype"]).itemsize
-    fig = Figure(figsize=(5 * len(q_lens), 4 * len(shapes)), layout="constrained")
-    axes = fig.subplots(len(shapes), len(q_lens), squeeze=False)
-    for i, (Hq, Hkv, D) in enumerate(shapes):
-        for j, q_len in enumerate(q_lens):
-            ax = axes[i][j]
-            cell = [r for r in rows if (r["Hq"], r["Hkv"], r["D"], r["q_len"]) == (Hq, Hkv, D, q_len)]
-            for m in result["methods"]:
-                pts = sorted((r["S"], r["median_ms"]) for r in cell if r["method"] == m and r["median_ms"])
-                if pts:
-                    ax.plot(*zip(*pts), marker="o", label=m)
-            Ss = sorted({r["S"] for r in cell})
-            floor = [_nbytes("full", S, Hq, Hkv, D, q_len, itemsize) / result["copy_bandwidth_gbs"] / 1e6 for S in Ss]
-            ax.plot(Ss, floor, "k--", label="HBM floor, full cache")
-            ax.set(xscale="log", yscale="log", title=f"Hq {Hq} / Hkv {Hkv} / D {D}, q_len {q_len}",
-                   xlabel="context S (keys)", ylabel="median ms")
-            ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].legend(fontsize="small")
-    fig.suptitle(f"Attention time vs context, {result['dtype']}, sink {result['n_sink']} + window {result['window']}")
-    with atomic_path(png_path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-

@@ -194,6 +194,7 @@ def _bench_attention(args: argparse.Namespace) -> int:
     dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
     if device.type == "cuda":  # the kernel sweep (wmtp/bench_attention.py)
         from . import bench_attention as ba
+        from . import bench_report
 
         slug = "h200" if "H200" in torch.cuda.get_device_name(device) else "cuda"
         out = args.out or Path("metrics") / f"bench-attention-{slug}.json"
@@ -204,11 +205,11 @@ def _bench_attention(args: argparse.Namespace) -> int:
                               "--out", str(out), "--plot", str(png)])
         result = ba.sweep(device, contexts=contexts, dtype=getattr(torch, dtype), methods=methods,
                           rep_ms=args.rep_ms, command=command)
-        Console(width=160).print(ba.table(result))
+        Console(width=160).print(bench_report.table(result))
         write_json(out, result)
         err = Console(stderr=True)
         try:
-            ba.plot(result, png)
+            bench_report.plot(result, png)
             wrote = f"{out} and {png}"
         except Exception as e:  # the JSON is written; a missing matplotlib must not hide it
             wrote = f"{out} (no plot: {type(e).__name__}: {e})"

@@ -239,7 +239,7 @@ class OracleDraft:
         index = int(last - self.SENTINEL) + 1 if last >= self.SENTINEL else 0
         t = int(pos[-1])
         truth = int(self.seq[t + 2]) if t + 2 < len(self.seq) else 0
-        logits = torch.zeros(1, hidden.shape[1], self.vocab, dtype=hidden.dtype)
+        logits = torch.zeros(1, hidden.shape[1], self.vocab, dtype=hidden.dtype, device=hidden.device)
         logits[0, -1, truth if index < self.j else (truth + 1) % self.vocab] = 1.0
         return logits, torch.full_like(hidden, self.SENTINEL + index)
 

@@ -64,7 +64,7 @@ def render(json_path: str | Path, png_path: str | Path | None = None) -> Path:
     if isinstance(m, dict) and "contexts" in m and "draft_attention" in m:
         plot_reproduction(m, png_path)
     elif isinstance(m, dict) and "rows" in m and "methods" in m:
-        from .bench_attention import plot
+        from .bench_report import plot
 
         plot(m, png_path)
     else:

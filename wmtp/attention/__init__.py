@@ -22,7 +22,7 @@ from .paged import paged_attention_torch
 from .reference import attention_torch
 
 IMPLS = ("auto", "torch", "triton")
-TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 TRITON_HEAD_DIMS = (16, 32, 64, 128, 256)
 
 __all__ = ["attention", "paged_attention", "resolve_impl", "IMPLS"]
@@ -40,7 +40,7 @@ def _triton_importable() -> bool:
 def _triton_unsupported(dtype: torch.dtype | None, head_dim: int | None) -> str | None:
     """Why the Triton kernel cannot take these inputs, or ``None`` if it can."""
     if dtype is not None and dtype not in TRITON_DTYPES:
-        return f"dtype {dtype} (the kernel takes float16, bfloat16 or float32)"
+        return f"dtype {dtype} (the kernel takes float16, bfloat16, float32 or float64)"
     if head_dim is not None and head_dim not in TRITON_HEAD_DIMS:
         return f"head_dim {head_dim} (the kernel takes {', '.join(map(str, TRITON_HEAD_DIMS))})"
     return None
@@ -77,7 +77,7 @@ def resolve_impl(impl: str, device: torch.device | str, dtype: torch.dtype | Non
     return "triton"
 
 
-def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor) -> None:
+def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, check_values: bool) -> None:
     if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape:
         raise ValueError(f"expected q (B, Hq, Lq, D) and k, v (B, Hkv, S, D); got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
@@ -86,8 +86,16 @@ def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torc
         raise ValueError(f"q {tuple(q.shape)} does not fit k {tuple(k.shape)} (batch, head_dim, Hq % Hkv)")
     if q_pos.shape != (Lq,):
         raise ValueError(f"q_pos must have shape ({Lq},), got {tuple(q_pos.shape)}")
-    if Lq and (int(q_pos.min()) < 0 or int(q_pos.max()) >= k.shape[2]):
+    if Lq and check_values and (int(q_pos.min()) < 0 or int(q_pos.max()) >= k.shape[2]):
         raise ValueError(f"query positions must lie in [0, {k.shape[2]}), got [{int(q_pos.min())}, {int(q_pos.max())}]")
+
+
+def _reads_positions(impl: str, q_pos: torch.Tensor) -> bool:
+    """NOTE [Host sync]: query positions are range-checked on the host when that costs no wait:
+    always for the reference (it reads them anyway) and for positions given in host memory. The
+    Triton path with positions already on the GPU is not checked, so a call never waits for the
+    device; the kernel clamps positions to the cache, so a bad one cannot read outside it."""
+    return impl == "torch" or q_pos.device.type == "cpu"
 
 
 def attention(
@@ -104,8 +112,9 @@ def attention(
     Args:
         q: ``(B, Hq, Lq, D)`` queries.
         k, v: ``(B, Hkv, S, D)`` position-indexed keys and values (``Hq % Hkv == 0``).
-        q_pos: ``(Lq,)`` LongTensor of absolute query positions; queries are causal among
-            themselves through the key-set formula.
+        q_pos: ``(Lq,)`` LongTensor of absolute query positions, in ``[0, S)``; queries are causal
+            among themselves through the key-set formula. Checked unless they are on the GPU and
+            ``impl`` resolves to ``"triton"`` (NOTE [Host sync] in ``_reads_positions``).
         n_sink: sink keys (``None`` = 0).
         window: recent keys including the query's own (``None`` = full causal set).
         impl: ``"auto"``, ``"torch"`` or ``"triton"``.
@@ -114,9 +123,11 @@ def attention(
         ``(B, Hq, Lq, D)`` tensor in ``q.dtype``.
     """
     check_key_set_args(n_sink, window)
-    q_pos = torch.as_tensor(q_pos, dtype=torch.long, device=q.device)
-    _check_shapes(q, k, v, q_pos)
-    if resolve_impl(impl, q.device, q.dtype, q.shape[-1]) == "triton":
+    impl = resolve_impl(impl, q.device, q.dtype, q.shape[-1])
+    q_pos = torch.as_tensor(q_pos, dtype=torch.long)  # (Lq,) where it was given
+    _check_shapes(q, k, v, q_pos, check_values=_reads_positions(impl, q_pos))
+    q_pos = q_pos.to(q.device)
+    if impl == "triton":
         from .triton_attention import attention_triton
 
         return attention_triton(q, k, v, q_pos, n_sink, window)
@@ -150,7 +161,8 @@ def paged_attention(
         ``(B, Hq, Lq, D)`` tensor in ``q.dtype``.
     """
     check_key_set_args(n_sink, window)
-    q_pos = torch.as_tensor(q_pos, dtype=torch.long, device=q.device)
+    impl = resolve_impl(impl, q.device, q.dtype, q.shape[-1])
+    q_pos = torch.as_tensor(q_pos, dtype=torch.long)  # (Lq,) where it was given
     if k_pages.dim() != 4 or v_pages.shape != k_pages.shape or block_table.dim() != 2:
         raise ValueError(f"expected k_pages, v_pages (num_pages, page_size, Hkv, D) and block_table (B, max_pages); "
                          f"got {tuple(k_pages.shape)}, {tuple(v_pages.shape)}, {tuple(block_table.shape)}")
@@ -160,8 +172,9 @@ def paged_attention(
     capacity = block_table.shape[1] * k_pages.shape[1]  # positions the block table can address
     # The logical (B, Hkv, capacity, D) shape the contiguous checks apply to.
     logical = torch.empty(B, Hkv, capacity, k_pages.shape[3], device="meta")
-    _check_shapes(q, logical, logical, q_pos)
-    if resolve_impl(impl, q.device, q.dtype, q.shape[-1]) == "triton":
+    _check_shapes(q, logical, logical, q_pos, check_values=_reads_positions(impl, q_pos))
+    q_pos = q_pos.to(q.device)
+    if impl == "triton":
         from .triton_attention import paged_attention_triton
 
         return paged_attention_triton(q, k_pages, v_pages, block_table, q_pos, n_sink, window)

@@ -21,8 +21,9 @@ Design (STYLE.md lesson 4):
   Each range is three loops (masked, unmasked, masked) like the ``STAGE`` split of Triton's
   fused-attention tutorial.
 - Split-K: the concatenated blocks of both ranges are cut into ``n_splits`` runs of whole
-  blocks; each program writes fp32 partials ``(m, l, acc)`` and ``_merge_kernel`` combines them
-  with log-sum-exp. With one split the attention kernel writes the output itself.
+  blocks; each program writes partials ``(m, l, acc)`` of its real rows and ``_merge_kernel``
+  combines them with log-sum-exp, one program per output row, many splits per load. With one
+  split the attention kernel writes the output itself.
 - Any ``q_pos`` is correct (masks use each row's own position); scattered positions only widen
   the recent range and mask more blocks. A tile holds at most ``max_rows(D) = min(MAX_ROWS,
   MAX_TILE // D)`` rows (the fp32 accumulator must fit in registers); a longer query block
@@ -32,7 +33,7 @@ Design (STYLE.md lesson 4):
 NOTE [Host sync]: none. The launcher never reads a device tensor: the grid, ``n_splits``, tile
 sizes and query chunks come from shapes and Python ints only, so a call is asynchronous and
 CUDA-graph capturable. Each program loads the tile's positions, takes ``t_min``/``t_max`` and
-computes on device what ``key_plan`` computes on the host (the two ranges, their blocks, the
+computes on device what ``key_plan`` (attention/plan.py) computes on the host (the two ranges, their blocks, the
 unmasked blocks, its share ``cdiv(n_blk, n_splits)`` of the blocks). ``n_splits`` is chosen
 from an upper bound of the key count, ``min(S, n_sink + window + Lq - 1)`` (``S`` for the full
 set; exact for consecutive positions): a split left without keys writes ``m = -inf, l = 0``.
@@ -42,25 +43,23 @@ NOTE [Reads]: a MASKED block loads only the keys and values that some row of the
 (``kread``; the block table is read for the whole range), so a cache row outside the union of the
 key sets is never loaded, and NaN there cannot reach the output.
 
-NOTE [Precision]: ``tl.dot`` accumulates in fp32; softmax runs in the log2 domain
-(``qk_scale = log2(e) / sqrt(D)``, ``exp2``). fp32 inputs use ``input_precision="ieee"`` (no
-tf32). fp16/bf16 use native tensor-core dots; under the CPU interpreter, which cannot multiply
-bf16, bf16 tiles are upcast to fp32 after loading (``UPCAST``).
+NOTE [Precision]: ``tl.dot`` accumulates in fp32 (fp64 for fp64 inputs, which the GPU
+losslessness tests use: decode.py NOTE [Exactness]); softmax runs in the log2 domain
+(``qk_scale = log2(e) / sqrt(D)``, computed in the kernel in the accumulator's dtype, ``exp2``).
+fp32 and fp64 inputs use ``input_precision="ieee"`` (no tf32). fp16/bf16 use native tensor-core
+dots; under the CPU interpreter, which cannot multiply bf16, bf16 tiles are upcast to fp32 after
+loading (``UPCAST``).
 """
 
 from __future__ import annotations
 
 import functools
-import math
-from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from ..keyset import key_ranges
-
-__all__ = ["attention_triton", "paged_attention_triton", "key_plan"]
+__all__ = ["attention_triton", "paged_attention_triton"]
 
 MAX_ROWS = 256  # most query rows (group * Lq) in one tile; longer query blocks (prefill) are chunked
 MAX_TILE = 128 * 128  # most elements of the (rows, D) fp32 accumulator: 64 KiB of registers
@@ -74,7 +73,7 @@ def _attend(acc, m_i, l_i, q, t,  # running (BLOCK_M, D) fp32 sum, (BLOCK_M,) ma
             bt_row,  # pointer to the block-table row of this sequence (paged only)
             stride_outer, stride_pos, stride_d,  # K/V strides: batch or page, position or page row, head dim
             lo, hi, blk_a, blk_b,  # range [lo, hi) of key positions; this loop runs its blocks [blk_a, blk_b)
-            n_sink, window, qk_scale,
+            n_sink, window, qk_scale,  # qk_scale: a scalar of the accumulator's dtype
             BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
             MASKED: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     offs_n = tl.arange(0, BLOCK_N)
@@ -111,7 +110,7 @@ def _attend(acc, m_i, l_i, q, t,  # running (BLOCK_M, D) fp32 sum, (BLOCK_M,) ma
         p = tl.math.exp2(s - m_use[:, None])  # (BLOCK_M, BLOCK_N)
         alpha = tl.math.exp2(m_i - m_use)  # (BLOCK_M,)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION, out_dtype=acc.dtype)
         m_i = m_new
     return acc, m_i, l_i
 
@@ -166,18 +165,19 @@ def _attention_kernel(
     BT,  # (B, max_pages) int32 block table (paged only; any tensor otherwise)
     QPOS,  # (Lq,) absolute query positions (int64)
     Out,  # (B, Hq, Lq, D) output in q.dtype (written when n_splits == 1)
-    PM, PL, PACC,  # fp32 partials: (B*Hkv, n_splits, BLOCK_M) max and denominator, (..., BLOCK_M, D) sums
+    PM, PL, PACC,  # partials (accumulator dtype): (B*Hkv, n_splits, BLOCK_M) max and denominator, (..., D) sums
     stride_qb, stride_qh, stride_ql, stride_qd,
     stride_kouter, stride_kpos, stride_kh, stride_kd,  # batch|page, position|page row, kv head, head dim
     stride_btb,
     stride_ob, stride_oh, stride_ol, stride_od,
-    Hkv, Lq, n_sink, window, qk_scale, n_splits,  # window=None runs as n_sink = 0, window = FULL
+    Hkv, Lq, capacity, n_sink, window, n_splits,  # capacity: key positions of the cache; window=None: FULL
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, ACC: tl.constexpr,  # ACC: accumulator dtype, float64 for float64 inputs
 ):
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
+    qk_scale = tl.full([], 1.4426950408889634, ACC) / tl.sqrt(tl.full([], HEAD_DIM, ACC))  # log2(e) / sqrt(D)
     b = pid_bh // Hkv
     kvh = pid_bh % Hkv
     rows = tl.arange(0, BLOCK_M)  # row r = (query head r // Lq, query r % Lq)
@@ -187,6 +187,7 @@ def _attention_kernel(
     if UPCAST:
         q = q.to(tl.float32)
     t = tl.load(QPOS + rows % Lq).to(tl.int32)  # (BLOCK_M,) padding rows repeat a real query's position
+    t = tl.minimum(t, capacity - 1)  # NOTE [Host sync]: positions are not checked on the host; never read past S
 
     sink_hi, n_blk_sink, sink_u2, rec_lo, rec_hi, n_blk_rec, rec_u1, rec_u2 = _key_plan(
         tl.min(t, 0), tl.max(t, 0), n_sink, window, BLOCK_N)  # NOTE [Host sync]: planned on device
@@ -201,9 +202,9 @@ def _attention_kernel(
         v_base = V + b.to(tl.int64) * stride_kouter + kvh * stride_kh
         bt_row = BT
 
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), ACC)
+    l_i = tl.zeros([BLOCK_M], ACC)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], ACC)
     # this split's blocks [start, end) of the concatenation (sink blocks, recent blocks)
     start = pid_s * blocks_per_split
     end = start + blocks_per_split
@@ -217,11 +218,12 @@ def _attention_kernel(
                                   rec_u1, rec_u2, n_sink, window, qk_scale,
                                   BLOCK_N, HEAD_DIM, PAGE_SIZE, PAGED, UPCAST, PRECISION)
 
-    if SPLIT:  # partials of this split; a split without keys stores m = -inf, l = 0, acc = 0
+    if SPLIT:  # partials of this split's real rows; a split without keys stores m = -inf, l = 0, acc = 0
         part = (pid_bh * n_splits + pid_s) * BLOCK_M + rows  # (BLOCK_M,)
-        tl.store(PM + part, m_i)
-        tl.store(PL + part, l_i)
-        tl.store(PACC + part[:, None] * HEAD_DIM + offs_d[None, :], acc)
+        real = rows < GROUP * Lq
+        tl.store(PM + part, m_i, mask=real)
+        tl.store(PL + part, l_i, mask=real)
+        tl.store(PACC + part[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=real[:, None])
     else:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         _store_rows(Out, out, rows, b, kvh, Lq, stride_ob, stride_oh, stride_ol, stride_od, GROUP, HEAD_DIM)
@@ -229,29 +231,39 @@ def _attention_kernel(
 
 @triton.jit
 def _merge_kernel(
-    PM, PL, PACC,  # fp32 partials written by _attention_kernel: (B*Hkv, n_splits, BLOCK_M[, D])
+    PM, PL, PACC,  # partials written by _attention_kernel: (B*Hkv, n_splits, BLOCK_M[, D])
     Out,  # (B, Hq, Lq, D) output in q.dtype
     stride_ob, stride_oh, stride_ol, stride_od,
     Hkv, Lq, n_splits,
-    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, HEAD_DIM: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr,
 ):
+    """One program per (batch * kv head, real tile row): the log-sum-exp merge of its ``n_splits``
+    partials, ``SPLIT_CHUNK`` splits per load, so the merge is a few wide loads, not a serial loop."""
     pid_bh = tl.program_id(0)
-    rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)  # (BLOCK_R,) rows of the tile
+    row = tl.program_id(1)  # a real row of the tile: query head kvh * GROUP + row // Lq, query row % Lq
+    offs_s = tl.arange(0, SPLIT_CHUNK)
     offs_d = tl.arange(0, HEAD_DIM)
-    base = pid_bh * n_splits * BLOCK_M + rows  # (BLOCK_R,) rows of split 0
-    m = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    for s in range(n_splits):
-        m = tl.maximum(m, tl.load(PM + base + s * BLOCK_M))
+    base = pid_bh * n_splits * BLOCK_M + row  # this row in split 0; split s is at base + s * BLOCK_M
+    m_max = tl.full([SPLIT_CHUNK], float("-inf"), PM.dtype.element_ty)
+    for c in range(0, n_splits, SPLIT_CHUNK):
+        s = c + offs_s  # (SPLIT_CHUNK,)
+        m_max = tl.maximum(m_max, tl.load(PM + base + s * BLOCK_M, mask=s < n_splits, other=float("-inf")))
+    m = tl.max(m_max, 0)
     m = tl.where(m == float("-inf"), 0.0, m)
-    l_sum = tl.zeros([BLOCK_R], tl.float32)
-    acc = tl.zeros([BLOCK_R, HEAD_DIM], tl.float32)
-    for s in range(n_splits):  # log-sum-exp merge; an empty split has weight exp2(-inf) = 0
-        w = tl.math.exp2(tl.load(PM + base + s * BLOCK_M) - m)  # (BLOCK_R,)
-        l_sum += w * tl.load(PL + base + s * BLOCK_M)
-        acc += w[:, None] * tl.load(PACC + (base + s * BLOCK_M)[:, None] * HEAD_DIM + offs_d[None, :])
-    out = acc / tl.where(l_sum == 0.0, 1.0, l_sum)[:, None]
-    _store_rows(Out, out, rows, pid_bh // Hkv, pid_bh % Hkv, Lq, stride_ob, stride_oh, stride_ol, stride_od,
-                GROUP, HEAD_DIM)
+    l_sum = tl.zeros([SPLIT_CHUNK], PM.dtype.element_ty)
+    acc = tl.zeros([SPLIT_CHUNK, HEAD_DIM], PM.dtype.element_ty)
+    for c in range(0, n_splits, SPLIT_CHUNK):  # an empty (or masked) split has weight exp2(-inf) = 0
+        s = c + offs_s  # (SPLIT_CHUNK,)
+        ok = s < n_splits
+        w = tl.math.exp2(tl.load(PM + base + s * BLOCK_M, mask=ok, other=float("-inf")) - m)  # (SPLIT_CHUNK,)
+        l_sum += w * tl.load(PL + base + s * BLOCK_M, mask=ok, other=0.0)
+        part = tl.load(PACC + (base + s * BLOCK_M)[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0)
+        acc += w[:, None] * part  # (SPLIT_CHUNK, D)
+    denom = tl.sum(l_sum, 0)
+    out = tl.sum(acc, 0) / tl.where(denom == 0.0, 1.0, denom)  # (D,)
+    b, kvh = pid_bh // Hkv, pid_bh % Hkv
+    o_off = b.to(tl.int64) * stride_ob + (kvh * GROUP + row // Lq) * stride_oh + (row % Lq) * stride_ol
+    tl.store(Out + o_off + offs_d * stride_od, out.to(Out.dtype.element_ty))
 
 
 @functools.lru_cache(maxsize=None)
@@ -259,52 +271,13 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
-class KeyPlan(NamedTuple):
-    """The key blocks of a tile of queries at positions ``t_min .. t_max`` (host side)."""
-
-    sink_hi: int  # sink range [0, sink_hi)
-    n_blk_sink: int  # its blocks of BLOCK_N keys
-    sink_u1: int  # its blocks [sink_u1, sink_u2) are read by every query: no mask
-    sink_u2: int
-    rec_lo: int  # recent range [rec_lo, rec_hi), disjoint from the sink range
-    rec_hi: int
-    n_blk_rec: int
-    rec_u1: int  # unmasked blocks of the recent range
-    rec_u2: int
-
-
-def _unmasked_blocks(lo: int, hi: int, f_lo: int, f_hi: int, block_n: int) -> tuple[int, int, int]:
-    """Blocks of range ``[lo, hi)`` and the interval ``[u1, u2)`` of them inside ``[f_lo, f_hi)``."""
-    n_blk = triton.cdiv(hi - lo, block_n)
-    u1 = min(max(0, -((lo - f_lo) // block_n)), n_blk)  # first block starting at or after f_lo
-    u2 = min(max(u1, (min(f_hi, hi) - lo) // block_n), n_blk)  # blocks ending at or before f_hi
-    return n_blk, u1, u2
-
-
-def key_plan(t_min: int, t_max: int, n_sink: int | None, window: int | None, block_n: int) -> KeyPlan:
-    """Key ranges for queries in ``[t_min, t_max]``: their union, blocked, and the unmasked blocks.
-
-    The host-side reference of ``_key_plan``, which the kernel runs on device (the launcher never
-    calls this: NOTE [Host sync]); tests check the two agree.
-
-    The ranges are the union of the key sets of wmtp/keyset.py; a block is unmasked when all its
-    keys lie in the intersection of the key sets of every position in ``[t_min, t_max]``.
-    """
-    (_, sink_hi), _ = key_ranges(t_max, n_sink, window)  # union: sinks of the last query...
-    _, (rec_lo, _) = key_ranges(t_min, n_sink, window)  # ...and the recent range from the first
-    rec_lo, rec_hi = max(rec_lo, sink_hi), t_max + 1
-    (_, full_sink_hi), _ = key_ranges(t_min, n_sink, window)  # intersection: sinks of the first...
-    _, (full_rec_lo, _) = key_ranges(t_max, n_sink, window)  # ...and [recent start of the last, t_min]
-    n_blk_sink, sink_u1, sink_u2 = _unmasked_blocks(0, sink_hi, 0, full_sink_hi, block_n)
-    n_blk_rec, rec_u1, rec_u2 = _unmasked_blocks(rec_lo, rec_hi, full_rec_lo, t_min + 1, block_n)
-    return KeyPlan(sink_hi, n_blk_sink, sink_u1, sink_u2, rec_lo, rec_hi, n_blk_rec, rec_u1, rec_u2)
-
-
-def _launch(q, k, v, block_table, page_size, q_pos, n_sink, window, num_splits, block_n):
+def _launch(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning):
     """Run the kernels for one block of queries; k, v strides are (outer, position, head, dim).
 
     Sync-free (NOTE [Host sync]): everything decided here comes from shapes and Python ints.
+    ``tuning`` holds the optional overrides ``num_splits, block_n, num_warps, num_stages``.
     """
+    num_splits, block_n, num_warps, num_stages = tuning
     B, Hq, Lq, D = q.shape
     Hkv = k.shape[2]  # k is (outer, position, Hkv, D) in both layouts
     group = Hq // Hkv
@@ -319,39 +292,44 @@ def _launch(q, k, v, block_table, page_size, q_pos, n_sink, window, num_splits, 
         num_splits = max(1, min(want, n_blk // MIN_BLOCKS_PER_SPLIT))
         num_splits = triton.cdiv(n_blk, triton.cdiv(n_blk, num_splits))  # drop splits left empty
     window = FULL if window is None else min(window, FULL)  # the same key set for positions < FULL
+    fp64 = q.dtype == torch.float64
+    acc_dtype = torch.float64 if fp64 else torch.float32
 
     out = torch.empty_like(q, memory_format=torch.contiguous_format)  # (B, Hq, Lq, D)
     split = num_splits > 1
-    if split:  # one fp32 workspace: m, l (B*Hkv, n_splits, BLOCK_M) and acc (B*Hkv, n_splits, BLOCK_M, D)
+    if split:  # one workspace: m, l (B*Hkv, n_splits, BLOCK_M) and acc (B*Hkv, n_splits, BLOCK_M, D)
         n = B * Hkv * num_splits * BLOCK_M
-        ws = torch.empty(n * (D + 2), device=q.device, dtype=torch.float32)
+        ws = torch.empty(n * (D + 2), device=q.device, dtype=acc_dtype)
         pm, pl, pacc = ws[:n], ws[n : 2 * n], ws[2 * n :]
     else:  # the kernel writes `out` itself; the partial pointers are unused
         pm = pl = pacc = out
     bt = block_table if block_table is not None else q_pos
-    num_warps = 8 if BLOCK_M * D >= 128 * 128 else 4
+    if num_warps is None:
+        num_warps = 8 if BLOCK_M * D >= 128 * 128 else 4
+    stages = {} if num_stages is None else {"num_stages": num_stages}
     _attention_kernel[(B * Hkv, num_splits)](
         q, k, v, bt, q_pos, out, pm, pl, pacc,
         *q.stride(), *k.stride(), bt.stride(0), *out.stride(),
-        Hkv, Lq, n_sink, window, D**-0.5 * math.log2(math.e), num_splits,
+        Hkv, Lq, capacity, n_sink, window, num_splits,
         GROUP=group, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=D, PAGE_SIZE=page_size,
         PAGED=block_table is not None, SPLIT=split,
         UPCAST=q.device.type == "cpu" and q.dtype == torch.bfloat16,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=num_warps,
+        PRECISION="ieee" if q.dtype in (torch.float32, torch.float64) else "tf32",
+        ACC=tl.float64 if fp64 else tl.float32, num_warps=num_warps, **stages,
     )
     if split:
-        BLOCK_R = min(BLOCK_M, 32)
-        _merge_kernel[(B * Hkv, BLOCK_M // BLOCK_R)](
+        chunk = min(triton.next_power_of_2(num_splits), max(1, 8192 // D))
+        _merge_kernel[(B * Hkv, group * Lq)](
             pm, pl, pacc, out, *out.stride(), Hkv, Lq, num_splits,
-            GROUP=group, BLOCK_M=BLOCK_M, BLOCK_R=BLOCK_R, HEAD_DIM=D, num_warps=4,
+            GROUP=group, BLOCK_M=BLOCK_M, SPLIT_CHUNK=chunk, HEAD_DIM=D, num_warps=4,
         )
     return out
 
 
 def _check(q, k, v, q_pos):
     assert q.device == k.device == v.device == q_pos.device, "all tensors must be on one device"
-    assert q.dtype == k.dtype == v.dtype and q.dtype in (torch.float16, torch.bfloat16, torch.float32), \
-        f"q, k, v must share one dtype of fp16/bf16/fp32, got {q.dtype}, {k.dtype}, {v.dtype}"
+    assert q.dtype == k.dtype == v.dtype and q.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64), \
+        f"q, k, v must share one dtype of fp16/bf16/fp32/fp64, got {q.dtype}, {k.dtype}, {v.dtype}"
     assert k.shape == v.shape and k.stride() == v.stride(), "k and v must have one shape and one layout"
     D = q.shape[-1]
     assert D in (16, 32, 64, 128, 256), f"head_dim must be a power of two in [16, 256], got {D}"
@@ -370,35 +348,40 @@ def _by_query_chunks(q, q_pos, group, run):
 
 
 def attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor,
-                     n_sink: int | None = None, window: int | None = None,
-                     num_splits: int | None = None, block_n: int | None = None) -> torch.Tensor:
+                     n_sink: int | None = None, window: int | None = None, *,
+                     num_splits: int | None = None, block_n: int | None = None,
+                     num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
     """Sink+window (or full causal) attention over a contiguous cache; semantics of ``attention_torch``.
 
     Args:
         q: ``(B, Hq, Lq, D)`` queries (fp16, bf16 or fp32; ``D`` a power of two, 16..256).
         k, v: ``(B, Hkv, S, D)`` position-indexed keys and values, any strides (head dim contiguous).
-        q_pos: ``(Lq,)`` LongTensor of absolute query positions, each ``< S``.
+        q_pos: ``(Lq,)`` LongTensor of absolute query positions, each ``< S`` (not checked here,
+            which would need a host sync; the kernel clamps them so that it never reads past S).
         n_sink: sink keys (``None`` = 0).
         window: recent keys including the query's own (``None`` = full causal set).
         num_splits: split-K programs per (batch, kv head); ``None`` picks from the SM count.
         block_n: keys per block (tests use small blocks); ``None`` picks from ``D``.
+        num_warps, num_stages: Triton launch options; ``None`` picks (scripts/tune_attention.py tunes them).
 
     Returns:
         ``(B, Hq, Lq, D)`` in ``q.dtype``.
     """
     _check(q, k, v, q_pos)
+    tuning = (num_splits, block_n, num_warps, num_stages)
     kt, vt = k.transpose(1, 2), v.transpose(1, 2)  # views (B, S, Hkv, D): strides (batch, pos, head, dim)
 
     def run(q_chunk, pos_chunk):
-        return _launch(q_chunk, kt, vt, None, 1, pos_chunk, n_sink, window, num_splits, block_n)
+        return _launch(q_chunk, kt, vt, None, 1, pos_chunk, n_sink, window, tuning)
 
     return _by_query_chunks(q, q_pos, q.shape[1] // k.shape[1], run)
 
 
 def paged_attention_triton(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                            block_table: torch.Tensor, q_pos: torch.Tensor,
-                           n_sink: int | None = None, window: int | None = None,
-                           num_splits: int | None = None, block_n: int | None = None) -> torch.Tensor:
+                           n_sink: int | None = None, window: int | None = None, *,
+                           num_splits: int | None = None, block_n: int | None = None,
+                           num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
     """Sink+window (or full causal) attention over a paged cache, read in place through the block table.
 
     Args:
@@ -406,16 +389,16 @@ def paged_attention_triton(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
         k_pages, v_pages: ``(num_pages, page_size, Hkv, D)``; position ``p`` of sequence ``b`` is
             row ``p % page_size`` of page ``block_table[b, p // page_size]``.
         block_table: ``(B, max_pages)`` int32.
-        q_pos, n_sink, window, num_splits, block_n: as in ``attention_triton``.
+        q_pos, n_sink, window, num_splits, block_n, num_warps, num_stages: as in ``attention_triton``.
 
     Returns:
         ``(B, Hq, Lq, D)`` in ``q.dtype``.
     """
     _check(q, k_pages, v_pages, q_pos)
     assert block_table.dtype == torch.int32 and block_table.device == q.device, "block_table: int32 on q's device"
+    tuning = (num_splits, block_n, num_warps, num_stages)
 
     def run(q_chunk, pos_chunk):
-        return _launch(q_chunk, k_pages, v_pages, block_table, k_pages.shape[1], pos_chunk, n_sink, window,
-                       num_splits, block_n)
+        return _launch(q_chunk, k_pages, v_pages, block_table, k_pages.shape[1], pos_chunk, n_sink, window, tuning)
 
     return _by_query_chunks(q, q_pos, q.shape[1] // k_pages.shape[2], run)

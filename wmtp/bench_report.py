@@ -1,0 +1,110 @@
+"""Reading an attention sweep (wmtp/bench_attention.py): the issue's bars, a rich table, a PNG.
+
+The bars are the kernel issue's targets for arXiv 2607.21535's draft-KV tax on a GPU: (a) the
+windowed draft kernel, one query, flat in the context and under ``DRAFT_MAX_MS``; (b) the full
+verify kernel at the largest context within ``VERIFY_MIN_PCT`` of the HBM floor.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .fileio import atomic_path
+
+DRAFT_MAX_MS = 0.012  # bar (a): triton_window, q_len 1, at every S
+DRAFT_MAX_GROWTH = 0.10  # bar (a): its time at the largest S within 10% of the smallest S's
+VERIFY_MIN_PCT = 85.0  # bar (b): triton_full at the largest S, percent of the HBM floor
+
+
+def _shape_key(r: dict) -> str:
+    return f"Hq{r['Hq']}/Hkv{r['Hkv']}/D{r['D']}"
+
+
+def bars(rows: list[dict]) -> dict:
+    """The issue's targets, evaluated from the rows; a missing or failed row leaves its bar unmet.
+
+    (a) ``triton_window``, q_len 1, every shape: max median over S <= ``DRAFT_MAX_MS`` ms, and the
+    median at the largest S within ``DRAFT_MAX_GROWTH`` of the smallest S's. (b) ``triton_full``,
+    q_len 1 and 8, every shape, at the largest S: ``pct_of_floor >= VERIFY_MIN_PCT``.
+    """
+    def pick(method: str, shape: str, q_len: int) -> list[dict]:
+        return sorted((r for r in rows if r["method"] == method and _shape_key(r) == shape and r["q_len"] == q_len),
+                      key=lambda r: r["S"])
+
+    shapes = sorted({_shape_key(r) for r in rows})
+    s_max = max((r["S"] for r in rows), default=None)
+    draft, verify = {}, {}
+    for shape in shapes:
+        rs = pick("triton_window", shape, 1)
+        ms = [r["median_ms"] for r in rs]
+        ok = bool(ms) and None not in ms
+        draft[shape] = {"ms_by_S": {str(r["S"]): r["median_ms"] for r in rs}, "max_ms": max(ms) if ok else None,
+                        "growth_largest_vs_smallest_S": ms[-1] / ms[0] - 1 if ok else None,
+                        "met": ok and max(ms) <= DRAFT_MAX_MS and ms[-1] <= (1 + DRAFT_MAX_GROWTH) * ms[0]}
+        for q_len in (1, 8):
+            pct = next((r["pct_of_floor"] for r in pick("triton_full", shape, q_len) if r["S"] == s_max), None)
+            verify[f"{shape} q_len={q_len}"] = {"pct_of_floor": pct, "met": pct is not None and pct >= VERIFY_MIN_PCT}
+    return {"draft_window_flat": {"description": "triton_window, q_len 1: max median over S; growth from the "
+                                  "smallest to the largest S", "values": draft,
+                                  "threshold": {"max_ms": DRAFT_MAX_MS, "max_growth": DRAFT_MAX_GROWTH},
+                                  "met": bool(draft) and all(e["met"] for e in draft.values())},
+            "verify_at_hbm_floor": {"description": "triton_full, q_len 1 and 8, at the largest S: percent of the "
+                                    "HBM floor", "values": verify,
+                                    "threshold": {"min_pct_of_floor": VERIFY_MIN_PCT, "S": s_max},
+                                    "met": bool(verify) and all(e["met"] for e in verify.values())}}
+
+
+def table(result: dict):
+    """A ``rich`` table of the rows, one section per (shape, q_len, S)."""
+    from rich.table import Table
+
+    t = Table(title=f"Attention, {result['dtype']}, sink {result['n_sink']} + window {result['window']}; "
+              f"HBM copy {result['copy_bandwidth_gbs']:.0f} GB/s")
+    for col in ("shape", "q_len", "S", "method", "keys", "median ms", "% of floor", "graph ms", "host ms", "error"):
+        t.add_column(col, justify="left" if col in ("method", "error") else "right")
+    last = None
+    for r in sorted(result["rows"], key=lambda r: (_shape_key(r), r["q_len"], r["S"])):  # stable: method order kept
+        group = (_shape_key(r), r["q_len"], r["S"])
+        if last is not None and group != last:
+            t.add_section()
+        head, last = ([str(g) for g in group] if group != last else ["", "", ""]), group
+        num = lambda x, fmt: "-" if x is None else format(x, fmt)  # noqa: E731
+        t.add_row(*head, r["method"], str(r["keys_read"]), num(r["median_ms"], ".4f"), num(r["pct_of_floor"], ".0f"),
+                  num(r.get("graph_ms"), ".4f"), num(r.get("host_ms"), ".4f"), (r["error"] or "")[:60])
+    return t
+
+
+def plot(result: dict, png_path) -> None:
+    """Median ms against S, log-log: one panel per (shape, q_len), one line per method, and the
+    full cache's HBM floor dashed. Written atomically (temp file in the same folder, then rename)."""
+    from matplotlib.figure import Figure  # no pyplot: no global backend state
+
+    rows = result["rows"]
+    shapes, q_lens = sorted({(r["Hq"], r["Hkv"], r["D"]) for r in rows}), sorted({r["q_len"] for r in rows})
+    itemsize = getattr(torch, result["dtype"]).itemsize
+    fig = Figure(figsize=(5 * len(q_lens), 4 * len(shapes)), layout="constrained")
+    axes = fig.subplots(len(shapes), len(q_lens), squeeze=False)
+    for i, (Hq, Hkv, D) in enumerate(shapes):
+        for j, q_len in enumerate(q_lens):
+            ax = axes[i][j]
+            cell = [r for r in rows if (r["Hq"], r["Hkv"], r["D"], r["q_len"]) == (Hq, Hkv, D, q_len)]
+            for m in result["methods"]:
+                pts = sorted((r["S"], r["median_ms"]) for r in cell if r["method"] == m and r["median_ms"])
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", label=m)
+            Ss = sorted({r["S"] for r in cell})
+            floor = [_full_cache_bytes(S, Hq, Hkv, D, q_len, itemsize) / result["copy_bandwidth_gbs"] / 1e6 for S in Ss]
+            ax.plot(Ss, floor, "k--", label="HBM floor, full cache")
+            ax.set(xscale="log", yscale="log", title=f"Hq {Hq} / Hkv {Hkv} / D {D}, q_len {q_len}",
+                   xlabel="context S (keys)", ylabel="median ms")
+            ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize="small")
+    fig.suptitle(f"Attention time vs context, {result['dtype']}, sink {result['n_sink']} + window {result['window']}")
+    with atomic_path(png_path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+
+
+
+def _full_cache_bytes(S: int, Hq: int, Hkv: int, D: int, q_len: int, itemsize: int) -> int:
+    """Bytes of K and V of ``S`` keys plus the queries and output: the full-cache HBM floor's numerator."""
+    return (2 * S * Hkv * D + 2 * Hq * q_len * D) * itemsize
