@@ -26,18 +26,24 @@ Design (STYLE.md lesson 4):
   split the attention kernel writes the output itself.
 - Any ``q_pos`` is correct (masks use each row's own position); scattered positions only widen
   the recent range and mask more blocks. A tile holds at most ``max_rows(D) = min(MAX_ROWS,
-  MAX_TILE // D)`` rows (the fp32 accumulator must fit in registers); a longer query block
+  MAX_TILE_BYTES // (4 * D))`` rows (half for fp64: the accumulator must fit in registers); a longer query block
   (prefill, or group 16 x 16 queries at D >= 128) is cut on the host into chunks of
   ``max_rows(D) // group`` queries, one launch each.
 
 NOTE [Host sync]: none. The launcher never reads a device tensor: the grid, ``n_splits``, tile
 sizes and query chunks come from shapes and Python ints only, so a call is asynchronous and
 CUDA-graph capturable. Each program loads the tile's positions, takes ``t_min``/``t_max`` and
-computes on device what ``key_plan`` (attention/plan.py) computes on the host (the two ranges, their blocks, the
-unmasked blocks, its share ``cdiv(n_blk, n_splits)`` of the blocks). ``n_splits`` is chosen
-from an upper bound of the key count, ``min(S, n_sink + window + Lq - 1)`` (``S`` for the full
-set; exact for consecutive positions): a split left without keys writes ``m = -inf, l = 0``.
+computes on device what ``key_plan`` (attention/plan.py) computes on the host (the two ranges,
+their blocks, the unmasked blocks, its share ``cdiv(n_blk, n_splits)`` of the blocks).
 ``window=None`` runs as ``n_sink = 0, window = FULL`` (larger than any position).
+
+NOTE [Launch]: ``n_blk`` is an upper bound of the key blocks from shapes, ``min(S, n_sink + window
++ Lq - 1)`` keys (``S`` for the full set; exact for consecutive positions); a split left without
+keys writes ``m = -inf, l = 0``. A long range (verify over S keys) gets one program per SM, each
+streaming its blocks through ``num_stages`` pipelined K/V buffers (as many as ``SMEM_BUDGET``
+holds, at most 4); a short one (the draft's sink + window) gets one block per program, up to four
+programs per SM, so its time is one block's memory latency, not a loop over blocks. Chosen from
+H200 runs of scripts/tune_attention.py (metrics/tune-attention-h200.json).
 
 NOTE [Reads]: a MASKED block loads only the keys and values that some row of the tile reads
 (``kread``; the block table is read for the whole range), so a cache row outside the union of the
@@ -62,8 +68,8 @@ import triton.language as tl
 __all__ = ["attention_triton", "paged_attention_triton"]
 
 MAX_ROWS = 256  # most query rows (group * Lq) in one tile; longer query blocks (prefill) are chunked
-MAX_TILE = 128 * 128  # most elements of the (rows, D) fp32 accumulator: 64 KiB of registers
-MIN_BLOCKS_PER_SPLIT = 4  # a split must have enough key blocks to amortise writing its partials
+MAX_TILE_BYTES = 128 * 128 * 4  # most bytes of the (rows, D) accumulator: 64 KiB of registers
+SMEM_BUDGET = 160 * 1024  # bytes of shared memory for the pipelined K/V blocks (H100/H200: 227 KiB)
 FULL = 1 << 30  # window=None: a window longer than any position (int32-safe: t - FULL does not wrap)
 
 
@@ -93,7 +99,7 @@ def _attend(acc, m_i, l_i, q, t,  # running (BLOCK_M, D) fp32 sum, (BLOCK_M,) ma
             krow = page.to(tl.int64) * stride_outer + (kpos % PAGE_SIZE) * stride_pos  # (BLOCK_N,)
         else:
             krow = kpos.to(tl.int64) * stride_pos  # (BLOCK_N,)
-        if MASKED:
+        if MASKED:  # K and V are both loaded before any arithmetic: two memory round trips overlap
             k = tl.load(k_base + krow[None, :] + offs_d[:, None] * stride_d, mask=kread[None, :], other=0.0)
             v = tl.load(v_base + krow[:, None] + offs_d[None, :] * stride_d, mask=kread[:, None], other=0.0)
         else:
@@ -268,7 +274,7 @@ def _merge_kernel(
 
 @functools.lru_cache(maxsize=None)
 def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _launch(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning):
@@ -281,18 +287,24 @@ def _launch(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning):
     B, Hq, Lq, D = q.shape
     Hkv = k.shape[2]  # k is (outer, position, Hkv, D) in both layouts
     group = Hq // Hkv
+    fp64 = q.dtype == torch.float64
     BLOCK_M = triton.next_power_of_2(max(16, group * Lq))
-    BLOCK_N = block_n or (64 if D <= 128 else 32)
+    BLOCK_N = block_n or (16 if fp64 and D >= 128 else 32 if fp64 or D > 128 else 64)
     capacity = k.shape[1] if block_table is None else block_table.shape[1] * page_size  # key positions
     n_sink = 0 if window is None else (n_sink or 0)
     n_keys = capacity if window is None else min(capacity, n_sink + window + Lq - 1)  # upper bound
     n_blk = triton.cdiv(n_keys, BLOCK_N) + (window is not None)  # two ranges: one more partial block
-    if num_splits is None:  # ~4 programs per SM overall, at least MIN_BLOCKS_PER_SPLIT blocks each
-        want = triton.cdiv(4 * _sm_count(q.device), B * Hkv)
-        num_splits = max(1, min(want, n_blk // MIN_BLOCKS_PER_SPLIT))
+    if num_splits is None and q.device.type != "cuda":  # the CPU interpreter runs programs one by one
+        num_splits = 1
+    if num_splits is None:  # NOTE [Launch]
+        one_per_sm = triton.cdiv(_sm_count(q.device), B * Hkv)
+        num_splits = one_per_sm if n_blk >= 4 * one_per_sm else min(n_blk, 4 * one_per_sm)
         num_splits = triton.cdiv(n_blk, triton.cdiv(n_blk, num_splits))  # drop splits left empty
+    if num_warps is None:
+        num_warps = 8 if BLOCK_M * D * (2 if fp64 else 1) > 128 * 128 else 4
+    if num_stages is None:  # as many K/V blocks in flight as the shared-memory budget holds, at most 4
+        num_stages = max(1, min(4, SMEM_BUDGET // (2 * BLOCK_N * D * q.element_size())))
     window = FULL if window is None else min(window, FULL)  # the same key set for positions < FULL
-    fp64 = q.dtype == torch.float64
     acc_dtype = torch.float64 if fp64 else torch.float32
 
     out = torch.empty_like(q, memory_format=torch.contiguous_format)  # (B, Hq, Lq, D)
@@ -304,9 +316,6 @@ def _launch(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning):
     else:  # the kernel writes `out` itself; the partial pointers are unused
         pm = pl = pacc = out
     bt = block_table if block_table is not None else q_pos
-    if num_warps is None:
-        num_warps = 8 if BLOCK_M * D >= 128 * 128 else 4
-    stages = {} if num_stages is None else {"num_stages": num_stages}
     _attention_kernel[(B * Hkv, num_splits)](
         q, k, v, bt, q_pos, out, pm, pl, pacc,
         *q.stride(), *k.stride(), bt.stride(0), *out.stride(),
@@ -315,7 +324,7 @@ def _launch(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning):
         PAGED=block_table is not None, SPLIT=split,
         UPCAST=q.device.type == "cpu" and q.dtype == torch.bfloat16,
         PRECISION="ieee" if q.dtype in (torch.float32, torch.float64) else "tf32",
-        ACC=tl.float64 if fp64 else tl.float32, num_warps=num_warps, **stages,
+        ACC=tl.float64 if fp64 else tl.float32, num_warps=num_warps, num_stages=num_stages,
     )
     if split:
         chunk = min(triton.next_power_of_2(num_splits), max(1, 8192 // D))
@@ -341,7 +350,8 @@ def _by_query_chunks(q, q_pos, group, run):
     Lq = q.shape[2]
     if Lq == 0:
         return torch.empty_like(q)
-    chunk = max(1, min(MAX_ROWS, MAX_TILE // q.shape[-1]) // group)
+    acc_bytes = 8 if q.dtype == torch.float64 else 4
+    chunk = max(1, min(MAX_ROWS, MAX_TILE_BYTES // (acc_bytes * q.shape[-1])) // group)
     if chunk >= Lq:
         return run(q, q_pos)
     return torch.cat([run(q[:, :, i : i + chunk], q_pos[i : i + chunk]) for i in range(0, Lq, chunk)], dim=2)
