@@ -2,9 +2,9 @@
 # The kernel issue's GPU work in ONE device call (the device tool's $OUT collects what comes back):
 #   tests    - the CUDA half of tests/test_triton_attention.py and tests/test_lossless.py, then
 #              notebook 04's twin run for real on the GPU;
-#   bench    - scripts/tune_attention.py (launch options), then `wmtp bench attention` with $BENCH_ARGS.
+#   bench    - `wmtp bench attention` with $BENCH_ARGS, then scripts/tune_attention.py $TUNE_ARGS.
 # With two GPUs the halves run side by side (tests on GPU 0, timings alone on GPU 1); else in turn.
-# Knobs (seconds): TEST_S, TUNE_S, TUNE_BUDGET, BENCH_S; SKIP_TUNE=1 skips the tuning.
+# Knobs (seconds): TEST_S, TUNE_S, TUNE_BUDGET, BENCH_S; TESTS (pytest targets); SKIP_TUNE=1 skips the tuning.
 set -o pipefail
 export PYTHONUNBUFFERED=1 MPLBACKEND=Agg PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT=${OUT:-out}
@@ -24,15 +24,16 @@ tests() {
 }
 
 bench() {
-  if [ "${SKIP_TUNE:-0}" != 1 ]; then
-    CUDA_VISIBLE_DEVICES=$BENCH_GPU timeout "${TUNE_S:-260}" python3 scripts/tune_attention.py \
+  # the sweep writes its JSON after every (S, shape), so a sweep stopped at BENCH_S keeps what it measured
+  # shellcheck disable=SC2086
+  CUDA_VISIBLE_DEVICES=$BENCH_GPU timeout -s INT "${BENCH_S:-400}" python3 -m wmtp.cli bench attention --device cuda \
+    $BENCH_ARGS --out "$OUT/bench.json" --plot "$OUT/bench.png" > "$OUT/bench.log" 2>&1
+  echo "bench exit $?" >> "$OUT/bench.log"
+  if [ "${SKIP_TUNE:-0}" != 1 ]; then  # with the time left: launch options (scripts/tune_attention.py)
+    CUDA_VISIBLE_DEVICES=$BENCH_GPU timeout "${TUNE_S:-260}" python3 scripts/tune_attention.py $TUNE_ARGS \
       --out "$OUT/tune.json" --budget-s "${TUNE_BUDGET:-220}" > "$OUT/tune.log" 2>&1
     echo "tune exit $?" >> "$OUT/tune.log"
   fi
-  # shellcheck disable=SC2086
-  CUDA_VISIBLE_DEVICES=$BENCH_GPU timeout "${BENCH_S:-200}" python3 -m wmtp.cli bench attention --device cuda \
-    $BENCH_ARGS --out "$OUT/bench.json" --plot "$OUT/bench.png" > "$OUT/bench.log" 2>&1
-  echo "bench exit $?" >> "$OUT/bench.log"
 }
 
 if [ "$NGPU" -gt 1 ]; then tests & bench; wait; else tests; bench; fi

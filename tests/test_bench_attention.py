@@ -109,8 +109,8 @@ def test_flex_window_matches_the_compact_reference():
 
 def _row(method, S, q_len, ms, pct=None, shape=(16, 2, 256)):
     Hq, Hkv, D = shape
-    return {"method": method, "S": S, "Hq": Hq, "Hkv": Hkv, "D": D, "q_len": q_len, "median_ms": ms,
-            "pct_of_floor": pct, "error": None if ms else "boom"}
+    return {"method": method, "S": S, "Hq": Hq, "Hkv": Hkv, "D": D, "q_len": q_len, "median_ms": ms and 5 * ms,
+            "graph_ms": ms, "pct_of_floor": pct, "error": None if ms else "boom"}  # plain calls: launcher-bound
 
 
 def _passing_rows(shape):
@@ -126,15 +126,16 @@ def test_bars_met_on_literal_rows():
     assert b["draft_window_flat"]["met"] and b["verify_at_hbm_floor"]["met"]
     v = b["draft_window_flat"]["values"]["Hq16/Hkv2/D256"]
     assert v["max_ms"] == 0.0110 and v["growth_largest_vs_smallest_S"] == pytest.approx(0.05)
+    assert v["plain_call_ms_by_S"]["16384"] == pytest.approx(0.05)  # reported, not judged
     assert b["verify_at_hbm_floor"]["threshold"]["S"] == 1048576
 
 
 @pytest.mark.parametrize("change,bar", [
-    (lambda r: r.update(median_ms=0.0113) if r["method"] == "triton_window" and r["S"] == 1048576 else None,
+    (lambda r: r.update(graph_ms=0.0113) if r["method"] == "triton_window" and r["S"] == 1048576 else None,
      "draft_window_flat"),  # 13% slower at 1M than at 16K, though under 0.012 ms
-    (lambda r: r.update(median_ms=0.0125) if r["method"] == "triton_window" and r["S"] == 131072 else None,
+    (lambda r: r.update(graph_ms=0.0125) if r["method"] == "triton_window" and r["S"] == 131072 else None,
      "draft_window_flat"),  # over 0.012 ms at one S
-    (lambda r: r.update(median_ms=None, error="boom") if r["method"] == "triton_window" and r["S"] == 16384 else None,
+    (lambda r: r.update(graph_ms=None, error="boom") if r["method"] == "triton_window" and r["S"] == 16384 else None,
      "draft_window_flat"),  # a failed row
     (lambda r: r.update(pct_of_floor=84.9) if r["method"] == "triton_full" and r["q_len"] == 8
      and r["S"] == 1048576 else None, "verify_at_hbm_floor"),
@@ -179,3 +180,12 @@ def test_cli_sweep_flags_need_cuda(capsys):
     assert main(["bench", "attention", "--device", "cpu", "--plot", "x.png"]) == 2
     assert "needs --device cuda" in capsys.readouterr().err
     assert main(["bench", "attention", "--rep-ms", "0"]) == 2
+
+
+def test_progress_reports_partial_results():
+    """A sweep reports what it measured after each (S, shape), so a run stopped early keeps it."""
+    seen = []
+    res = ba.sweep("cpu", **{**TINY, "methods": ("sdpa_compact_window",)}, on_progress=seen.append)
+    assert [p["complete"] for p in seen] == [False, False] and res["complete"]
+    assert [len(p["rows"]) for p in seen] == [2, 4] and len(res["rows"]) == 4  # 2 q_lens per S
+    assert {r["S"] for r in seen[0]["rows"]} == {64}

@@ -156,6 +156,29 @@ def test_positions_past_the_cache_are_clamped(layout):
     assert_kernel_close(out, q, k, v, last, 4, 8)
 
 
+BF16, F32, F64, M = torch.bfloat16, torch.float32, torch.float64, 1 << 20
+
+
+@pytest.mark.parametrize("args, expected", [
+    # (B, Hq, Hkv, Lq, D, dtype, capacity, n_sink, window, sm_count) -> (block_m, block_n, splits, warps, stages)
+    ((1, 32, 8, 1, 128, BF16, M, 64, 4096, 132), (16, 128, 34, 4, None)),  # draft: one 128-key block a program
+    ((1, 16, 2, 1, 256, BF16, M, 64, 4096, 132), (16, 128, 34, 8, None)),  # draft at D 256: 8 warps
+    ((1, 32, 8, 1, 128, BF16, M, None, None, 132), (16, 64, 33, 4, 3)),  # verify: 2 programs per SM, 264 = 2 * 132
+    ((1, 32, 8, 8, 128, BF16, M, None, None, 132), (32, 64, 33, 4, 3)),
+    ((1, 16, 2, 1, 256, BF16, M, None, None, 132), (16, 32, 132, 4, 3)),
+    ((1, 16, 2, 8, 256, BF16, M, None, None, 132), (64, 32, 66, 4, 4)),  # 64 KiB accumulator: 1 program per SM
+    ((1, 32, 8, 1, 128, F32, M, 64, 4096, 132), (16, 16, 33, 4, 3)),  # fp32 (ieee): small blocks, never "short"
+    ((1, 4, 2, 8, 16, F64, 60, None, None, 132), (16, 32, 2, 4, 3)),  # the lossless tests' tiny model on CUDA
+    ((1, 32, 8, 1, 128, BF16, M, 64, 4096, None), (16, 64, 1, 4, 3)),  # CPU interpreter: one split
+])
+def test_launch_config_defaults(args, expected):
+    """NOTE [Launch]'s defaults as literal launches (the H200 shapes of the benchmark, 132 SMs)."""
+    from wmtp.attention.plan import launch_config
+
+    assert tuple(launch_config(*args)) == expected
+    assert tuple(launch_config(*args, num_splits=3, block_n=16, num_warps=2, num_stages=1))[1:] == (16, 3, 2, 1)
+
+
 def test_key_plan_reads_the_union_and_masks_only_the_edges():
     """Host-side blocking: the two ranges hold the union of the key sets and no other key, the
     unmasked blocks only keys every query reads, and the draft's work does not grow with S."""

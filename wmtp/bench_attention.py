@@ -230,7 +230,7 @@ def _measure(name: str, c: _Cell, row: dict, timed_ms: Callable, ref: torch.Tens
 def sweep(device: torch.device | str, contexts=CONTEXTS, shapes=SHAPES, q_lens=Q_LENS,
           dtype: torch.dtype = torch.bfloat16, n_sink: int = 64, window: int = 4096, methods=METHODS, *,
           repeats: int = 5, warmup_ms: int = 25, rep_ms: int = 100, seed: int = 0,
-          command: str | None = None) -> dict:
+          command: str | None = None, on_progress: Callable[[dict], object] | None = None) -> dict:
     """Time every method on every (S, shape, q_len), batch 1, queries at positions ``S-q_len .. S-1``.
 
     Inputs are random normal from one seeded generator on ``device``, drawn once per (S, shape) and
@@ -245,6 +245,8 @@ def sweep(device: torch.device | str, contexts=CONTEXTS, shapes=SHAPES, q_lens=Q
         repeats: timed calls per cell off CUDA (median reported).
         warmup_ms, rep_ms: ``do_bench`` warm-up and measuring time per cell on CUDA, in ms.
         seed, command: the generator's seed; the command line, recorded in the result.
+        on_progress: called with the result so far (``"complete": False``) after each (S, shape),
+            so that a sweep stopped early keeps what it measured.
 
     Returns:
         The metrics dict: settings, ``environment``, ``copy_bandwidth_gbs``, ``correctness`` (max-abs error of
@@ -276,6 +278,18 @@ def sweep(device: torch.device | str, contexts=CONTEXTS, shapes=SHAPES, q_lens=Q
     del src, dst
 
     rows, correctness = [], {}
+
+    def result(complete: bool) -> dict:
+        return {"command": command, "complete": complete, "environment": environment(device),
+                "dtype": str(dtype).removeprefix("torch."), "n_sink": n_sink, "window": window, "page_size": PAGE_SIZE,
+                "contexts": list(contexts), "shapes": [list(s) for s in shapes], "q_lens": list(q_lens),
+                "methods": list(methods),
+                "timing": {"tool": "triton.testing.do_bench", "warmup_ms": warmup_ms, "rep_ms": rep_ms, "median": True,
+                           "graph_ms": "the call captured in a CUDA graph, replay timed the same way"}
+                if device.type == "cuda" else {"tool": "wmtp.bench.time_call", "repeats": repeats, "median": True},
+                "copy_bandwidth_gbs": bandwidth / 1e9, "correctness": dict(correctness), "caveats": CAVEATS, "rows": list(rows),
+                "bars": bars(rows), "wall_time_s": time.perf_counter() - t_start}
+
     import torch._dynamo.config as dynamo  # a scoped patch: FlexAttention compiles per shape, never falls back
 
     limit = "recompile_limit" if hasattr(dynamo, "recompile_limit") else "cache_size_limit"
@@ -319,10 +333,7 @@ def sweep(device: torch.device | str, contexts=CONTEXTS, shapes=SHAPES, q_lens=Q
                 gc.collect()
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
-    return {"command": command, "environment": environment(device), "dtype": str(dtype).removeprefix("torch."),
-            "n_sink": n_sink, "window": window, "page_size": PAGE_SIZE, "contexts": list(contexts),
-            "shapes": [list(s) for s in shapes], "q_lens": list(q_lens), "methods": list(methods),
-            "timing": {"tool": "triton.testing.do_bench", "warmup_ms": warmup_ms, "rep_ms": rep_ms, "median": True}
-            if device.type == "cuda" else {"tool": "wmtp.bench.time_call", "repeats": repeats, "median": True},
-            "copy_bandwidth_gbs": bandwidth / 1e9, "correctness": correctness, "caveats": CAVEATS, "rows": rows,
-            "bars": bars(rows), "wall_time_s": time.perf_counter() - t_start}
+                if on_progress is not None:
+                    on_progress(result(complete=False))
+    return result(complete=True)
+

@@ -23,9 +23,12 @@ def _shape_key(r: dict) -> str:
 def bars(rows: list[dict]) -> dict:
     """The issue's targets, evaluated from the rows; a missing or failed row leaves its bar unmet.
 
-    (a) ``triton_window``, q_len 1, every shape: max median over S <= ``DRAFT_MAX_MS`` ms, and the
-    median at the largest S within ``DRAFT_MAX_GROWTH`` of the smallest S's. (b) ``triton_full``,
-    q_len 1 and 8, every shape, at the largest S: ``pct_of_floor >= VERIFY_MIN_PCT``.
+    (a) ``triton_window``, q_len 1, every shape: the kernels' device time (``graph_ms``: the call
+    captured in a CUDA graph, replayed with L2 cold) at most ``DRAFT_MAX_MS`` at every S, and at the
+    largest S within ``DRAFT_MAX_GROWTH`` of the smallest S's; the plain-call medians, which include
+    the Python launcher whenever it outlasts the kernels, are reported beside them. (b)
+    ``triton_full``, q_len 1 and 8, every shape, at the largest S: ``pct_of_floor >= VERIFY_MIN_PCT``
+    (plain-call medians: at S = 1M the kernel, not the launcher, dominates).
     """
     def pick(method: str, shape: str, q_len: int) -> list[dict]:
         return sorted((r for r in rows if r["method"] == method and _shape_key(r) == shape and r["q_len"] == q_len),
@@ -36,16 +39,19 @@ def bars(rows: list[dict]) -> dict:
     draft, verify = {}, {}
     for shape in shapes:
         rs = pick("triton_window", shape, 1)
-        ms = [r["median_ms"] for r in rs]
+        ms = [r.get("graph_ms") for r in rs]
         ok = bool(ms) and None not in ms
-        draft[shape] = {"ms_by_S": {str(r["S"]): r["median_ms"] for r in rs}, "max_ms": max(ms) if ok else None,
+        draft[shape] = {"ms_by_S": {str(r["S"]): r.get("graph_ms") for r in rs},
+                        "plain_call_ms_by_S": {str(r["S"]): r["median_ms"] for r in rs},
+                        "max_ms": max(ms) if ok else None,
                         "growth_largest_vs_smallest_S": ms[-1] / ms[0] - 1 if ok else None,
                         "met": ok and max(ms) <= DRAFT_MAX_MS and ms[-1] <= (1 + DRAFT_MAX_GROWTH) * ms[0]}
         for q_len in (1, 8):
             pct = next((r["pct_of_floor"] for r in pick("triton_full", shape, q_len) if r["S"] == s_max), None)
             verify[f"{shape} q_len={q_len}"] = {"pct_of_floor": pct, "met": pct is not None and pct >= VERIFY_MIN_PCT}
-    return {"draft_window_flat": {"description": "triton_window, q_len 1: max median over S; growth from the "
-                                  "smallest to the largest S", "values": draft,
+    return {"draft_window_flat": {"description": "triton_window, q_len 1: kernels' device time (graph_ms, CUDA "
+                                  "graph replay, cold L2): max over S and growth from the smallest to the largest S; "
+                                  "plain-call medians (launcher included) beside them", "values": draft,
                                   "threshold": {"max_ms": DRAFT_MAX_MS, "max_growth": DRAFT_MAX_GROWTH},
                                   "met": bool(draft) and all(e["met"] for e in draft.values())},
             "verify_at_hbm_floor": {"description": "triton_full, q_len 1 and 8, at the largest S: percent of the "
@@ -74,8 +80,13 @@ def table(result: dict):
     return t
 
 
+def _device_ms(r: dict) -> float | None:
+    """The call's device time: its CUDA-graph replay where measured (GPU), else the plain-call median."""
+    return r.get("graph_ms") or r["median_ms"]
+
+
 def plot(result: dict, png_path) -> None:
-    """Median ms against S, log-log: one panel per (shape, q_len), one line per method, and the
+    """Device time against S, log-log (``_device_ms``): one panel per (shape, q_len), one line per method, and the
     full cache's HBM floor dashed. Written atomically (temp file in the same folder, then rename)."""
     from matplotlib.figure import Figure  # no pyplot: no global backend state
 
@@ -89,14 +100,14 @@ def plot(result: dict, png_path) -> None:
             ax = axes[i][j]
             cell = [r for r in rows if (r["Hq"], r["Hkv"], r["D"], r["q_len"]) == (Hq, Hkv, D, q_len)]
             for m in result["methods"]:
-                pts = sorted((r["S"], r["median_ms"]) for r in cell if r["method"] == m and r["median_ms"])
+                pts = sorted((r["S"], _device_ms(r)) for r in cell if r["method"] == m and _device_ms(r))
                 if pts:
                     ax.plot(*zip(*pts), marker="o", label=m)
             Ss = sorted({r["S"] for r in cell})
             floor = [_full_cache_bytes(S, Hq, Hkv, D, q_len, itemsize) / result["copy_bandwidth_gbs"] / 1e6 for S in Ss]
             ax.plot(Ss, floor, "k--", label="HBM floor, full cache")
             ax.set(xscale="log", yscale="log", title=f"Hq {Hq} / Hkv {Hkv} / D {D}, q_len {q_len}",
-                   xlabel="context S (keys)", ylabel="median ms")
+                   xlabel="context S (keys)", ylabel="median ms (CUDA-graph replay)")
             ax.grid(True, which="both", alpha=0.3)
     axes[0][0].legend(fontsize="small")
     fig.suptitle(f"Attention time vs context, {result['dtype']}, sink {result['n_sink']} + window {result['window']}")

@@ -204,7 +204,7 @@ def _bench_attention(args: argparse.Namespace) -> int:
                               str(args.rep_ms), "--contexts", *map(str, contexts), "--methods", *methods,
                               "--out", str(out), "--plot", str(png)])
         result = ba.sweep(device, contexts=contexts, dtype=getattr(torch, dtype), methods=methods,
-                          rep_ms=args.rep_ms, command=command)
+                          rep_ms=args.rep_ms, command=command, on_progress=lambda partial: write_json(out, partial))
         Console(width=160).print(bench_report.table(result))
         write_json(out, result)
         err = Console(stderr=True)

@@ -1,21 +1,32 @@
-"""The host-side key plan: which key blocks a tile of queries reads (arXiv 2607.21535, Sec. 3).
+"""Host-side plans of the Triton kernel (arXiv 2607.21535, Sec. 3): which key blocks a tile of
+queries reads, and how a call is launched.
 
-The Triton kernel (attention/triton_attention.py) plans its two key ranges on device from the
-positions it loads (NOTE [Host sync] there); ``key_plan`` is the same computation in Python, the
-readable reference that tests/test_triton_attention.py checks the device plan against.
+The kernel (attention/triton_attention.py) plans its two key ranges on device from the positions
+it loads (NOTE [Host sync] there); ``key_plan`` is the same computation in Python, the readable
+reference that tests/test_triton_attention.py checks the device plan against. ``launch_config``
+picks tile sizes, split count and Triton options from shapes alone (NOTE [Launch] in
+attention/triton_attention.py).
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+import torch
+
 from ..keyset import key_ranges
 
-__all__ = ["KeyPlan", "key_plan"]
+__all__ = ["KeyPlan", "key_plan", "LaunchConfig", "launch_config"]
+
+SMEM_BUDGET = 200 * 1024  # bytes of shared memory for pipelined K/V blocks per SM (H100/H200: 227 KiB)
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
 
 
 class KeyPlan(NamedTuple):
@@ -57,3 +68,45 @@ def key_plan(t_min: int, t_max: int, n_sink: int | None, window: int | None, blo
     n_blk_sink, sink_u1, sink_u2 = _unmasked_blocks(0, sink_hi, 0, full_sink_hi, block_n)
     n_blk_rec, rec_u1, rec_u2 = _unmasked_blocks(rec_lo, rec_hi, full_rec_lo, t_min + 1, block_n)
     return KeyPlan(sink_hi, n_blk_sink, sink_u1, sink_u2, rec_lo, rec_hi, n_blk_rec, rec_u1, rec_u2)
+
+
+class LaunchConfig(NamedTuple):
+    """Tile sizes, grid and Triton options of one launch (NOTE [Launch] in attention/triton_attention.py)."""
+
+    block_m: int  # rows of the query tile: group * Lq, padded to a power of two >= 16
+    block_n: int  # keys per block
+    num_splits: int  # programs per (batch, kv head), merged by log-sum-exp when > 1
+    num_warps: int
+    num_stages: int | None  # None: Triton's default
+
+
+def launch_config(B: int, Hq: int, Hkv: int, Lq: int, D: int, dtype: torch.dtype, capacity: int,
+                  n_sink: int | None, window: int | None, sm_count: int | None,
+                  num_splits: int | None = None, block_n: int | None = None,
+                  num_warps: int | None = None, num_stages: int | None = None) -> LaunchConfig:
+    """The launch for a query tile over a cache of ``capacity`` positions, from shapes only (no sync).
+
+    ``sm_count`` is the GPU's SM count, ``None`` for the CPU interpreter; the other four arguments
+    override the defaults of NOTE [Launch] when given.
+    """
+    fp64, fma = dtype == torch.float64, dtype in (torch.float32, torch.float64)  # fma: no bf16 tensor cores
+    block_m = _next_pow2(max(16, Hq // Hkv * Lq))
+    n_keys = capacity if window is None else min(capacity, (n_sink or 0) + window + Lq - 1)  # upper bound
+    short = sm_count is not None and not fma and _cdiv(n_keys, 128) * B * Hkv <= 4 * sm_count
+    block_n = block_n or (128 if short else (16 if D >= 128 else 32) if fma else 32 if D > 128 else 64)
+    n_blk = _cdiv(n_keys, block_n) + (window is not None)  # two ranges: one more partial block
+    stage_bytes = 2 * block_n * D * dtype.itemsize  # one K block and one V block
+    two_per_sm = block_m * D * (8 if fp64 else 4) <= 32 * 1024 and 2 * 3 * stage_bytes <= SMEM_BUDGET
+    if num_splits is None:
+        if sm_count is None:  # the CPU interpreter runs programs one by one: splitting only adds programs
+            num_splits = 1
+        elif short:
+            num_splits = n_blk
+        else:  # whole waves: 1 or 2 resident programs per SM, by registers and shared memory
+            num_splits = max(1, min(n_blk, (2 if two_per_sm else 1) * sm_count // (B * Hkv)))
+        num_splits = _cdiv(n_blk, _cdiv(n_blk, num_splits))  # drop splits left empty
+    if num_warps is None:
+        num_warps = 8 if (short and D >= 256) or block_m * D * (2 if fp64 else 1) > 128 * 128 else 4
+    if num_stages is None and not short:  # K/V blocks in flight per program (short: Triton's default)
+        num_stages = 3 if two_per_sm else max(1, min(4, SMEM_BUDGET // stage_bytes))
+    return LaunchConfig(block_m, block_n, num_splits, num_warps, num_stages)

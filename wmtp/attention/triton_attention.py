@@ -39,11 +39,16 @@ their blocks, the unmasked blocks, its share ``cdiv(n_blk, n_splits)`` of the bl
 
 NOTE [Launch]: ``n_blk`` is an upper bound of the key blocks from shapes, ``min(S, n_sink + window
 + Lq - 1)`` keys (``S`` for the full set; exact for consecutive positions); a split left without
-keys writes ``m = -inf, l = 0``. A long range (verify over S keys) gets one program per SM, each
-streaming its blocks through ``num_stages`` pipelined K/V buffers (as many as ``SMEM_BUDGET``
-holds, at most 4); a short one (the draft's sink + window) gets one block per program, up to four
-programs per SM, so its time is one block's memory latency, not a loop over blocks. Chosen from
-H200 runs of scripts/tune_attention.py (metrics/tune-attention-h200.json).
+keys writes ``m = -inf, l = 0``. Defaults, from H200 runs of scripts/tune_attention.py (CUDA-graph
+device time; metrics/tune-attention-h200-*.json):
+- a short range (the draft's sink + window: at most 4 blocks of 128 keys per SM over all heads)
+  runs one block of 128 keys per program, so its time is one block's memory latency plus the merge,
+  not a loop over blocks (8 warps at D = 256);
+- a long range (verify over S keys) runs in whole waves: one or two resident programs per SM
+  (two when the accumulator is <= 32 KiB and two programs' 3-stage K/V pipelines fit
+  ``SMEM_BUDGET``), each streaming its share of the blocks through ``num_stages`` buffers;
+- fp32 (ieee) and fp64 dots run without bf16 tensor cores: smaller blocks (16-32 keys) and at most
+  64 rows a tile keep their compile times in seconds; the CPU interpreter runs one split.
 
 NOTE [Reads]: a MASKED block loads only the keys and values that some row of the tile reads
 (``kread``; the block table is read for the whole range), so a cache row outside the union of the
@@ -65,11 +70,12 @@ import torch
 import triton
 import triton.language as tl
 
+from .plan import launch_config
+
 __all__ = ["attention_triton", "paged_attention_triton"]
 
 MAX_ROWS = 256  # most query rows (group * Lq) in one tile; longer query blocks (prefill) are chunked
 MAX_TILE_BYTES = 128 * 128 * 4  # most bytes of the (rows, D) accumulator: 64 KiB of registers
-SMEM_BUDGET = 160 * 1024  # bytes of shared memory for the pipelined K/V blocks (H100/H200: 227 KiB)
 FULL = 1 << 30  # window=None: a window longer than any position (int32-safe: t - FULL does not wrap)
 
 
@@ -283,27 +289,15 @@ def _launch(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning):
     Sync-free (NOTE [Host sync]): everything decided here comes from shapes and Python ints.
     ``tuning`` holds the optional overrides ``num_splits, block_n, num_warps, num_stages``.
     """
-    num_splits, block_n, num_warps, num_stages = tuning
     B, Hq, Lq, D = q.shape
     Hkv = k.shape[2]  # k is (outer, position, Hkv, D) in both layouts
     group = Hq // Hkv
     fp64 = q.dtype == torch.float64
-    BLOCK_M = triton.next_power_of_2(max(16, group * Lq))
-    BLOCK_N = block_n or (16 if fp64 and D >= 128 else 32 if fp64 or D > 128 else 64)
     capacity = k.shape[1] if block_table is None else block_table.shape[1] * page_size  # key positions
+    sms = _sm_count(q.device) if q.device.type == "cuda" else None
+    BLOCK_M, BLOCK_N, num_splits, num_warps, num_stages = launch_config(
+        B, Hq, Hkv, Lq, D, q.dtype, capacity, n_sink, window, sms, *tuning)
     n_sink = 0 if window is None else (n_sink or 0)
-    n_keys = capacity if window is None else min(capacity, n_sink + window + Lq - 1)  # upper bound
-    n_blk = triton.cdiv(n_keys, BLOCK_N) + (window is not None)  # two ranges: one more partial block
-    if num_splits is None and q.device.type != "cuda":  # the CPU interpreter runs programs one by one
-        num_splits = 1
-    if num_splits is None:  # NOTE [Launch]
-        one_per_sm = triton.cdiv(_sm_count(q.device), B * Hkv)
-        num_splits = one_per_sm if n_blk >= 4 * one_per_sm else min(n_blk, 4 * one_per_sm)
-        num_splits = triton.cdiv(n_blk, triton.cdiv(n_blk, num_splits))  # drop splits left empty
-    if num_warps is None:
-        num_warps = 8 if BLOCK_M * D * (2 if fp64 else 1) > 128 * 128 else 4
-    if num_stages is None:  # as many K/V blocks in flight as the shared-memory budget holds, at most 4
-        num_stages = max(1, min(4, SMEM_BUDGET // (2 * BLOCK_N * D * q.element_size())))
     window = FULL if window is None else min(window, FULL)  # the same key set for positions < FULL
     acc_dtype = torch.float64 if fp64 else torch.float32
 
@@ -324,7 +318,8 @@ def _launch(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning):
         PAGED=block_table is not None, SPLIT=split,
         UPCAST=q.device.type == "cpu" and q.dtype == torch.bfloat16,
         PRECISION="ieee" if q.dtype in (torch.float32, torch.float64) else "tf32",
-        ACC=tl.float64 if fp64 else tl.float32, num_warps=num_warps, num_stages=num_stages,
+        ACC=tl.float64 if fp64 else tl.float32, num_warps=num_warps,
+        **({} if num_stages is None else {"num_stages": num_stages}),
     )
     if split:
         chunk = min(triton.next_power_of_2(num_splits), max(1, 8192 // D))
@@ -350,8 +345,9 @@ def _by_query_chunks(q, q_pos, group, run):
     Lq = q.shape[2]
     if Lq == 0:
         return torch.empty_like(q)
-    acc_bytes = 8 if q.dtype == torch.float64 else 4
-    chunk = max(1, min(MAX_ROWS, MAX_TILE_BYTES // (acc_bytes * q.shape[-1])) // group)
+    fma = q.dtype in (torch.float32, torch.float64)  # NOTE [Launch]: smaller tiles
+    max_rows = min(64 if fma else MAX_ROWS, MAX_TILE_BYTES // ((8 if q.dtype == torch.float64 else 4) * q.shape[-1]))
+    chunk = max(1, max_rows // group)
     if chunk >= Lq:
         return run(q, q_pos)
     return torch.cat([run(q[:, :, i : i + chunk], q_pos[i : i + chunk]) for i in range(0, Lq, chunk)], dim=2)
