@@ -19,8 +19,14 @@ tests() {
     CUDA_VISIBLE_DEVICES=0 timeout -s INT "${TEST_S:-420}" python3 -m pytest -n 16 -v -rfE --tb=short --durations=15 \
       -p no:cacheprovider ${TESTS:-tests/test_triton_attention.py tests/test_lossless.py} | grep -v " PASSED \| SKIPPED "
     echo "pytest exit $?"
-    (cd tutorials && CUDA_VISIBLE_DEVICES=0 timeout 120 python3 04_triton_kernel.py)
+    (cd tutorials && CUDA_VISIBLE_DEVICES=0 timeout 90 python3 04_triton_kernel.py)
     echo "notebook 04 exit $?"; } > "$OUT/tests.log" 2>&1
+  if [ "${SKIP_NCU:-0}" != 1 ]; then  # where the draft's device time goes: attention kernel vs merge
+    CUDA_VISIBLE_DEVICES=0 timeout 90 ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum \
+      --kernel-name regex:"_attention_kernel|_merge_kernel" --launch-skip 6 --launch-count 12 \
+      python3 scripts/profile_draft.py > "$OUT/ncu.log" 2>&1
+    echo "ncu exit $?" >> "$OUT/ncu.log"
+  fi
 }
 
 bench() {
