@@ -161,8 +161,8 @@ BF16, F32, F64, M = torch.bfloat16, torch.float32, torch.float64, 1 << 20
 
 @pytest.mark.parametrize("args, expected", [
     # (B, Hq, Hkv, Lq, D, dtype, capacity, n_sink, window, sm_count) -> (block_m, block_n, splits, warps, stages)
-    ((1, 32, 8, 1, 128, BF16, M, 64, 4096, 132), (16, 128, 34, 4, None)),  # draft: one 128-key block a program
-    ((1, 16, 2, 1, 256, BF16, M, 64, 4096, 132), (16, 128, 34, 8, None)),  # draft at D 256: 8 warps
+    ((1, 32, 8, 1, 128, BF16, M, 64, 4096, 132), (16, 128, 34, 4, 2)),  # draft: one 128-key block a program
+    ((1, 16, 2, 1, 256, BF16, M, 64, 4096, 132), (16, 128, 34, 8, 1)),  # draft at D 256: 8 warps
     ((1, 32, 8, 1, 128, BF16, M, None, None, 132), (16, 64, 33, 4, 3)),  # verify: 2 programs per SM, 264 = 2 * 132
     ((1, 32, 8, 8, 128, BF16, M, None, None, 132), (32, 64, 33, 4, 3)),
     ((1, 16, 2, 1, 256, BF16, M, None, None, 132), (16, 32, 132, 4, 3)),

@@ -77,7 +77,7 @@ class LaunchConfig(NamedTuple):
     block_n: int  # keys per block
     num_splits: int  # programs per (batch, kv head), merged by log-sum-exp when > 1
     num_warps: int
-    num_stages: int | None  # None: Triton's default
+    num_stages: int
 
 
 def launch_config(B: int, Hq: int, Hkv: int, Lq: int, D: int, dtype: torch.dtype, capacity: int,
@@ -107,6 +107,7 @@ def launch_config(B: int, Hq: int, Hkv: int, Lq: int, D: int, dtype: torch.dtype
         num_splits = _cdiv(n_blk, _cdiv(n_blk, num_splits))  # drop splits left empty
     if num_warps is None:
         num_warps = 8 if (short and D >= 256) or block_m * D * (2 if fp64 else 1) > 128 * 128 else 4
-    if num_stages is None and not short:  # K/V blocks in flight per program (short: Triton's default)
-        num_stages = 3 if two_per_sm else max(1, min(4, SMEM_BUDGET // stage_bytes))
+    if num_stages is None:  # K/V blocks in flight per program, within the shared-memory budget
+        num_stages = max(1, min(2, SMEM_BUDGET // stage_bytes)) if short else \
+            3 if two_per_sm else max(1, min(4, SMEM_BUDGET // stage_bytes))
     return LaunchConfig(block_m, block_n, num_splits, num_warps, num_stages)

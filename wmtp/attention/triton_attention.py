@@ -43,7 +43,7 @@ keys writes ``m = -inf, l = 0``. Defaults, from H200 runs of scripts/tune_attent
 device time; metrics/tune-attention-h200-*.json):
 - a short range (the draft's sink + window: at most 4 blocks of 128 keys per SM over all heads)
   runs one block of 128 keys per program, so its time is one block's memory latency plus the merge,
-  not a loop over blocks (8 warps at D = 256);
+  not a loop over blocks (8 warps at D = 256; 1 or 2 stages: a 128-key block at D = 256 is 128 KiB);
 - a long range (verify over S keys) runs in whole waves: one or two resident programs per SM
   (two when the accumulator is <= 32 KiB and two programs' 3-stage K/V pipelines fit
   ``SMEM_BUDGET``), each streaming its share of the blocks through ``num_stages`` buffers;
@@ -318,8 +318,7 @@ def _launch(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning):
         PAGED=block_table is not None, SPLIT=split,
         UPCAST=q.device.type == "cpu" and q.dtype == torch.bfloat16,
         PRECISION="ieee" if q.dtype in (torch.float32, torch.float64) else "tf32",
-        ACC=tl.float64 if fp64 else tl.float32, num_warps=num_warps,
-        **({} if num_stages is None else {"num_stages": num_stages}),
+        ACC=tl.float64 if fp64 else tl.float32, num_warps=num_warps, num_stages=num_stages,
     )
     if split:
         chunk = min(triton.next_power_of_2(num_splits), max(1, 8192 // D))
