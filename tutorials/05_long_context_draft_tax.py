@@ -172,7 +172,8 @@ for draft_share in (0.05, 0.25, 1.0, 4.0):
 # per step, `AL` and TPOT, and the draft-attention timings. `wmtp bench attention --device cuda` writes
 # `metrics/bench-attention-h200.json`: the Triton kernel and its alternatives on an NVIDIA H200. Each
 # plot below is drawn only if its file is in your checkout; a missing file prints one line and is skipped.
-# (When this notebook was written the H200 file did not exist yet.)
+# On the GPU, the draft's tax is the gap between `triton_full` (every key) and `triton_window` (the sink +
+# window keys, in place): the first grows with the context, the second stays flat.
 
 # %%
 cpu_path = ROOT / "metrics" / "python-stdlib-seed42.json"
@@ -215,22 +216,30 @@ else:
 # %%
 gpu_path = ROOT / "metrics" / "bench-attention-h200.json"
 if not gpu_path.exists():
-    print(f"{gpu_path.relative_to(ROOT)} not found (the H200 sweep is not committed yet): skipping the GPU plot")
+    print(f"{gpu_path.relative_to(ROOT)} not found (make it with `wmtp bench attention --device cuda`): "
+          "skipping the GPU plot")
 else:
-    rows = [r for r in json.loads(gpu_path.read_text())["rows"] if r.get("median_ms") is not None]
-    first = rows[0]  # plot the first head shape and query length of the sweep
-    def cell(r):
-        return r["Hq"], r["Hkv"], r["D"], r["q_len"]
+    gpu = json.loads(gpu_path.read_text())
 
-    pick = [r for r in rows if cell(r) == cell(first)]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for method in dict.fromkeys(r["method"] for r in pick):
-        mine = sorted((r for r in pick if r["method"] == method), key=lambda r: r["S"])
-        ax.loglog([r["S"] for r in mine], [r["median_ms"] for r in mine], "o-", label=method)
-    ax.set_xlabel("context S (tokens)")
-    ax.set_ylabel("median ms per call")
-    ax.set_title("H200, Hq={} Hkv={} D={} q_len={} {}".format(*cell(first), first.get("dtype", "")))
-    ax.legend(fontsize=8)
+    def device_ms(r):  # the call's kernels captured in a CUDA graph (no Python launcher); else the plain call
+        return r.get("graph_ms") or r.get("median_ms")
+
+    shapes = list(dict.fromkeys((r["Hq"], r["Hkv"], r["D"]) for r in gpu["rows"]))
+    fig, axes = plt.subplots(1, len(shapes), figsize=(6.5 * len(shapes), 4.5), squeeze=False)
+    for ax, shape in zip(axes[0], shapes):  # one draft query (q_len 1) per call
+        pick = [r for r in gpu["rows"] if (r["Hq"], r["Hkv"], r["D"]) == shape and r["q_len"] == 1 and device_ms(r)]
+        for method in gpu["methods"]:
+            mine = sorted((r for r in pick if r["method"] == method), key=lambda r: r["S"])
+            if mine:
+                ax.loglog([r["S"] for r in mine], [device_ms(r) for r in mine], "o-", label=method)
+        ax.set_xlabel("context S (tokens)")
+        ax.set_ylabel("device ms per call (CUDA graph)")
+        ax.set_title("H200 {}, Hq={} Hkv={} D={}, q_len 1".format(gpu["dtype"], *shape))
+        ax.legend(fontsize=7)
+        win = {r["S"]: device_ms(r) for r in pick if r["method"] == "triton_window"}
+        full = {r["S"]: device_ms(r) for r in pick if r["method"] == "triton_full"}
+        print("Hq{}/Hkv{}/D{}: ".format(*shape) + ", ".join(
+            f"S={S}: window {win[S] * 1e3:.1f} us vs full {full[S] * 1e3:.1f} us" for S in sorted(win) if S in full))
     fig.tight_layout()
 
 # %% [markdown]

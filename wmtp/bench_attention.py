@@ -287,8 +287,8 @@ def sweep(device: torch.device | str, contexts=CONTEXTS, shapes=SHAPES, q_lens=Q
                 "timing": {"tool": "triton.testing.do_bench", "warmup_ms": warmup_ms, "rep_ms": rep_ms, "median": True,
                            "graph_ms": "the call captured in a CUDA graph, replay timed the same way"}
                 if device.type == "cuda" else {"tool": "wmtp.bench.time_call", "repeats": repeats, "median": True},
-                "copy_bandwidth_gbs": bandwidth / 1e9, "correctness": dict(correctness), "caveats": CAVEATS, "rows": list(rows),
-                "bars": bars(rows), "wall_time_s": time.perf_counter() - t_start}
+                "copy_bandwidth_gbs": bandwidth / 1e9, "correctness": dict(correctness), "caveats": CAVEATS,
+                "rows": list(rows), "bars": bars(rows), "wall_time_s": time.perf_counter() - t_start}
 
     import torch._dynamo.config as dynamo  # a scoped patch: FlexAttention compiles per shape, never falls back
 
