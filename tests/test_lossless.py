@@ -189,3 +189,26 @@ def test_every_backend_is_lossless(device_models, device, impl, depth, n_sink, w
         assert out.device.type == device and torch.equal(out, ref), f"j={j}"
         if j is not None:
             assert stats.accept_length_histogram[j] >= stats.steps - 1, f"j={j}"
+
+
+def test_batched_ragged_prompts(models):
+    """A list of prompts of different lengths returns a list: each output (and its statistics) is
+    exactly that prompt's own run, and the speculative list equals the dense list token for token."""
+    target, head = models
+    prompts = [_prompt(n, seed=n) for n in (1, 7, 20)]
+    dense = wmtp.greedy_generate(target, prompts, 15)
+    outs, stats = wmtp.speculative_generate(target, head, prompts, 15, 3, 4, 16)
+    assert isinstance(dense, list) and len(dense) == len(outs) == len(stats) == 3
+    for p, d, o, s in zip(prompts, dense, outs, stats):
+        assert torch.equal(d, wmtp.greedy_generate(target, p, 15)) and torch.equal(o, d)
+        alone, alone_stats = wmtp.speculative_generate(target, head, p, 15, 3, 4, 16)
+        assert torch.equal(o, alone) and s.accept_length_histogram == alone_stats.accept_length_histogram
+
+
+@pytest.mark.parametrize("prompts", [[], [torch.zeros(2, 3, dtype=torch.long)], (torch.tensor([1]), "text")])
+def test_batched_bad_prompts_raise(models, prompts):
+    target, head = models
+    with pytest.raises(ValueError, match="prompt"):
+        wmtp.greedy_generate(target, prompts, 3)
+    with pytest.raises(ValueError, match="prompt"):
+        wmtp.speculative_generate(target, head, prompts, 3, 2)

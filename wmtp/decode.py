@@ -20,7 +20,8 @@ step's extend, like every other accepted token.
 NOTE [Exactness]: the proof is exact in real arithmetic. In floating point, a position's logits
 from a ``K+1``-token verify pass and from a one-token decode pass can differ in the last bits
 (different matrix shapes sum in different orders); a near-tie can then flip an argmax. The
-losslessness checks therefore run in float64 on CPU, where that noise is ~1e-16.
+losslessness checks therefore run in float64, where that noise is ~1e-16: on CPU, and on CUDA
+with both attention impls (the Triton kernel accumulates fp64 inputs in fp64).
 """
 
 from __future__ import annotations
@@ -115,6 +116,17 @@ def _check_request(target: TargetLM, prompt_ids: torch.Tensor, max_new_tokens: i
     return needed
 
 
+def _each_prompt(prompts: list | tuple, run: Callable[[torch.Tensor], object]) -> list:
+    """Batched generation over ragged prompts: ``run`` on each 1-D prompt in turn, results in order.
+
+    The sequences run one after another, each exactly as it would alone (the attention kernels take
+    one position vector per call, so prompts of different lengths are not fused into one batch).
+    """
+    if not prompts:
+        raise ValueError("a batch of prompts must hold at least one 1-D LongTensor of token ids")
+    return [run(p) for p in prompts]
+
+
 def _finish(out: list[int], max_new_tokens: int, eos_id: int | None) -> tuple[list[int], bool]:
     """Truncate at ``max_new_tokens`` and after the first ``eos_id``; say whether to stop."""
     if eos_id is not None and eos_id in out:
@@ -123,17 +135,23 @@ def _finish(out: list[int], max_new_tokens: int, eos_id: int | None) -> tuple[li
 
 
 @torch.no_grad()
-def greedy_generate(target: TargetLM, prompt_ids: torch.Tensor, max_new_tokens: int,
+def greedy_generate(target: TargetLM, prompt_ids: torch.Tensor | list[torch.Tensor], max_new_tokens: int,
                     eos_id: int | None = None, impl: str = "auto", step_times: list[float] | None = None
-                    ) -> torch.Tensor:
+                    ) -> torch.Tensor | list[torch.Tensor]:
     """Dense greedy decoding with a KV cache: the reference output of every speculative run.
 
     If ``step_times`` is a list, the wall-clock seconds of each one-token decode pass (prefill
     excluded) are appended to it.
 
+    ``prompt_ids`` may also be a list of 1-D prompts of any lengths (batched generation): each is
+    decoded as alone and a list of outputs is returned (``_each_prompt``).
+
     Returns:
         1-D LongTensor of the new tokens (``max_new_tokens`` long, shorter only after ``eos_id``).
     """
+    if isinstance(prompt_ids, (list, tuple)):
+        return _each_prompt(prompt_ids, lambda p: greedy_generate(target, p, max_new_tokens, eos_id, impl,
+                                                                  step_times))
     needed = _check_request(target, prompt_ids, max_new_tokens, extra=1)
     impl = resolve_impl(impl, prompt_ids.device, target.embed.dtype, target.config.head_dim)
     cache = target.new_cache(1, needed)
@@ -158,16 +176,17 @@ def greedy_generate(target: TargetLM, prompt_ids: torch.Tensor, max_new_tokens: 
 
 
 @torch.no_grad()
-def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max_new_tokens: int,
-                         depth: int, n_sink: int | None = None, window: int | None = None, impl: str = "auto",
-                         eos_id: int | None = None, verifier: str | Verifier = "batched"
-                         ) -> tuple[torch.Tensor, SpecStats]:
+def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor | list[torch.Tensor],
+                         max_new_tokens: int, depth: int, n_sink: int | None = None, window: int | None = None,
+                         impl: str = "auto", eos_id: int | None = None, verifier: str | Verifier = "batched"
+                         ) -> tuple[torch.Tensor, SpecStats] | tuple[list[torch.Tensor], list[SpecStats]]:
     """Greedy speculative decoding with an MTP draft head whose attention reads ``(n_sink, window)``.
 
     Args:
         target: the target LM (full attention in verification, always).
         draft: the MTP head drafting ``depth`` tokens per step, recursively.
-        prompt_ids: 1-D LongTensor prompt.
+        prompt_ids: 1-D LongTensor prompt, or a list of them (ragged lengths: each runs as alone,
+            ``_each_prompt``; the result is then a list of outputs and a list of statistics).
         max_new_tokens: tokens to generate.
         depth: draft tokens per step (K).
         n_sink, window: the draft key set (``window=None``: native MTP, full context).
@@ -179,6 +198,10 @@ def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Ten
     Returns:
         The new tokens (identical to ``greedy_generate``) and the step statistics.
     """
+    if isinstance(prompt_ids, (list, tuple)):
+        runs = _each_prompt(prompt_ids, lambda p: speculative_generate(
+            target, draft, p, max_new_tokens, depth, n_sink, window, impl, eos_id, verifier))
+        return [out for out, _ in runs], [stats for _, stats in runs]
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
         raise ValueError(f"depth must be a positive integer, got {depth!r}")
     check_key_set_args(n_sink, window)
