@@ -23,7 +23,7 @@ tests() {
     echo "notebook 04 exit $?"; } > "$OUT/tests.log" 2>&1
   if [ "${SKIP_NCU:-0}" != 1 ]; then  # where the draft's device time goes: attention kernel vs merge
     CUDA_VISIBLE_DEVICES=0 timeout 90 ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum \
-      --kernel-name regex:"_attention_kernel|_merge_kernel" --launch-skip 6 --launch-count 12 \
+      --kernel-name regex:"_attention_kernel|_merge_kernel" --launch-skip 12 --launch-count 12 \
       python3 scripts/profile_draft.py > "$OUT/ncu.log" 2>&1
     echo "ncu exit $?" >> "$OUT/ncu.log"
   fi

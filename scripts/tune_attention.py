@@ -11,8 +11,8 @@ Every configuration is captured in a CUDA graph and its replay timed with
 ``triton.testing.do_bench`` (cold L2, median): the kernels' device time, as ``wmtp bench
 attention``'s ``graph_ms``; each is checked against the launcher's defaults (max abs difference).
 Results are written as JSON after every case, so a run stopped at ``--budget-s`` keeps what it
-measured. The chosen defaults live in wmtp/attention/triton_attention.py; this script is how they
-were found, not part of the library.
+measured. The chosen defaults live in ``launch_config`` (wmtp/attention/plan.py); this script is how
+they were found, not part of the library.
 
     python scripts/tune_attention.py --out tune.json --budget-s 240
 """

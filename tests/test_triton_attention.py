@@ -112,6 +112,7 @@ SPLIT_CASES = [
     pytest.param(1, 8, 2, 8, 133, 4, 40, torch.float32, "contiguous", id="verify-window"),
     pytest.param(2, 4, 1, 1, 133, None, None, torch.float16, "paged16", id="decode-full-paged"),
     pytest.param(1, 4, 2, 4, 100, 0, 50, torch.bfloat16, "paged1", id="verify-nosink-bf16"),
+    pytest.param(1, 4, 2, 3, 90, 2, 30, torch.float64, "contiguous", id="verify-fp64"),  # fp64 partials + merge
 ]
 
 
@@ -177,6 +178,39 @@ def test_launch_config_defaults(args, expected):
 
     assert tuple(launch_config(*args)) == expected
     assert tuple(launch_config(*args, num_splits=3, block_n=16, num_warps=2, num_stages=1))[1:] == (16, 3, 2, 1)
+
+
+def test_launch_config_rejects_bad_overrides_and_fits_smaller_gpus():
+    from wmtp.attention.plan import launch_config
+
+    args = (1, 16, 2, 1, 256, BF16, M, 64, 4096, 132)
+    for bad in (dict(num_splits=0), dict(num_splits=-2), dict(block_n=8), dict(block_n=48)):
+        with pytest.raises(ValueError, match="num_splits|block_n"):
+            launch_config(*args, **bad)
+    with pytest.raises(ValueError, match="no positions"):
+        launch_config(1, 16, 2, 1, 256, BF16, 0, None, None, 132)
+    # 99 KiB of shared memory (an L4, an RTX 4090): the draft's 128-key block at D 256 (128 KiB) cannot fit
+    assert tuple(launch_config(*args, smem_bytes=99 * 1024)) == (16, 64, 66, 8, 1)
+
+
+@NEEDS_TRITON
+def test_public_op_checks_what_costs_no_sync():
+    """Positions given on the host are range-checked before they move; an empty cache and a GQA
+    group wider than the kernel's tile are rejected from shapes (NOTE [Host sync] in wmtp.attention)."""
+    q, k, v, _ = make_inputs(1, 4, 2, 2, 20, 32, torch.float32, seed=0, device=DEVICE)
+    for bad in ([0, 20], torch.tensor([-1, 3])):
+        with pytest.raises(ValueError, match="positions"):
+            wmtp.attention(q, k, v, bad, 2, 4, impl="triton")
+    with pytest.raises(ValueError, match="no positions"):
+        wmtp.attention(q, k[:, :, :0], v[:, :, :0], [0, 0], impl="triton")
+    wide = torch.zeros(1, 128, 1, 256, dtype=torch.float64, device=DEVICE)  # 128 query heads on 1 kv head
+    kv = torch.zeros(1, 1, 4, 256, dtype=torch.float64, device=DEVICE)
+    assert resolve_impl("auto", DEVICE, torch.float64, 256, group=128) == "torch"
+    with pytest.raises(ValueError, match="query heads per kv head"):
+        wmtp.attention(wide, kv, kv, [3], impl="triton")
+    from wmtp.attention.triton_attention import attention_triton
+    with pytest.raises(ValueError, match="query heads per kv head"):
+        attention_triton(wide, kv, kv, torch.tensor([3], device=DEVICE))
 
 
 def test_key_plan_reads_the_union_and_masks_only_the_edges():

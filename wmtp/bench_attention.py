@@ -23,11 +23,10 @@ import torch
 import torch.nn.functional as F
 
 from .bench import time_call
-from .bench_report import bars
+from .bench_report import PAGE_SIZE, bars, method_bytes
 from .keyset import check_key_set_args, in_key_set, key_ranges
 from .metrics import environment
 
-PAGE_SIZE = 16  # tokens per page of the paged cache
 CONTEXTS = (16384, 131072, 524288, 1048576)  # S
 SHAPES = ((16, 2, 256), (32, 8, 128))  # (Hq, Hkv, D)
 Q_LENS = (1, 8)  # 1: one draft query; 8: a verify chunk (or a batch of draft positions)
@@ -37,7 +36,8 @@ CAVEATS = [  # NOTE [Timing]
     "method, window ones included; host work inside a call that waits for the device is timed too.",
     "host_ms is the host's time inside one call; where it nears median_ms the launcher, not the kernel, is timed.",
     "graph_ms: the same call captured once in a CUDA graph and its replay timed the same way (cold L2): the "
-    "kernels' device time without the launcher; median_ms, from plain calls, is what the bars use.",
+    "kernels' device time without the launcher. Bar (a), the draft, judges graph_ms; bar (b), the verify, judges "
+    "pct_of_floor, which is computed from median_ms (plain calls).",
     "Window methods read the union of their queries' key sets (n_sink + window + q_len - 1 keys); for q_len > 1 "
     "the SDPA baselines get a boolean (q_len, keys) mask made outside the timed call.",
     "floor_ms counts a method's own ideal bytes (K and V of its keys, q, output); gather_sdpa_window also writes "
@@ -50,12 +50,6 @@ def _window_keys(S: int, q_len: int, n_sink: int, window: int) -> tuple[int, int
     (_, sink_hi), _ = key_ranges(S - 1, n_sink, window)
     _, (rec_lo, _) = key_ranges(S - q_len, n_sink, window)
     return sink_hi, max(rec_lo, sink_hi)
-
-
-def _nbytes(method: str, keys: int, Hq: int, Hkv: int, D: int, q_len: int, itemsize: int) -> int:
-    """Bytes a method must move at least: K and V of ``keys`` keys, the queries, the output (+ block table)."""
-    table = 4 * -(-keys // PAGE_SIZE) if "paged" in method else 0
-    return (2 * keys * Hkv * D + 2 * Hq * q_len * D) * itemsize + table
 
 
 def _backend_name(q, k, v, mask, gqa: bool) -> str | None:
@@ -319,7 +313,7 @@ def sweep(device: torch.device | str, contexts=CONTEXTS, shapes=SHAPES, q_lens=Q
                     for name in methods:
                         windowed = "window" in name
                         keys = sink_hi + S - rec_lo if windowed else S
-                        nbytes = _nbytes(name, keys, Hq, Hkv, D, q_len, dtype.itemsize)
+                        nbytes = method_bytes(name, keys, Hq, Hkv, D, q_len, dtype.itemsize)
                         row = {"method": name, "S": S, "Hq": Hq, "Hkv": Hkv, "D": D, "q_len": q_len,
                                "dtype": str(dtype).removeprefix("torch."), "keys_read": keys, "median_ms": None,
                                "bytes": nbytes, "floor_ms": nbytes / bandwidth * 1e3, "pct_of_floor": None,

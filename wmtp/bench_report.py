@@ -11,9 +11,16 @@ import torch
 
 from .fileio import atomic_path
 
+PAGE_SIZE = 16  # tokens per page of the sweep's paged cache
 DRAFT_MAX_MS = 0.012  # bar (a): triton_window, q_len 1, at every S
 DRAFT_MAX_GROWTH = 0.10  # bar (a): its time at the largest S within 10% of the smallest S's
 VERIFY_MIN_PCT = 85.0  # bar (b): triton_full at the largest S, percent of the HBM floor
+
+
+def method_bytes(method: str, keys: int, Hq: int, Hkv: int, D: int, q_len: int, itemsize: int) -> int:
+    """Bytes a method must move at least: K and V of ``keys`` keys, the queries, the output (+ block table)."""
+    table = 4 * -(-keys // PAGE_SIZE) if "paged" in method else 0
+    return (2 * keys * Hkv * D + 2 * Hq * q_len * D) * itemsize + table
 
 
 def _shape_key(r: dict) -> str:
@@ -104,18 +111,13 @@ def plot(result: dict, png_path) -> None:
                 if pts:
                     ax.plot(*zip(*pts), marker="o", label=m)
             Ss = sorted({r["S"] for r in cell})
-            floor = [_full_cache_bytes(S, Hq, Hkv, D, q_len, itemsize) / result["copy_bandwidth_gbs"] / 1e6 for S in Ss]
+            bandwidth = result["copy_bandwidth_gbs"] * 1e6  # bytes per ms
+            floor = [method_bytes("full", S, Hq, Hkv, D, q_len, itemsize) / bandwidth for S in Ss]
             ax.plot(Ss, floor, "k--", label="HBM floor, full cache")
             ax.set(xscale="log", yscale="log", title=f"Hq {Hq} / Hkv {Hkv} / D {D}, q_len {q_len}",
-                   xlabel="context S (keys)", ylabel="median ms (CUDA-graph replay)")
+                   xlabel="context S (keys)", ylabel="ms: CUDA-graph replay, else plain calls")
             ax.grid(True, which="both", alpha=0.3)
     axes[0][0].legend(fontsize="small")
     fig.suptitle(f"Attention time vs context, {result['dtype']}, sink {result['n_sink']} + window {result['window']}")
     with atomic_path(png_path) as tmp:
         fig.savefig(tmp, format="png", dpi=120)
-
-
-
-def _full_cache_bytes(S: int, Hq: int, Hkv: int, D: int, q_len: int, itemsize: int) -> int:
-    """Bytes of K and V of ``S`` keys plus the queries and output: the full-cache HBM floor's numerator."""
-    return (2 * S * Hkv * D + 2 * Hq * q_len * D) * itemsize

@@ -153,7 +153,8 @@ def greedy_generate(target: TargetLM, prompt_ids: torch.Tensor | list[torch.Tens
         return _each_prompt(prompt_ids, lambda p: greedy_generate(target, p, max_new_tokens, eos_id, impl,
                                                                   step_times))
     needed = _check_request(target, prompt_ids, max_new_tokens, extra=1)
-    impl = resolve_impl(impl, prompt_ids.device, target.embed.dtype, target.config.head_dim)
+    impl = resolve_impl(impl, prompt_ids.device, target.embed.dtype, target.config.head_dim,
+                        target.config.n_heads // target.config.n_kv_heads)
     cache = target.new_cache(1, needed)
     logits, _ = target(prompt_ids[None], torch.arange(prompt_ids.numel(), device=prompt_ids.device), cache, impl)
     out: list[int] = []
@@ -208,7 +209,8 @@ def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Ten
     if not callable(verifier) and verifier not in VERIFIERS:
         raise ValueError(f"unknown verifier {verifier!r}; choose one of {', '.join(VERIFIERS)} or pass a function")
     needed = _check_request(target, prompt_ids, max_new_tokens, extra=depth + 1)
-    impl = resolve_impl(impl, prompt_ids.device, target.embed.dtype, target.config.head_dim)
+    impl = resolve_impl(impl, prompt_ids.device, target.embed.dtype, target.config.head_dim,
+                        target.config.n_heads // target.config.n_kv_heads)
     verify = verifier if callable(verifier) else {"batched": verify_greedy, "loop": verify_greedy_loop}[verifier]
     dev = prompt_ids.device
     stats = SpecStats(depth=depth)

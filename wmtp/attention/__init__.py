@@ -19,6 +19,7 @@ import torch
 
 from ..keyset import check_key_set_args
 from .paged import paged_attention_torch
+from .plan import max_tile_rows
 from .reference import attention_torch
 
 IMPLS = ("auto", "torch", "triton")
@@ -37,21 +38,25 @@ def _triton_importable() -> bool:
     return True
 
 
-def _triton_unsupported(dtype: torch.dtype | None, head_dim: int | None) -> str | None:
+def _triton_unsupported(dtype: torch.dtype | None, head_dim: int | None, group: int | None) -> str | None:
     """Why the Triton kernel cannot take these inputs, or ``None`` if it can."""
     if dtype is not None and dtype not in TRITON_DTYPES:
         return f"dtype {dtype} (the kernel takes float16, bfloat16, float32 or float64)"
     if head_dim is not None and head_dim not in TRITON_HEAD_DIMS:
         return f"head_dim {head_dim} (the kernel takes {', '.join(map(str, TRITON_HEAD_DIMS))})"
+    if group is not None and dtype is not None and head_dim is not None and group > max_tile_rows(dtype, head_dim):
+        return f"{group} query heads per kv head at {dtype}, head_dim {head_dim} (its tile holds " \
+               f"{max_tile_rows(dtype, head_dim)} rows)"
     return None
 
 
 def resolve_impl(impl: str, device: torch.device | str, dtype: torch.dtype | None = None,
-                 head_dim: int | None = None) -> str:
+                 head_dim: int | None = None, group: int | None = None) -> str:
     """Resolve ``impl`` for tensors on ``device`` to a concrete implementation name.
 
-    ``"auto"`` is ``"triton"`` for CUDA tensors when triton imports (and, if given, ``dtype`` and
-    ``head_dim`` are ones the kernel takes), else ``"torch"``. ``"triton"`` runs on CUDA, or on
+    ``"auto"`` is ``"triton"`` for CUDA tensors when triton imports (and, if given, ``dtype``,
+    ``head_dim`` and ``group``, the query heads per kv head, are ones the kernel takes), else
+    ``"torch"``. ``"triton"`` runs on CUDA, or on
     CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``, read only to detect it).
 
     Raises:
@@ -63,7 +68,7 @@ def resolve_impl(impl: str, device: torch.device | str, dtype: torch.dtype | Non
     if impl == "torch":
         return "torch"
     if impl == "auto":
-        cuda = device.type == "cuda" and _triton_unsupported(dtype, head_dim) is None
+        cuda = device.type == "cuda" and _triton_unsupported(dtype, head_dim, group) is None
         return "triton" if cuda and _triton_importable() else "torch"
     interpreted = device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
     if device.type != "cuda" and not interpreted:
@@ -71,31 +76,36 @@ def resolve_impl(impl: str, device: torch.device | str, dtype: torch.dtype | Non
                          f"tensors on {device}; use impl='torch' or impl='auto'")
     if not _triton_importable():
         raise ValueError("impl='triton' needs the triton package (pip install 'wmtp[triton]'); use impl='torch'")
-    reason = _triton_unsupported(dtype, head_dim)
+    reason = _triton_unsupported(dtype, head_dim, group)
     if reason is not None:
         raise ValueError(f"impl='triton' does not support {reason}; use impl='torch'")
     return "triton"
 
 
-def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, check_values: bool) -> None:
+def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor) -> int:
+    """Shapes only (no values: no sync); returns the query heads per kv head."""
     if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape:
         raise ValueError(f"expected q (B, Hq, Lq, D) and k, v (B, Hkv, S, D); got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
     B, Hq, Lq, D = q.shape
-    if k.shape[0] != B or k.shape[3] != D or Hq % k.shape[1]:
+    if k.shape[0] != B or k.shape[3] != D or not k.shape[1] or Hq % k.shape[1]:
         raise ValueError(f"q {tuple(q.shape)} does not fit k {tuple(k.shape)} (batch, head_dim, Hq % Hkv)")
+    if k.shape[2] == 0:
+        raise ValueError("the cache holds no positions (S = 0)")
     if q_pos.shape != (Lq,):
         raise ValueError(f"q_pos must have shape ({Lq},), got {tuple(q_pos.shape)}")
-    if Lq and check_values and (int(q_pos.min()) < 0 or int(q_pos.max()) >= k.shape[2]):
-        raise ValueError(f"query positions must lie in [0, {k.shape[2]}), got [{int(q_pos.min())}, {int(q_pos.max())}]")
+    return Hq // k.shape[1]
 
 
-def _reads_positions(impl: str, q_pos: torch.Tensor) -> bool:
+def _check_positions(impl: str, q_pos: torch.Tensor, S: int) -> None:
     """NOTE [Host sync]: query positions are range-checked on the host when that costs no wait:
     always for the reference (it reads them anyway) and for positions given in host memory. The
     Triton path with positions already on the GPU is not checked, so a call never waits for the
     device; the kernel clamps positions to the cache, so a bad one cannot read outside it."""
-    return impl == "torch" or q_pos.device.type == "cpu"
+    if q_pos.numel() and (impl == "torch" or q_pos.device.type == "cpu"):
+        lo, hi = int(q_pos.min()), int(q_pos.max())
+        if lo < 0 or hi >= S:
+            raise ValueError(f"query positions must lie in [0, {S}), got [{lo}, {hi}]")
 
 
 def attention(
@@ -114,7 +124,7 @@ def attention(
         k, v: ``(B, Hkv, S, D)`` position-indexed keys and values (``Hq % Hkv == 0``).
         q_pos: ``(Lq,)`` LongTensor of absolute query positions, in ``[0, S)``; queries are causal
             among themselves through the key-set formula. Checked unless they are on the GPU and
-            ``impl`` resolves to ``"triton"`` (NOTE [Host sync] in ``_reads_positions``).
+            ``impl`` resolves to ``"triton"`` (NOTE [Host sync] in ``_check_positions``).
         n_sink: sink keys (``None`` = 0).
         window: recent keys including the query's own (``None`` = full causal set).
         impl: ``"auto"``, ``"torch"`` or ``"triton"``.
@@ -123,9 +133,10 @@ def attention(
         ``(B, Hq, Lq, D)`` tensor in ``q.dtype``.
     """
     check_key_set_args(n_sink, window)
-    impl = resolve_impl(impl, q.device, q.dtype, q.shape[-1])
     q_pos = torch.as_tensor(q_pos, dtype=torch.long)  # (Lq,) where it was given
-    _check_shapes(q, k, v, q_pos, check_values=_reads_positions(impl, q_pos))
+    group = _check_shapes(q, k, v, q_pos)
+    impl = resolve_impl(impl, q.device, q.dtype, q.shape[-1], group)
+    _check_positions(impl, q_pos, k.shape[2])
     q_pos = q_pos.to(q.device)
     if impl == "triton":
         from .triton_attention import attention_triton
@@ -152,7 +163,8 @@ def paged_attention(
         q: ``(B, Hq, Lq, D)`` queries.
         k_pages, v_pages: ``(num_pages, page_size, Hkv, D)`` pages (``Hq % Hkv == 0``).
         block_table: ``(B, max_pages)`` int32 page indices.
-        q_pos: ``(Lq,)`` LongTensor of absolute query positions, each ``< max_pages * page_size``.
+        q_pos: ``(Lq,)`` LongTensor of absolute query positions, each ``< max_pages * page_size``;
+            checked as in ``attention`` (not when on the GPU with ``impl`` resolving to ``"triton"``).
         n_sink: sink keys (``None`` = 0).
         window: recent keys including the query's own (``None`` = full causal set).
         impl: ``"auto"``, ``"torch"`` or ``"triton"``.
@@ -161,7 +173,6 @@ def paged_attention(
         ``(B, Hq, Lq, D)`` tensor in ``q.dtype``.
     """
     check_key_set_args(n_sink, window)
-    impl = resolve_impl(impl, q.device, q.dtype, q.shape[-1])
     q_pos = torch.as_tensor(q_pos, dtype=torch.long)  # (Lq,) where it was given
     if k_pages.dim() != 4 or v_pages.shape != k_pages.shape or block_table.dim() != 2:
         raise ValueError(f"expected k_pages, v_pages (num_pages, page_size, Hkv, D) and block_table (B, max_pages); "
@@ -172,7 +183,9 @@ def paged_attention(
     capacity = block_table.shape[1] * k_pages.shape[1]  # positions the block table can address
     # The logical (B, Hkv, capacity, D) shape the contiguous checks apply to.
     logical = torch.empty(B, Hkv, capacity, k_pages.shape[3], device="meta")
-    _check_shapes(q, logical, logical, q_pos, check_values=_reads_positions(impl, q_pos))
+    group = _check_shapes(q, logical, logical, q_pos)
+    impl = resolve_impl(impl, q.device, q.dtype, q.shape[-1], group)
+    _check_positions(impl, q_pos, capacity)
     q_pos = q_pos.to(q.device)
     if impl == "triton":
         from .triton_attention import paged_attention_triton

@@ -16,9 +16,12 @@ import torch
 
 from ..keyset import key_ranges
 
-__all__ = ["KeyPlan", "key_plan", "LaunchConfig", "launch_config"]
+__all__ = ["KeyPlan", "key_plan", "LaunchConfig", "launch_config", "max_tile_rows"]
 
-SMEM_BUDGET = 200 * 1024  # bytes of shared memory for pipelined K/V blocks per SM (H100/H200: 227 KiB)
+SMEM_H200 = 232448  # opt-in shared memory per block of an H100/H200 (227 KiB), the tuned machine
+SMEM_HEADROOM = 32 * 1024  # shared memory left for the query tile and layout conversions
+MAX_ROWS = 256  # most query rows (group * Lq) in one tile; longer query blocks (prefill) are chunked
+MAX_TILE_BYTES = 128 * 128 * 4  # most bytes of the (rows, D) accumulator: 64 KiB of registers
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -80,23 +83,46 @@ class LaunchConfig(NamedTuple):
     num_stages: int
 
 
+def max_tile_rows(dtype: torch.dtype, D: int) -> int:
+    """Most query rows (query heads of a kv head x queries) one tile holds at head dim ``D``: the
+    accumulator stays within ``MAX_TILE_BYTES``, and ieee fp32 / fp64 tiles (no bf16 tensor cores)
+    within 64 rows, which keeps their compile times in seconds (NOTE [Launch])."""
+    fma = dtype in (torch.float32, torch.float64)
+    return min(64 if fma else MAX_ROWS, MAX_TILE_BYTES // ((8 if dtype == torch.float64 else 4) * D))
+
+
 def launch_config(B: int, Hq: int, Hkv: int, Lq: int, D: int, dtype: torch.dtype, capacity: int,
                   n_sink: int | None, window: int | None, sm_count: int | None,
                   num_splits: int | None = None, block_n: int | None = None,
-                  num_warps: int | None = None, num_stages: int | None = None) -> LaunchConfig:
+                  num_warps: int | None = None, num_stages: int | None = None,
+                  smem_bytes: int = SMEM_H200) -> LaunchConfig:
     """The launch for a query tile over a cache of ``capacity`` positions, from shapes only (no sync).
 
-    ``sm_count`` is the GPU's SM count, ``None`` for the CPU interpreter; the other four arguments
-    override the defaults of NOTE [Launch] when given.
+    ``sm_count`` is the GPU's SM count, ``None`` for the CPU interpreter; ``smem_bytes`` its opt-in
+    shared memory per block; ``num_splits``, ``block_n``, ``num_warps`` and ``num_stages`` override
+    the defaults of NOTE [Launch] when given.
+
+    Raises:
+        ValueError: for ``num_splits < 1``, a ``block_n`` that is not a power of two >= 16, or an
+            empty cache.
     """
+    if num_splits is not None and num_splits < 1:
+        raise ValueError(f"num_splits must be at least 1, got {num_splits}")
+    if block_n is not None and (block_n < 16 or block_n & (block_n - 1)):
+        raise ValueError(f"block_n must be a power of two >= 16, got {block_n}")
+    if capacity < 1:
+        raise ValueError("the cache holds no positions")
     fp64, fma = dtype == torch.float64, dtype in (torch.float32, torch.float64)  # fma: no bf16 tensor cores
+    budget = min(200 * 1024, smem_bytes - SMEM_HEADROOM)  # bytes for pipelined K/V blocks
     block_m = _next_pow2(max(16, Hq // Hkv * Lq))
     n_keys = capacity if window is None else min(capacity, (n_sink or 0) + window + Lq - 1)  # upper bound
     short = sm_count is not None and not fma and _cdiv(n_keys, 128) * B * Hkv <= 4 * sm_count
-    block_n = block_n or (128 if short else (16 if D >= 128 else 32) if fma else 32 if D > 128 else 64)
+    if block_n is None:  # a short range's one block of 128 keys, 64 where shared memory is smaller
+        big = next((n for n in (128, 64) if 2 * n * D * dtype.itemsize <= budget), 32)
+        block_n = big if short else (16 if D >= 128 else 32) if fma else 32 if D > 128 else 64
     n_blk = _cdiv(n_keys, block_n) + (window is not None)  # two ranges: one more partial block
     stage_bytes = 2 * block_n * D * dtype.itemsize  # one K block and one V block
-    two_per_sm = block_m * D * (8 if fp64 else 4) <= 32 * 1024 and 2 * 3 * stage_bytes <= SMEM_BUDGET
+    two_per_sm = block_m * D * (8 if fp64 else 4) <= 32 * 1024 and 2 * 3 * stage_bytes <= budget
     if num_splits is None:
         if sm_count is None:  # the CPU interpreter runs programs one by one: splitting only adds programs
             num_splits = 1
@@ -108,6 +134,6 @@ def launch_config(B: int, Hq: int, Hkv: int, Lq: int, D: int, dtype: torch.dtype
     if num_warps is None:
         num_warps = 8 if (short and D >= 256) or block_m * D * (2 if fp64 else 1) > 128 * 128 else 4
     if num_stages is None:  # K/V blocks in flight per program, within the shared-memory budget
-        num_stages = max(1, min(2, SMEM_BUDGET // stage_bytes)) if short else \
-            3 if two_per_sm else max(1, min(4, SMEM_BUDGET // stage_bytes))
+        num_stages = max(1, min(2, budget // stage_bytes)) if short else \
+            3 if two_per_sm else max(1, min(4, budget // stage_bytes))
     return LaunchConfig(block_m, block_n, num_splits, num_warps, num_stages)

@@ -8,7 +8,7 @@ with the cache length. That is the draft-KV saving the paper measures.
 
 NOTE [Precision]: scores, softmax and the weighted sum run in ``promote_types(dtype, float32)``
 (fp32 for fp16/bf16/fp32 inputs, fp64 for fp64 inputs); the output is cast back to ``q.dtype``.
-Kernels accumulate in fp32 too, so this mirrors their precision boundaries.
+Kernels accumulate in fp32 too (fp64 for fp64), so this mirrors their precision boundaries.
 """
 
 from __future__ import annotations

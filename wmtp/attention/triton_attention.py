@@ -25,8 +25,8 @@ Design (STYLE.md lesson 4):
   combines them with log-sum-exp, one program per output row, many splits per load. With one
   split the attention kernel writes the output itself.
 - Any ``q_pos`` is correct (masks use each row's own position); scattered positions only widen
-  the recent range and mask more blocks. A tile holds at most ``max_rows(D) = min(MAX_ROWS,
-  MAX_TILE_BYTES // (4 * D))`` rows (half for fp64: the accumulator must fit in registers); a longer query block
+  the recent range and mask more blocks. A tile holds at most ``max_tile_rows(dtype, D)`` rows
+  (attention/plan.py: the accumulator must fit in registers); a longer query block
   (prefill, or group 16 x 16 queries at D >= 128) is cut on the host into chunks of
   ``max_rows(D) // group`` queries, one launch each.
 
@@ -37,18 +37,22 @@ computes on device what ``key_plan`` (attention/plan.py) computes on the host (t
 their blocks, the unmasked blocks, its share ``cdiv(n_blk, n_splits)`` of the blocks).
 ``window=None`` runs as ``n_sink = 0, window = FULL`` (larger than any position).
 
-NOTE [Launch]: ``n_blk`` is an upper bound of the key blocks from shapes, ``min(S, n_sink + window
-+ Lq - 1)`` keys (``S`` for the full set; exact for consecutive positions); a split left without
-keys writes ``m = -inf, l = 0``. Defaults, from H200 runs of scripts/tune_attention.py (CUDA-graph
-device time; metrics/tune-attention-h200-*.json):
+NOTE [Launch]: ``launch_config`` (attention/plan.py) picks the launch from shapes. ``n_blk`` is an
+upper bound of the key blocks, ``min(S, n_sink + window + Lq - 1)`` keys (``S`` for the full set;
+exact for consecutive positions); a split left without keys writes ``m = -inf, l = 0``. The
+defaults and where each comes from (H200 runs; metrics/README.md lists the files):
 - a short range (the draft's sink + window: at most 4 blocks of 128 keys per SM over all heads)
-  runs one block of 128 keys per program, so its time is one block's memory latency plus the merge,
-  not a loop over blocks (8 warps at D = 256; 1 or 2 stages: a 128-key block at D = 256 is 128 KiB);
+  runs one block of 128 keys per program (64 where shared memory is smaller), so its time is one
+  block's memory latency plus the merge, not a loop over blocks; 8 warps at D = 256. Chosen from
+  the CUDA-graph tuning run (tune-attention-h200-graph-12d4ff2.json). Its 1-2 pipeline stages come
+  from a test failure, not tuning: Triton's default 3 overflowed shared memory at D = 256;
 - a long range (verify over S keys) runs in whole waves: one or two resident programs per SM
-  (two when the accumulator is <= 32 KiB and two programs' 3-stage K/V pipelines fit
-  ``SMEM_BUDGET``), each streaming its share of the blocks through ``num_stages`` buffers;
+  (two when the accumulator is <= 32 KiB and two programs' 3-stage K/V pipelines fit the
+  shared-memory budget), each streaming its share of the blocks through ``num_stages`` buffers.
+  D = 128 from the CUDA-graph run; D = 256 from the plain-call run (tune-attention-h200-plain-24aeee8.json);
 - fp32 (ieee) and fp64 dots run without bf16 tensor cores: smaller blocks (16-32 keys) and at most
-  64 rows a tile keep their compile times in seconds; the CPU interpreter runs one split.
+  64 rows a tile (``max_tile_rows``) keep their compile times in seconds, as the H200 test runs
+  showed; the CPU interpreter runs one split.
 
 NOTE [Reads]: a MASKED block loads only the keys and values that some row of the tile reads
 (``kread``; the block table is read for the whole range), so a cache row outside the union of the
@@ -70,17 +74,15 @@ import torch
 import triton
 import triton.language as tl
 
-from .plan import launch_config
+from .plan import SMEM_H200, launch_config, max_tile_rows
 
 __all__ = ["attention_triton", "paged_attention_triton"]
 
-MAX_ROWS = 256  # most query rows (group * Lq) in one tile; longer query blocks (prefill) are chunked
-MAX_TILE_BYTES = 128 * 128 * 4  # most bytes of the (rows, D) accumulator: 64 KiB of registers
 FULL = 1 << 30  # window=None: a window longer than any position (int32-safe: t - FULL does not wrap)
 
 
 @triton.jit
-def _attend(acc, m_i, l_i, q, t,  # running (BLOCK_M, D) fp32 sum, (BLOCK_M,) max/denominator; q tile; row positions
+def _attend(acc, m_i, l_i, q, t,  # running (BLOCK_M, D) sum, (BLOCK_M,) max/denominator (ACC dtype); q tile; positions
             k_base, v_base,  # pointers to the (batch, kv head) of K / V (contiguous) or to head kvh of page 0 (paged)
             bt_row,  # pointer to the block-table row of this sequence (paged only)
             stride_outer, stride_pos, stride_d,  # K/V strides: batch or page, position or page row, head dim
@@ -162,7 +164,7 @@ def _key_plan(t_min, t_max, n_sink, window, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _store_rows(Out, tile, rows, b, kvh, Lq,  # Out: output base pointer; tile (R, D) fp32; rows (R,) tile rows
+def _store_rows(Out, tile, rows, b, kvh, Lq,  # Out: output base pointer; tile (R, D) accumulator; rows (R,) tile rows
                 stride_ob, stride_oh, stride_ol, stride_od, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr):
     offs_d = tl.arange(0, HEAD_DIM)
     row_off = b.to(tl.int64) * stride_ob + (kvh * GROUP + rows // Lq) * stride_oh + (rows % Lq) * stride_ol  # (R,)
@@ -198,8 +200,9 @@ def _attention_kernel(
     q = tl.load(Q + q_row[:, None] + offs_d[None, :] * stride_qd, mask=(rows < GROUP * Lq)[:, None], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
-    t = tl.load(QPOS + rows % Lq).to(tl.int32)  # (BLOCK_M,) padding rows repeat a real query's position
-    t = tl.minimum(t, capacity - 1)  # NOTE [Host sync]: positions are not checked on the host; never read past S
+    # (BLOCK_M,) padding rows repeat a real query's position. NOTE [Host sync]: positions are not
+    # checked on the host; clamped (in int64, before the int32 cast) so that no read passes the cache
+    t = tl.minimum(tl.load(QPOS + rows % Lq), capacity - 1).to(tl.int32)
 
     sink_hi, n_blk_sink, sink_u2, rec_lo, rec_hi, n_blk_rec, rec_u1, rec_u2 = _key_plan(
         tl.min(t, 0), tl.max(t, 0), n_sink, window, BLOCK_N)  # NOTE [Host sync]: planned on device
@@ -279,8 +282,10 @@ def _merge_kernel(
 
 
 @functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
+def _gpu_limits(device: torch.device) -> tuple[int, int]:
+    """(SM count, opt-in shared memory per block); 99 KiB where torch does not report the latter."""
+    props = torch.cuda.get_device_properties(device)
+    return props.multi_processor_count, getattr(props, "shared_memory_per_block_optin", None) or 99 * 1024
 
 
 def _launch(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning):
@@ -294,9 +299,9 @@ def _launch(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning):
     group = Hq // Hkv
     fp64 = q.dtype == torch.float64
     capacity = k.shape[1] if block_table is None else block_table.shape[1] * page_size  # key positions
-    sms = _sm_count(q.device) if q.device.type == "cuda" else None
+    sms, smem = _gpu_limits(q.device) if q.device.type == "cuda" else (None, SMEM_H200)
     BLOCK_M, BLOCK_N, num_splits, num_warps, num_stages = launch_config(
-        B, Hq, Hkv, Lq, D, q.dtype, capacity, n_sink, window, sms, *tuning)
+        B, Hq, Hkv, Lq, D, q.dtype, capacity, n_sink, window, sms, *tuning, smem_bytes=smem)
     n_sink = 0 if window is None else (n_sink or 0)
     window = FULL if window is None else min(window, FULL)  # the same key set for positions < FULL
     acc_dtype = torch.float64 if fp64 else torch.float32
@@ -340,13 +345,15 @@ def _check(q, k, v, q_pos):
 
 
 def _by_query_chunks(q, q_pos, group, run):
-    """Call ``run(q_chunk, pos_chunk)`` on blocks of at most ``max_rows(D) // group`` queries."""
+    """Call ``run(q_chunk, pos_chunk)`` on blocks of at most ``max_tile_rows(dtype, D) // group`` queries."""
     Lq = q.shape[2]
     if Lq == 0:
         return torch.empty_like(q)
-    fma = q.dtype in (torch.float32, torch.float64)  # NOTE [Launch]: smaller tiles
-    max_rows = min(64 if fma else MAX_ROWS, MAX_TILE_BYTES // ((8 if q.dtype == torch.float64 else 4) * q.shape[-1]))
-    chunk = max(1, max_rows // group)
+    max_rows = max_tile_rows(q.dtype, q.shape[-1])
+    if group > max_rows:
+        raise ValueError(f"{group} query heads per kv head exceed the kernel's tile of {max_rows} rows "
+                         f"({q.dtype}, head_dim {q.shape[-1]}); use impl='torch'")
+    chunk = max_rows // group
     if chunk >= Lq:
         return run(q, q_pos)
     return torch.cat([run(q[:, :, i : i + chunk], q_pos[i : i + chunk]) for i in range(0, Lq, chunk)], dim=2)
@@ -359,7 +366,8 @@ def attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: t
     """Sink+window (or full causal) attention over a contiguous cache; semantics of ``attention_torch``.
 
     Args:
-        q: ``(B, Hq, Lq, D)`` queries (fp16, bf16 or fp32; ``D`` a power of two, 16..256).
+        q: ``(B, Hq, Lq, D)`` queries (fp16, bf16, fp32 or fp64; ``D`` a power of two, 16..256;
+            ``Hq // Hkv`` at most ``max_tile_rows(dtype, D)``, else ``ValueError``).
         k, v: ``(B, Hkv, S, D)`` position-indexed keys and values, any strides (head dim contiguous).
         q_pos: ``(Lq,)`` LongTensor of absolute query positions, each ``< S`` (not checked here,
             which would need a host sync; the kernel clamps them so that it never reads past S).
