@@ -193,6 +193,15 @@ def test_launch_config_rejects_bad_overrides_and_fits_smaller_gpus():
     assert tuple(launch_config(*args, smem_bytes=99 * 1024)) == (16, 64, 66, 8, 1)
 
 
+def test_max_tile_rows():
+    """Rows per tile: a 64 KiB accumulator, and at most 64 rows for ieee fp32 / fp64 (NOTE [Launch])."""
+    from wmtp.attention.plan import max_tile_rows
+
+    assert [max_tile_rows(BF16, D) for D in (32, 64, 128, 256)] == [256, 256, 128, 64]
+    assert [max_tile_rows(F32, D) for D in (32, 128, 256)] == [64, 64, 64]
+    assert [max_tile_rows(F64, D) for D in (16, 128, 256)] == [64, 64, 32]
+
+
 @NEEDS_TRITON
 def test_public_op_checks_what_costs_no_sync():
     """Positions given on the host are range-checked before they move; an empty cache and a GQA
