@@ -108,6 +108,16 @@ def _check_positions(impl: str, q_pos: torch.Tensor, S: int) -> None:
             raise ValueError(f"query positions must lie in [0, {S}), got [{lo}, {hi}]")
 
 
+def _prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos, impl: str) -> tuple[str, torch.Tensor]:
+    """Shared by both ops: check shapes against the (logical) ``(B, Hkv, S, D)`` cache ``k, v``, resolve
+    ``impl`` once, check positions where that costs no sync, and move them to ``q``'s device."""
+    q_pos = torch.as_tensor(q_pos, dtype=torch.long)  # (Lq,) where it was given
+    group = _check_shapes(q, k, v, q_pos)
+    impl = resolve_impl(impl, q.device, q.dtype, q.shape[-1], group)
+    _check_positions(impl, q_pos, k.shape[2])
+    return impl, q_pos.to(q.device)
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -133,11 +143,7 @@ def attention(
         ``(B, Hq, Lq, D)`` tensor in ``q.dtype``.
     """
     check_key_set_args(n_sink, window)
-    q_pos = torch.as_tensor(q_pos, dtype=torch.long)  # (Lq,) where it was given
-    group = _check_shapes(q, k, v, q_pos)
-    impl = resolve_impl(impl, q.device, q.dtype, q.shape[-1], group)
-    _check_positions(impl, q_pos, k.shape[2])
-    q_pos = q_pos.to(q.device)
+    impl, q_pos = _prepare(q, k, v, q_pos, impl)
     if impl == "triton":
         from .triton_attention import attention_triton
 
@@ -173,7 +179,6 @@ def paged_attention(
         ``(B, Hq, Lq, D)`` tensor in ``q.dtype``.
     """
     check_key_set_args(n_sink, window)
-    q_pos = torch.as_tensor(q_pos, dtype=torch.long)  # (Lq,) where it was given
     if k_pages.dim() != 4 or v_pages.shape != k_pages.shape or block_table.dim() != 2:
         raise ValueError(f"expected k_pages, v_pages (num_pages, page_size, Hkv, D) and block_table (B, max_pages); "
                          f"got {tuple(k_pages.shape)}, {tuple(v_pages.shape)}, {tuple(block_table.shape)}")
@@ -183,10 +188,7 @@ def paged_attention(
     capacity = block_table.shape[1] * k_pages.shape[1]  # positions the block table can address
     # The logical (B, Hkv, capacity, D) shape the contiguous checks apply to.
     logical = torch.empty(B, Hkv, capacity, k_pages.shape[3], device="meta")
-    group = _check_shapes(q, logical, logical, q_pos)
-    impl = resolve_impl(impl, q.device, q.dtype, q.shape[-1], group)
-    _check_positions(impl, q_pos, capacity)
-    q_pos = q_pos.to(q.device)
+    impl, q_pos = _prepare(q, logical, logical, q_pos, impl)
     if impl == "triton":
         from .triton_attention import paged_attention_triton
 
