@@ -188,7 +188,10 @@ def _attention_kernel(
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr,
     PRECISION: tl.constexpr, ACC: tl.constexpr,  # ACC: accumulator dtype, float64 for float64 inputs
+    PDL: tl.constexpr,  # NOTE [PDL]: let the merge kernel launch now; it waits for this grid's end
 ):
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
     qk_scale = tl.full([], 1.4426950408889634, ACC) / tl.sqrt(tl.full([], HEAD_DIM, ACC))  # log2(e) / sqrt(D)
@@ -251,9 +254,12 @@ def _merge_kernel(
     stride_ob, stride_oh, stride_ol, stride_od,
     Hkv, Lq, n_splits,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One program per (batch * kv head, real tile row): the log-sum-exp merge of its ``n_splits``
     partials, ``SPLIT_CHUNK`` splits per load, so the merge is a few wide loads, not a serial loop."""
+    if PDL:  # NOTE [PDL]: launched early; wait until the attention grid has finished and its writes are visible
+        tl.extra.cuda.gdc_wait()
     pid_bh = tl.program_id(0)
     row = tl.program_id(1)  # a real row of the tile: query head kvh * GROUP + row // Lq, query row % Lq
     offs_s = tl.arange(0, SPLIT_CHUNK)
@@ -282,24 +288,27 @@ def _merge_kernel(
 
 
 @functools.lru_cache(maxsize=None)
-def _gpu_limits(device: torch.device) -> tuple[int, int]:
-    """(SM count, opt-in shared memory per block); 99 KiB where torch does not report the latter."""
+def _gpu_limits(device: torch.device) -> tuple[int, int, bool]:
+    """(SM count, opt-in shared memory per block, programmatic dependent launch available: sm_90+);
+    99 KiB of shared memory where torch does not report it."""
     props = torch.cuda.get_device_properties(device)
-    return props.multi_processor_count, getattr(props, "shared_memory_per_block_optin", None) or 99 * 1024
+    return (props.multi_processor_count, getattr(props, "shared_memory_per_block_optin", None) or 99 * 1024,
+            props.major >= 9)
 
 
 def _launch(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning):
     """Run the kernels for one block of queries; k, v strides are (outer, position, head, dim).
 
     Sync-free (NOTE [Host sync]): everything decided here comes from shapes and Python ints.
-    ``tuning`` holds the optional overrides ``num_splits, block_n, num_warps, num_stages``.
+    ``tuning`` holds the optional overrides ``num_splits, block_n, num_warps, num_stages, pdl``.
     """
     B, Hq, Lq, D = q.shape
     Hkv = k.shape[2]  # k is (outer, position, Hkv, D) in both layouts
     group = Hq // Hkv
     fp64 = q.dtype == torch.float64
     capacity = k.shape[1] if block_table is None else block_table.shape[1] * page_size  # key positions
-    sms, smem = _gpu_limits(q.device) if q.device.type == "cuda" else (None, SMEM_H200)
+    sms, smem, has_pdl = _gpu_limits(q.device) if q.device.type == "cuda" else (None, SMEM_H200, False)
+    *tuning, pdl = tuning
     BLOCK_M, BLOCK_N, num_splits, num_warps, num_stages = launch_config(
         B, Hq, Hkv, Lq, D, q.dtype, capacity, n_sink, window, sms, *tuning, smem_bytes=smem)
     n_sink = 0 if window is None else (n_sink or 0)
@@ -308,6 +317,9 @@ def _launch(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning):
 
     out = torch.empty_like(q, memory_format=torch.contiguous_format)  # (B, Hq, Lq, D)
     split = num_splits > 1
+    if pdl and not has_pdl:
+        raise ValueError("pdl=True needs a CUDA GPU of compute capability 9.0 or newer")
+    pdl = split and (has_pdl if pdl is None else pdl)  # NOTE [PDL]
     if split:  # one workspace: m, l (B*Hkv, n_splits, BLOCK_M) and acc (B*Hkv, n_splits, BLOCK_M, D)
         n = B * Hkv * num_splits * BLOCK_M
         ws = torch.empty(n * (D + 2), device=q.device, dtype=acc_dtype)
@@ -323,13 +335,13 @@ def _launch(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning):
         PAGED=block_table is not None, SPLIT=split,
         UPCAST=q.device.type == "cpu" and q.dtype == torch.bfloat16,
         PRECISION="ieee" if q.dtype in (torch.float32, torch.float64) else "tf32",
-        ACC=tl.float64 if fp64 else tl.float32, num_warps=num_warps, num_stages=num_stages,
+        ACC=tl.float64 if fp64 else tl.float32, PDL=pdl, num_warps=num_warps, num_stages=num_stages,
     )
     if split:
         chunk = min(triton.next_power_of_2(num_splits), max(1, 8192 // D))
         _merge_kernel[(B * Hkv, group * Lq)](
             pm, pl, pacc, out, *out.stride(), Hkv, Lq, num_splits,
-            GROUP=group, BLOCK_M=BLOCK_M, SPLIT_CHUNK=chunk, HEAD_DIM=D, num_warps=4,
+            GROUP=group, BLOCK_M=BLOCK_M, SPLIT_CHUNK=chunk, HEAD_DIM=D, PDL=pdl, num_warps=4, launch_pdl=pdl,
         )
     return out
 
@@ -362,7 +374,8 @@ def _by_query_chunks(q, q_pos, group, run):
 def attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor,
                      n_sink: int | None = None, window: int | None = None, *,
                      num_splits: int | None = None, block_n: int | None = None,
-                     num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
+                     num_warps: int | None = None, num_stages: int | None = None,
+                     pdl: bool | None = None) -> torch.Tensor:
     """Sink+window (or full causal) attention over a contiguous cache; semantics of ``attention_torch``.
 
     Args:
@@ -376,12 +389,14 @@ def attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: t
         num_splits: split-K programs per (batch, kv head); ``None`` picks from the SM count.
         block_n: keys per block (tests use small blocks); ``None`` picks from ``D``.
         num_warps, num_stages: Triton launch options; ``None`` picks (scripts/tune_attention.py tunes them).
+        pdl: launch the split merge with programmatic dependent launch (NOTE [PDL]); ``None`` = where
+            the GPU has it (compute capability >= 9); ``True`` on a GPU without it is a ``ValueError``.
 
     Returns:
         ``(B, Hq, Lq, D)`` in ``q.dtype``.
     """
     _check(q, k, v, q_pos)
-    tuning = (num_splits, block_n, num_warps, num_stages)
+    tuning = (num_splits, block_n, num_warps, num_stages, pdl)
     kt, vt = k.transpose(1, 2), v.transpose(1, 2)  # views (B, S, Hkv, D): strides (batch, pos, head, dim)
 
     def run(q_chunk, pos_chunk):
@@ -394,7 +409,8 @@ def paged_attention_triton(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
                            block_table: torch.Tensor, q_pos: torch.Tensor,
                            n_sink: int | None = None, window: int | None = None, *,
                            num_splits: int | None = None, block_n: int | None = None,
-                           num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
+                           num_warps: int | None = None, num_stages: int | None = None,
+                     pdl: bool | None = None) -> torch.Tensor:
     """Sink+window (or full causal) attention over a paged cache, read in place through the block table.
 
     Args:
@@ -402,14 +418,14 @@ def paged_attention_triton(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
         k_pages, v_pages: ``(num_pages, page_size, Hkv, D)``; position ``p`` of sequence ``b`` is
             row ``p % page_size`` of page ``block_table[b, p // page_size]``.
         block_table: ``(B, max_pages)`` int32.
-        q_pos, n_sink, window, num_splits, block_n, num_warps, num_stages: as in ``attention_triton``.
+        q_pos, n_sink, window, num_splits, block_n, num_warps, num_stages, pdl: as in ``attention_triton``.
 
     Returns:
         ``(B, Hq, Lq, D)`` in ``q.dtype``.
     """
     _check(q, k_pages, v_pages, q_pos)
     assert block_table.dtype == torch.int32 and block_table.device == q.device, "block_table: int32 on q's device"
-    tuning = (num_splits, block_n, num_warps, num_stages)
+    tuning = (num_splits, block_n, num_warps, num_stages, pdl)
 
     def run(q_chunk, pos_chunk):
         return _launch(q_chunk, k_pages, v_pages, block_table, k_pages.shape[1], pos_chunk, n_sink, window, tuning)

@@ -1,0 +1,154 @@
+"""Where the windowed draft's device time goes on one CUDA GPU (arXiv 2607.21535, Sec. 3 and 4).
+
+The draft bar of the kernel issue is the CUDA-graph device time of one draft call (``graph_ms`` of
+``wmtp bench attention``). This script puts that time beside the floors it cannot beat, at the
+benchmark's shapes (bf16, batch 1, one query at the end of a 1M-position cache, sink 64 + window
+4096), every figure a median over ``--reps`` graph replays timed with CUDA events:
+
+- ``launch``: a graph of one (and of two dependent) one-element kernels: the timing floor;
+- ``read``: a Triton kernel that only reads the draft's keys and values (the window's
+  ``4096 x Hkv x D`` K and V, one block per program) and writes one number per program: the
+  memory floor of the one-kernel, one-block-per-program shape;
+- ``draft``: ``attention_triton`` with its defaults and with launch overrides (block size, warps,
+  pipeline stages, programmatic dependent launch of the merge: NOTE [PDL]).
+
+Each is timed three ways: ``cold_dirty`` (before each replay a 256 MB buffer is zeroed, as
+``triton.testing.do_bench`` does, so L2 holds dirty lines that the kernel's reads must write
+back: the bench's ``graph_ms`` method), ``cold_clean`` (a 256 MB buffer is read instead: L2
+holds clean lines) and ``warm`` (no flush: the draft's 9-17 MB stay in the 60 MB L2).
+
+    python scripts/draft_floor.py --out draft-floor.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+import triton
+import triton.language as tl
+
+from wmtp.attention.triton_attention import attention_triton
+from wmtp.fileio import atomic_path
+from wmtp.metrics import environment
+
+SHAPES = ((16, 2, 256), (32, 8, 128))  # (Hq, Hkv, D)
+N_SINK, WINDOW, S = 64, 4096, 1 << 20
+
+
+@triton.jit
+def _one(X):
+    tl.store(X + tl.program_id(0), 1.0)
+
+
+@triton.jit
+def _read(K, V, QPOS, Out, stride_kh, stride_kpos, window, BLOCK_N: tl.constexpr, D: tl.constexpr):
+    """Read one block of the window of K and V (as the draft does: position loaded first) and reduce it."""
+    h, blk = tl.program_id(0), tl.program_id(1)
+    t = tl.load(QPOS)
+    kpos = t - window + 1 + blk * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+    off = h * stride_kh + kpos.to(tl.int64)[:, None] * stride_kpos + tl.arange(0, D)[None, :]  # (BLOCK_N, D)
+    k = tl.load(K + off)
+    v = tl.load(V + off)
+    tl.store(Out + h * tl.num_programs(1) + blk, tl.sum(k.to(tl.float32) + v.to(tl.float32)))
+
+
+def _graph(fn):
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g
+
+
+def _times(fn, reps: int, flush_buf: torch.Tensor, sink: torch.Tensor) -> dict:
+    """Median microseconds of ``fn``'s graph replay under three L2 states."""
+    g = _graph(fn)
+    out = {}
+    for mode in ("cold_dirty", "cold_clean", "warm"):
+        ts = []
+        for _ in range(reps):
+            if mode == "cold_dirty":
+                flush_buf.zero_()
+            elif mode == "cold_clean":
+                torch.sum(flush_buf, dtype=torch.int64, out=sink)
+            else:
+                g.replay()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            g.replay()
+            end.record()
+            end.synchronize()
+            ts.append(start.elapsed_time(end) * 1000)
+        out[mode] = round(statistics.median(ts), 2)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--reps", type=int, default=200)
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    flush_buf = torch.empty(64 << 20, dtype=torch.int32, device="cuda")  # 256 MB
+    sink = torch.empty((), dtype=torch.int64, device="cuda")
+    result = {"command": "python " + " ".join(sys.argv), "environment": environment(torch.device("cuda")),
+              "unit": "us", "n_sink": N_SINK, "window": WINDOW, "S": S, "rows": []}
+
+    def row(name, fn, **meta):
+        try:
+            r = {"name": name} | meta | _times(fn, args.reps, flush_buf, sink)
+        except Exception as e:  # a launch that does not compile or run is data
+            r = {"name": name} | meta | {"error": f"{type(e).__name__}: {e}"[:300]}
+        result["rows"].append(r)
+        print(r, flush=True)
+
+    x = torch.zeros(1024, device="cuda")
+    row("launch x1", lambda: _one[(1,)](x))
+    row("launch x2", lambda: (_one[(1,)](x), _one[(1,)](x)))
+    row("launch x1, 272 programs", lambda: _one[(272,)](x))
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for Hq, Hkv, D in SHAPES:
+        shape = f"Hq{Hq}/Hkv{Hkv}/D{D}"
+        k = torch.randn(1, Hkv, S, D, device="cuda", dtype=torch.bfloat16, generator=gen)  # (1, Hkv, S, D)
+        v = torch.randn(1, Hkv, S, D, device="cuda", dtype=torch.bfloat16, generator=gen)  # (1, Hkv, S, D)
+        q = torch.randn(1, Hq, 1, D, device="cuda", dtype=torch.bfloat16, generator=gen)  # (1, Hq, 1, D)
+        pos = torch.tensor([S - 1], device="cuda")
+        for bn, warps in ((64, 4), (128, 4), (128, 8), (32, 4)):
+            red = torch.empty(Hkv * WINDOW // bn, device="cuda")
+            row("read", lambda: _read[(Hkv, WINDOW // bn)](k, v, pos, red, k.stride(1), k.stride(2), WINDOW,
+                                                           BLOCK_N=bn, D=D, num_warps=warps),
+                shape=shape, block_n=bn, num_warps=warps)
+        ref = attention_triton(q, k, v, pos, N_SINK, WINDOW, pdl=False)
+        row("draft defaults", lambda: attention_triton(q, k, v, pos, N_SINK, WINDOW), shape=shape)
+        for bn in (32, 64, 128):
+            for warps in (2, 4, 8):
+                for stages in (1, 2):
+                    for pdl in (False, True):
+                        cfg = dict(block_n=bn, num_warps=warps, num_stages=stages, pdl=pdl)
+                        fn = lambda: attention_triton(q, k, v, pos, N_SINK, WINDOW, **cfg)  # noqa: E731
+                        try:
+                            diff = (fn().float() - ref.float()).abs().max().item()
+                        except Exception as e:
+                            diff = f"{type(e).__name__}: {e}"[:200]
+                        row("draft", fn, shape=shape, max_abs_diff=diff, **cfg)
+        result["wall_time_s"] = round(time.perf_counter() - t0, 1)
+        with atomic_path(args.out) as tmp, open(tmp, "w") as f:
+            json.dump(result, f, indent=1)
+    for shape in (f"Hq{Hq}/Hkv{Hkv}/D{D}" for Hq, Hkv, D in SHAPES):  # summary: fastest first, cold_dirty
+        rows = sorted((r for r in result["rows"] if r.get("shape") == shape and "cold_dirty" in r),
+                      key=lambda r: r["cold_dirty"])
+        print(shape, *rows[:8], sep="\n  ")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
