@@ -254,34 +254,37 @@ def _merge_kernel(
     stride_ob, stride_oh, stride_ol, stride_od,
     Hkv, Lq, n_splits,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr,
-    PDL: tl.constexpr,
+    BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
-    """One program per (batch * kv head, real tile row): the log-sum-exp merge of its ``n_splits``
-    partials, ``SPLIT_CHUNK`` splits per load, so the merge is a few wide loads, not a serial loop."""
+    """One program per (batch * kv head, real tile row, slice of ``BLOCK_D`` of the head dim): the
+    log-sum-exp merge of the row's ``n_splits`` partials, online over chunks of ``SPLIT_CHUNK``
+    splits whose m, l and acc loads are issued together (one memory round trip per chunk; the
+    draft's splits fit one chunk)."""
     if PDL:  # NOTE [PDL]: launched early; wait until the attention grid has finished and its writes are visible
         tl.extra.cuda.gdc_wait()
     pid_bh = tl.program_id(0)
     row = tl.program_id(1)  # a real row of the tile: query head kvh * GROUP + row // Lq, query row % Lq
     offs_s = tl.arange(0, SPLIT_CHUNK)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     base = pid_bh * n_splits * BLOCK_M + row  # this row in split 0; split s is at base + s * BLOCK_M
-    m_max = tl.full([SPLIT_CHUNK], float("-inf"), PM.dtype.element_ty)
-    for c in range(0, n_splits, SPLIT_CHUNK):
-        s = c + offs_s  # (SPLIT_CHUNK,)
-        m_max = tl.maximum(m_max, tl.load(PM + base + s * BLOCK_M, mask=s < n_splits, other=float("-inf")))
-    m = tl.max(m_max, 0)
-    m = tl.where(m == float("-inf"), 0.0, m)
-    l_sum = tl.zeros([SPLIT_CHUNK], PM.dtype.element_ty)
-    acc = tl.zeros([SPLIT_CHUNK, HEAD_DIM], PM.dtype.element_ty)
-    for c in range(0, n_splits, SPLIT_CHUNK):  # an empty (or masked) split has weight exp2(-inf) = 0
+    m_run = tl.full([], float("-inf"), PM.dtype.element_ty)
+    l_run = tl.zeros([], PM.dtype.element_ty)
+    acc = tl.zeros([BLOCK_D], PM.dtype.element_ty)
+    for c in range(0, n_splits, SPLIT_CHUNK):  # an empty (or masked) split has m = -inf: weight 0
         s = c + offs_s  # (SPLIT_CHUNK,)
         ok = s < n_splits
-        w = tl.math.exp2(tl.load(PM + base + s * BLOCK_M, mask=ok, other=float("-inf")) - m)  # (SPLIT_CHUNK,)
-        l_sum += w * tl.load(PL + base + s * BLOCK_M, mask=ok, other=0.0)
-        part = tl.load(PACC + (base + s * BLOCK_M)[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0)
-        acc += w[:, None] * part  # (SPLIT_CHUNK, D)
-    denom = tl.sum(l_sum, 0)
-    out = tl.sum(acc, 0) / tl.where(denom == 0.0, 1.0, denom)  # (D,)
+        m = tl.load(PM + base + s * BLOCK_M, mask=ok, other=float("-inf"))  # (SPLIT_CHUNK,)
+        l = tl.load(PL + base + s * BLOCK_M, mask=ok, other=0.0)  # (SPLIT_CHUNK,)
+        part = tl.load(PACC + (base + s * BLOCK_M)[:, None] * HEAD_DIM + offs_d[None, :],
+                       mask=ok[:, None], other=0.0)  # (SPLIT_CHUNK, BLOCK_D)
+        m_new = tl.maximum(m_run, tl.max(m, 0))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        w = tl.math.exp2(m - m_use)  # (SPLIT_CHUNK,)
+        alpha = tl.math.exp2(m_run - m_use)
+        l_run = l_run * alpha + tl.sum(w * l, 0)
+        acc = acc * alpha + tl.sum(w[:, None] * part, 0)  # (BLOCK_D,)
+        m_run = m_new
+    out = acc / tl.where(l_run == 0.0, 1.0, l_run)  # (BLOCK_D,)
     b, kvh = pid_bh // Hkv, pid_bh % Hkv
     o_off = b.to(tl.int64) * stride_ob + (kvh * GROUP + row // Lq) * stride_oh + (row % Lq) * stride_ol
     tl.store(Out + o_off + offs_d * stride_od, out.to(Out.dtype.element_ty))
@@ -338,10 +341,12 @@ def _launch(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning):
         ACC=tl.float64 if fp64 else tl.float32, PDL=pdl, num_warps=num_warps, num_stages=num_stages,
     )
     if split:
-        chunk = min(triton.next_power_of_2(num_splits), max(1, 8192 // D))
-        _merge_kernel[(B * Hkv, group * Lq)](
+        block_d = min(D, 64)  # NOTE [Merge]: more, smaller programs; one chunk of <= 64 splits each
+        chunk = min(triton.next_power_of_2(num_splits), 4096 // block_d)
+        _merge_kernel[(B * Hkv, group * Lq, D // block_d)](
             pm, pl, pacc, out, *out.stride(), Hkv, Lq, num_splits,
-            GROUP=group, BLOCK_M=BLOCK_M, SPLIT_CHUNK=chunk, HEAD_DIM=D, PDL=pdl, num_warps=4, launch_pdl=pdl,
+            GROUP=group, BLOCK_M=BLOCK_M, SPLIT_CHUNK=chunk, HEAD_DIM=D, BLOCK_D=block_d, PDL=pdl,
+            num_warps=4, launch_pdl=pdl,
         )
     return out
 
