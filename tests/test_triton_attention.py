@@ -126,6 +126,45 @@ def test_split_k(B, Hq, Hkv, Lq, S, n_sink, window, dtype, layout, num_splits):
     assert_kernel_close(out, q, k, v, q_pos, n_sink, window)
 
 
+@NEEDS_TRITON
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n_splits, max_chunk, D", [(5, 2, 32), (130, 256, 64)])  # 3 chunks; 4 slices of 16 dims
+def test_merge_matches_logsumexp(n_splits, max_chunk, D, dtype):
+    """The split merge against log-sum-exp in torch: online over chunks, sliced over the head dim,
+    empty splits (m = -inf, l = 0) weigh nothing and a row with no keys at all comes out zero."""
+    from wmtp.attention.triton_attention import _merge_splits
+
+    B, Hkv, group, Lq, block_m = 1, 2, 2, 3, 16
+    gen = torch.Generator().manual_seed(n_splits)
+    pm = torch.randn(B * Hkv, n_splits, block_m, generator=gen, dtype=torch.float64) * 4
+    pl = torch.rand(B * Hkv, n_splits, block_m, generator=gen, dtype=torch.float64) + 0.5
+    pacc = torch.randn(B * Hkv, n_splits, block_m, D, generator=gen, dtype=torch.float64)
+    pm[:, 1::3] = float("-inf")  # empty splits
+    pl[:, 1::3], pacc[:, 1::3] = 0.0, 0.0
+    pm[1, :, 4], pl[1, :, 4], pacc[1, :, 4] = float("-inf"), 0.0, 0.0  # a row without keys
+    w = torch.exp2(pm - pm.amax(1, keepdim=True).clamp(min=-1e30))  # (B*Hkv, n_splits, block_m)
+    want = (w[..., None] * pacc).sum(1) / (w * pl).sum(1).clamp(min=1e-300)[..., None]  # (B*Hkv, block_m, D)
+    want = want[:, : group * Lq].reshape(B, Hkv * group, Lq, D)  # row r = (head r // Lq, query r % Lq)
+    out = torch.full((B, Hkv * group, Lq, D), float("nan"), dtype=dtype, device=DEVICE)
+    _merge_splits(pm.to(DEVICE, dtype), pl.to(DEVICE, dtype), pacc.to(DEVICE, dtype), out, Hkv, block_m, n_splits,
+                  pdl=False, max_chunk=max_chunk)
+    assert out[0, 3, 1].abs().max() == 0  # kv head 1, row 4 = (its head 1, query 1): no keys
+    torch.testing.assert_close(out.double().cpu(), want, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=1e-6)
+
+
+def test_pdl_needs_a_hopper_gpu():
+    """``pdl=True`` where the GPU (or the CPU interpreter) has no programmatic dependent launch is a ValueError."""
+    if CUDA and torch.cuda.get_device_capability()[0] >= 9:
+        pytest.skip("this GPU has programmatic dependent launch")
+    if not TRITON:
+        pytest.skip("Triton needs CUDA or its CPU interpreter")
+    from wmtp.attention.triton_attention import attention_triton
+
+    q, k, v, q_pos = make_inputs(1, 4, 2, 1, 40, 32, torch.float32, seed=0, device=DEVICE)
+    with pytest.raises(ValueError, match="pdl"):
+        attention_triton(q, k, v, q_pos, 4, 8, pdl=True)
+
+
 SYNC_METHODS = ["tolist", "item", "__int__", "__index__", "__bool__", "__float__", "cpu", "numpy"]
 
 

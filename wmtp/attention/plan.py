@@ -134,6 +134,5 @@ def launch_config(B: int, Hq: int, Hkv: int, Lq: int, D: int, dtype: torch.dtype
     if num_warps is None:
         num_warps = 8 if (short and D >= 256) or block_m * D * (2 if fp64 else 1) > 128 * 128 else 4
     if num_stages is None:  # K/V blocks in flight per program, within the shared-memory budget
-        num_stages = max(1, min(2, budget // stage_bytes)) if short else \
-            3 if two_per_sm else max(1, min(4, budget // stage_bytes))
+        num_stages = 1 if short else 3 if two_per_sm else max(1, min(4, budget // stage_bytes))
     return LaunchConfig(block_m, block_n, num_splits, num_warps, num_stages)

@@ -341,14 +341,25 @@ def _launch(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning):
         ACC=tl.float64 if fp64 else tl.float32, PDL=pdl, num_warps=num_warps, num_stages=num_stages,
     )
     if split:
-        block_d = min(D, 64)  # NOTE [Merge]: more, smaller programs; one chunk of <= 64 splits each
-        chunk = min(triton.next_power_of_2(num_splits), 4096 // block_d)
-        _merge_kernel[(B * Hkv, group * Lq, D // block_d)](
-            pm, pl, pacc, out, *out.stride(), Hkv, Lq, num_splits,
-            GROUP=group, BLOCK_M=BLOCK_M, SPLIT_CHUNK=chunk, HEAD_DIM=D, BLOCK_D=block_d, PDL=pdl,
-            num_warps=4, launch_pdl=pdl,
-        )
+        _merge_splits(pm, pl, pacc, out, Hkv, BLOCK_M, num_splits, pdl)
     return out
+
+
+def _merge_splits(pm, pl, pacc, out, Hkv: int, block_m: int, num_splits: int, pdl: bool, max_chunk: int = 256):
+    """Launch ``_merge_kernel`` over the partials of ``num_splits`` splits into ``out`` ``(B, Hq, Lq, D)``.
+
+    A program merges one row over a slice of ``4096 // chunk`` head dims (at least 16) with chunks of
+    ``chunk = min(next_pow2(num_splits), max_chunk)`` splits: the draft's and the verify's splits fit
+    one chunk, one memory round trip. Tests pass a small ``max_chunk`` to run the online path.
+    """
+    B, Hq, Lq, D = out.shape
+    chunk = min(triton.next_power_of_2(num_splits), max_chunk)
+    block_d = max(16, min(D, 4096 // chunk))
+    _merge_kernel[(B * Hkv, Hq // Hkv * Lq, D // block_d)](
+        pm, pl, pacc, out, *out.stride(), Hkv, Lq, num_splits,
+        GROUP=Hq // Hkv, BLOCK_M=block_m, SPLIT_CHUNK=chunk, HEAD_DIM=D, BLOCK_D=block_d, PDL=pdl,
+        num_warps=4, launch_pdl=pdl,
+    )
 
 
 def _check(q, k, v, q_pos):
