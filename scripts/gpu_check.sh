@@ -4,7 +4,8 @@
 #              notebook 04's twin run for real on the GPU;
 #   bench    - `wmtp bench attention` with $BENCH_ARGS, then scripts/tune_attention.py $TUNE_ARGS.
 # With two GPUs the halves run side by side (tests on GPU 0, timings alone on GPU 1); else in turn.
-# Knobs (seconds): TEST_S, TUNE_S, TUNE_BUDGET, BENCH_S; TESTS (pytest targets); SKIP_TUNE=1 skips the tuning.
+# Knobs (seconds): TEST_S, TUNE_S, TUNE_BUDGET, BENCH_S; TESTS (pytest targets); SKIP_TUNE=1 skips the tuning,
+# SKIP_NCU=1 the profile; FLOOR=1 runs scripts/draft_floor.py after the sweep.
 set -o pipefail
 export PYTHONUNBUFFERED=1 MPLBACKEND=Agg PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT=${OUT:-out}
@@ -35,6 +36,11 @@ bench() {
   CUDA_VISIBLE_DEVICES=$BENCH_GPU timeout -s INT "${BENCH_S:-400}" python3 -m wmtp.cli bench attention --device cuda \
     $BENCH_ARGS --out "$OUT/bench.json" --plot "$OUT/bench.png" > "$OUT/bench.log" 2>&1
   echo "bench exit $?" >> "$OUT/bench.log"
+  if [ "${FLOOR:-0}" = 1 ]; then  # the draft against its launch and read floors (scripts/draft_floor.py)
+    CUDA_VISIBLE_DEVICES=$BENCH_GPU timeout 150 python3 scripts/draft_floor.py --out "$OUT/draft-floor.json" \
+      > "$OUT/floor.log" 2>&1
+    echo "floor exit $?" >> "$OUT/floor.log"
+  fi
   if [ "${SKIP_TUNE:-0}" != 1 ]; then  # with the time left: launch options (scripts/tune_attention.py)
     CUDA_VISIBLE_DEVICES=$BENCH_GPU timeout "${TUNE_S:-260}" python3 scripts/tune_attention.py $TUNE_ARGS \
       --out "$OUT/tune.json" --budget-s "${TUNE_BUDGET:-220}" > "$OUT/tune.log" 2>&1
@@ -43,4 +49,5 @@ bench() {
 }
 
 if [ "$NGPU" -gt 1 ]; then tests & bench; wait; else tests; bench; fi
-tail -n 30 "$OUT/tests.log"; tail -n 12 "$OUT/tune.log" 2>/dev/null; tail -n 60 "$OUT/bench.log"
+tail -n 30 "$OUT/tests.log"; tail -n 12 "$OUT/tune.log" 2>/dev/null; tail -n 16 "$OUT/floor.log" 2>/dev/null
+tail -n 60 "$OUT/bench.log"

@@ -132,7 +132,7 @@ def test_split_k(B, Hq, Hkv, Lq, S, n_sink, window, dtype, layout, num_splits):
 def test_merge_matches_logsumexp(n_splits, max_chunk, D, dtype):
     """The split merge against log-sum-exp in torch: online over chunks, sliced over the head dim,
     empty splits (m = -inf, l = 0) weigh nothing and a row with no keys at all comes out zero."""
-    from wmtp.attention.triton_attention import _merge_splits
+    from wmtp.attention.triton_merge import merge_splits
 
     B, Hkv, group, Lq, block_m = 1, 2, 2, 3, 16
     gen = torch.Generator().manual_seed(n_splits)
@@ -146,7 +146,7 @@ def test_merge_matches_logsumexp(n_splits, max_chunk, D, dtype):
     want = (w[..., None] * pacc).sum(1) / (w * pl).sum(1).clamp(min=1e-300)[..., None]  # (B*Hkv, block_m, D)
     want = want[:, : group * Lq].reshape(B, Hkv * group, Lq, D)  # row r = (head r // Lq, query r % Lq)
     out = torch.full((B, Hkv * group, Lq, D), float("nan"), dtype=dtype, device=DEVICE)
-    _merge_splits(pm.to(DEVICE, dtype), pl.to(DEVICE, dtype), pacc.to(DEVICE, dtype), out, Hkv, block_m, n_splits,
+    merge_splits(pm.to(DEVICE, dtype), pl.to(DEVICE, dtype), pacc.to(DEVICE, dtype), out, Hkv, block_m, n_splits,
                   pdl=False, max_chunk=max_chunk)
     assert out[0, 3, 1].abs().max() == 0  # kv head 1, row 4 = (its head 1, query 1): no keys
     torch.testing.assert_close(out.double().cpu(), want, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=1e-6)
@@ -201,8 +201,9 @@ BF16, F32, F64, M = torch.bfloat16, torch.float32, torch.float64, 1 << 20
 
 @pytest.mark.parametrize("args, expected", [
     # (B, Hq, Hkv, Lq, D, dtype, capacity, n_sink, window, sm_count) -> (block_m, block_n, splits, warps, stages)
-    ((1, 32, 8, 1, 128, BF16, M, 64, 4096, 132), (16, 128, 34, 4, 2)),  # draft: one 128-key block a program
-    ((1, 16, 2, 1, 256, BF16, M, 64, 4096, 132), (16, 128, 34, 8, 1)),  # draft at D 256: 8 warps
+    ((1, 32, 8, 1, 128, BF16, M, 64, 4096, 132), (16, 64, 66, 4, 1)),  # draft: one 64-key block a program
+    ((1, 16, 2, 1, 256, BF16, M, 64, 4096, 132), (16, 64, 66, 4, 1)),
+    ((1, 16, 2, 8, 256, BF16, M, 64, 4096, 132), (64, 64, 67, 8, 1)),  # draft-extend: 8 warps for a 64 x 256 tile
     ((1, 32, 8, 1, 128, BF16, M, None, None, 132), (16, 64, 33, 4, 3)),  # verify: 2 programs per SM, 264 = 2 * 132
     ((1, 32, 8, 8, 128, BF16, M, None, None, 132), (32, 64, 33, 4, 3)),
     ((1, 16, 2, 1, 256, BF16, M, None, None, 132), (16, 32, 132, 4, 3)),
@@ -228,8 +229,8 @@ def test_launch_config_rejects_bad_overrides_and_fits_smaller_gpus():
             launch_config(*args, **bad)
     with pytest.raises(ValueError, match="no positions"):
         launch_config(1, 16, 2, 1, 256, BF16, 0, None, None, 132)
-    # 99 KiB of shared memory (an L4, an RTX 4090): the draft's 128-key block at D 256 (128 KiB) cannot fit
-    assert tuple(launch_config(*args, smem_bytes=99 * 1024)) == (16, 64, 66, 8, 1)
+    # 64 KiB of shared memory: the draft's 64-key K and V blocks at D 256 (64 KiB) cannot fit; 32-key ones can
+    assert tuple(launch_config(*args, smem_bytes=64 * 1024)) == (16, 32, 131, 4, 1)
 
 
 def test_max_tile_rows():

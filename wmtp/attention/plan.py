@@ -116,10 +116,10 @@ def launch_config(B: int, Hq: int, Hkv: int, Lq: int, D: int, dtype: torch.dtype
     budget = min(200 * 1024, smem_bytes - SMEM_HEADROOM)  # bytes for pipelined K/V blocks
     block_m = _next_pow2(max(16, Hq // Hkv * Lq))
     n_keys = capacity if window is None else min(capacity, (n_sink or 0) + window + Lq - 1)  # upper bound
-    short = sm_count is not None and not fma and _cdiv(n_keys, 128) * B * Hkv <= 4 * sm_count
-    if block_n is None:  # a short range's one block of 128 keys, 64 where shared memory is smaller
-        big = next((n for n in (128, 64) if 2 * n * D * dtype.itemsize <= budget), 32)
-        block_n = big if short else (16 if D >= 128 else 32) if fma else 32 if D > 128 else 64
+    short = sm_count is not None and not fma and _cdiv(n_keys, 64) * B * Hkv <= 8 * sm_count
+    if block_n is None:  # a short range's one block of 64 keys, 32 where shared memory is smaller
+        one = 64 if 2 * 64 * D * dtype.itemsize <= budget else 32
+        block_n = one if short else (16 if D >= 128 else 32) if fma else 32 if D > 128 else 64
     n_blk = _cdiv(n_keys, block_n) + (window is not None)  # two ranges: one more partial block
     stage_bytes = 2 * block_n * D * dtype.itemsize  # one K block and one V block
     two_per_sm = block_m * D * (8 if fp64 else 4) <= 32 * 1024 and 2 * 3 * stage_bytes <= budget
@@ -132,7 +132,8 @@ def launch_config(B: int, Hq: int, Hkv: int, Lq: int, D: int, dtype: torch.dtype
             num_splits = max(1, min(n_blk, (2 if two_per_sm else 1) * sm_count // (B * Hkv)))
         num_splits = _cdiv(n_blk, _cdiv(n_blk, num_splits))  # drop splits left empty
     if num_warps is None:
-        num_warps = 8 if (short and D >= 256) or block_m * D * (2 if fp64 else 1) > 128 * 128 else 4
+        acc = block_m * D * (2 if fp64 else 1)  # accumulator size (fp32 words)
+        num_warps = 8 if acc > 128 * 128 or (short and acc > 16 * 256) else 4
     if num_stages is None:  # K/V blocks in flight per program, within the shared-memory budget
         num_stages = 1 if short else 3 if two_per_sm else max(1, min(4, budget // stage_bytes))
     return LaunchConfig(block_m, block_n, num_splits, num_warps, num_stages)

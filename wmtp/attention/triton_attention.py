@@ -21,8 +21,8 @@ Design (STYLE.md lesson 4):
   Each range is three loops (masked, unmasked, masked) like the ``STAGE`` split of Triton's
   fused-attention tutorial.
 - Split-K: the concatenated blocks of both ranges are cut into ``n_splits`` runs of whole
-  blocks; each program writes partials ``(m, l, acc)`` of its real rows and ``_merge_kernel``
-  combines them with log-sum-exp, one program per output row, many splits per load. With one
+  blocks; each program writes partials ``(m, l, acc)`` of its real rows and the merge kernel
+  (attention/triton_merge.py) combines them with log-sum-exp. With one
   split the attention kernel writes the output itself.
 - Any ``q_pos`` is correct (masks use each row's own position); scattered positions only widen
   the recent range and mask more blocks. A tile holds at most ``max_tile_rows(dtype, D)`` rows
@@ -41,11 +41,14 @@ NOTE [Launch]: ``launch_config`` (attention/plan.py) picks the launch from shape
 upper bound of the key blocks, ``min(S, n_sink + window + Lq - 1)`` keys (``S`` for the full set;
 exact for consecutive positions); a split left without keys writes ``m = -inf, l = 0``. The
 defaults and where each comes from (H200 runs; metrics/README.md lists the files):
-- a short range (the draft's sink + window: at most 4 blocks of 128 keys per SM over all heads)
-  runs one block of 128 keys per program (64 where shared memory is smaller), so its time is one
-  block's memory latency plus the merge, not a loop over blocks; 8 warps at D = 256. Chosen from
-  the CUDA-graph tuning run (tune-attention-h200-graph-12d4ff2.json). Its 1-2 pipeline stages come
-  from a test failure, not tuning: Triton's default 3 overflowed shared memory at D = 256;
+- a short range (the draft's sink + window: at most 8 blocks of 64 keys per SM over all heads)
+  runs one block of 64 keys per program (32 where shared memory is smaller), 4 warps (8 for tiles
+  over 16 x 256), ONE pipeline stage: a program with one block has no loop to pipeline, and a
+  second stage only doubles its shared memory, so fewer programs fit an SM. Its time is one
+  block's memory latency plus the merge, not a loop over blocks. Chosen from
+  scripts/draft_floor.py runs (draft-floor-h200-*.json): at D = 256 / 128, 64-key blocks with one
+  stage took 11.9 / 14.9 us against 13.1 / 15.4 us for 128-key ones and 15.8 / 21.2 us for the
+  earlier 128-key, 1-2 stage default;
 - a long range (verify over S keys) runs in whole waves: one or two resident programs per SM
   (two when the accumulator is <= 32 KiB and two programs' 3-stage K/V pipelines fit the
   shared-memory budget), each streaming its share of the blocks through ``num_stages`` buffers.
@@ -53,6 +56,13 @@ defaults and where each comes from (H200 runs; metrics/README.md lists the files
 - fp32 (ieee) and fp64 dots run without bf16 tensor cores: smaller blocks (16-32 keys) and at most
   64 rows a tile (``max_tile_rows``) keep their compile times in seconds, as the H200 test runs
   showed; the CPU interpreter runs one split.
+
+NOTE [PDL]: with split-K the call is two dependent kernels. On sm_90+ the merge is launched with
+programmatic dependent launch: every attention program calls ``gdc_launch_dependents`` first, so
+the merge grid is scheduled while the attention grid runs, and its ``gdc_wait`` returns once the
+attention grid has finished and its partials are visible. This hides the second launch, not the
+dependency (about 0.4 us of the draft at D = 256 in draft-floor-h200-*.json). The merge itself
+(attention/triton_merge.py) loads each chunk's m, l and acc together, one chunk of up to 256 splits.
 
 NOTE [Reads]: a MASKED block loads only the keys and values that some row of the tile reads
 (``kread``; the block table is read for the whole range), so a cache row outside the union of the
@@ -75,6 +85,7 @@ import triton
 import triton.language as tl
 
 from .plan import SMEM_H200, launch_config, max_tile_rows
+from .triton_merge import merge_splits
 
 __all__ = ["attention_triton", "paged_attention_triton"]
 
@@ -247,49 +258,6 @@ def _attention_kernel(
         _store_rows(Out, out, rows, b, kvh, Lq, stride_ob, stride_oh, stride_ol, stride_od, GROUP, HEAD_DIM)
 
 
-@triton.jit
-def _merge_kernel(
-    PM, PL, PACC,  # partials written by _attention_kernel: (B*Hkv, n_splits, BLOCK_M[, D])
-    Out,  # (B, Hq, Lq, D) output in q.dtype
-    stride_ob, stride_oh, stride_ol, stride_od,
-    Hkv, Lq, n_splits,
-    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr, PDL: tl.constexpr,
-):
-    """One program per (batch * kv head, real tile row, slice of ``BLOCK_D`` of the head dim): the
-    log-sum-exp merge of the row's ``n_splits`` partials, online over chunks of ``SPLIT_CHUNK``
-    splits whose m, l and acc loads are issued together (one memory round trip per chunk; the
-    draft's splits fit one chunk)."""
-    if PDL:  # NOTE [PDL]: launched early; wait until the attention grid has finished and its writes are visible
-        tl.extra.cuda.gdc_wait()
-    pid_bh = tl.program_id(0)
-    row = tl.program_id(1)  # a real row of the tile: query head kvh * GROUP + row // Lq, query row % Lq
-    offs_s = tl.arange(0, SPLIT_CHUNK)
-    offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
-    base = pid_bh * n_splits * BLOCK_M + row  # this row in split 0; split s is at base + s * BLOCK_M
-    m_run = tl.full([], float("-inf"), PM.dtype.element_ty)
-    l_run = tl.zeros([], PM.dtype.element_ty)
-    acc = tl.zeros([BLOCK_D], PM.dtype.element_ty)
-    for c in range(0, n_splits, SPLIT_CHUNK):  # an empty (or masked) split has m = -inf: weight 0
-        s = c + offs_s  # (SPLIT_CHUNK,)
-        ok = s < n_splits
-        m = tl.load(PM + base + s * BLOCK_M, mask=ok, other=float("-inf"))  # (SPLIT_CHUNK,)
-        l = tl.load(PL + base + s * BLOCK_M, mask=ok, other=0.0)  # (SPLIT_CHUNK,)
-        part = tl.load(PACC + (base + s * BLOCK_M)[:, None] * HEAD_DIM + offs_d[None, :],
-                       mask=ok[:, None], other=0.0)  # (SPLIT_CHUNK, BLOCK_D)
-        m_new = tl.maximum(m_run, tl.max(m, 0))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        w = tl.math.exp2(m - m_use)  # (SPLIT_CHUNK,)
-        alpha = tl.math.exp2(m_run - m_use)
-        l_run = l_run * alpha + tl.sum(w * l, 0)
-        acc = acc * alpha + tl.sum(w[:, None] * part, 0)  # (BLOCK_D,)
-        m_run = m_new
-    out = acc / tl.where(l_run == 0.0, 1.0, l_run)  # (BLOCK_D,)
-    b, kvh = pid_bh // Hkv, pid_bh % Hkv
-    o_off = b.to(tl.int64) * stride_ob + (kvh * GROUP + row // Lq) * stride_oh + (row % Lq) * stride_ol
-    tl.store(Out + o_off + offs_d * stride_od, out.to(Out.dtype.element_ty))
-
-
 @functools.lru_cache(maxsize=None)
 def _gpu_limits(device: torch.device) -> tuple[int, int, bool]:
     """(SM count, opt-in shared memory per block, programmatic dependent launch available: sm_90+);
@@ -341,25 +309,8 @@ def _launch(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning):
         ACC=tl.float64 if fp64 else tl.float32, PDL=pdl, num_warps=num_warps, num_stages=num_stages,
     )
     if split:
-        _merge_splits(pm, pl, pacc, out, Hkv, BLOCK_M, num_splits, pdl)
+        merge_splits(pm, pl, pacc, out, Hkv, BLOCK_M, num_splits, pdl)
     return out
-
-
-def _merge_splits(pm, pl, pacc, out, Hkv: int, block_m: int, num_splits: int, pdl: bool, max_chunk: int = 256):
-    """Launch ``_merge_kernel`` over the partials of ``num_splits`` splits into ``out`` ``(B, Hq, Lq, D)``.
-
-    A program merges one row over a slice of ``4096 // chunk`` head dims (at least 16) with chunks of
-    ``chunk = min(next_pow2(num_splits), max_chunk)`` splits: the draft's and the verify's splits fit
-    one chunk, one memory round trip. Tests pass a small ``max_chunk`` to run the online path.
-    """
-    B, Hq, Lq, D = out.shape
-    chunk = min(triton.next_power_of_2(num_splits), max_chunk)
-    block_d = max(16, min(D, 4096 // chunk))
-    _merge_kernel[(B * Hkv, Hq // Hkv * Lq, D // block_d)](
-        pm, pl, pacc, out, *out.stride(), Hkv, Lq, num_splits,
-        GROUP=Hq // Hkv, BLOCK_M=block_m, SPLIT_CHUNK=chunk, HEAD_DIM=D, BLOCK_D=block_d, PDL=pdl,
-        num_warps=4, launch_pdl=pdl,
-    )
 
 
 def _check(q, k, v, q_pos):

@@ -1,0 +1,80 @@
+"""The log-sum-exp merge of split-K partials, in Triton (arXiv 2607.21535, Sec. 3: flash-decoding).
+
+``_attention_kernel`` (attention/triton_attention.py) cuts a tile's key blocks into ``n_splits``
+runs; each program leaves, per real tile row, the running max ``m`` (log2 domain), the
+denominator ``l`` and the unnormalised sum ``acc`` (D values) of its run. The output row is
+
+    out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s,   M = max_s m_s,
+
+with an empty split (``m = -inf, l = 0``) weighing nothing and a row without keys coming out zero.
+``merge_splits`` computes it online over chunks of splits, the same rescaling as the attention
+loop, so a chunk's m, l and acc loads are issued together: one memory round trip per chunk.
+NOTE [PDL] in attention/triton_attention.py says how the merge launch overlaps the attention grid.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = ["merge_splits"]
+
+
+@triton.jit
+def _merge_kernel(
+    PM, PL, PACC,  # partials written by _attention_kernel: (B*Hkv, n_splits, BLOCK_M[, D])
+    Out,  # (B, Hq, Lq, D) output in q.dtype
+    stride_ob, stride_oh, stride_ol, stride_od,
+    Hkv, Lq, n_splits,
+    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr, PDL: tl.constexpr,
+):
+    """One program per (batch * kv head, real tile row, slice of ``BLOCK_D`` of the head dim): the
+    log-sum-exp merge of the row's ``n_splits`` partials, online over chunks of ``SPLIT_CHUNK``
+    splits whose m, l and acc loads are issued together (one memory round trip per chunk; the
+    draft's splits fit one chunk)."""
+    if PDL:  # NOTE [PDL]: launched early; wait until the attention grid has finished and its writes are visible
+        tl.extra.cuda.gdc_wait()
+    pid_bh = tl.program_id(0)
+    row = tl.program_id(1)  # a real row of the tile: query head kvh * GROUP + row // Lq, query row % Lq
+    offs_s = tl.arange(0, SPLIT_CHUNK)
+    offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
+    base = pid_bh * n_splits * BLOCK_M + row  # this row in split 0; split s is at base + s * BLOCK_M
+    m_run = tl.full([], float("-inf"), PM.dtype.element_ty)
+    l_run = tl.zeros([], PM.dtype.element_ty)
+    acc = tl.zeros([BLOCK_D], PM.dtype.element_ty)
+    for c in range(0, n_splits, SPLIT_CHUNK):  # an empty (or masked) split has m = -inf: weight 0
+        s = c + offs_s  # (SPLIT_CHUNK,)
+        ok = s < n_splits
+        m = tl.load(PM + base + s * BLOCK_M, mask=ok, other=float("-inf"))  # (SPLIT_CHUNK,)
+        den = tl.load(PL + base + s * BLOCK_M, mask=ok, other=0.0)  # (SPLIT_CHUNK,)
+        part = tl.load(PACC + (base + s * BLOCK_M)[:, None] * HEAD_DIM + offs_d[None, :],
+                       mask=ok[:, None], other=0.0)  # (SPLIT_CHUNK, BLOCK_D)
+        m_new = tl.maximum(m_run, tl.max(m, 0))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        w = tl.math.exp2(m - m_use)  # (SPLIT_CHUNK,)
+        alpha = tl.math.exp2(m_run - m_use)
+        l_run = l_run * alpha + tl.sum(w * den, 0)
+        acc = acc * alpha + tl.sum(w[:, None] * part, 0)  # (BLOCK_D,)
+        m_run = m_new
+    out = acc / tl.where(l_run == 0.0, 1.0, l_run)  # (BLOCK_D,)
+    b, kvh = pid_bh // Hkv, pid_bh % Hkv
+    o_off = b.to(tl.int64) * stride_ob + (kvh * GROUP + row // Lq) * stride_oh + (row % Lq) * stride_ol
+    tl.store(Out + o_off + offs_d * stride_od, out.to(Out.dtype.element_ty))
+
+
+def merge_splits(pm, pl, pacc, out, Hkv: int, block_m: int, num_splits: int, pdl: bool, max_chunk: int = 256):
+    """Launch ``_merge_kernel`` over the partials of ``num_splits`` splits into ``out`` ``(B, Hq, Lq, D)``.
+
+    A program merges one row over a slice of ``4096 // chunk`` head dims (at least 16) with chunks of
+    ``chunk = min(next_pow2(num_splits), max_chunk)`` splits: the draft's splits, and the verify's
+    up to 256, fit one chunk, one memory round trip. Tests pass a small ``max_chunk`` to run the online path.
+    """
+    B, Hq, Lq, D = out.shape
+    chunk = min(triton.next_power_of_2(num_splits), max_chunk)
+    block_d = max(16, min(D, 4096 // chunk))
+    _merge_kernel[(B * Hkv, Hq // Hkv * Lq, D // block_d)](
+        pm, pl, pacc, out, *out.stride(), Hkv, Lq, num_splits,
+        GROUP=Hq // Hkv, BLOCK_M=block_m, SPLIT_CHUNK=chunk, HEAD_DIM=D, BLOCK_D=block_d, PDL=pdl,
+        num_warps=4, launch_pdl=pdl,
+    )
