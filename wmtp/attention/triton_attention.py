@@ -43,12 +43,12 @@ exact for consecutive positions); a split left without keys writes ``m = -inf, l
 defaults and where each comes from (H200 runs; metrics/README.md lists the files):
 - a short range (the draft's sink + window: at most 8 blocks of 64 keys per SM over all heads)
   runs one block of 64 keys per program (32 where shared memory is smaller), 4 warps (8 for tiles
-  over 16 x 256), ONE pipeline stage: a program with one block has no loop to pipeline, and a
-  second stage only doubles its shared memory, so fewer programs fit an SM. Its time is one
-  block's memory latency plus the merge, not a loop over blocks. Chosen from
-  scripts/draft_floor.py runs (draft-floor-h200-*.json): at D = 256 / 128, 64-key blocks with one
-  stage took 11.9 / 14.9 us against 13.1 / 15.4 us for 128-key ones and 15.8 / 21.2 us for the
-  earlier 128-key, 1-2 stage default;
+  over 16 x 256), ONE pipeline stage: a program with one block has no loop to pipeline, and every
+  2-stage launch measured was slower than its 1-stage twin (draft-floor-h200-a353de9.json). Its
+  time is one block's memory latency plus the merge, not a loop over blocks. Chosen from
+  scripts/draft_floor.py (draft-floor-h200-d011fa8.json): at D = 256 / 128, 64-key blocks took
+  11.9 / 14.9 us against 13.1 / 15.4 us for 128-key ones (the sweep before, with 1-2 stages:
+  15.8 / 21.2 us);
 - a long range (verify over S keys) runs in whole waves: one or two resident programs per SM
   (two when the accumulator is <= 32 KiB and two programs' 3-stage K/V pipelines fit the
   shared-memory budget), each streaming its share of the blocks through ``num_stages`` buffers.
@@ -61,7 +61,7 @@ NOTE [PDL]: with split-K the call is two dependent kernels. On sm_90+ the merge 
 programmatic dependent launch: every attention program calls ``gdc_launch_dependents`` first, so
 the merge grid is scheduled while the attention grid runs, and its ``gdc_wait`` returns once the
 attention grid has finished and its partials are visible. This hides the second launch, not the
-dependency (about 0.4 us of the draft at D = 256 in draft-floor-h200-*.json). The merge itself
+dependency (0.46 / 0.32 us of the draft at D = 256 / 128 in draft-floor-h200-d011fa8.json). The merge itself
 (attention/triton_merge.py) loads each chunk's m, l and acc together, one chunk of up to 256 splits.
 
 NOTE [Reads]: a MASKED block loads only the keys and values that some row of the tile reads
