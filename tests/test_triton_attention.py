@@ -128,19 +128,22 @@ def test_split_k(B, Hq, Hkv, Lq, S, n_sink, window, dtype, layout, num_splits):
 
 @NEEDS_TRITON
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("n_splits, max_chunk, D", [(5, 2, 32), (130, 256, 64)])  # 3 chunks; 4 slices of 16 dims
-def test_merge_matches_logsumexp(n_splits, max_chunk, D, dtype):
+@pytest.mark.parametrize("B, n_splits, max_chunk, D", [
+    (2, 5, 2, 32),  # 3 chunks of 2 splits (the last half empty), the first chunk without keys
+    (1, 130, 256, 64),  # one chunk of 256, head dim cut into 4 slices of 16
+])
+def test_merge_matches_logsumexp(B, n_splits, max_chunk, D, dtype):
     """The split merge against log-sum-exp in torch: online over chunks, sliced over the head dim,
     empty splits (m = -inf, l = 0) weigh nothing and a row with no keys at all comes out zero."""
     from wmtp.attention.triton_merge import merge_splits
 
-    B, Hkv, group, Lq, block_m = 1, 2, 2, 3, 16
+    Hkv, group, Lq, block_m = 2, 2, 3, 16
     gen = torch.Generator().manual_seed(n_splits)
     pm = torch.randn(B * Hkv, n_splits, block_m, generator=gen, dtype=torch.float64) * 4
     pl = torch.rand(B * Hkv, n_splits, block_m, generator=gen, dtype=torch.float64) + 0.5
     pacc = torch.randn(B * Hkv, n_splits, block_m, D, generator=gen, dtype=torch.float64)
-    pm[:, 1::3] = float("-inf")  # empty splits
-    pl[:, 1::3], pacc[:, 1::3] = 0.0, 0.0
+    empty = [0, 1] + list(range(4, n_splits, 3))  # splits without keys, a whole first chunk of them included
+    pm[:, empty], pl[:, empty], pacc[:, empty] = float("-inf"), 0.0, 0.0
     pm[1, :, 4], pl[1, :, 4], pacc[1, :, 4] = float("-inf"), 0.0, 0.0  # a row without keys
     w = torch.exp2(pm - pm.amax(1, keepdim=True).clamp(min=-1e30))  # (B*Hkv, n_splits, block_m)
     want = (w[..., None] * pacc).sum(1) / (w * pl).sum(1).clamp(min=1e-300)[..., None]  # (B*Hkv, block_m, D)
@@ -150,6 +153,17 @@ def test_merge_matches_logsumexp(n_splits, max_chunk, D, dtype):
                   pdl=False, max_chunk=max_chunk)
     assert out[0, 3, 1].abs().max() == 0  # kv head 1, row 4 = (its head 1, query 1): no keys
     torch.testing.assert_close(out.double().cpu(), want, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=1e-6)
+
+
+@pytest.mark.skipif(not CUDA or torch.cuda.get_device_capability()[0] < 9, reason="needs an sm_90+ GPU")
+@pytest.mark.parametrize("layout", ["contiguous", "paged16"])
+def test_pdl_changes_no_bit(layout):
+    """The merge launched with and without programmatic dependent launch gives the same bits (NOTE [PDL])."""
+    q, k, v, q_pos = make_inputs(2, 8, 2, 4, 300, 64, torch.bfloat16, seed=7, device=DEVICE)
+    for n_sink, window in ((4, 64), (None, None)):
+        outs = [_run("triton", layout, q, k, v, q_pos, n_sink, window, num_splits=5, pdl=p) for p in (False, True)]
+        assert torch.equal(outs[0], outs[1])
+        assert_kernel_close(outs[1], q, k, v, q_pos, n_sink, window)
 
 
 def test_pdl_needs_a_hopper_gpu():

@@ -44,7 +44,8 @@ defaults and where each comes from (H200 runs; metrics/README.md lists the files
 - a short range (the draft's sink + window: at most 8 blocks of 64 keys per SM over all heads)
   runs one block of 64 keys per program (32 where shared memory is smaller), 4 warps (8 for tiles
   over 16 x 256), ONE pipeline stage: a program with one block has no loop to pipeline, and every
-  2-stage launch measured was slower than its 1-stage twin (draft-floor-h200-a353de9.json). Its
+  2-stage launch measured was slower than its 1-stage twin under the cold-L2 timing
+  (draft-floor-h200-a353de9.json). Its
   time is one block's memory latency plus the merge, not a loop over blocks. Chosen from
   scripts/draft_floor.py (draft-floor-h200-d011fa8.json): at D = 256 / 128, 64-key blocks took
   11.9 / 14.9 us against 13.1 / 15.4 us for 128-key ones (the sweep before, with 1-2 stages:
@@ -61,7 +62,8 @@ NOTE [PDL]: with split-K the call is two dependent kernels. On sm_90+ the merge 
 programmatic dependent launch: every attention program calls ``gdc_launch_dependents`` first, so
 the merge grid is scheduled while the attention grid runs, and its ``gdc_wait`` returns once the
 attention grid has finished and its partials are visible. This hides the second launch, not the
-dependency (0.46 / 0.32 us of the draft at D = 256 / 128 in draft-floor-h200-d011fa8.json). The merge itself
+dependency: 0.3-0.5 us of the draft at its default launch (draft-floor-h200-d011fa8.json, cold L2),
+within the run-to-run spread, and not faster at every block size. The merge itself
 (attention/triton_merge.py) loads each chunk's m, l and acc together, one chunk of up to 256 splits.
 
 NOTE [Reads]: a MASKED block loads only the keys and values that some row of the tile reads
@@ -248,7 +250,7 @@ def _attention_kernel(
                                   BLOCK_N, HEAD_DIM, PAGE_SIZE, PAGED, UPCAST, PRECISION)
 
     if SPLIT:  # partials of this split's real rows; a split without keys stores m = -inf, l = 0, acc = 0
-        part = (pid_bh * n_splits + pid_s) * BLOCK_M + rows  # (BLOCK_M,)
+        part = (pid_bh.to(tl.int64) * n_splits + pid_s) * BLOCK_M + rows  # (BLOCK_M,) int64: may pass 2^31 * D
         real = rows < GROUP * Lq
         tl.store(PM + part, m_i, mask=real)
         tl.store(PL + part, l_i, mask=real)
@@ -260,11 +262,11 @@ def _attention_kernel(
 
 @functools.lru_cache(maxsize=None)
 def _gpu_limits(device: torch.device) -> tuple[int, int, bool]:
-    """(SM count, opt-in shared memory per block, programmatic dependent launch available: sm_90+);
-    99 KiB of shared memory where torch does not report it."""
+    """(SM count, opt-in shared memory per block, programmatic dependent launch available: NVIDIA
+    sm_90+, not ROCm); 99 KiB of shared memory where torch does not report it."""
     props = torch.cuda.get_device_properties(device)
     return (props.multi_processor_count, getattr(props, "shared_memory_per_block_optin", None) or 99 * 1024,
-            props.major >= 9)
+            props.major >= 9 and torch.version.hip is None)
 
 
 def _launch(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning):
@@ -377,7 +379,7 @@ def paged_attention_triton(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
                            n_sink: int | None = None, window: int | None = None, *,
                            num_splits: int | None = None, block_n: int | None = None,
                            num_warps: int | None = None, num_stages: int | None = None,
-                     pdl: bool | None = None) -> torch.Tensor:
+                           pdl: bool | None = None) -> torch.Tensor:
     """Sink+window (or full causal) attention over a paged cache, read in place through the block table.
 
     Args:

@@ -22,7 +22,7 @@ __all__ = ["merge_splits"]
 
 @triton.jit
 def _merge_kernel(
-    PM, PL, PACC,  # partials written by _attention_kernel: (B*Hkv, n_splits, BLOCK_M[, D])
+    PM, PL, PACC,  # partials written by _attention_kernel, contiguous: (B*Hkv, n_splits, BLOCK_M[, D])
     Out,  # (B, Hq, Lq, D) output in q.dtype
     stride_ob, stride_oh, stride_ol, stride_od,
     Hkv, Lq, n_splits,
@@ -39,7 +39,7 @@ def _merge_kernel(
     row = tl.program_id(1)  # a real row of the tile: query head kvh * GROUP + row // Lq, query row % Lq
     offs_s = tl.arange(0, SPLIT_CHUNK)
     offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
-    base = pid_bh * n_splits * BLOCK_M + row  # this row in split 0; split s is at base + s * BLOCK_M
+    base = pid_bh.to(tl.int64) * n_splits * BLOCK_M + row  # this row in split 0; split s at base + s * BLOCK_M
     m_run = tl.full([], float("-inf"), PM.dtype.element_ty)
     l_run = tl.zeros([], PM.dtype.element_ty)
     acc = tl.zeros([BLOCK_D], PM.dtype.element_ty)
@@ -66,15 +66,20 @@ def _merge_kernel(
 def merge_splits(pm, pl, pacc, out, Hkv: int, block_m: int, num_splits: int, pdl: bool, max_chunk: int = 256):
     """Launch ``_merge_kernel`` over the partials of ``num_splits`` splits into ``out`` ``(B, Hq, Lq, D)``.
 
-    A program merges one row over a slice of ``4096 // chunk`` head dims (at least 16) with chunks of
-    ``chunk = min(next_pow2(num_splits), max_chunk)`` splits: the draft's splits, and the verify's
-    up to 256, fit one chunk, one memory round trip. Tests pass a small ``max_chunk`` to run the online path.
+    ``pm``, ``pl``: ``(B*Hkv, n_splits, block_m)`` and ``pacc``: ``(B*Hkv, n_splits, block_m, D)``,
+    contiguous (flat slices of one workspace do). A program merges one row over a slice of
+    ``min(D, max(16, 4096 // chunk))`` head dims with chunks of ``chunk = min(next_pow2(num_splits),
+    max_chunk)`` splits: a launch of up to 256 splits (every draft; a verify unless ``B * Hkv`` is 1)
+    merges in one memory round trip. Tests pass a small ``max_chunk`` to run the online path.
     """
-    B, Hq, Lq, D = out.shape
+    if max_chunk < 1 or max_chunk & (max_chunk - 1):
+        raise ValueError(f"max_chunk must be a power of two, got {max_chunk}")
+    assert pm.is_contiguous() and pl.is_contiguous() and pacc.is_contiguous(), "partials must be contiguous"
+    B, Hq, Lq, D = out.shape  # (B, Hq, Lq, D)
     chunk = min(triton.next_power_of_2(num_splits), max_chunk)
     block_d = max(16, min(D, 4096 // chunk))
     _merge_kernel[(B * Hkv, Hq // Hkv * Lq, D // block_d)](
         pm, pl, pacc, out, *out.stride(), Hkv, Lq, num_splits,
         GROUP=Hq // Hkv, BLOCK_M=block_m, SPLIT_CHUNK=chunk, HEAD_DIM=D, BLOCK_D=block_d, PDL=pdl,
-        num_warps=4, launch_pdl=pdl,
+        num_warps=4, **({"launch_pdl": True} if pdl else {}),  # only NVIDIA's backend knows the option
     )
