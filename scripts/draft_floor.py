@@ -15,7 +15,10 @@ benchmark's shapes (bf16, batch 1, one query at the end of a 1M-position cache, 
 Each is timed three ways: ``cold_dirty`` (before each replay a 256 MB buffer is zeroed, as
 ``triton.testing.do_bench`` does, so L2 holds dirty lines that the kernel's reads must write
 back: the bench's ``graph_ms`` method), ``cold_clean`` (a 256 MB buffer is read instead: L2
-holds clean lines) and ``warm`` (no flush: the draft's 9-17 MB stay in the 60 MB L2).
+holds clean lines) and ``warm`` (no flush: the draft's 9-17 MB stay in the 60 MB L2; ten replays
+back to back a sample, so a host slower than the device still shows). The default draft is also
+timed as its two kernels apart (attention grid alone, merge alone), and its plain call on the host
+(``host``: Python launcher and Triton launches, with a cProfile summary on stdout).
 
     python scripts/draft_floor.py --out draft-floor.json
 """
@@ -23,7 +26,9 @@ holds clean lines) and ``warm`` (no flush: the draft's 9-17 MB stay in the 60 MB
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import statistics
 import sys
 import time
@@ -32,6 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
+import wmtp.attention.triton_attention as ta
 from wmtp.attention.triton_attention import attention_triton
 from wmtp.fileio import atomic_path
 from wmtp.metrics import environment
@@ -80,16 +86,51 @@ def _times(fn, reps: int, flush_buf: torch.Tensor, sink: torch.Tensor) -> dict:
                 flush_buf.zero_()
             elif mode == "cold_clean":
                 sink.copy_(flush_buf.sum(dtype=torch.int64))
-            else:
-                g.replay()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            n = 10 if mode == "warm" else 1  # warm: 10 back-to-back replays a sample (the host may still lag)
             start.record()
-            g.replay()
+            for _ in range(n):
+                g.replay()
             end.record()
             end.synchronize()
-            ts.append(start.elapsed_time(end) * 1000)
+            ts.append(start.elapsed_time(end) * 1000 / n)
         out[mode] = round(statistics.median(ts), 2)
     return out
+
+
+def _breakdown(row, shape, call):
+    """The default draft's two kernels timed apart: the attention grid alone (the merge launch made a
+    no-op), then the merge alone on the partials that call left (its launch arguments captured)."""
+    captured = []
+    real = ta.merge_splits
+    ta.merge_splits = lambda *a, **kw: captured.append((a, kw))
+    try:
+        row("draft attention kernel alone", call, shape=shape)
+    finally:
+        ta.merge_splits = real
+    if captured:
+        a, kw = captured[-1]
+        row("draft merge kernel alone", lambda: real(*a, **kw), shape=shape)
+
+
+def _host(call, shape: str, n: int = 300) -> dict:
+    """Host microseconds of one plain call (the Python launcher, two Triton launches), median of ``n``
+    with the device drained between calls; the cProfile top entries by own time go to stdout."""
+    ts = []
+    for _ in range(n):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        call()
+        ts.append((time.perf_counter() - t) * 1e6)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(100):
+        call()
+    prof.disable()
+    torch.cuda.synchronize()
+    print(f"host profile, {shape}, 100 calls:")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(12)
+    return {"shape": shape, "host_us_median": round(statistics.median(ts), 1)}
 
 
 def main(argv=None) -> int:
@@ -101,7 +142,7 @@ def main(argv=None) -> int:
     flush_buf = torch.empty(64 << 20, dtype=torch.int32, device="cuda")  # 256 MB
     sink = torch.empty((), dtype=torch.int64, device="cuda")
     result = {"command": "python " + " ".join(sys.argv), "environment": environment(torch.device("cuda")),
-              "unit": "us", "n_sink": N_SINK, "window": WINDOW, "S": S, "rows": []}
+              "unit": "us", "n_sink": N_SINK, "window": WINDOW, "S": S, "rows": [], "host": []}
 
     def row(name, fn, **meta):
         try:
@@ -122,13 +163,15 @@ def main(argv=None) -> int:
         v = torch.randn(1, Hkv, S, D, device="cuda", dtype=torch.bfloat16, generator=gen)  # (1, Hkv, S, D)
         q = torch.randn(1, Hq, 1, D, device="cuda", dtype=torch.bfloat16, generator=gen)  # (1, Hq, 1, D)
         pos = torch.tensor([S - 1], device="cuda")
-        for bn, warps in ((64, 4), (128, 4), (128, 8), (32, 4)):
+        for bn, warps in ((64, 4), (128, 4), (128, 8), (32, 2), (32, 4), (32, 8), (16, 4)):
             red = torch.empty(Hkv * WINDOW // bn, device="cuda")
             row("read", lambda: _read[(Hkv, WINDOW // bn)](k, v, pos, red, k.stride(1), k.stride(2), WINDOW,
                                                            BLOCK_N=bn, D=D, num_warps=warps),
                 shape=shape, block_n=bn, num_warps=warps)
         ref = attention_triton(q, k, v, pos, N_SINK, WINDOW, pdl=False)
         row("draft defaults", lambda: attention_triton(q, k, v, pos, N_SINK, WINDOW), shape=shape)
+        _breakdown(row, shape, lambda: attention_triton(q, k, v, pos, N_SINK, WINDOW))
+        result["host"].append(_host(lambda: attention_triton(q, k, v, pos, N_SINK, WINDOW), shape))
         configs = [dict(block_n=bn, num_warps=w, num_stages=1, pdl=True) for bn in (32, 64, 128) for w in (4, 8)]
         configs += [dict(block_n=bn, num_warps=4, num_stages=1, pdl=False) for bn in (32, 64, 128)]
         for cfg in configs:

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The kernel issue's GPU work in ONE device call (the device tool's $OUT collects what comes back):
-#   tests    - the CUDA half of tests/test_triton_attention.py and tests/test_lossless.py, then
+#   tests    - tests/test_triton_attention.py and the CUDA losslessness cases of tests/test_lossless.py (its
+#              CPU-only tests run in CI and take ~100 s each beside 16 workers), then
 #              notebook 04's twin run for real on the GPU;
 #   bench    - `wmtp bench attention` with $BENCH_ARGS, then scripts/tune_attention.py $TUNE_ARGS.
 # With two GPUs the halves run side by side (tests on GPU 0, timings alone on GPU 1); else in turn.
 # Knobs (seconds): TEST_S, TUNE_S, TUNE_BUDGET, BENCH_S; TESTS (pytest targets); SKIP_TUNE=1 skips the tuning,
-# SKIP_NCU=1 the profile; FLOOR=1 runs scripts/draft_floor.py after the sweep. With two GPUs the timings share the
+# SKIP_NCU=1 the profile (NCU_ARGS replaces its metrics); FLOOR=1 runs scripts/draft_floor.py after the sweep. With two GPUs the timings share the
 # host with 16 pytest workers: graph timings then read ~1.7 us high (metrics/draft-floor-h200-40552f1-busy-host.json);
 # for figures to commit, time alone: SKIP_TESTS=1 runs the bench half only.
 set -o pipefail
@@ -20,13 +21,15 @@ tests() {
     python3 -c "import sys, torch, triton; print(sys.version.split()[0], torch.__version__, triton.__version__)"
     # -v lines of failures only (as they happen), and SIGINT at the limit so pytest still prints its summary
     CUDA_VISIBLE_DEVICES=0 timeout -s INT "${TEST_S:-420}" python3 -m pytest -n 16 -v -rfE --tb=short --durations=15 \
-      -p no:cacheprovider ${TESTS:-tests/test_triton_attention.py tests/test_lossless.py} | grep -v " PASSED \| SKIPPED "
+      -p no:cacheprovider ${TESTS:-tests/test_triton_attention.py tests/test_lossless.py::test_every_backend_is_lossless} \
+      | grep -v " PASSED \| SKIPPED "
     echo "pytest exit $?"
     (cd tutorials && CUDA_VISIBLE_DEVICES=0 timeout 90 python3 04_triton_kernel.py)
     echo "notebook 04 exit $?"; } > "$OUT/tests.log" 2>&1
   if [ "${SKIP_NCU:-0}" != 1 ]; then  # where the draft's device time goes: attention kernel vs merge
-    CUDA_VISIBLE_DEVICES=0 timeout 90 ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum \
-      --kernel-name regex:"_attention_kernel|_merge_kernel" --launch-skip 12 --launch-count 12 \
+    # shellcheck disable=SC2086  # NCU_ARGS: e.g. "--section WarpStateStats --section MemoryWorkloadAnalysis"
+    CUDA_VISIBLE_DEVICES=0 timeout 90 ncu --clock-control none \
+      ${NCU_ARGS:---metrics gpu__time_duration.sum,dram__bytes_read.sum} --kernel-name regex:"_attention_kernel|_merge_kernel" --launch-skip 12 --launch-count 12 \
       python3 scripts/profile_draft.py > "$OUT/ncu.log" 2>&1
     echo "ncu exit $?" >> "$OUT/ncu.log"
   fi
