@@ -29,7 +29,8 @@ tests() {
   if [ "${SKIP_NCU:-0}" != 1 ]; then  # where the draft's device time goes: attention kernel vs merge
     # shellcheck disable=SC2086  # NCU_ARGS: e.g. "--section WarpStateStats --section MemoryWorkloadAnalysis"
     CUDA_VISIBLE_DEVICES=0 timeout 90 ncu --clock-control none \
-      ${NCU_ARGS:---metrics gpu__time_duration.sum,dram__bytes_read.sum} --kernel-name regex:"_attention_kernel|_merge_kernel" --launch-skip 12 --launch-count 12 \
+      ${NCU_ARGS:---metrics gpu__time_duration.sum,dram__bytes_read.sum} \
+      --kernel-name regex:"_attention_kernel|_merge_kernel" --launch-skip 12 --launch-count 12 \
       python3 scripts/profile_draft.py > "$OUT/ncu.log" 2>&1
     echo "ncu exit $?" >> "$OUT/ncu.log"
   fi
