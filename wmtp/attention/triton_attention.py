@@ -45,9 +45,9 @@ defaults and where each comes from (H200 runs; metrics/README.md lists the files
   runs one block of 64 keys per program (32 where shared memory is smaller), 4 warps (8 for tiles
   over 16 x 256), ONE pipeline stage: a program with one block has no loop to pipeline, and every
   2-stage launch measured was slower than its 1-stage twin under the cold-L2 timing
-  (draft-floor-h200-a353de9.json). Its
-  time is one block's memory latency plus the merge, not a loop over blocks. Chosen from
-  scripts/draft_floor.py (draft-floor-h200-d011fa8.json): at D = 256 / 128, 64-key blocks took
+  (draft-floor-h200-a353de9.json). Its time is one block's memory latency plus the merge, not a
+  loop over blocks. Chosen from scripts/draft_floor.py (draft-floor-h200-d011fa8.json): at
+  D = 256 / 128, 64-key blocks took
   11.9 / 14.9 us against 13.1 / 15.4 us for 128-key ones (the sweep before, with 1-2 stages:
   15.8 / 21.2 us, metrics/bench-attention-h200.json as of commit f504ea2);
 - a long range (verify over S keys) runs in whole waves: one or two resident programs per SM

@@ -77,7 +77,7 @@ def merge_splits(pm, pl, pacc, out, Hkv: int, block_m: int, num_splits: int, pdl
     assert pm.is_contiguous() and pl.is_contiguous() and pacc.is_contiguous(), "partials must be contiguous"
     B, Hq, Lq, D = out.shape  # (B, Hq, Lq, D)
     chunk = min(triton.next_power_of_2(num_splits), max_chunk)
-    block_d = max(16, min(D, 4096 // chunk))
+    block_d = min(D, max(16, 4096 // chunk))
     _merge_kernel[(B * Hkv, Hq // Hkv * Lq, D // block_d)](
         pm, pl, pacc, out, *out.stride(), Hkv, Lq, num_splits,
         GROUP=Hq // Hkv, BLOCK_M=block_m, SPLIT_CHUNK=chunk, HEAD_DIM=D, BLOCK_D=block_d, PDL=pdl,
