@@ -47,9 +47,8 @@ defaults and where each comes from (H200 runs; metrics/README.md lists the files
   2-stage launch measured was slower than its 1-stage twin under the cold-L2 timing
   (draft-floor-h200-a353de9.json). Its time is one block's memory latency plus the merge, not a
   loop over blocks. Chosen from scripts/draft_floor.py (draft-floor-h200-d011fa8.json): at
-  D = 256 / 128, 64-key blocks took
-  11.9 / 14.9 us against 13.1 / 15.4 us for 128-key ones (the sweep before, with 1-2 stages:
-  15.8 / 21.2 us, metrics/bench-attention-h200.json as of commit f504ea2);
+  D = 256 / 128, 64-key blocks took 11.9 / 14.9 us against 13.1 / 15.4 us for 128-key ones (the
+  sweep before, with 1-2 stages: 15.8 / 21.2 us, metrics/bench-attention-h200.json as of f504ea2);
 - a long range (verify over S keys) runs in whole waves: one or two resident programs per SM
   (two when the accumulator is <= 32 KiB and two programs' 3-stage K/V pipelines fit the
   shared-memory budget), each streaming its share of the blocks through ``num_stages`` buffers.
