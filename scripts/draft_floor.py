@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-import wmtp.attention.triton_attention as ta
+from wmtp.attention import triton_attention as ta  # (wmtp.attention is also a function name)
 from wmtp.attention.triton_attention import attention_triton
 from wmtp.fileio import atomic_path
 from wmtp.metrics import environment
