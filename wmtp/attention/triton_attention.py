@@ -61,9 +61,9 @@ NOTE [PDL]: with split-K the call is two dependent kernels. On sm_90+ the merge 
 programmatic dependent launch: every attention program calls ``gdc_launch_dependents`` first, so
 the merge grid is scheduled while the attention grid runs, and its ``gdc_wait`` returns once the
 attention grid has finished and its partials are visible. This hides the second launch, not the
-dependency: 0.3-0.5 us of the draft at its default launch (draft-floor-h200-d011fa8.json, cold L2),
-within the run-to-run spread, and not faster at every block size. The merge itself
-(attention/triton_merge.py) loads each chunk's m, l and acc together, one chunk of up to 256 splits.
+dependency: 0.1-0.6 us of the draft at its default launch (draft-floor-h200-{d011fa8,772f74a}.json).
+A merge fused into this kernel (cooperative grid, arrival counter) was slower (metrics/experiments/).
+The merge (attention/triton_merge.py) loads a chunk's m, l and acc together, up to 256 splits.
 
 NOTE [Reads]: a MASKED block loads only the keys and values that some row of the tile reads
 (``kread``; the block table is read for the whole range), so a cache row outside the union of the
