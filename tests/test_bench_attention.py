@@ -30,8 +30,9 @@ def result():
 def test_result_structure_and_rows(result):
     assert json.loads(json.dumps(result)) == result  # plain JSON, no tensors, no NaN
     for key in ("command", "environment", "dtype", "n_sink", "window", "copy_bandwidth_gbs", "rows", "bars",
-                "correctness", "caveats"):
+                "correctness", "caveats", "graph_floor_ms"):
         assert key in result
+    assert result["graph_floor_ms"] is None  # a CUDA graph timing: measured on CUDA only
     assert result["dtype"] == "float32" and result["copy_bandwidth_gbs"] > 0
     rows = result["rows"]
     assert len(rows) == 2 * 1 * 2 * len(METHODS)
@@ -163,7 +164,10 @@ def test_table_lists_every_method(result):
     console = Console(record=True, width=200)
     console.print(bench_report.table(result))
     text = console.export_text()
-    assert all(m in text for m in METHODS) and "% of floor" in text
+    assert all(m in text for m in METHODS) and "% of floor" in text and "one-element" not in text  # CPU: no floor
+    console.print(bench_report.table(result | {"graph_floor_ms": {"one_kernel": 0.0031, "two_kernels": "capture: X"}}))
+    text = console.export_text()
+    assert "a graph of one-element kernels: one kernel 0.0031 ms" in text and "two kernels" not in text
 
 
 def test_plot_writes_a_png(result, tmp_path):
@@ -189,3 +193,14 @@ def test_progress_reports_partial_results():
     assert [p["complete"] for p in seen] == [False, False] and res["complete"]
     assert [len(p["rows"]) for p in seen] == [2, 4] and len(res["rows"]) == 4  # 2 q_lens per S
     assert {r["S"] for r in seen[0]["rows"]} == {64}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+def test_graph_floor_times_one_and_two_kernel_graphs():
+    from triton.testing import do_bench
+
+    from wmtp.bench import graph_floor_ms
+
+    floor = graph_floor_ms(torch.device("cuda"), lambda fn: float(do_bench(fn, warmup=5, rep=20, return_mode="median")))
+    assert set(floor) == {"one_kernel", "two_kernels"}
+    assert all(isinstance(ms, float) and ms > 0 for ms in floor.values()), floor

@@ -4,7 +4,10 @@ The paper's draft-KV tax (arXiv 2607.21535, Sec. 1 and 4) is the time the draft 
 spends reading the whole context for every drafted token. ``bench_draft_attention`` times one
 draft query (``q_len`` 1) over a cache of ``context`` keys with each key set, all in one run,
 and reports medians and ratios. Timing uses wall-clock with device synchronisation; figures come
-from here (or ``wmtp bench``), never from timed assertions in tests.
+from here (or ``wmtp bench``), never from timed assertions in tests. The CUDA timing helpers of
+``wmtp bench attention`` live here too: ``host_ms`` (the launcher's share of a call),
+``graph_replay_ms`` (a call's kernels replayed from a CUDA graph) and ``graph_floor_ms`` (what that
+method measures for kernels that do nothing).
 """
 
 from __future__ import annotations
@@ -33,6 +36,44 @@ def time_call(fn: Callable[[], object], device: torch.device, repeats: int, warm
         synchronize(device)
         times.append(time.perf_counter() - t0)
     return times
+
+
+def host_ms(fn: Callable[[], object], device: torch.device, calls: int = 10) -> float:
+    """Median host time inside one call of ``fn`` (CUDA), the device idle before it and not waited for
+    after. Near a plain-call timing it says that timing is host-bound: the launcher, not the kernel."""
+    times = []
+    for _ in range(calls):
+        torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    torch.cuda.synchronize(device)
+    return statistics.median(times) * 1e3
+
+
+def graph_replay_ms(fn: Callable[[], object], timed_ms: Callable) -> float | str:
+    """``fn`` captured once in a CUDA graph, its replay timed by ``timed_ms``: the device time of the
+    call's kernels with no launcher in the way. An error string if capture fails."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm up off the default stream, as capture requires
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return timed_ms(graph.replay)
+    except Exception as e:
+        return f"graph capture: {type(e).__name__}: {e}"[:300]
+
+
+def graph_floor_ms(device: torch.device, timed_ms: Callable) -> dict[str, float | str]:
+    """``graph_replay_ms`` of a graph of one, and of two dependent, one-element kernels: the least that
+    this method can measure for a one- or two-kernel call (the draft's attention kernel and its merge)."""
+    x = torch.zeros(1, device=device)  # (1,)
+    return {"one_kernel": graph_replay_ms(lambda: x.add_(1), timed_ms),
+            "two_kernels": graph_replay_ms(lambda: x.add_(1).add_(1), timed_ms)}
 
 
 def bench_draft_attention(model: ModelConfig, contexts: tuple[int, ...], keysets: tuple[KeySetConfig, ...],

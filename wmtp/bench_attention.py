@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from .bench import time_call
+from .bench import graph_floor_ms, graph_replay_ms, host_ms, time_call
 from .bench_report import PAGE_SIZE, bars, method_bytes
 from .keyset import check_key_set_args, in_key_set, key_ranges
 from .metrics import environment
@@ -38,6 +38,8 @@ CAVEATS = [  # NOTE [Timing]
     "graph_ms: the same call captured once in a CUDA graph and its replay timed the same way (cold L2): the "
     "kernels' device time without the launcher. Bar (a), the draft, judges graph_ms; bar (b), the verify, judges "
     "pct_of_floor, which is computed from median_ms (plain calls).",
+    "graph_floor_ms: graph_ms of a graph of one (and of two dependent) one-element kernels, timed the same way in "
+    "the same run: what this method measures for any one- (two-) kernel call, whatever the kernels do.",
     "Window methods read the union of their queries' key sets (n_sink + window + q_len - 1 keys); for q_len > 1 "
     "the SDPA baselines get a boolean (q_len, keys) mask made outside the timed call.",
     "floor_ms counts a method's own ideal bytes (K and V of its keys, q, output); gather_sdpa_window also writes "
@@ -170,36 +172,6 @@ _BUILDERS: dict[str, Callable[[_Cell], Callable[[], torch.Tensor]]] = {
 METHODS = tuple(_BUILDERS)
 
 
-def _host_ms(fn: Callable[[], object], device: torch.device, calls: int = 10) -> float:
-    """Median host time inside one call, the device idle before it and not waited for after. Near
-    ``median_ms`` it says the timing is host-bound: launcher overhead, not the kernel, is measured."""
-    times = []
-    for _ in range(calls):
-        torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    torch.cuda.synchronize(device)
-    return statistics.median(times) * 1e3
-
-
-def _graph_ms(fn: Callable[[], object], timed_ms: Callable) -> float | str:
-    """``fn`` captured once in a CUDA graph, its replay timed like every method: the device time
-    of the call's kernels with no launcher in the way (NOTE [Timing]). An error string if capture fails."""
-    try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm up off the default stream, as capture requires
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        return timed_ms(graph.replay)
-    except Exception as e:
-        return f"graph capture: {type(e).__name__}: {e}"[:300]
-
-
 def _measure(name: str, c: _Cell, row: dict, timed_ms: Callable, ref: torch.Tensor | None) -> float | str | None:
     """Time method ``name`` on cell ``c`` into ``row``; return max |out - ref| (fp32), or the error string.
     A failure fills ``row["error"]`` and returns: one method's failure is data, not the end of the sweep."""
@@ -211,8 +183,8 @@ def _measure(name: str, c: _Cell, row: dict, timed_ms: Callable, ref: torch.Tens
         ms = timed_ms(fn)
         row["median_ms"], row["pct_of_floor"] = ms, row["floor_ms"] / ms * 100
         if c.q.device.type == "cuda":
-            row["host_ms"] = _host_ms(fn, c.q.device)
-            graph = _graph_ms(fn, timed_ms)
+            row["host_ms"] = host_ms(fn, c.q.device)
+            graph = graph_replay_ms(fn, timed_ms)
             row["graph_ms"], row["note"] = (graph, row["note"]) if isinstance(graph, float) else \
                 (None, "; ".join(filter(None, [row["note"], graph])))
         return err
@@ -270,6 +242,7 @@ def sweep(device: torch.device | str, contexts=CONTEXTS, shapes=SHAPES, q_lens=Q
     dst = torch.empty_like(src)
     bandwidth = 4 * n / (timed_ms(lambda s=src, d=dst: d.copy_(s)) * 1e-3)  # bytes/s: 2 read + 2 written per element
     del src, dst
+    floor = graph_floor_ms(device, timed_ms) if device.type == "cuda" else None  # NOTE [Timing]
 
     rows, correctness = [], {}
 
@@ -281,7 +254,8 @@ def sweep(device: torch.device | str, contexts=CONTEXTS, shapes=SHAPES, q_lens=Q
                 "timing": {"tool": "triton.testing.do_bench", "warmup_ms": warmup_ms, "rep_ms": rep_ms, "median": True,
                            "graph_ms": "the call captured in a CUDA graph, replay timed the same way"}
                 if device.type == "cuda" else {"tool": "wmtp.bench.time_call", "repeats": repeats, "median": True},
-                "copy_bandwidth_gbs": bandwidth / 1e9, "correctness": dict(correctness), "caveats": CAVEATS,
+                "copy_bandwidth_gbs": bandwidth / 1e9, "graph_floor_ms": floor, "correctness": dict(correctness),
+                "caveats": CAVEATS,
                 "rows": list(rows), "bars": bars(rows), "wall_time_s": time.perf_counter() - t_start}
 
     import torch._dynamo.config as dynamo  # a scoped patch: FlexAttention compiles per shape, never falls back

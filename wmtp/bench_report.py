@@ -71,8 +71,12 @@ def table(result: dict):
     """A ``rich`` table of the rows, one section per (shape, q_len, S)."""
     from rich.table import Table
 
+    num = lambda x, fmt: "-" if x is None else format(x, fmt)  # noqa: E731
+    floor = ", ".join(f"{n.replace('_', ' ')} {ms:.4f} ms"  # older results have none
+                      for n, ms in (result.get("graph_floor_ms") or {}).items() if isinstance(ms, float))
+    floor = f"; a graph of one-element kernels: {floor}" if floor else ""
     t = Table(title=f"Attention, {result['dtype']}, sink {result['n_sink']} + window {result['window']}; "
-              f"HBM copy {result['copy_bandwidth_gbs']:.0f} GB/s")
+                    f"HBM copy {result['copy_bandwidth_gbs']:.0f} GB/s{floor}")
     for col in ("shape", "q_len", "S", "method", "keys", "median ms", "% of floor", "graph ms", "host ms", "error"):
         t.add_column(col, justify="left" if col in ("method", "error") else "right")
     last = None
@@ -81,7 +85,6 @@ def table(result: dict):
         if last is not None and group != last:
             t.add_section()
         head, last = ([str(g) for g in group] if group != last else ["", "", ""]), group
-        num = lambda x, fmt: "-" if x is None else format(x, fmt)  # noqa: E731
         t.add_row(*head, r["method"], str(r["keys_read"]), num(r["median_ms"], ".4f"), num(r["pct_of_floor"], ".0f"),
                   num(r.get("graph_ms"), ".4f"), num(r.get("host_ms"), ".4f"), (r["error"] or "")[:60])
     return t
