@@ -69,8 +69,9 @@ def graph_replay_ms(fn: Callable[[], object], timed_ms: Callable) -> float | str
 
 
 def graph_floor_ms(device: torch.device, timed_ms: Callable) -> dict[str, float | str]:
-    """``graph_replay_ms`` of a graph of one, and of two dependent, one-element kernels: the least that
-    this method can measure for a one- or two-kernel call (the draft's attention kernel and its merge)."""
+    """``graph_replay_ms`` of a graph of one, and of two dependent, one-element kernels: what this
+    method measures for one or two kernels that do nothing (kernels whose launches overlap, as with
+    programmatic dependent launch, are not covered)."""
     x = torch.zeros(1, device=device)  # (1,)
     return {"one_kernel": graph_replay_ms(lambda: x.add_(1), timed_ms),
             "two_kernels": graph_replay_ms(lambda: x.add_(1).add_(1), timed_ms)}

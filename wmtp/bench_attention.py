@@ -39,7 +39,7 @@ CAVEATS = [  # NOTE [Timing]
     "kernels' device time without the launcher. Bar (a), the draft, judges graph_ms; bar (b), the verify, judges "
     "pct_of_floor, which is computed from median_ms (plain calls).",
     "graph_floor_ms: graph_ms of a graph of one (and of two dependent) one-element kernels, timed the same way in "
-    "the same run: what this method measures for any one- (two-) kernel call, whatever the kernels do.",
+    "the same run: what this method measures for one (two) kernels that do nothing.",
     "Window methods read the union of their queries' key sets (n_sink + window + q_len - 1 keys); for q_len > 1 "
     "the SDPA baselines get a boolean (q_len, keys) mask made outside the timed call.",
     "floor_ms counts a method's own ideal bytes (K and V of its keys, q, output); gather_sdpa_window also writes "

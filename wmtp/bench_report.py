@@ -72,8 +72,8 @@ def table(result: dict):
     from rich.table import Table
 
     num = lambda x, fmt: "-" if x is None else format(x, fmt)  # noqa: E731
-    floor = ", ".join(f"{n.replace('_', ' ')} {ms:.4f} ms"  # older results have none
-                      for n, ms in (result.get("graph_floor_ms") or {}).items() if isinstance(ms, float))
+    floor = ", ".join(f"{n.replace('_', ' ')} " + (f"{ms:.4f} ms" if isinstance(ms, float) else "failed")
+                      for n, ms in (result.get("graph_floor_ms") or {}).items())  # older results have none
     floor = f"; a graph of one-element kernels: {floor}" if floor else ""
     t = Table(title=f"Attention, {result['dtype']}, sink {result['n_sink']} + window {result['window']}; "
                     f"HBM copy {result['copy_bandwidth_gbs']:.0f} GB/s{floor}")

@@ -60,8 +60,8 @@ defaults and where each comes from (H200 runs; metrics/README.md lists the files
 NOTE [PDL]: with split-K the call is two dependent kernels. On sm_90+ the merge is launched with
 programmatic dependent launch: every attention program calls ``gdc_launch_dependents`` first, so
 the merge grid is scheduled while the attention grid runs, and its ``gdc_wait`` returns once the
-attention grid has finished and its partials are visible. This hides the second launch, not the
-dependency: 0.1-0.6 us of the draft at its default launch (draft-floor-h200-{d011fa8,772f74a}.json).
+attention grid has finished and its partials are visible: meant to hide the second launch, not
+the dependency. Measured: 0.1-0.6 us off the draft's default launch (draft-floor-h200-{d011fa8,772f74a}.json).
 A merge fused into this kernel (cooperative grid, arrival counter) was slower (metrics/experiments/).
 The merge (attention/triton_merge.py) loads a chunk's m, l and acc together, up to 256 splits.
 
