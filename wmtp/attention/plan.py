@@ -5,7 +5,8 @@ The kernel (attention/triton_attention.py) plans its two key ranges on device fr
 it loads (NOTE [Host sync] there); ``key_plan`` is the same computation in Python, the readable
 reference that tests/test_triton_attention.py checks the device plan against. ``launch_config``
 picks tile sizes, split count and Triton options from shapes alone (NOTE [Launch] in
-attention/triton_attention.py).
+attention/triton_attention.py). ``check_tensors`` is the kernels' input contract and
+``by_query_chunks`` cuts a query block longer than one tile into launches.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import torch
 
 from ..keyset import key_ranges
 
-__all__ = ["KeyPlan", "key_plan", "LaunchConfig", "launch_config", "max_tile_rows"]
+__all__ = ["KeyPlan", "key_plan", "LaunchConfig", "launch_config", "max_tile_rows", "check_tensors",
+           "by_query_chunks"]
 
 SMEM_H200 = 232448  # opt-in shared memory per block of an H100/H200 (227 KiB), the tuned machine
 SMEM_HEADROOM = 32 * 1024  # shared memory left for the query tile and layout conversions
@@ -137,3 +139,30 @@ def launch_config(B: int, Hq: int, Hkv: int, Lq: int, D: int, dtype: torch.dtype
     if num_stages is None:  # K/V blocks in flight per program, within the shared-memory budget
         num_stages = 1 if short else 3 if two_per_sm else max(1, min(4, budget // stage_bytes))
     return LaunchConfig(block_m, block_n, num_splits, num_warps, num_stages)
+
+
+def check_tensors(q, k, v, q_pos) -> None:
+    """The Triton kernels' input contract (AssertionError otherwise): one device, one dtype of
+    fp16/bf16/fp32/fp64, k and v alike, a power-of-two head dim in [16, 256], contiguous in it."""
+    assert q.device == k.device == v.device == q_pos.device, "all tensors must be on one device"
+    assert q.dtype == k.dtype == v.dtype and q.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64), \
+        f"q, k, v must share one dtype of fp16/bf16/fp32/fp64, got {q.dtype}, {k.dtype}, {v.dtype}"
+    assert k.shape == v.shape and k.stride() == v.stride(), "k and v must have one shape and one layout"
+    D = q.shape[-1]
+    assert D in (16, 32, 64, 128, 256), f"head_dim must be a power of two in [16, 256], got {D}"
+    assert k.stride(-1) == 1 and q.stride(-1) == 1, "the head dimension must be contiguous"
+
+
+def by_query_chunks(q, q_pos, group, run):
+    """Call ``run(q_chunk, pos_chunk)`` on blocks of at most ``max_tile_rows(dtype, D) // group`` queries."""
+    Lq = q.shape[2]
+    if Lq == 0:
+        return torch.empty_like(q)
+    max_rows = max_tile_rows(q.dtype, q.shape[-1])
+    if group > max_rows:
+        raise ValueError(f"{group} query heads per kv head exceed the kernel's tile of {max_rows} rows "
+                         f"({q.dtype}, head_dim {q.shape[-1]}); use impl='torch'")
+    chunk = max_rows // group
+    if chunk >= Lq:
+        return run(q, q_pos)
+    return torch.cat([run(q[:, :, i : i + chunk], q_pos[i : i + chunk]) for i in range(0, Lq, chunk)], dim=2)

@@ -37,25 +37,20 @@ computes on device what ``key_plan`` (attention/plan.py) computes on the host (t
 their blocks, the unmasked blocks, its share ``cdiv(n_blk, n_splits)`` of the blocks).
 ``window=None`` runs as ``n_sink = 0, window = FULL`` (larger than any position).
 
-NOTE [Launch]: ``launch_config`` (attention/plan.py) picks the launch from shapes. ``n_blk`` is an
-upper bound of the key blocks, ``min(S, n_sink + window + Lq - 1)`` keys (``S`` for the full set;
-exact for consecutive positions); a split left without keys writes ``m = -inf, l = 0``. The
-defaults and where each comes from (H200 runs; metrics/README.md lists the files):
-- a short range (the draft's sink + window: at most 8 blocks of 64 keys per SM over all heads)
-  runs one block of 64 keys per program (32 where shared memory is smaller), 4 warps (8 for tiles
-  over 16 x 256), ONE pipeline stage: a program with one block has no loop to pipeline, and every
-  2-stage launch measured was slower than its 1-stage twin under the cold-L2 timing
-  (draft-floor-h200-a353de9.json). Its time is one block's memory latency plus the merge, not a
-  loop over blocks. Chosen from scripts/draft_floor.py (draft-floor-h200-d011fa8.json): at
-  D = 256 / 128, 64-key blocks took 11.9 / 14.9 us against 13.1 / 15.4 us for 128-key ones (the
-  sweep before, with 1-2 stages: 15.8 / 21.2 us, metrics/bench-attention-h200.json as of f504ea2);
-- a long range (verify over S keys) runs in whole waves: one or two resident programs per SM
-  (two when the accumulator is <= 32 KiB and two programs' 3-stage K/V pipelines fit the
-  shared-memory budget), each streaming its share of the blocks through ``num_stages`` buffers.
-  D = 128 from the CUDA-graph run; D = 256 from the plain-call run (tune-attention-h200-plain-24aeee8.json);
-- fp32 (ieee) and fp64 dots run without bf16 tensor cores: smaller blocks (16-32 keys) and at most
-  64 rows a tile (``max_tile_rows``) keep their compile times in seconds, as the H200 test runs
-  showed; the CPU interpreter runs one split.
+NOTE [Launch]: ``launch_config`` (attention/plan.py) picks the launch from shapes; ``plan_call``
+turns it into the kernel's arguments. ``n_blk`` bounds the key blocks by ``min(S, n_sink + window +
+Lq - 1)`` keys (``S`` for the full set); a split left without keys writes ``m = -inf, l = 0``.
+Defaults (H200 runs; metrics/README.md lists the files):
+- a short range (the draft: at most 8 blocks of 64 keys per SM over all heads) runs one block of 64
+  keys per program (32 where shared memory is smaller), 4 warps (8 for tiles over 16 x 256), ONE
+  stage: one block has no loop to pipeline, and every 2-stage launch measured was slower
+  (draft-floor-h200-a353de9.json); 64-key blocks beat 128-key ones (draft-floor-h200-d011fa8.json),
+  and none of the variants in metrics/experiments/ beat this launch;
+- a long range (verify) runs in whole waves: one or two resident programs per SM (two when the
+  accumulator is <= 32 KiB and two 3-stage K/V pipelines fit in shared memory), each streaming its
+  blocks through ``num_stages`` buffers (tune-attention-h200-{graph-12d4ff2,plain-24aeee8}.json);
+- fp32 (ieee) and fp64 dots run without tensor cores: 16-32-key blocks and at most 64 rows a tile
+  (``max_tile_rows``) keep compile times in seconds; the CPU interpreter runs one split.
 
 NOTE [PDL]: with split-K the call is two dependent kernels. On sm_90+ the merge is launched with
 programmatic dependent launch: every attention program calls ``gdc_launch_dependents`` first, so
@@ -80,12 +75,13 @@ loading (``UPCAST``).
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from .plan import SMEM_H200, launch_config, max_tile_rows
+from .plan import SMEM_H200, by_query_chunks, check_tensors, launch_config
 from .triton_merge import merge_splits
 
 __all__ = ["attention_triton", "paged_attention_triton"]
@@ -268,24 +264,35 @@ def _gpu_limits(device: torch.device) -> tuple[int, int, bool]:
             props.major >= 9 and torch.version.hip is None)
 
 
-def _launch(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning):
-    """Run the kernels for one block of queries; k, v strides are (outer, position, head, dim).
+class KernelCall(NamedTuple):
+    """One launch of ``_attention_kernel`` as ``_launch`` makes it, and the merge that follows."""
 
-    Sync-free (NOTE [Host sync]): everything decided here comes from shapes and Python ints.
-    ``tuning`` holds the optional overrides ``num_splits, block_n, num_warps, num_stages, pdl``.
+    grid: tuple[int, int]
+    args: tuple  # positional arguments: tensors and Python ints
+    kwargs: dict  # constexprs and the launch options num_warps, num_stages
+    out: torch.Tensor  # (B, Hq, Lq, D)
+    merge: tuple | None  # merge_splits' arguments after ``out``'s partials, or None with one split
+
+
+def plan_call(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning, limits) -> KernelCall:
+    """The kernel call for one block of queries, from shapes and Python ints only (NOTE [Host sync]);
+    allocates the output and the split workspace on q's device (a ``meta`` device allocates nothing).
+
+    k, v strides are (outer, position, head, dim). ``tuning`` holds the optional overrides
+    ``num_splits, block_n, num_warps, num_stages, pdl``; ``limits`` is ``_gpu_limits`` of the GPU to
+    plan for, or None for the CPU interpreter. tests/test_kernel_sm90.py plans H200 calls on ``meta``
+    tensors and compiles them offline.
     """
     B, Hq, Lq, D = q.shape
     Hkv = k.shape[2]  # k is (outer, position, Hkv, D) in both layouts
-    group = Hq // Hkv
     fp64 = q.dtype == torch.float64
     capacity = k.shape[1] if block_table is None else block_table.shape[1] * page_size  # key positions
-    sms, smem, has_pdl = _gpu_limits(q.device) if q.device.type == "cuda" else (None, SMEM_H200, False)
+    sms, smem, has_pdl = limits or (None, SMEM_H200, False)
     *tuning, pdl = tuning
     BLOCK_M, BLOCK_N, num_splits, num_warps, num_stages = launch_config(
         B, Hq, Hkv, Lq, D, q.dtype, capacity, n_sink, window, sms, *tuning, smem_bytes=smem)
     n_sink = 0 if window is None else (n_sink or 0)
     window = FULL if window is None else min(window, FULL)  # the same key set for positions < FULL
-    acc_dtype = torch.float64 if fp64 else torch.float32
 
     out = torch.empty_like(q, memory_format=torch.contiguous_format)  # (B, Hq, Lq, D)
     split = num_splits > 1
@@ -294,49 +301,30 @@ def _launch(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning):
     pdl = split and (has_pdl if pdl is None else pdl)  # NOTE [PDL]
     if split:  # one workspace: m, l (B*Hkv, n_splits, BLOCK_M) and acc (B*Hkv, n_splits, BLOCK_M, D)
         n = B * Hkv * num_splits * BLOCK_M
-        ws = torch.empty(n * (D + 2), device=q.device, dtype=acc_dtype)
+        ws = torch.empty(n * (D + 2), device=q.device, dtype=torch.float64 if fp64 else torch.float32)
         pm, pl, pacc = ws[:n], ws[n : 2 * n], ws[2 * n :]
     else:  # the kernel writes `out` itself; the partial pointers are unused
         pm = pl = pacc = out
     bt = block_table if block_table is not None else q_pos
-    _attention_kernel[(B * Hkv, num_splits)](
-        q, k, v, bt, q_pos, out, pm, pl, pacc,
-        *q.stride(), *k.stride(), bt.stride(0), *out.stride(),
-        Hkv, Lq, capacity, n_sink, window, num_splits,
-        GROUP=group, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=D, PAGE_SIZE=page_size,
-        PAGED=block_table is not None, SPLIT=split,
-        UPCAST=q.device.type == "cpu" and q.dtype == torch.bfloat16,
-        PRECISION="ieee" if q.dtype in (torch.float32, torch.float64) else "tf32",
-        ACC=tl.float64 if fp64 else tl.float32, PDL=pdl, num_warps=num_warps, num_stages=num_stages,
-    )
-    if split:
-        merge_splits(pm, pl, pacc, out, Hkv, BLOCK_M, num_splits, pdl)
-    return out
+    args = (q, k, v, bt, q_pos, out, pm, pl, pacc, *q.stride(), *k.stride(), bt.stride(0), *out.stride(),
+            Hkv, Lq, capacity, n_sink, window, num_splits)
+    kwargs = dict(GROUP=Hq // Hkv, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=D, PAGE_SIZE=page_size,
+                  PAGED=block_table is not None, SPLIT=split,
+                  UPCAST=q.device.type == "cpu" and q.dtype == torch.bfloat16,
+                  PRECISION="ieee" if q.dtype in (torch.float32, torch.float64) else "tf32",
+                  ACC=tl.float64 if fp64 else tl.float32, PDL=pdl, num_warps=num_warps, num_stages=num_stages)
+    merge = (pm, pl, pacc, out, Hkv, BLOCK_M, num_splits, pdl) if split else None
+    return KernelCall((B * Hkv, num_splits), args, kwargs, out, merge)
 
 
-def _check(q, k, v, q_pos):
-    assert q.device == k.device == v.device == q_pos.device, "all tensors must be on one device"
-    assert q.dtype == k.dtype == v.dtype and q.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64), \
-        f"q, k, v must share one dtype of fp16/bf16/fp32/fp64, got {q.dtype}, {k.dtype}, {v.dtype}"
-    assert k.shape == v.shape and k.stride() == v.stride(), "k and v must have one shape and one layout"
-    D = q.shape[-1]
-    assert D in (16, 32, 64, 128, 256), f"head_dim must be a power of two in [16, 256], got {D}"
-    assert k.stride(-1) == 1 and q.stride(-1) == 1, "the head dimension must be contiguous"
-
-
-def _by_query_chunks(q, q_pos, group, run):
-    """Call ``run(q_chunk, pos_chunk)`` on blocks of at most ``max_tile_rows(dtype, D) // group`` queries."""
-    Lq = q.shape[2]
-    if Lq == 0:
-        return torch.empty_like(q)
-    max_rows = max_tile_rows(q.dtype, q.shape[-1])
-    if group > max_rows:
-        raise ValueError(f"{group} query heads per kv head exceed the kernel's tile of {max_rows} rows "
-                         f"({q.dtype}, head_dim {q.shape[-1]}); use impl='torch'")
-    chunk = max_rows // group
-    if chunk >= Lq:
-        return run(q, q_pos)
-    return torch.cat([run(q[:, :, i : i + chunk], q_pos[i : i + chunk]) for i in range(0, Lq, chunk)], dim=2)
+def _launch(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning):
+    """Run the kernels for one block of queries (``plan_call`` plans them for q's device)."""
+    limits = _gpu_limits(q.device) if q.device.type == "cuda" else None
+    call = plan_call(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning, limits)
+    _attention_kernel[call.grid](*call.args, **call.kwargs)
+    if call.merge is not None:
+        merge_splits(*call.merge)
+    return call.out
 
 
 def attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor,
@@ -363,14 +351,14 @@ def attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: t
     Returns:
         ``(B, Hq, Lq, D)`` in ``q.dtype``.
     """
-    _check(q, k, v, q_pos)
+    check_tensors(q, k, v, q_pos)
     tuning = (num_splits, block_n, num_warps, num_stages, pdl)
     kt, vt = k.transpose(1, 2), v.transpose(1, 2)  # views (B, S, Hkv, D): strides (batch, pos, head, dim)
 
     def run(q_chunk, pos_chunk):
         return _launch(q_chunk, kt, vt, None, 1, pos_chunk, n_sink, window, tuning)
 
-    return _by_query_chunks(q, q_pos, q.shape[1] // k.shape[1], run)
+    return by_query_chunks(q, q_pos, q.shape[1] // k.shape[1], run)
 
 
 def paged_attention_triton(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
@@ -391,11 +379,11 @@ def paged_attention_triton(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
     Returns:
         ``(B, Hq, Lq, D)`` in ``q.dtype``.
     """
-    _check(q, k_pages, v_pages, q_pos)
+    check_tensors(q, k_pages, v_pages, q_pos)
     assert block_table.dtype == torch.int32 and block_table.device == q.device, "block_table: int32 on q's device"
     tuning = (num_splits, block_n, num_warps, num_stages, pdl)
 
     def run(q_chunk, pos_chunk):
         return _launch(q_chunk, k_pages, v_pages, block_table, k_pages.shape[1], pos_chunk, n_sink, window, tuning)
 
-    return _by_query_chunks(q, q_pos, q.shape[1] // k_pages.shape[2], run)
+    return by_query_chunks(q, q_pos, q.shape[1] // k_pages.shape[2], run)

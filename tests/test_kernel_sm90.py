@@ -1,0 +1,59 @@
+"""The Triton kernel's default H200 launches, compiled offline for sm_90 on the CPU (no GPU needed).
+
+scripts/kernel_sm90.py plans every cell of the attention benchmark with ``plan_call`` on ``meta``
+tensors and an H200's limits (the arguments ``_launch`` passes on the GPU), compiles it for sm_90 and
+reads registers and spills from ``ptxas -v``. It runs in a subprocess without ``TRITON_INTERPRET``,
+which conftest.py sets for this CPU-only session and under which kernels cannot be compiled.
+Checked: every launch fits the H200's shared memory (an earlier GPU run found 3-stage D256 launches
+that did not), and the one-query draft launches, which are latency-bound, never spill. The installed
+Triton compiles (CI pins 3.7.1; the H200 runs 3.6.0): this guards the launch plan, not the GPU's code.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from wmtp.attention import triton_attention as ta
+
+ROOT = Path(__file__).resolve().parents[1]
+H200 = (132, 232448, True)  # SMs, opt-in shared memory per block (bytes), programmatic dependent launch
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "kernel_sm90.py"), "--json"], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout)
+
+
+def test_plan_call_on_meta_tensors_is_the_h200_launch():
+    q = torch.empty(1, 16, 1, 256, device="meta", dtype=torch.bfloat16)  # (B, Hq, Lq, D)
+    k = torch.empty(1, 2, 1 << 20, 256, device="meta", dtype=torch.bfloat16).transpose(1, 2)  # (B, S, Hkv, D)
+    call = ta.plan_call(q, k, k, None, 1, torch.empty(1, device="meta", dtype=torch.int64), 64, 4096,
+                        (None,) * 5, H200)
+    # launch_config's literal draft launch at D256 (tests/test_triton_attention.py): 66 splits of 64 keys
+    assert call.grid == (2, 66) and call.kwargs["BLOCK_N"] == 64 and call.kwargs["num_stages"] == 1
+    assert call.kwargs["PDL"] and call.merge is not None and call.out.device.type == "meta"
+    assert ta.plan_call(q, k, k, None, 1, torch.empty(1, device="meta", dtype=torch.int64), 64, 4096,
+                        (None,) * 5, None).grid == (2, 1)  # the CPU interpreter's plan: one split
+
+
+def test_every_benchmark_launch_fits_the_h200(compiled):
+    assert set(compiled["cells"]) == {"draft-D256", "draft-D128", "draft-D256-Lq8", "draft-D128-Lq8-paged",
+                                      "verify-D256", "verify-D256-Lq8", "verify-D128-Lq8", "verify-D256-Lq8-paged"}
+    for name, cell in compiled["cells"].items():
+        assert 0 < cell["shared"] <= H200[1], (name, cell)
+        assert 0 < cell["registers"] <= 255, (name, cell)
+
+
+def test_one_query_draft_launches_never_spill(compiled):
+    for name in ("draft-D256", "draft-D128"):  # one block a program: a spill is a memory trip on the critical path
+        cell = compiled["cells"][name]
+        assert cell["spill_bytes"] == 0 and cell["num_stages"] == 1, (name, cell)
