@@ -39,6 +39,7 @@ import triton.language as tl
 
 from wmtp.attention import triton_attention as ta  # (wmtp.attention is also a function name)
 from wmtp.attention.triton_attention import attention_triton
+from wmtp.bench import capture_graph
 from wmtp.fileio import atomic_path
 from wmtp.metrics import environment
 
@@ -63,21 +64,9 @@ def _read(K, V, QPOS, Out, stride_kh, stride_kpos, window, BLOCK_N: tl.constexpr
     tl.store(Out + h * tl.num_programs(1) + blk, tl.sum(k.to(tl.float32) + v.to(tl.float32)))
 
 
-def _graph(fn):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g
-
-
 def _times(fn, reps: int, flush_buf: torch.Tensor, sink: torch.Tensor) -> dict:
     """Median microseconds of ``fn``'s graph replay under three L2 states."""
-    g = _graph(fn)
+    g = capture_graph(fn)
     out = {}
     for mode in ("cold_dirty", "cold_clean", "warm"):
         ts = []

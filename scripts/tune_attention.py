@@ -30,6 +30,7 @@ import triton
 from triton.testing import do_bench
 
 from wmtp.attention.triton_attention import attention_triton
+from wmtp.bench import capture_graph
 from wmtp.fileio import atomic_path
 from wmtp.metrics import environment
 
@@ -46,15 +47,7 @@ def _inputs(S, Hq, Hkv, D, q_len, gen):
 
 def _graph_ms(fn) -> float:
     """Median device time of ``fn`` captured in a CUDA graph, cold L2 (as ``wmtp bench attention``'s graph_ms)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return float(do_bench(graph.replay, warmup=10, rep=30, return_mode="median"))
+    return float(do_bench(capture_graph(fn).replay, warmup=10, rep=30, return_mode="median"))
 
 
 def _time(fn, ref) -> dict:

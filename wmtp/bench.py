@@ -5,9 +5,9 @@ spends reading the whole context for every drafted token. ``bench_draft_attentio
 draft query (``q_len`` 1) over a cache of ``context`` keys with each key set, all in one run,
 and reports medians and ratios. Timing uses wall-clock with device synchronisation; figures come
 from here (or ``wmtp bench``), never from timed assertions in tests. The CUDA timing helpers of
-``wmtp bench attention`` live here too: ``host_ms`` (the launcher's share of a call),
-``graph_replay_ms`` (a call's kernels replayed from a CUDA graph) and ``graph_floor_ms`` (what that
-method measures for kernels that do nothing).
+``wmtp bench attention`` and scripts/ live here too: ``host_ms`` (the launcher's share of a call),
+``capture_graph``, ``graph_replay_ms`` (a call's kernels replayed from a CUDA graph) and
+``graph_floor_ms`` (what that method measures for kernels that do nothing).
 """
 
 from __future__ import annotations
@@ -51,19 +51,24 @@ def host_ms(fn: Callable[[], object], device: torch.device, calls: int = 10) -> 
     return statistics.median(times) * 1e3
 
 
+def capture_graph(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
+    """``fn`` run once on a side stream (compiles, allocator warm-up), then captured in a CUDA graph."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up off the default stream, as capture requires
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
 def graph_replay_ms(fn: Callable[[], object], timed_ms: Callable) -> float | str:
     """``fn`` captured once in a CUDA graph, its replay timed by ``timed_ms``: the device time of the
     call's kernels with no launcher in the way. An error string if capture fails."""
     try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm up off the default stream, as capture requires
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        return timed_ms(graph.replay)
+        return timed_ms(capture_graph(fn).replay)
     except Exception as e:
         return f"graph capture: {type(e).__name__}: {e}"[:300]
 
