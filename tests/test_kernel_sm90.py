@@ -50,7 +50,6 @@ def test_every_benchmark_launch_fits_the_h200(compiled):
                                       "verify-D256", "verify-D256-Lq8", "verify-D128-Lq8", "verify-D256-Lq8-paged"}
     for name, cell in compiled["cells"].items():
         assert 0 < cell["shared"] <= H200[1], (name, cell)
-        assert 0 < cell["registers"] <= 255, (name, cell)
 
 
 def test_one_query_draft_launches_never_spill(compiled):

@@ -271,7 +271,7 @@ class KernelCall(NamedTuple):
     args: tuple  # positional arguments: tensors and Python ints
     kwargs: dict  # constexprs and the launch options num_warps, num_stages
     out: torch.Tensor  # (B, Hq, Lq, D)
-    merge: tuple | None  # merge_splits' arguments after ``out``'s partials, or None with one split
+    merge: tuple | None  # merge_splits' arguments, or None with one split (the kernel writes out)
 
 
 def plan_call(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning, limits) -> KernelCall:
