@@ -227,6 +227,10 @@ def sweep(device: torch.device | str, contexts=CONTEXTS, shapes=SHAPES, q_lens=Q
     if any(len(s) != 3 or min(s) < 1 or s[0] % s[1] for s in shapes) or min(repeats, warmup_ms, rep_ms) < 1:
         raise ValueError(f"need shapes (Hq, Hkv, D) with Hq % Hkv == 0 (got {shapes}) and positive repeats, "
                          f"warmup_ms, rep_ms (got {repeats}, {warmup_ms}, {rep_ms})")
+    if device.type == "cuda" and device.index not in (None, torch.cuda.current_device()):
+        with torch.cuda.device(device):  # graph capture, streams and do_bench's L2 flush use the current GPU
+            return sweep(device, contexts, shapes, q_lens, dtype, n_sink, window, methods, repeats=repeats,
+                         warmup_ms=warmup_ms, rep_ms=rep_ms, seed=seed, command=command, on_progress=on_progress)
     t_start = time.perf_counter()
     gen = torch.Generator(device=device).manual_seed(seed)
 
