@@ -33,6 +33,7 @@ def test_result_structure_and_rows(result):
                 "correctness", "caveats", "graph_floor_ms"):
         assert key in result
     assert result["graph_floor_ms"] is None  # a CUDA graph timing: measured on CUDA only
+    assert all(r["read_floor_ms"] is None for r in result["rows"])  # likewise
     assert result["dtype"] == "float32" and result["copy_bandwidth_gbs"] > 0
     rows = result["rows"]
     assert len(rows) == 2 * 1 * 2 * len(METHODS)
@@ -165,6 +166,7 @@ def test_table_lists_every_method(result):
     console.print(bench_report.table(result))
     text = console.export_text()
     assert all(m in text for m in METHODS) and "% of floor" in text and "one-element" not in text  # CPU: no floor
+    assert "read floor ms" in text
     console.print(bench_report.table(result | {"graph_floor_ms": {"one_kernel": 0.0031, "two_kernels": "capture: X"}}))
     text = " ".join(console.export_text().split())  # the title may wrap
     assert "a graph of one-element kernels: one kernel 0.0031 ms, two kernels failed" in text
@@ -204,3 +206,15 @@ def test_graph_floor_times_one_and_two_kernel_graphs():
     floor = graph_floor_ms(torch.device("cuda"), lambda fn: float(do_bench(fn, warmup=5, rep=20, return_mode="median")))
     assert set(floor) == {"one_kernel", "two_kernels"}
     assert all(isinstance(ms, float) and ms > 0 for ms in floor.values()), floor
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+def test_read_floor_is_timed_on_the_window_draft_rows():
+    res = ba.sweep("cuda", **{**TINY, "contexts": (200,), "dtype": torch.bfloat16, "warmup_ms": 5, "rep_ms": 10,
+                              "methods": ("triton_window", "triton_full")})
+    for r in res["rows"]:
+        if r["method"] == "triton_window":
+            assert isinstance(r["read_floor_ms"], float) and r["read_floor_ms"] > 0, r
+        else:
+            assert r["read_floor_ms"] is None, r
+    assert set(res["bars"]["draft_window_flat"]["values"]["Hq4/Hkv2/D32"]["read_floor_ms_by_S"]) == {"200"}

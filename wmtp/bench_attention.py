@@ -40,6 +40,8 @@ CAVEATS = [  # NOTE [Timing]
     "pct_of_floor, which is computed from median_ms (plain calls).",
     "graph_floor_ms: graph_ms of a graph of one (and of two dependent) one-element kernels, timed the same way in "
     "the same run: what this method measures for one (two) kernels that do nothing.",
+    "read_floor_ms (triton_window rows, CUDA): graph_ms of the fastest of wmtp/bench_read.py's kernels, which load "
+    "the positions, then only read the same keys' K and V (no math, one kernel): what reading those bytes costs.",
     "Window methods read the union of their queries' key sets (n_sink + window + q_len - 1 keys); for q_len > 1 "
     "the SDPA baselines get a boolean (q_len, keys) mask made outside the timed call.",
     "floor_ms counts a method's own ideal bytes (K and V of its keys, q, output); gather_sdpa_window also writes "
@@ -187,10 +189,21 @@ def _measure(name: str, c: _Cell, row: dict, timed_ms: Callable, ref: torch.Tens
             graph = graph_replay_ms(fn, timed_ms)
             row["graph_ms"], row["note"] = (graph, row["note"]) if isinstance(graph, float) else \
                 (None, "; ".join(filter(None, [row["note"], graph])))
+            if name == "triton_window":
+                row["read_floor_ms"] = _read_floor_ms(c, timed_ms)
         return err
     except Exception as e:
         row["error"] = f"{type(e).__name__}: {e}"[:600]
         return row["error"]
+
+
+def _read_floor_ms(c: _Cell, timed_ms: Callable) -> float | None:
+    """graph_ms of the fastest ``READ_CONFIGS`` kernel reading the cell's window keys (None if all fail)."""
+    from .bench_read import READ_CONFIGS, read_key_set
+
+    times = [graph_replay_ms(lambda b=b, w=w: read_key_set(c.k, c.v, c.q_pos, c.n_sink, c.window, b, w), timed_ms)
+             for b, w in READ_CONFIGS]
+    return min((t for t in times if isinstance(t, float)), default=None)
 
 
 def sweep(device: torch.device | str, contexts=CONTEXTS, shapes=SHAPES, q_lens=Q_LENS,
@@ -295,7 +308,7 @@ def sweep(device: torch.device | str, contexts=CONTEXTS, shapes=SHAPES, q_lens=Q
                         row = {"method": name, "S": S, "Hq": Hq, "Hkv": Hkv, "D": D, "q_len": q_len,
                                "dtype": str(dtype).removeprefix("torch."), "keys_read": keys, "median_ms": None,
                                "bytes": nbytes, "floor_ms": nbytes / bandwidth * 1e3, "pct_of_floor": None,
-                               "host_ms": None, "graph_ms": None, "setup_s": None, "note": None,
+                               "host_ms": None, "graph_ms": None, "read_floor_ms": None, "setup_s": None, "note": None,
                                "error": input_error}
                         if c is not None:
                             err = _measure(name, c, row, timed_ms, refs.get(windowed))

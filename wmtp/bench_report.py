@@ -50,6 +50,7 @@ def bars(rows: list[dict]) -> dict:
         ok = bool(ms) and None not in ms
         draft[shape] = {"ms_by_S": {str(r["S"]): r.get("graph_ms") for r in rs},
                         "plain_call_ms_by_S": {str(r["S"]): r["median_ms"] for r in rs},
+                        "read_floor_ms_by_S": {str(r["S"]): r.get("read_floor_ms") for r in rs},
                         "max_ms": max(ms) if ok else None,
                         "growth_largest_vs_smallest_S": ms[-1] / ms[0] - 1 if ok else None,
                         "met": ok and max(ms) <= DRAFT_MAX_MS and ms[-1] <= (1 + DRAFT_MAX_GROWTH) * ms[0]}
@@ -58,7 +59,8 @@ def bars(rows: list[dict]) -> dict:
             verify[f"{shape} q_len={q_len}"] = {"pct_of_floor": pct, "met": pct is not None and pct >= VERIFY_MIN_PCT}
     return {"draft_window_flat": {"description": "triton_window, q_len 1: kernels' device time (graph_ms, CUDA "
                                   "graph replay, cold L2): max over S and growth from the smallest to the largest S; "
-                                  "plain-call medians (launcher included) beside them", "values": draft,
+                                  "plain-call medians (launcher included) and the read floor beside them",
+                                  "values": draft,
                                   "threshold": {"max_ms": DRAFT_MAX_MS, "max_growth": DRAFT_MAX_GROWTH},
                                   "met": bool(draft) and all(e["met"] for e in draft.values())},
             "verify_at_hbm_floor": {"description": "triton_full, q_len 1 and 8, at the largest S: percent of the "
@@ -77,7 +79,8 @@ def table(result: dict):
     floor = f"; a graph of one-element kernels: {floor}" if floor else ""
     t = Table(title=f"Attention, {result['dtype']}, sink {result['n_sink']} + window {result['window']}; "
                     f"HBM copy {result['copy_bandwidth_gbs']:.0f} GB/s{floor}")
-    for col in ("shape", "q_len", "S", "method", "keys", "median ms", "% of floor", "graph ms", "host ms", "error"):
+    for col in ("shape", "q_len", "S", "method", "keys", "median ms", "% of floor", "graph ms", "read floor ms",
+                "host ms", "error"):
         t.add_column(col, justify="left" if col in ("method", "error") else "right")
     last = None
     for r in sorted(result["rows"], key=lambda r: (_shape_key(r), r["q_len"], r["S"])):  # stable: method order kept
@@ -86,7 +89,8 @@ def table(result: dict):
             t.add_section()
         head, last = ([str(g) for g in group] if group != last else ["", "", ""]), group
         t.add_row(*head, r["method"], str(r["keys_read"]), num(r["median_ms"], ".4f"), num(r["pct_of_floor"], ".0f"),
-                  num(r.get("graph_ms"), ".4f"), num(r.get("host_ms"), ".4f"), (r["error"] or "")[:60])
+                  num(r.get("graph_ms"), ".4f"), num(r.get("read_floor_ms"), ".4f"), num(r.get("host_ms"), ".4f"),
+                  (r["error"] or "")[:60])
     return t
 
 

@@ -1,0 +1,70 @@
+"""The windowed draft's read floor: a Triton kernel that reads its keys and values and does nothing
+else (arXiv 2607.21535, Sec. 4: the draft-KV tax is memory traffic).
+
+``wmtp bench attention`` sets the windowed draft's device time beside what merely reading the same
+bytes costs under the same timing: the union of the key sets of queries at ``q_pos`` (the sinks
+``[0, sink_hi)`` and the recent range ``[rec_lo, t_max]``, wmtp/keyset.py) of every kv head, K and
+V, from a contiguous ``(1, Hkv, S, D)`` cache. Like the draft kernel, each program first loads the
+positions (a device tensor: no host sync) and plans its range on device; then it loads one block
+of ``BLOCK_N`` keys and values, and writes their sum, one number, so that the loads cannot be
+dropped. No dot products, no softmax, no merge.
+
+``READ_CONFIGS`` are the block sizes and warps tried; the bench reports the fastest. It is the
+floor of this kernel shape, measured, not a bound on every possible kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["READ_CONFIGS", "read_key_set"]
+
+READ_CONFIGS = ((64, 4), (32, 8), (16, 4))  # (BLOCK_N, num_warps); on an H200 the last two ran fastest
+
+
+@triton.jit
+def _read_kernel(K, V, QPOS, Out,  # K, V: (1, Hkv, S, D) contiguous in D; QPOS: (Lq,) sorted; Out: (Hkv, n_blk)
+                 stride_kh, stride_kpos, Lq, n_sink, window, n_blk_sink,
+                 BLOCK_N: tl.constexpr, D: tl.constexpr):
+    h = tl.program_id(0)
+    blk = tl.program_id(1)
+    t_min = tl.load(QPOS)
+    t_max = tl.load(QPOS + Lq - 1)
+    sink_hi = tl.minimum(n_sink, t_max + 1)  # the union of the key sets of [t_min, t_max] (as _key_plan)
+    rec_lo = tl.maximum(tl.maximum(n_sink, t_min - window + 1), sink_hi)
+    in_sink = blk < n_blk_sink
+    lo = tl.where(in_sink, 0, rec_lo)
+    hi = tl.where(in_sink, sink_hi, t_max + 1)
+    kpos = lo + tl.where(in_sink, blk, blk - n_blk_sink) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+    read = kpos < hi
+    off = h * stride_kh + kpos.to(tl.int64)[:, None] * stride_kpos + tl.arange(0, D)[None, :]  # (BLOCK_N, D)
+    k = tl.load(K + off, mask=read[:, None], other=0.0)
+    v = tl.load(V + off, mask=read[:, None], other=0.0)
+    tl.store(Out + h * tl.num_programs(1) + blk, tl.sum(k.to(tl.float32) + v.to(tl.float32)))
+
+
+def read_key_set(k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, n_sink: int, window: int,
+                 block_n: int = 64, num_warps: int = 4) -> torch.Tensor:
+    """Read K and V of the union of the key sets of sorted positions ``q_pos``; return one fp32 sum
+    per program ``(Hkv, n_blk)`` (their total is the sum of those keys' and values' elements).
+
+    The grid comes from shapes only: ``cdiv(min(n_sink, S), block_n)`` sink blocks and
+    ``cdiv(window + Lq - 1, block_n)`` recent blocks per kv head; blocks past a range read nothing.
+
+    Raises:
+        ValueError: for a layout other than ``(1, Hkv, S, D)`` contiguous in D, a head dim that is not
+            a power of two, a ``block_n`` that is not one, or an empty ``q_pos``.
+    """
+    if k.dim() != 4 or k.shape[0] != 1 or k.shape != v.shape or k.stride() != v.stride() or k.stride(-1) != 1:
+        raise ValueError(f"k and v must be alike, (1, Hkv, S, D) and contiguous in D; got {tuple(k.shape)}")
+    D, n = k.shape[-1], q_pos.numel()
+    if D & (D - 1) or block_n < 1 or block_n & (block_n - 1) or n < 1:
+        raise ValueError(f"need power-of-two head dim and block_n and a position; got {D}, {block_n}, {n}")
+    n_blk_sink = triton.cdiv(min(n_sink, k.shape[2]), block_n)
+    n_blk = n_blk_sink + triton.cdiv(window + n - 1, block_n)
+    out = torch.empty(k.shape[1], n_blk, device=k.device, dtype=torch.float32)  # (Hkv, n_blk)
+    _read_kernel[(k.shape[1], n_blk)](k, v, q_pos, out, k.stride(1), k.stride(2), n, n_sink, window, n_blk_sink,
+                                      BLOCK_N=block_n, D=D, num_warps=num_warps)
+    return out
