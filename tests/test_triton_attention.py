@@ -117,12 +117,14 @@ SPLIT_CASES = [
 
 
 @NEEDS_TRITON
+@pytest.mark.parametrize("num_stages", [1, 2])  # paged: page ids in the iteration, or a block ahead (NOTE [Pages])
 @pytest.mark.parametrize("num_splits", [1, 3, 16])  # 16 > the key blocks: some splits get no keys
 @pytest.mark.parametrize("B, Hq, Hkv, Lq, S, n_sink, window, dtype, layout", SPLIT_CASES)
-def test_split_k(B, Hq, Hkv, Lq, S, n_sink, window, dtype, layout, num_splits):
+def test_split_k(B, Hq, Hkv, Lq, S, n_sink, window, dtype, layout, num_splits, num_stages):
     """Split-K with small key blocks (masked and unmasked blocks in both ranges), empty splits included."""
     q, k, v, q_pos = make_inputs(B, Hq, Hkv, Lq, S, 32, dtype, seed=5, device=DEVICE)
-    out = _run("triton", layout, q, k, v, q_pos, n_sink, window, num_splits=num_splits, block_n=16)
+    out = _run("triton", layout, q, k, v, q_pos, n_sink, window, num_splits=num_splits, block_n=16,
+               num_stages=num_stages)
     assert_kernel_close(out, q, k, v, q_pos, n_sink, window)
 
 

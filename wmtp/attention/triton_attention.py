@@ -60,6 +60,13 @@ the dependency. Measured: 0.1-0.6 us off the draft's default launch (draft-floor
 A merge fused into this kernel (cooperative grid, arrival counter) was slower (metrics/experiments/).
 The merge (attention/triton_merge.py) loads a chunk's m, l and acc together, up to 256 splits.
 
+NOTE [Pages]: a paged launch reads each block's page ids from the block table, and K and V's
+addresses wait for them. ``PAGED=2`` (a launch with pipeline stages: the verify) loads the next
+block's page ids one iteration ahead, so no loop iteration waits for the table: on an H200, paged
+verify at 1M keys +11-38 % faster (metrics/experiments/ab-h200-exp7-pages-ahead.json); ``PAGED=1``
+(one stage: the draft, a block or two a program) loads them in the iteration, where loading ahead
+cost 1-4 us. ``PAGED=0``: contiguous.
+
 NOTE [Reads]: a MASKED block loads only the keys and values that some row of the tile reads
 (``kread``; the block table is read for the whole range), so a cache row outside the union of the
 key sets is never loaded, and NaN there cannot reach the output.
@@ -100,6 +107,9 @@ def _attend(acc, m_i, l_i, q, t,  # running (BLOCK_M, D) sum, (BLOCK_M,) max/den
             MASKED: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
+    if PAGED == 2:  # NOTE [Pages]: the first block's pages; each iteration loads the next block's
+        nxt = lo + blk_a * BLOCK_N + offs_n  # (BLOCK_N,)
+        page_next = tl.load(bt_row + nxt // PAGE_SIZE, mask=nxt < hi, other=0)  # (BLOCK_N,)
     for blk in range(blk_a, blk_b):
         kpos = lo + blk * BLOCK_N + offs_n  # (BLOCK_N,) key positions
         if MASKED:  # THE key-set formula (wmtp/keyset.py), per row, plus the range bound
@@ -108,7 +118,10 @@ def _attend(acc, m_i, l_i, q, t,  # running (BLOCK_M, D) sum, (BLOCK_M,) max/den
             allowed = (kp <= tt) & ((kp < n_sink) | (kp > tt - window)) & (kp < hi)  # (BLOCK_M, BLOCK_N)
             kread = tl.max(allowed.to(tl.int32), axis=0) > 0  # (BLOCK_N,) keys some row reads
         if PAGED:  # position p lives at page block_table[p // PAGE_SIZE], row p % PAGE_SIZE
-            if MASKED:  # (the block-table mask is the range, not kread: triton 3.6 fails to compile that)
+            if PAGED == 2:  # (the block-table mask is the range, not kread: triton 3.6 fails to compile that)
+                page, nxt = page_next, kpos + BLOCK_N
+                page_next = tl.load(bt_row + nxt // PAGE_SIZE, mask=nxt < hi, other=0)  # (BLOCK_N,)
+            elif MASKED:
                 page = tl.load(bt_row + kpos // PAGE_SIZE, mask=kpos < hi, other=0)  # (BLOCK_N,)
             else:
                 page = tl.load(bt_row + kpos // PAGE_SIZE)  # (BLOCK_N,)
@@ -194,7 +207,7 @@ def _attention_kernel(
     stride_ob, stride_oh, stride_ol, stride_od,
     Hkv, Lq, capacity, n_sink, window, n_splits,  # capacity: key positions of the cache; window=None: FULL
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr,  # PAGED: 0, 1, 2
     PRECISION: tl.constexpr, ACC: tl.constexpr,  # ACC: accumulator dtype, float64 for float64 inputs
     PDL: tl.constexpr,  # NOTE [PDL]: let the merge kernel launch now; it waits for this grid's end
 ):
@@ -309,7 +322,7 @@ def plan_call(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning, li
     args = (q, k, v, bt, q_pos, out, pm, pl, pacc, *q.stride(), *k.stride(), bt.stride(0), *out.stride(),
             Hkv, Lq, capacity, n_sink, window, num_splits)
     kwargs = dict(GROUP=Hq // Hkv, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=D, PAGE_SIZE=page_size,
-                  PAGED=block_table is not None, SPLIT=split,
+                  PAGED=0 if block_table is None else 2 if num_stages > 1 else 1, SPLIT=split,  # NOTE [Pages]
                   UPCAST=q.device.type == "cpu" and q.dtype == torch.bfloat16,
                   PRECISION="ieee" if q.dtype in (torch.float32, torch.float64) else "tf32",
                   ACC=tl.float64 if fp64 else tl.float32, PDL=pdl, num_warps=num_warps, num_stages=num_stages)
