@@ -178,6 +178,9 @@ def test_plot_writes_a_png(result, tmp_path):
     bench_report.plot(result, png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in tmp_path.iterdir()] == ["bench.png"]  # no temp file left behind
+    rows = [r | {"read_floor_ms": 0.5 * r["median_ms"]} if "window" in r["method"] else r for r in result["rows"]]
+    bench_report.plot(result | {"rows": rows}, tmp_path / "with-read-floor.png")  # the dotted line, as on a GPU
+    assert (tmp_path / "with-read-floor.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_cli_sweep_flags_need_cuda(capsys):

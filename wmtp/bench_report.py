@@ -100,8 +100,9 @@ def _device_ms(r: dict) -> float | None:
 
 
 def plot(result: dict, png_path) -> None:
-    """Device time against S, log-log (``_device_ms``): one panel per (shape, q_len), one line per method, and the
-    full cache's HBM floor dashed. Written atomically (temp file in the same folder, then rename)."""
+    """Device time against S, log-log (``_device_ms``): one panel per (shape, q_len), one line per method, the
+    full cache's HBM floor dashed and the window's read floor (``read_floor_ms``) dotted where measured.
+    Written atomically (temp file in the same folder, then rename)."""
     from matplotlib.figure import Figure  # no pyplot: no global backend state
 
     rows = result["rows"]
@@ -121,6 +122,9 @@ def plot(result: dict, png_path) -> None:
             bandwidth = result["copy_bandwidth_gbs"] * 1e6  # bytes per ms
             floor = [method_bytes("full", S, Hq, Hkv, D, q_len, itemsize) / bandwidth for S in Ss]
             ax.plot(Ss, floor, "k--", label="HBM floor, full cache")
+            read = sorted((r["S"], r["read_floor_ms"]) for r in cell if r.get("read_floor_ms"))  # GPU sweeps only
+            if read:
+                ax.plot(*zip(*read), "k:", label="read floor, window keys")
             ax.set(xscale="log", yscale="log", title=f"Hq {Hq} / Hkv {Hkv} / D {D}, q_len {q_len}",
                    xlabel="context S (keys)", ylabel="ms: CUDA-graph replay, else plain calls")
             ax.grid(True, which="both", alpha=0.3)
