@@ -190,20 +190,13 @@ def _measure(name: str, c: _Cell, row: dict, timed_ms: Callable, ref: torch.Tens
             row["graph_ms"], row["note"] = (graph, row["note"]) if isinstance(graph, float) else \
                 (None, "; ".join(filter(None, [row["note"], graph])))
             if name == "triton_window":
-                row["read_floor_ms"] = _read_floor_ms(c, timed_ms)
+                from .bench_read import read_floor_ms
+
+                row["read_floor_ms"] = read_floor_ms(c.k, c.v, c.q_pos, c.n_sink, c.window, timed_ms)
         return err
     except Exception as e:
         row["error"] = f"{type(e).__name__}: {e}"[:600]
         return row["error"]
-
-
-def _read_floor_ms(c: _Cell, timed_ms: Callable) -> float | None:
-    """graph_ms of the fastest ``READ_CONFIGS`` kernel reading the cell's window keys (None if all fail)."""
-    from .bench_read import READ_CONFIGS, read_key_set
-
-    times = [graph_replay_ms(lambda b=b, w=w: read_key_set(c.k, c.v, c.q_pos, c.n_sink, c.window, b, w), timed_ms)
-             for b, w in READ_CONFIGS]
-    return min((t for t in times if isinstance(t, float)), default=None)
 
 
 def sweep(device: torch.device | str, contexts=CONTEXTS, shapes=SHAPES, q_lens=Q_LENS,

@@ -15,11 +15,15 @@ floor of this kernel shape, measured, not a bound on every possible kernel.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import triton
 import triton.language as tl
 
-__all__ = ["READ_CONFIGS", "read_key_set"]
+from .bench import graph_replay_ms
+
+__all__ = ["READ_CONFIGS", "read_key_set", "read_floor_ms"]
 
 READ_CONFIGS = ((64, 4), (32, 8), (16, 4))  # (BLOCK_N, num_warps); on an H200 the last two ran fastest
 
@@ -68,3 +72,12 @@ def read_key_set(k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, n_sink: 
     _read_kernel[(k.shape[1], n_blk)](k, v, q_pos, out, k.stride(1), k.stride(2), n, n_sink, window, n_blk_sink,
                                       BLOCK_N=block_n, D=D, num_warps=num_warps)
     return out
+
+
+def read_floor_ms(k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, n_sink: int, window: int,
+                  timed_ms: Callable) -> float | None:
+    """``graph_replay_ms`` of the fastest ``READ_CONFIGS`` launch of ``read_key_set`` (CUDA), timed by
+    ``timed_ms``; None if every launch fails."""
+    times = [graph_replay_ms(lambda b=b, w=w: read_key_set(k, v, q_pos, n_sink, window, b, w), timed_ms)
+             for b, w in READ_CONFIGS]
+    return min((t for t in times if isinstance(t, float)), default=None)
