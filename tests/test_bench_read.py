@@ -28,6 +28,9 @@ def _cache(S, Hkv=2, D=16, seed=0):
     (40, 0, 8, [39], list(range(32, 40))),  # no sinks
     (40, 4, 8, [5], [0, 1, 2, 3, 4, 5]),  # the window reaches the sinks: no key twice
     (40, 6, 8, [2, 3], [0, 1, 2, 3]),  # queries inside the sinks
+    (40, 6, 4, [5, 6, 7], list(range(8))),  # queries across the sink boundary
+    (40, 50, 8, [39], list(range(40))),  # more sinks than keys
+    (40, 4, 8, [45], [0, 1, 2, 3] + list(range(32, 40))),  # a position past the cache reads as S - 1
 ])
 def test_reads_exactly_the_literal_keys(S, n_sink, window, positions, keys, block_n):
     k, v = _cache(S)

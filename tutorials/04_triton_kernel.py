@@ -243,7 +243,7 @@ if DEVICE.type != "cuda":
 #   64 + 4096 keys, cold L2; `docs/results/gpu-attention.md`) the two-kernel draft takes about 13 µs
 #   (D256) and 16 µs (D128) of CUDA-graph time. The same timing charges 5.6 µs to a graph of two
 #   kernels that do nothing, and 8.2–8.7 / 11.2–11.6 µs to a kernel that only *reads* the draft's
-#   K and V (`wmtp bench attention` reports it as `read_floor_ms`); the merge adds about 2 µs after
+#   K and V (`wmtp bench attention` reports it as `read_floor_ms`); the merge adds 2–2.6 µs after
 #   the attention grid. Evict-first hints, an L2 prefetch, two pipeline stages, a merge fused into
 #   one cooperative kernel, other block sizes, warps and merge launches were all measured, and none
 #   was faster at both shapes (`metrics/experiments/`). At 1M keys the same kernel over the full

@@ -192,7 +192,9 @@ def _measure(name: str, c: _Cell, row: dict, timed_ms: Callable, ref: torch.Tens
             if name == "triton_window":
                 from .bench_read import read_floor_ms
 
-                row["read_floor_ms"] = read_floor_ms(c.k, c.v, c.q_pos, c.n_sink, c.window, timed_ms)
+                floor = read_floor_ms(c.k, c.v, c.q_pos, c.n_sink, c.window, timed_ms)
+                row["read_floor_ms"], row["note"] = (floor, row["note"]) if isinstance(floor, float) else \
+                    (None, "; ".join(filter(None, [row["note"], f"read floor: {floor}"])))
         return err
     except Exception as e:
         row["error"] = f"{type(e).__name__}: {e}"[:600]

@@ -29,13 +29,13 @@ READ_CONFIGS = ((64, 4), (32, 8), (16, 4))  # (BLOCK_N, num_warps); on an H200 t
 
 
 @triton.jit
-def _read_kernel(K, V, QPOS, Out,  # K, V: (1, Hkv, S, D) contiguous in D; QPOS: (Lq,) sorted; Out: (Hkv, n_blk)
-                 stride_kh, stride_kpos, Lq, n_sink, window, n_blk_sink,
+def _read_kernel(K, V, QPOS, Out,  # K, V: (1, Hkv, S, D) contiguous in D; QPOS: (Lq,) consecutive; Out: (Hkv, n_blk)
+                 stride_kh, stride_kpos, S, Lq, n_sink, window, n_blk_sink,
                  BLOCK_N: tl.constexpr, D: tl.constexpr):
     h = tl.program_id(0)
     blk = tl.program_id(1)
-    t_min = tl.load(QPOS)
-    t_max = tl.load(QPOS + Lq - 1)
+    t_min = tl.minimum(tl.load(QPOS), S - 1)  # clamped, as the attention kernel clamps: no read past S
+    t_max = tl.minimum(tl.load(QPOS + Lq - 1), S - 1)
     sink_hi = tl.minimum(n_sink, t_max + 1)  # the union of the key sets of [t_min, t_max] (as _key_plan)
     rec_lo = tl.maximum(tl.maximum(n_sink, t_min - window + 1), sink_hi)
     in_sink = blk < n_blk_sink
@@ -51,11 +51,14 @@ def _read_kernel(K, V, QPOS, Out,  # K, V: (1, Hkv, S, D) contiguous in D; QPOS:
 
 def read_key_set(k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, n_sink: int, window: int,
                  block_n: int = 64, num_warps: int = 4) -> torch.Tensor:
-    """Read K and V of the union of the key sets of sorted positions ``q_pos``; return one fp32 sum
-    per program ``(Hkv, n_blk)`` (their total is the sum of those keys' and values' elements).
+    """Read K and V of the union of the key sets of consecutive positions ``q_pos`` (``q_pos[i] =
+    q_pos[0] + i``, each ``< S``: the bench's queries; not checked, which would need a host sync);
+    return one fp32 sum per program ``(Hkv, n_blk)`` (their total is the sum of those keys' and
+    values' elements). Positions past the cache are clamped to ``S - 1``, as the attention kernel does.
 
     The grid comes from shapes only: ``cdiv(min(n_sink, S), block_n)`` sink blocks and
-    ``cdiv(window + Lq - 1, block_n)`` recent blocks per kv head; blocks past a range read nothing.
+    ``cdiv(window + Lq - 1, block_n)`` recent blocks per kv head (enough for consecutive positions);
+    blocks past a range read nothing.
 
     Raises:
         ValueError: for a layout other than ``(1, Hkv, S, D)`` contiguous in D, a head dim that is not
@@ -69,15 +72,15 @@ def read_key_set(k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, n_sink: 
     n_blk_sink = triton.cdiv(min(n_sink, k.shape[2]), block_n)
     n_blk = n_blk_sink + triton.cdiv(window + n - 1, block_n)
     out = torch.empty(k.shape[1], n_blk, device=k.device, dtype=torch.float32)  # (Hkv, n_blk)
-    _read_kernel[(k.shape[1], n_blk)](k, v, q_pos, out, k.stride(1), k.stride(2), n, n_sink, window, n_blk_sink,
-                                      BLOCK_N=block_n, D=D, num_warps=num_warps)
+    _read_kernel[(k.shape[1], n_blk)](k, v, q_pos, out, k.stride(1), k.stride(2), k.shape[2], n, n_sink, window,
+                                      n_blk_sink, BLOCK_N=block_n, D=D, num_warps=num_warps)
     return out
 
 
 def read_floor_ms(k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, n_sink: int, window: int,
-                  timed_ms: Callable) -> float | None:
+                  timed_ms: Callable) -> float | str:
     """``graph_replay_ms`` of the fastest ``READ_CONFIGS`` launch of ``read_key_set`` (CUDA), timed by
-    ``timed_ms``; None if every launch fails."""
+    ``timed_ms``; the first launch's error string if every launch fails."""
     times = [graph_replay_ms(lambda b=b, w=w: read_key_set(k, v, q_pos, n_sink, window, b, w), timed_ms)
              for b, w in READ_CONFIGS]
-    return min((t for t in times if isinstance(t, float)), default=None)
+    return min((t for t in times if isinstance(t, float)), default=times[0])

@@ -65,7 +65,7 @@ addresses wait for them. ``PAGED=2`` (a launch with pipeline stages: the verify)
 block's page ids one iteration ahead, so no loop iteration waits for the table: on an H200, paged
 verify at 1M keys +11-38 % faster (metrics/experiments/ab-h200-exp7-pages-ahead.json); ``PAGED=1``
 (one stage: the draft, a block or two a program) loads them in the iteration, where loading ahead
-cost 1-4 us. ``PAGED=0``: contiguous.
+cost 0.2-3.7 us. ``PAGED=0``: contiguous.
 
 NOTE [Reads]: a MASKED block loads only the keys and values that some row of the tile reads
 (``kread``; the block table is read for the whole range), so a cache row outside the union of the
