@@ -143,7 +143,7 @@ def main(argv=None) -> int:
 
     x = torch.zeros(1024, device="cuda")
     # a warm-up, discarded: without it the first row of draft-floor-h200-2fb54d7.json read 12.45 us cold_dirty
-    _times(lambda: _one[(1,)](x), 20, flush_buf, sink)  # (2.8 us in the runs before; not yet run with it)
+    _times(lambda: _one[(1,)](x), 20, flush_buf, sink)  # (2.8-3.1 us in the idle runs before; not yet run with it)
     row("launch x1", lambda: _one[(1,)](x))
     row("launch x2", lambda: (_one[(1,)](x), _one[(1,)](x)))
     row("launch x1, 272 programs", lambda: _one[(272,)](x))
