@@ -5,7 +5,8 @@ else (arXiv 2607.21535, Sec. 4: the draft-KV tax is memory traffic).
 bytes costs under the same timing: the union of the key sets of queries at ``q_pos`` (the sinks
 ``[0, sink_hi)`` and the recent range ``[rec_lo, t_max]``, wmtp/keyset.py) of every kv head, K and
 V, from a contiguous ``(1, Hkv, S, D)`` cache. Like the draft kernel, each program first loads the
-positions (a device tensor: no host sync) and plans its range on device; then it loads one block
+positions (a device tensor: no host sync) and plans its ranges on device with the kernel's own
+``_key_plan`` (attention/triton_attention.py); then it loads one block
 of ``BLOCK_N`` keys and values, and writes their sum, one number, so that the loads cannot be
 dropped. No dot products, no softmax, no merge.
 
@@ -21,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .attention.triton_attention import _key_plan
 from .bench import graph_replay_ms
 
 __all__ = ["READ_CONFIGS", "read_key_set", "read_floor_ms"]
@@ -36,11 +38,10 @@ def _read_kernel(K, V, QPOS, Out,  # K, V: (1, Hkv, S, D) contiguous in D; QPOS:
     blk = tl.program_id(1)
     t_min = tl.minimum(tl.load(QPOS), S - 1)  # clamped, as the attention kernel clamps: no read past S
     t_max = tl.minimum(tl.load(QPOS + Lq - 1), S - 1)
-    sink_hi = tl.minimum(n_sink, t_max + 1)  # the union of the key sets of [t_min, t_max] (as _key_plan)
-    rec_lo = tl.maximum(tl.maximum(n_sink, t_min - window + 1), sink_hi)
+    sink_hi, _, _, rec_lo, rec_hi, _, _, _ = _key_plan(t_min, t_max, n_sink, window, BLOCK_N)  # the kernel's plan
     in_sink = blk < n_blk_sink
     lo = tl.where(in_sink, 0, rec_lo)
-    hi = tl.where(in_sink, sink_hi, t_max + 1)
+    hi = tl.where(in_sink, sink_hi, rec_hi)
     kpos = lo + tl.where(in_sink, blk, blk - n_blk_sink) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
     read = kpos < hi
     off = h * stride_kh + kpos.to(tl.int64)[:, None] * stride_kpos + tl.arange(0, D)[None, :]  # (BLOCK_N, D)
