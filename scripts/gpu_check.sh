@@ -6,7 +6,7 @@
 #   bench    - `wmtp bench attention` with $BENCH_ARGS, then scripts/tune_attention.py $TUNE_ARGS.
 # With two GPUs the halves run side by side (tests on GPU 0, timings alone on GPU 1); else in turn.
 # Knobs (seconds): TEST_S, TUNE_S, TUNE_BUDGET, BENCH_S; TESTS (pytest targets); SKIP_TUNE=1 skips the tuning,
-# SKIP_NCU=1 the profile (NCU_ARGS replaces its metrics); FLOOR=1 runs scripts/draft_floor.py after the sweep. With two GPUs the timings share the
+# SKIP_NCU=1 the profile (NCU_ARGS replaces its metrics), SKIP_BENCH=1 the bench half; FLOOR=1 runs scripts/draft_floor.py after the sweep. With two GPUs the timings share the
 # host with 16 pytest workers: graph timings then read ~1.7 us high (metrics/draft-floor-h200-40552f1-busy-host.json);
 # for figures to commit, time alone: SKIP_TESTS=1 runs the bench half only.
 set -o pipefail
@@ -55,6 +55,6 @@ bench() {
   fi
 }
 
-if [ "${SKIP_TESTS:-0}" = 1 ]; then bench; elif [ "$NGPU" -gt 1 ]; then tests & bench; wait; else tests; bench; fi
+if [ "${SKIP_BENCH:-0}" = 1 ]; then tests; elif [ "${SKIP_TESTS:-0}" = 1 ]; then bench; elif [ "$NGPU" -gt 1 ]; then tests & bench; wait; else tests; bench; fi
 tail -n 30 "$OUT/tests.log" 2>/dev/null; tail -n 12 "$OUT/tune.log" 2>/dev/null; tail -n 16 "$OUT/floor.log" 2>/dev/null
-tail -n 60 "$OUT/bench.log"
+tail -n 60 "$OUT/bench.log" 2>/dev/null; true

@@ -32,8 +32,9 @@ def test_result_structure_and_rows(result):
     for key in ("command", "environment", "dtype", "n_sink", "window", "copy_bandwidth_gbs", "rows", "bars",
                 "correctness", "caveats", "graph_floor_ms"):
         assert key in result
-    assert result["graph_floor_ms"] is None  # a CUDA graph timing: measured on CUDA only
-    assert all(r["read_floor_ms"] is None for r in result["rows"])  # likewise
+    assert result["graph_floor_ms"] is None and result["step_floor_ms"] is None  # CUDA graph timings: CUDA only
+    assert all(r["read_floor_ms"] is None and r["step_ms"] is None and r["step_read_floor_ms"] is None
+               for r in result["rows"])  # likewise
     assert result["dtype"] == "float32" and result["copy_bandwidth_gbs"] > 0
     rows = result["rows"]
     assert len(rows) == 2 * 1 * 2 * len(METHODS)
@@ -153,6 +154,26 @@ def test_bars_not_met(change, bar):
     assert b[bar]["values"]  # the values say which shape failed
 
 
+def test_bars_read_step_ms_beside_graph_ms_without_deciding_met():
+    rows = _passing_rows((16, 2, 256)) + _passing_rows((32, 8, 128))
+    for r in rows:  # graph_ms over the bar, step_ms (in a graph of other work) under it
+        if r["method"] == "triton_window":
+            r.update(graph_ms=r["graph_ms"] + 0.003, step_ms=r["graph_ms"] - 0.001)
+    draft = bench_report.bars(rows)["draft_window_flat"]
+    assert not draft["met"]
+    v = draft["values"]["Hq32/Hkv8/D128"]
+    assert not v["met"] and v["met_by_step_ms"]
+    assert v["step_ms_by_S"] == {"16384": pytest.approx(0.009), "131072": pytest.approx(0.010),
+                                 "1048576": pytest.approx(0.0095)}
+    rows[2]["step_ms"] = 0.0121  # first shape, 1M: over the bar and 34% over its 16K time
+    v = bench_report.bars(rows)["draft_window_flat"]["values"]
+    assert not v["Hq16/Hkv2/D256"]["met_by_step_ms"] and v["Hq32/Hkv8/D128"]["met_by_step_ms"]
+    rows[2]["step_ms"] = 0.0095
+    assert bench_report.bars(rows)["draft_window_flat"]["values"]["Hq16/Hkv2/D256"]["met_by_step_ms"]
+    del rows[1]["step_ms"]  # a row without step_ms (not timed) cannot pass
+    assert not bench_report.bars(rows)["draft_window_flat"]["values"]["Hq16/Hkv2/D256"]["met_by_step_ms"]
+
+
 def test_bars_missing_rows_are_not_met():
     rows = [r for r in _passing_rows((16, 2, 256)) if r["q_len"] == 1]  # no q_len 8 verify row
     assert not bench_report.bars(rows)["verify_at_hbm_floor"]["met"]
@@ -166,10 +187,11 @@ def test_table_lists_every_method(result):
     console.print(bench_report.table(result))
     text = console.export_text()
     assert all(m in text for m in METHODS) and "% of floor" in text and "one-element" not in text  # CPU: no floor
-    assert "read floor ms" in text
-    console.print(bench_report.table(result | {"graph_floor_ms": {"one_kernel": 0.0031, "two_kernels": "capture: X"}}))
+    assert "read floor ms" in text and "step ms" in text and "step of one" not in text
+    console.print(bench_report.table(result | {"graph_floor_ms": {"one_kernel": 0.0031, "two_kernels": "capture: X"},
+                                               "step_floor_ms": {"one_kernel": 0.0015, "two_kernels": 0.0027}}))
     text = " ".join(console.export_text().split())  # the title may wrap
-    assert "a graph of one-element kernels: one kernel 0.0031 ms, two kernels failed" in text
+    assert "a graph of one-element kernels: one kernel 0.0031 ms, two kernels failed; step of one: 0.0015 ms" in text
 
 
 def test_plot_writes_a_png(result, tmp_path):
@@ -216,8 +238,23 @@ def test_read_floor_is_timed_on_the_window_draft_rows():
     res = ba.sweep("cuda", **{**TINY, "contexts": (200,), "dtype": torch.bfloat16, "warmup_ms": 5, "rep_ms": 10,
                               "methods": ("triton_window", "triton_full")})
     for r in res["rows"]:
+        assert isinstance(r["step_ms"], float), r  # every call here is far under STEP_MAX_MS
         if r["method"] == "triton_window":
             assert isinstance(r["read_floor_ms"], float) and r["read_floor_ms"] > 0, r
+            assert isinstance(r["step_read_floor_ms"], float), r
         else:
-            assert r["read_floor_ms"] is None, r
-    assert set(res["bars"]["draft_window_flat"]["values"]["Hq4/Hkv2/D32"]["read_floor_ms_by_S"]) == {"200"}
+            assert r["read_floor_ms"] is None and r["step_read_floor_ms"] is None, r
+    draft = res["bars"]["draft_window_flat"]["values"]["Hq4/Hkv2/D32"]
+    assert set(draft["read_floor_ms_by_S"]) == set(draft["step_ms_by_S"]) == {"200"}
+    assert all(isinstance(ms, float) for ms in res["step_floor_ms"].values()), res["step_floor_ms"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+def test_step_ms_reports_a_call_that_cannot_be_captured():
+    from wmtp.bench import l2_flush, step_ms
+
+    x = torch.zeros(1, device="cuda")
+    flush = l2_flush(torch.device("cuda"), nbytes=1 << 20)
+    assert isinstance(step_ms(lambda: x.add_(1), flush, calls=4, replays=3), float)
+    err = step_ms(lambda: x.add_(1).item(), flush, calls=4, replays=3)  # a host sync: not capturable
+    assert isinstance(err, str) and err.startswith("step: "), err

@@ -6,8 +6,9 @@ draft query (``q_len`` 1) over a cache of ``context`` keys with each key set, al
 and reports medians and ratios. Timing uses wall-clock with device synchronisation; figures come
 from here (or ``wmtp bench``), never from timed assertions in tests. The CUDA timing helpers of
 ``wmtp bench attention`` and scripts/ live here too: ``host_ms`` (the launcher's share of a call),
-``capture_graph``, ``graph_replay_ms`` (a call's kernels replayed from a CUDA graph) and
-``graph_floor_ms`` (what that method measures for kernels that do nothing).
+``capture_graph``, ``graph_replay_ms`` (a call's kernels replayed from a CUDA graph), ``step_ms``
+(what a call adds to a CUDA graph of other work, after an ``l2_flush``) and ``empty_kernels_ms`` /
+``graph_floor_ms`` (what a timing measures for kernels that do nothing).
 """
 
 from __future__ import annotations
@@ -73,13 +74,62 @@ def graph_replay_ms(fn: Callable[[], object], timed_ms: Callable) -> float | str
         return f"graph capture: {type(e).__name__}: {e}"[:300]
 
 
-def graph_floor_ms(device: torch.device, timed_ms: Callable) -> dict[str, float | str]:
-    """``graph_replay_ms`` of a graph of one, and of two dependent, one-element kernels: what this
-    method measures for one or two kernels that do nothing (kernels whose launches overlap, as with
-    programmatic dependent launch, are not covered)."""
+def empty_kernels_ms(device: torch.device, timer: Callable) -> dict[str, float | str]:
+    """``timer(fn)`` of one, and of two dependent, one-element kernels: what a timing method measures
+    for kernels that do nothing (kernels whose launches overlap, as with programmatic dependent
+    launch, are not covered)."""
     x = torch.zeros(1, device=device)  # (1,)
-    return {"one_kernel": graph_replay_ms(lambda: x.add_(1), timed_ms),
-            "two_kernels": graph_replay_ms(lambda: x.add_(1).add_(1), timed_ms)}
+    return {"one_kernel": timer(lambda: x.add_(1)), "two_kernels": timer(lambda: x.add_(1).add_(1))}
+
+
+def graph_floor_ms(device: torch.device, timed_ms: Callable) -> dict[str, float | str]:
+    """``empty_kernels_ms`` under ``graph_replay_ms``: the floor of ``graph_ms``."""
+    return empty_kernels_ms(device, lambda fn: graph_replay_ms(fn, timed_ms))
+
+
+def l2_flush(device: torch.device, nbytes: int = 256 << 20) -> Callable[[], object]:
+    """A call that reads ``nbytes`` of its own (a sum into one element): after it L2 holds none of
+    anything else, and only clean lines. ``do_bench`` flushes by zeroing 256 MB, which leaves L2
+    full of dirty lines that the timed call must write back before its reads can take their place
+    (metrics/experiments/l2-timing-h200-exp8.json: 0.9-2.3 us of the windowed draft at S = 1M)."""
+    buf = torch.ones(nbytes // 4, device=device)  # (nbytes / 4,) fp32
+    total = torch.empty((), device=device)
+    return lambda: torch.sum(buf, dim=0, out=total)
+
+
+def _replay_ms(graph: torch.cuda.CUDAGraph) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def step_ms(fn: Callable[[], object], flush: Callable[[], object], calls: int = 32, replays: int = 25) -> float | str:
+    """What ``fn`` adds to a CUDA graph of other work, L2 cold and clean: ONE graph of ``calls`` x
+    (``flush``, ``fn``) and one of ``calls`` x ``flush``, replayed in turn ``replays`` times, each replay
+    timed by CUDA events; the difference of their medians per call. As in a decode step captured in
+    one graph, the call pays no graph launch of its own (``graph_ms`` does: 4.5 us for an empty
+    kernel on an H200) and follows other kernels. An error string if capture fails."""
+    def both():
+        for _ in range(calls):
+            flush()
+            fn()
+
+    def only():
+        for _ in range(calls):
+            flush()
+
+    try:
+        g_both, g_only = capture_graph(both), capture_graph(only)
+        t_both, t_only = [], []
+        for _ in range(replays):  # interleaved, so that drift hits both alike
+            t_both.append(_replay_ms(g_both))
+            t_only.append(_replay_ms(g_only))
+        return (statistics.median(t_both) - statistics.median(t_only)) / calls
+    except Exception as e:
+        return f"step: {type(e).__name__}: {e}"[:300]
 
 
 def bench_draft_attention(model: ModelConfig, contexts: tuple[int, ...], keysets: tuple[KeySetConfig, ...],

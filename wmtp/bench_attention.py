@@ -22,8 +22,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from .bench import graph_floor_ms, graph_replay_ms, host_ms, time_call
-from .bench_report import PAGE_SIZE, bars, method_bytes
+from .bench import empty_kernels_ms, graph_floor_ms, graph_replay_ms, host_ms, l2_flush, step_ms, time_call
+from .bench_report import CAVEATS, PAGE_SIZE, bars, method_bytes
 from .keyset import check_key_set_args, in_key_set, key_ranges
 from .metrics import environment
 
@@ -31,22 +31,6 @@ CONTEXTS = (16384, 131072, 524288, 1048576)  # S
 SHAPES = ((16, 2, 256), (32, 8, 128))  # (Hq, Hkv, D)
 Q_LENS = (1, 8)  # 1: one draft query; 8: a verify chunk (or a batch of draft positions)
 SDPA_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")  # torch >= 2.5
-CAVEATS = [  # NOTE [Timing]
-    "CUDA: do_bench zeroes a 256 MB buffer before every timed call, so L2 (60 MB on H200) is cold for every "
-    "method, window ones included; host work inside a call that waits for the device is timed too.",
-    "host_ms is the host's time inside one call; where it nears median_ms the launcher, not the kernel, is timed.",
-    "graph_ms: the same call captured once in a CUDA graph and its replay timed the same way (cold L2): the "
-    "kernels' device time without the launcher. Bar (a), the draft, judges graph_ms; bar (b), the verify, judges "
-    "pct_of_floor, which is computed from median_ms (plain calls).",
-    "graph_floor_ms: graph_ms of a graph of one (and of two dependent) one-element kernels, timed the same way in "
-    "the same run: what this method measures for one (two) kernels that do nothing.",
-    "read_floor_ms (triton_window rows, CUDA): graph_ms of the fastest of wmtp/bench_read.py's kernels, which load "
-    "the positions, then only read the same keys' K and V (no math, one kernel): what reading those bytes costs.",
-    "Window methods read the union of their queries' key sets (n_sink + window + q_len - 1 keys); for q_len > 1 "
-    "the SDPA baselines get a boolean (q_len, keys) mask made outside the timed call.",
-    "floor_ms counts a method's own ideal bytes (K and V of its keys, q, output); gather_sdpa_window also writes "
-    "and re-reads its gathered copy, which its floor does not count.",
-]
 
 
 def _window_keys(S: int, q_len: int, n_sink: int, window: int) -> tuple[int, int]:
@@ -174,9 +158,22 @@ _BUILDERS: dict[str, Callable[[_Cell], Callable[[], torch.Tensor]]] = {
 METHODS = tuple(_BUILDERS)
 
 
-def _measure(name: str, c: _Cell, row: dict, timed_ms: Callable, ref: torch.Tensor | None) -> float | str | None:
-    """Time method ``name`` on cell ``c`` into ``row``; return max |out - ref| (fp32), or the error string.
-    A failure fills ``row["error"]`` and returns: one method's failure is data, not the end of the sweep."""
+STEP_MAX_MS = 1.0  # step_ms only for calls whose graph_ms is at most this: a graph holds 32 of them
+
+
+def _with(row: dict, key: str, value: float | str) -> None:
+    """``row[key] = value`` for a time; an error string goes to the row's note instead."""
+    if isinstance(value, float):
+        row[key] = value
+    else:
+        row["note"] = "; ".join(filter(None, [row["note"], f"{key}: {value}"]))
+
+
+def _measure(name: str, c: _Cell, row: dict, timed_ms: Callable, step: Callable | None,
+             ref: torch.Tensor | None) -> float | str | None:
+    """Time method ``name`` on cell ``c`` into ``row`` (``step``: ``step_ms`` with the sweep's flush, CUDA
+    only); return max |out - ref| (fp32), or the error string. A failure fills ``row["error"]`` and
+    returns: one method's failure is data, not the end of the sweep."""
     try:
         t0 = time.perf_counter()
         fn = _BUILDERS[name](c)
@@ -187,14 +184,15 @@ def _measure(name: str, c: _Cell, row: dict, timed_ms: Callable, ref: torch.Tens
         if c.q.device.type == "cuda":
             row["host_ms"] = host_ms(fn, c.q.device)
             graph = graph_replay_ms(fn, timed_ms)
-            row["graph_ms"], row["note"] = (graph, row["note"]) if isinstance(graph, float) else \
-                (None, "; ".join(filter(None, [row["note"], graph])))
+            _with(row, "graph_ms", graph)
+            if isinstance(graph, float) and graph <= STEP_MAX_MS:
+                _with(row, "step_ms", step(fn))
             if name == "triton_window":
                 from .bench_read import read_floor_ms
 
-                floor = read_floor_ms(c.k, c.v, c.q_pos, c.n_sink, c.window, timed_ms)
-                row["read_floor_ms"], row["note"] = (floor, row["note"]) if isinstance(floor, float) else \
-                    (None, "; ".join(filter(None, [row["note"], f"read floor: {floor}"])))
+                _with(row, "read_floor_ms", read_floor_ms(c.k, c.v, c.q_pos, c.n_sink, c.window,
+                                                          lambda f: graph_replay_ms(f, timed_ms)))
+                _with(row, "step_read_floor_ms", read_floor_ms(c.k, c.v, c.q_pos, c.n_sink, c.window, step))
         return err
     except Exception as e:
         row["error"] = f"{type(e).__name__}: {e}"[:600]
@@ -255,6 +253,8 @@ def sweep(device: torch.device | str, contexts=CONTEXTS, shapes=SHAPES, q_lens=Q
     bandwidth = 4 * n / (timed_ms(lambda s=src, d=dst: d.copy_(s)) * 1e-3)  # bytes/s: 2 read + 2 written per element
     del src, dst
     floor = graph_floor_ms(device, timed_ms) if device.type == "cuda" else None  # NOTE [Timing]
+    step = functools.partial(step_ms, flush=l2_flush(device)) if device.type == "cuda" else None
+    step_floor = empty_kernels_ms(device, step) if step is not None else None
 
     rows, correctness = [], {}
 
@@ -264,9 +264,11 @@ def sweep(device: torch.device | str, contexts=CONTEXTS, shapes=SHAPES, q_lens=Q
                 "contexts": list(contexts), "shapes": [list(s) for s in shapes], "q_lens": list(q_lens),
                 "methods": list(methods),
                 "timing": {"tool": "triton.testing.do_bench", "warmup_ms": warmup_ms, "rep_ms": rep_ms, "median": True,
-                           "graph_ms": "the call captured in a CUDA graph, replay timed the same way"}
+                           "graph_ms": "the call captured in a CUDA graph, replay timed the same way",
+                           "step_ms": "32 x (flush, call) in one CUDA graph minus 32 x flush, per call"}
                 if device.type == "cuda" else {"tool": "wmtp.bench.time_call", "repeats": repeats, "median": True},
-                "copy_bandwidth_gbs": bandwidth / 1e9, "graph_floor_ms": floor, "correctness": dict(correctness),
+                "copy_bandwidth_gbs": bandwidth / 1e9, "graph_floor_ms": floor,
+                "step_floor_ms": step_floor, "correctness": dict(correctness),
                 "caveats": CAVEATS,
                 "rows": list(rows), "bars": bars(rows), "wall_time_s": time.perf_counter() - t_start}
 
@@ -303,10 +305,11 @@ def sweep(device: torch.device | str, contexts=CONTEXTS, shapes=SHAPES, q_lens=Q
                         row = {"method": name, "S": S, "Hq": Hq, "Hkv": Hkv, "D": D, "q_len": q_len,
                                "dtype": str(dtype).removeprefix("torch."), "keys_read": keys, "median_ms": None,
                                "bytes": nbytes, "floor_ms": nbytes / bandwidth * 1e3, "pct_of_floor": None,
-                               "host_ms": None, "graph_ms": None, "read_floor_ms": None, "setup_s": None, "note": None,
+                               "host_ms": None, "graph_ms": None, "step_ms": None, "read_floor_ms": None,
+                               "step_read_floor_ms": None, "setup_s": None, "note": None,
                                "error": input_error}
                         if c is not None:
-                            err = _measure(name, c, row, timed_ms, refs.get(windowed))
+                            err = _measure(name, c, row, timed_ms, step, refs.get(windowed))
                             errs.update({name: err} if refs else {})
                         rows.append(row)
                 del k, v, pages, c, refs

@@ -23,7 +23,6 @@ import triton
 import triton.language as tl
 
 from .attention.triton_attention import _key_plan
-from .bench import graph_replay_ms
 
 __all__ = ["READ_CONFIGS", "read_key_set", "read_floor_ms"]
 
@@ -79,9 +78,8 @@ def read_key_set(k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, n_sink: 
 
 
 def read_floor_ms(k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, n_sink: int, window: int,
-                  timed_ms: Callable) -> float | str:
-    """``graph_replay_ms`` of the fastest ``READ_CONFIGS`` launch of ``read_key_set`` (CUDA), timed by
-    ``timed_ms``; the first launch's error string if every launch fails."""
-    times = [graph_replay_ms(lambda b=b, w=w: read_key_set(k, v, q_pos, n_sink, window, b, w), timed_ms)
-             for b, w in READ_CONFIGS]
+                  timer: Callable) -> float | str:
+    """``timer(fn)`` (a timing of ``wmtp/bench.py``: ms, or an error string) of the fastest
+    ``READ_CONFIGS`` launch of ``read_key_set`` (CUDA); the first launch's error if every launch fails."""
+    times = [timer(lambda b=b, w=w: read_key_set(k, v, q_pos, n_sink, window, b, w)) for b, w in READ_CONFIGS]
     return min((t for t in times if isinstance(t, float)), default=times[0])

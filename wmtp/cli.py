@@ -205,7 +205,7 @@ def _bench_attention(args: argparse.Namespace) -> int:
                               "--out", str(out), "--plot", str(png)])
         result = ba.sweep(device, contexts=contexts, dtype=getattr(torch, dtype), methods=methods,
                           rep_ms=args.rep_ms, command=command, on_progress=lambda partial: write_json(out, partial))
-        Console(width=160).print(bench_report.table(result))
+        Console(width=200).print(bench_report.table(result))
         write_json(out, result)
         err = Console(stderr=True)
         try:
@@ -214,7 +214,9 @@ def _bench_attention(args: argparse.Namespace) -> int:
         except Exception as e:  # the JSON is written; a missing matplotlib must not hide it
             wrote = f"{out} (no plot: {type(e).__name__}: {e})"
         for name, bar in result["bars"].items():
-            err.print(f"bar {name}: {'met' if bar['met'] else 'NOT met'}", markup=False)
+            step = [v["met_by_step_ms"] for v in bar["values"].values() if "met_by_step_ms" in v]
+            step = f" (by step_ms: {'met' if step and all(step) else 'not met'})" if step else ""
+            err.print(f"bar {name}: {'met' if bar['met'] else 'NOT met'}{step}", markup=False)
         err.print(f"wrote {wrote}; the sweep took {result['wall_time_s']:.0f} s", markup=False)
         return 0
     if args.plot or args.methods:
