@@ -88,13 +88,13 @@ def graph_floor_ms(device: torch.device, timed_ms: Callable) -> dict[str, float 
 
 
 def l2_flush(device: torch.device, nbytes: int = 256 << 20) -> Callable[[], object]:
-    """A call that reads ``nbytes`` of its own (a sum into one element): after it L2 holds none of
-    anything else, and only clean lines. ``do_bench`` flushes by zeroing 256 MB, which leaves L2
-    full of dirty lines that the timed call must write back before its reads can take their place
-    (metrics/experiments/l2-timing-h200-exp8.json: 0.9-2.3 us of the windowed draft at S = 1M)."""
-    buf = torch.ones(nbytes // 4, device=device)  # (nbytes / 4,) fp32
-    total = torch.empty((), device=device)
-    return lambda: torch.sum(buf, dim=0, out=total)
+    """``triton.testing.do_bench``'s flush as a call: zero ``nbytes`` of its own, so that L2 holds
+    nothing a timed call reads. What runs before a call moves its time: in a graph, a sum over 256 MB
+    instead of this made an 8-query draft 6-7 us slower, a 256 MB copy_ 1.4-1.8 us faster
+    (metrics/experiments/step-flush-h200-exp10.json); keeping do_bench's flush makes ``step_ms`` and
+    ``graph_ms`` differ in one thing only, the replay's own launch."""
+    buf = torch.empty(nbytes, dtype=torch.int8, device=device)  # (nbytes,)
+    return buf.zero_
 
 
 def _replay_ms(graph: torch.cuda.CUDAGraph) -> float:
@@ -107,7 +107,7 @@ def _replay_ms(graph: torch.cuda.CUDAGraph) -> float:
 
 
 def step_ms(fn: Callable[[], object], flush: Callable[[], object], calls: int = 32, replays: int = 25) -> float | str:
-    """What ``fn`` adds to a CUDA graph of other work, L2 cold and clean: ONE graph of ``calls`` x
+    """What ``fn`` adds to a CUDA graph of other work, L2 flushed before it: ONE graph of ``calls`` x
     (``flush``, ``fn``) and one of ``calls`` x ``flush``, replayed in turn ``replays`` times, each replay
     timed by CUDA events; the difference of their medians per call. As in a decode step captured in
     one graph, the call pays no graph launch of its own (``graph_ms`` does: 4.5 us for an empty

@@ -29,9 +29,11 @@ CAVEATS = [  # NOTE [Timing]: printed with every result
     "read_floor_ms (triton_window rows, CUDA): graph_ms of the fastest of wmtp/bench_read.py's kernels, which load "
     "the positions, then only read the same keys' K and V (no math, one kernel): what reading those bytes costs.",
     "step_ms (rows whose graph_ms is at most 1 ms): what the call adds to ONE CUDA graph of other work, as in a decode "
-    "step captured in a graph: 32 x (read 256 MB, call) minus 32 x (read 256 MB), per call, medians of 25 replays "
-    "timed by CUDA events. L2 is cold and clean (do_bench's zeroing leaves it dirty) and the call pays no graph "
-    "launch of its own. step_floor_ms and step_read_floor_ms: the same for empty kernels and for the read floor.",
+    "step captured in a graph: 32 x (zero 256 MB, call) minus 32 x (zero 256 MB), per call, medians of 25 replays "
+    "timed by CUDA events: do_bench's flush, without the replay's own launch (graph_floor_ms). What runs before a "
+    "call moves it: other flushes moved an 8-query draft by -1.8 to +6.7 us "
+    "(metrics/experiments/step-flush-h200-exp10.json). step_floor_ms and step_read_floor_ms: the same for empty "
+    "kernels and for the read floor.",
     "Window methods read the union of their queries' key sets (n_sink + window + q_len - 1 keys); for q_len > 1 "
     "the SDPA baselines get a boolean (q_len, keys) mask made outside the timed call.",
     "floor_ms counts a method's own ideal bytes (K and V of its keys, q, output); gather_sdpa_window also writes "
@@ -56,7 +58,7 @@ def bars(rows: list[dict]) -> dict:
     captured in a CUDA graph, replayed with L2 cold) at most ``DRAFT_MAX_MS`` at every S, and at the
     largest S within ``DRAFT_MAX_GROWTH`` of the smallest S's; the plain-call medians, which include
     the Python launcher whenever it outlasts the kernels, are reported beside them, and so is the
-    same test on ``step_ms`` (the call inside a graph of other work, L2 cold and clean):
+    same test on ``step_ms`` (the call inside a graph of other work, after the same L2 flush):
     ``met_by_step_ms``, a second reading that does not decide ``met``. (b) ``triton_full``, q_len 1
     and 8, every shape, at the largest S: ``pct_of_floor >= VERIFY_MIN_PCT`` (plain-call medians: at
     S = 1M the kernel, not the launcher, dominates).
@@ -89,7 +91,7 @@ def bars(rows: list[dict]) -> dict:
     return {"draft_window_flat": {"description": "triton_window, q_len 1: kernels' device time (graph_ms, CUDA "
                                   "graph replay, cold L2): max over S and growth from the smallest to the largest S; "
                                   "plain-call medians (launcher included), the read floor and step_ms (in a graph of "
-                                  "other work, L2 cold and clean; met_by_step_ms does not decide met) beside them",
+                                  "other work after the same flush; met_by_step_ms does not decide met) beside them",
                                   "values": draft,
                                   "threshold": {"max_ms": DRAFT_MAX_MS, "max_growth": DRAFT_MAX_GROWTH},
                                   "met": bool(draft) and all(e["met"] for e in draft.values())},
