@@ -39,7 +39,7 @@ import triton.language as tl
 
 from wmtp.attention import triton_attention as ta  # (wmtp.attention is also a function name)
 from wmtp.attention.triton_attention import attention_triton
-from wmtp.bench import capture_graph
+from wmtp.bench_timing import capture_graph
 from wmtp.fileio import atomic_path
 from wmtp.metrics import environment
 

@@ -6,9 +6,11 @@
 #   bench    - `wmtp bench attention` with $BENCH_ARGS, then scripts/tune_attention.py $TUNE_ARGS.
 # With two GPUs the halves run side by side (tests on GPU 0, timings alone on GPU 1); else in turn.
 # Knobs (seconds): TEST_S, TUNE_S, TUNE_BUDGET, BENCH_S; TESTS (pytest targets); SKIP_TUNE=1 skips the tuning,
-# SKIP_NCU=1 the profile (NCU_ARGS replaces its metrics), SKIP_BENCH=1 the bench half; FLOOR=1 runs scripts/draft_floor.py after the sweep. With two GPUs the timings share the
-# host with 16 pytest workers: graph timings then read ~1.7 us high (metrics/draft-floor-h200-40552f1-busy-host.json);
-# for figures to commit, time alone: SKIP_TESTS=1 runs the bench half only.
+# SKIP_NCU=1 the profile (NCU_ARGS replaces its metrics); FLOOR=1 runs scripts/draft_floor.py after the sweep.
+# SKIP_BENCH=1 runs the tests half only (no sweep, floor or tuning; it wins over SKIP_TESTS). With two GPUs the
+# timings share the host with 16 pytest workers: graph timings then read ~1.7 us high
+# (metrics/draft-floor-h200-40552f1-busy-host.json); for figures to commit, time alone: SKIP_TESTS=1 runs the
+# bench half only.
 set -o pipefail
 export PYTHONUNBUFFERED=1 MPLBACKEND=Agg PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT=${OUT:-out}

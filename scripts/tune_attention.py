@@ -30,7 +30,7 @@ import triton
 from triton.testing import do_bench
 
 from wmtp.attention.triton_attention import attention_triton
-from wmtp.bench import capture_graph
+from wmtp.bench_timing import capture_graph
 from wmtp.fileio import atomic_path
 from wmtp.metrics import environment
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from wmtp import bench_attention as ba
+from wmtp import bench_methods as bm
 from wmtp import bench_report
 from wmtp.cli import main
 from wmtp.keyset import draft_key_mask
@@ -33,6 +34,7 @@ def test_result_structure_and_rows(result):
                 "correctness", "caveats", "graph_floor_ms"):
         assert key in result
     assert result["graph_floor_ms"] is None and result["step_floor_ms"] is None  # CUDA graph timings: CUDA only
+    assert result["bars"]["draft_window_flat"]["met_by_step_ms"] is None
     assert all(r["read_floor_ms"] is None and r["step_ms"] is None and r["step_read_floor_ms"] is None
                for r in result["rows"])  # likewise
     assert result["dtype"] == "float32" and result["copy_bandwidth_gbs"] > 0
@@ -67,8 +69,8 @@ def test_a_failing_method_is_recorded_and_the_sweep_goes_on(monkeypatch):
 
         return call
 
-    monkeypatch.setitem(ba._BUILDERS, "sdpa_full", broken_build)
-    monkeypatch.setitem(ba._BUILDERS, "gather_sdpa_window", broken_call)
+    monkeypatch.setitem(bm.BUILDERS, "sdpa_full", broken_build)
+    monkeypatch.setitem(bm.BUILDERS, "gather_sdpa_window", broken_call)
     res = ba.sweep("cpu", methods=SDPA_METHODS, **TINY)
     by = {}
     for r in res["rows"]:
@@ -87,18 +89,18 @@ def test_bad_arguments_raise_value_error(kw):
 
 
 def test_window_key_ranges_literal():
-    assert ba._window_keys(64, 3, 4, 16) == (4, 46)  # keys [0, 4) and [46, 64): 4 + 18 = 4 + 16 + 3 - 1
-    assert ba._window_keys(64, 1, 4, 16) == (4, 48)
-    assert ba._window_keys(10, 1, 4, 16) == (4, 4)  # S <= n_sink + window: every key, once
-    assert ba._window_keys(3, 1, 4, 16) == (3, 3)  # fewer keys than sinks
+    assert bm.window_keys(64, 3, 4, 16) == (4, 46)  # keys [0, 4) and [46, 64): 4 + 18 = 4 + 16 + 3 - 1
+    assert bm.window_keys(64, 1, 4, 16) == (4, 48)
+    assert bm.window_keys(10, 1, 4, 16) == (4, 4)  # S <= n_sink + window: every key, once
+    assert bm.window_keys(3, 1, 4, 16) == (3, 3)  # fewer keys than sinks
 
 
 def test_flex_mask_mod_is_the_key_set_formula():
     S, q_len, n_sink, window = 40, 5, 4, 8
-    mask_mod = ba._flex_mask_mod(*(torch.tensor(x) for x in (S - q_len, n_sink, window)))
+    mask_mod = bm.flex_mask_mod(*(torch.tensor(x) for x in (S - q_len, n_sink, window)))
     got = mask_mod(0, 0, torch.arange(q_len)[:, None], torch.arange(S)[None, :])  # (q_len, S)
     assert torch.equal(got, draft_key_mask(torch.arange(S - q_len, S), S, n_sink, window))
-    row = ba._flex_mask_mod(*(torch.tensor(x) for x in (19, 2, 6)))(0, 0, torch.tensor(0), torch.arange(24))
+    row = bm.flex_mask_mod(*(torch.tensor(x) for x in (19, 2, 6)))(0, 0, torch.tensor(0), torch.arange(24))
     assert torch.nonzero(row).flatten().tolist() == [0, 1, 14, 15, 16, 17, 18, 19]
 
 
@@ -160,14 +162,16 @@ def test_bars_read_step_ms_beside_graph_ms_without_deciding_met():
         if r["method"] == "triton_window":
             r.update(graph_ms=r["graph_ms"] + 0.003, step_ms=r["graph_ms"] - 0.001)
     draft = bench_report.bars(rows)["draft_window_flat"]
-    assert not draft["met"]
+    assert not draft["met"] and draft["met_by_step_ms"]
     v = draft["values"]["Hq32/Hkv8/D128"]
     assert not v["met"] and v["met_by_step_ms"]
     assert v["step_ms_by_S"] == {"16384": pytest.approx(0.009), "131072": pytest.approx(0.010),
                                  "1048576": pytest.approx(0.0095)}
     rows[2]["step_ms"] = 0.0121  # first shape, 1M: over the bar and 34% over its 16K time
-    v = bench_report.bars(rows)["draft_window_flat"]["values"]
+    draft = bench_report.bars(rows)["draft_window_flat"]
+    v = draft["values"]
     assert not v["Hq16/Hkv2/D256"]["met_by_step_ms"] and v["Hq32/Hkv8/D128"]["met_by_step_ms"]
+    assert draft["met_by_step_ms"] is False
     rows[2]["step_ms"] = 0.0095
     assert bench_report.bars(rows)["draft_window_flat"]["values"]["Hq16/Hkv2/D256"]["met_by_step_ms"]
     del rows[1]["step_ms"]  # a row without step_ms (not timed) cannot pass
@@ -192,6 +196,8 @@ def test_table_lists_every_method(result):
                                                "step_floor_ms": {"one_kernel": 0.0015, "two_kernels": 0.0027}}))
     text = " ".join(console.export_text().split())  # the title may wrap
     assert "a graph of one-element kernels: one kernel 0.0031 ms, two kernels failed; step of one: 0.0015 ms" in text
+    console.print(bench_report.table(result | {"step_floor_ms": {"one_kernel": "RuntimeError: X", "two_kernels": 1.0}}))
+    assert "step of one: failed" in " ".join(console.export_text().split())
 
 
 def test_plot_writes_a_png(result, tmp_path):
@@ -223,17 +229,6 @@ def test_progress_reports_partial_results():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
-def test_graph_floor_times_one_and_two_kernel_graphs():
-    from triton.testing import do_bench
-
-    from wmtp.bench import graph_floor_ms
-
-    floor = graph_floor_ms(torch.device("cuda"), lambda fn: float(do_bench(fn, warmup=5, rep=20, return_mode="median")))
-    assert set(floor) == {"one_kernel", "two_kernels"}
-    assert all(isinstance(ms, float) and ms > 0 for ms in floor.values()), floor
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
 def test_read_floor_is_timed_on_the_window_draft_rows():
     res = ba.sweep("cuda", **{**TINY, "contexts": (200,), "dtype": torch.bfloat16, "warmup_ms": 5, "rep_ms": 10,
                               "methods": ("triton_window", "triton_full")})
@@ -249,12 +244,21 @@ def test_read_floor_is_timed_on_the_window_draft_rows():
     assert all(isinstance(ms, float) for ms in res["step_floor_ms"].values()), res["step_floor_ms"]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
-def test_step_ms_reports_a_call_that_cannot_be_captured():
-    from wmtp.bench import l2_flush, step_ms
 
-    x = torch.zeros(1, device="cuda")
-    flush = l2_flush(torch.device("cuda"), nbytes=1 << 20)
-    assert isinstance(step_ms(lambda: x.add_(1), flush, calls=4, replays=3), float)
-    err = step_ms(lambda: x.add_(1).item(), flush, calls=4, replays=3)  # a host sync: not capturable
-    assert isinstance(err, str) and err.startswith("step: "), err
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+def test_step_ms_is_gated_by_graph_ms(monkeypatch):
+    monkeypatch.setattr(ba, "STEP_MAX_MS", 0.0)  # every call is slower than this
+    res = ba.sweep("cuda", **{**TINY, "contexts": (200,), "dtype": torch.bfloat16, "warmup_ms": 5, "rep_ms": 10,
+                              "methods": ("triton_window",)})
+    assert all(isinstance(r["graph_ms"], float) and isinstance(r["read_floor_ms"], float) for r in res["rows"])
+    assert all(r["step_ms"] is None and r["step_read_floor_ms"] is None for r in res["rows"])
+    assert res["bars"]["draft_window_flat"]["met_by_step_ms"] is None  # not measured, not "not met"
+
+
+def test_with_puts_times_in_their_field_and_errors_in_the_note():
+    row = {"note": "sdpa backend FLASH"}
+    ba._with(row, "graph_ms", 0.5)
+    ba._with(row, "step_ms", "RuntimeError: no capture")
+    ba._with(row, "read_floor_ms", "ValueError: x")
+    assert row == {"note": "sdpa backend FLASH; step_ms: RuntimeError: no capture; read_floor_ms: ValueError: x",
+                   "graph_ms": 0.5}

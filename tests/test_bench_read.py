@@ -65,3 +65,16 @@ def test_bad_input_raises_value_error(bad):
     k_, v_, p, block_n = bad(k, v, torch.tensor([39], device=DEVICE))
     with pytest.raises(ValueError):
         read_key_set(k_, v_, p, 4, 8, block_n=block_n)
+
+
+def test_read_floor_ms_takes_the_fastest_launch_or_the_first_error():
+    from wmtp.bench_read import READ_CONFIGS, read_floor_ms
+
+    def timer_of(results):
+        it = iter(results)
+        return lambda fn: next(it)  # a timing that never runs fn: only the choice is tested
+
+    assert len(READ_CONFIGS) == 3
+    assert read_floor_ms(None, None, None, 4, 16, timer_of([0.3, "RuntimeError: a", 0.2])) == 0.2
+    assert read_floor_ms(None, None, None, 4, 16, timer_of(["ValueError: b", "RuntimeError: c", "d"])) == \
+        "ValueError: b"

@@ -3,12 +3,13 @@
 The paper's draft-KV tax (arXiv 2607.21535, Sec. 1 and 4): a native MTP draft head reads the whole
 KV cache for every drafted token, so its attention time grows with the context ``S``; a
 Windowed-MTP draft reads ``n_sink + window`` keys whatever ``S`` is. ``sweep`` times, in one run on
-the same inputs, wmtp's Triton kernels (windowed draft, full verify; contiguous and paged cache)
-next to SDPA over the full cache, gather-then-SDPA, SDPA over a ready compact buffer and
-FlexAttention with a block mask, and sets each time against the HBM floor (the bytes a method
+the same inputs, the methods of wmtp/bench_methods.py (wmtp's Triton kernels: windowed draft, full
+verify, contiguous and paged cache; SDPA over the full cache, gather-then-SDPA, SDPA over a ready
+compact buffer, FlexAttention with a block mask) and sets each time against the HBM floor (the bytes a method
 must move over the measured copy bandwidth). ``bars`` checks the issue's targets; ``table`` and
-``plot`` (wmtp/bench_report.py) render a result. Figures come from here, never from timed tests (DESIGN.md); ``CAVEATS``
-says what the timings include (NOTE [Timing]).
+``plot`` (wmtp/bench_report.py) render a result. Figures come from here, never from timed tests
+(DESIGN.md); the timings are wmtp/bench_timing.py's, and ``CAVEATS`` (NOTE [Timing] in
+wmtp/bench_report.py), written into every result, says what they include.
 """
 
 from __future__ import annotations
@@ -20,145 +21,26 @@ import time
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
-from .bench import empty_kernels_ms, graph_floor_ms, graph_replay_ms, host_ms, l2_flush, step_ms, time_call
-from .bench_report import CAVEATS, PAGE_SIZE, bars, method_bytes
-from .keyset import check_key_set_args, in_key_set, key_ranges
+from .bench import time_call
+from .bench_methods import BUILDERS, METHODS, Cell, paginate_cell, sdpa, window_keys
+from .bench_report import CAVEATS, PAGE_SIZE, STEP_MAX_MS, bars, method_bytes
+from .bench_timing import (
+    STEP_CALLS,
+    STEP_REPLAYS,
+    empty_kernels_ms,
+    graph_floor_ms,
+    graph_replay_ms,
+    host_ms,
+    l2_flush,
+    step_ms,
+)
+from .keyset import check_key_set_args
 from .metrics import environment
 
 CONTEXTS = (16384, 131072, 524288, 1048576)  # S
 SHAPES = ((16, 2, 256), (32, 8, 128))  # (Hq, Hkv, D)
 Q_LENS = (1, 8)  # 1: one draft query; 8: a verify chunk (or a batch of draft positions)
-SDPA_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")  # torch >= 2.5
-
-
-def _window_keys(S: int, q_len: int, n_sink: int, window: int) -> tuple[int, int]:
-    """``(sink_hi, rec_lo)``: queries at ``S-q_len .. S-1`` read keys ``[0, sink_hi) ∪ [rec_lo, S)`` at most."""
-    (_, sink_hi), _ = key_ranges(S - 1, n_sink, window)
-    _, (rec_lo, _) = key_ranges(S - q_len, n_sink, window)
-    return sink_hi, max(rec_lo, sink_hi)
-
-
-def _backend_name(q, k, v, mask, gqa: bool) -> str | None:
-    """The SDPA backend PyTorch picks for these inputs (best effort: ``_fused_sdp_choice`` is private)."""
-    try:
-        from torch.nn.attention import SDPBackend
-
-        kw = {"enable_gqa": True} if gqa else {}
-        return "sdpa backend " + SDPBackend(torch._fused_sdp_choice(q, k, v, mask, 0.0, False, **kw)).name
-    except Exception:
-        return None
-
-
-class _Cell:
-    """One (S, shape, q_len): queries at positions ``S-q_len .. S-1`` over keys and values shared across q_lens."""
-
-    def __init__(self, k, v, pages: Callable, Hq: int, q_len: int, n_sink: int, window: int, gen: torch.Generator):
-        _, Hkv, S, D = k.shape
-        self.k, self.v, self.pages, self.S, self.q_len, self.n_sink, self.window = k, v, pages, S, q_len, n_sink, window
-        self.q = torch.randn(1, Hq, q_len, D, generator=gen, device=k.device, dtype=k.dtype)  # (1, Hq, Lq, D)
-        self.q_pos = torch.arange(S - q_len, S, device=k.device)  # (Lq,)
-        self.sink_hi, self.rec_lo = _window_keys(S, q_len, n_sink, window)
-        self.gqa = SDPA_GQA
-
-    def compact(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V of the window union, gathered: ``(1, Hkv, keys, D)`` each."""
-        a, b = self.sink_hi, self.rec_lo
-        return tuple(torch.cat([x[:, :, :a], x[:, :, b:]], 2) for x in (self.k, self.v))
-
-    def mask(self, windowed: bool) -> torch.Tensor | None:
-        """``(q_len, keys)`` mask from THE key-set formula; ``None`` for one query (it reads every key given)."""
-        if self.q_len == 1:
-            return None
-        pos = torch.arange(self.S, device=self.q.device)  # (S,)
-        pos = torch.cat([pos[: self.sink_hi], pos[self.rec_lo :]]) if windowed else pos  # (keys,)
-        return in_key_set(self.q_pos[:, None], pos[None, :], self.n_sink, self.window if windowed else None)
-
-
-def _paginate(k, v, gen):
-    from .attention.paged import paginate
-
-    return paginate(k, v, PAGE_SIZE, gen)  # (k_pages, v_pages, block_table)
-
-
-def _attend_sdpa(q, k, v, mask, gqa: bool) -> torch.Tensor:
-    """SDPA with grouped kv heads: ``enable_gqa`` (torch >= 2.5), else k and v repeated to ``Hq`` heads."""
-    if not gqa and k.shape[1] != q.shape[1]:
-        rep = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)  # (1, Hq, keys, D)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **({"enable_gqa": True} if gqa else {}))
-
-
-def _sdpa(q, k, v, mask, gqa: bool) -> Callable[[], torch.Tensor]:
-    """SDPA over ready keys; without ``enable_gqa`` they are repeated to ``Hq`` heads here, outside the timed call."""
-    k, v = (k, v) if gqa else (x.repeat_interleave(q.shape[1] // x.shape[1], 1) for x in (k, v))  # (1, Hq, keys, D)
-    fn = lambda: _attend_sdpa(q, k, v, mask, gqa)  # noqa: E731
-    fn.note = (_backend_name(q, k, v, mask, gqa) or "") + ("" if gqa else "; k/v repeated outside the timed call")
-    return fn
-
-
-def _triton(c: _Cell, windowed: bool, paged: bool) -> Callable[[], torch.Tensor]:
-    from .attention import triton_attention as ta
-
-    n_sink, window = (c.n_sink, c.window) if windowed else (None, None)
-    if paged:
-        k_pages, v_pages, block_table = c.pages()
-        return lambda: ta.paged_attention_triton(c.q, k_pages, v_pages, block_table, c.q_pos, n_sink, window)
-    return lambda: ta.attention_triton(c.q, c.k, c.v, c.q_pos, n_sink, window)
-
-
-def _gather_sdpa(c: _Cell) -> Callable[[], torch.Tensor]:
-    mask = c.mask(True)
-    fn = lambda: _attend_sdpa(c.q, *c.compact(), mask, c.gqa)  # noqa: E731 - the gather is inside the timed call
-    fn.note = _backend_name(c.q, *c.compact(), mask, c.gqa)
-    return fn
-
-
-def _flex_mask_mod(offset: torch.Tensor, n_sink: torch.Tensor, window: torch.Tensor):
-    """THE key-set formula (wmtp/keyset.py) as a FlexAttention ``mask_mod``; query ``q_idx`` is at ``offset + q_idx``.
-    The parameters are 0-d tensors, not Python ints, so that a new context does not force a recompile."""
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        t = offset + q_idx
-        return (kv_idx <= t) & ((kv_idx < n_sink) | (kv_idx > t - window))
-
-    return mask_mod
-
-
-@functools.lru_cache(maxsize=None)
-def _compiled_flex():
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return torch.compile(flex_attention)
-
-
-def _flex(c: _Cell) -> Callable[[], torch.Tensor]:
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-    dev = c.q.device
-    params = (torch.tensor(v, device=dev) for v in (c.S - c.q_len, c.n_sink, c.window))
-    block_mask = create_block_mask(_flex_mask_mod(*params), None, None, c.q_len, c.S, device=dev)
-    flex = _compiled_flex() if dev.type == "cuda" else flex_attention  # CPU: eager, for tests only
-    fn = lambda: flex(c.q, c.k, c.v, block_mask=block_mask, enable_gqa=True)  # noqa: E731
-    fn()  # compile and warm up here, outside the timed region
-    return fn
-
-
-_BUILDERS: dict[str, Callable[[_Cell], Callable[[], torch.Tensor]]] = {
-    "triton_window": lambda c: _triton(c, True, False),
-    "triton_window_paged": lambda c: _triton(c, True, True),
-    "triton_full": lambda c: _triton(c, False, False),
-    "triton_full_paged": lambda c: _triton(c, False, True),
-    "sdpa_full": lambda c: _sdpa(c.q, c.k, c.v, c.mask(False), c.gqa),
-    "gather_sdpa_window": _gather_sdpa,
-    "sdpa_compact_window": lambda c: _sdpa(c.q, *c.compact(), c.mask(True), c.gqa),
-    "flex_window": _flex,
-}
-METHODS = tuple(_BUILDERS)
-
-
-STEP_MAX_MS = 1.0  # step_ms only for calls whose graph_ms is at most this: a graph holds 32 of them
 
 
 def _with(row: dict, key: str, value: float | str) -> None:
@@ -169,14 +51,14 @@ def _with(row: dict, key: str, value: float | str) -> None:
         row["note"] = "; ".join(filter(None, [row["note"], f"{key}: {value}"]))
 
 
-def _measure(name: str, c: _Cell, row: dict, timed_ms: Callable, step: Callable | None,
+def _measure(name: str, c: Cell, row: dict, timed_ms: Callable, step: Callable | None,
              ref: torch.Tensor | None) -> float | str | None:
     """Time method ``name`` on cell ``c`` into ``row`` (``step``: ``step_ms`` with the sweep's flush, CUDA
     only); return max |out - ref| (fp32), or the error string. A failure fills ``row["error"]`` and
     returns: one method's failure is data, not the end of the sweep."""
     try:
         t0 = time.perf_counter()
-        fn = _BUILDERS[name](c)
+        fn = BUILDERS[name](c)
         row["setup_s"], row["note"] = time.perf_counter() - t0, getattr(fn, "note", None) or None
         err = None if ref is None else (fn().float() - ref).abs().max().item()
         ms = timed_ms(fn)
@@ -185,14 +67,16 @@ def _measure(name: str, c: _Cell, row: dict, timed_ms: Callable, step: Callable 
             row["host_ms"] = host_ms(fn, c.q.device)
             graph = graph_replay_ms(fn, timed_ms)
             _with(row, "graph_ms", graph)
-            if isinstance(graph, float) and graph <= STEP_MAX_MS:
+            stepped = isinstance(graph, float) and graph <= STEP_MAX_MS  # NOTE [Timing]: step_ms's gate
+            if stepped:
                 _with(row, "step_ms", step(fn))
             if name == "triton_window":
                 from .bench_read import read_floor_ms
 
                 _with(row, "read_floor_ms", read_floor_ms(c.k, c.v, c.q_pos, c.n_sink, c.window,
                                                           lambda f: graph_replay_ms(f, timed_ms)))
-                _with(row, "step_read_floor_ms", read_floor_ms(c.k, c.v, c.q_pos, c.n_sink, c.window, step))
+                if stepped:
+                    _with(row, "step_read_floor_ms", read_floor_ms(c.k, c.v, c.q_pos, c.n_sink, c.window, step))
         return err
     except Exception as e:
         row["error"] = f"{type(e).__name__}: {e}"[:600]
@@ -225,9 +109,9 @@ def sweep(device: torch.device | str, contexts=CONTEXTS, shapes=SHAPES, q_lens=Q
         each method against SDPA in fp32, first shape, smallest S), ``caveats``, ``rows``, ``bars``.
     """
     device, n_sink = torch.device(device), check_key_set_args(n_sink, window)
-    bad = [m for m in methods if m not in _BUILDERS]
+    bad = [m for m in methods if m not in BUILDERS]
     if window is None or bad or not methods:
-        raise ValueError(f"need a window (got {window}) and methods from {', '.join(_BUILDERS)} (unknown: {bad})")
+        raise ValueError(f"need a window (got {window}) and methods from {', '.join(BUILDERS)} (unknown: {bad})")
     if not contexts or not shapes or not q_lens or min(q_lens) < 1 or min(contexts) < max(q_lens):
         raise ValueError(f"need contexts >= every q_len >= 1; got contexts {contexts}, q_lens {q_lens}")
     if any(len(s) != 3 or min(s) < 1 or s[0] % s[1] for s in shapes) or min(repeats, warmup_ms, rep_ms) < 1:
@@ -265,7 +149,9 @@ def sweep(device: torch.device | str, contexts=CONTEXTS, shapes=SHAPES, q_lens=Q
                 "methods": list(methods),
                 "timing": {"tool": "triton.testing.do_bench", "warmup_ms": warmup_ms, "rep_ms": rep_ms, "median": True,
                            "graph_ms": "the call captured in a CUDA graph, replay timed the same way",
-                           "step_ms": "32 x (flush, call) in one CUDA graph minus 32 x flush, per call"}
+                           "step_ms": f"{STEP_CALLS} x (flush, call) in one CUDA graph minus {STEP_CALLS} x flush, "
+                                      f"per call, medians of {STEP_REPLAYS} replays each, for calls whose graph_ms "
+                                      f"is at most {STEP_MAX_MS} ms"}
                 if device.type == "cuda" else {"tool": "wmtp.bench.time_call", "repeats": repeats, "median": True},
                 "copy_bandwidth_gbs": bandwidth / 1e9, "graph_floor_ms": floor,
                 "step_floor_ms": step_floor, "correctness": dict(correctness),
@@ -282,22 +168,22 @@ def sweep(device: torch.device | str, contexts=CONTEXTS, shapes=SHAPES, q_lens=Q
                 try:
                     k = torch.randn(1, Hkv, S, D, generator=gen, device=device, dtype=dtype)  # (1, Hkv, S, D)
                     v = torch.randn(1, Hkv, S, D, generator=gen, device=device, dtype=dtype)  # (1, Hkv, S, D)
-                    pages, input_error = functools.cache(functools.partial(_paginate, k, v, gen)), None
+                    pages, input_error = functools.cache(functools.partial(paginate_cell, k, v, gen)), None
                 except Exception as e:  # e.g. out of memory: every row of this (S, shape) says so
                     input_error = f"inputs: {type(e).__name__}: {e}"[:600]
                 for q_len in q_lens:
-                    c = None if input_error else _Cell(k, v, pages, Hq, q_len, n_sink, window, gen)
+                    c = None if input_error else Cell(k, v, pages, Hq, q_len, n_sink, window, gen)
                     refs, errs = {}, {}
                     if c is not None and (S, (Hq, Hkv, D)) == (min(contexts), tuple(shapes[0])):
                         guard = correctness[f"q_len={q_len}"] = {"S": S, "Hq": Hq, "Hkv": Hkv, "D": D}
                         try:  # the correctness guard's references: SDPA in fp32 over the full or window set
-                            refs = {w: _sdpa(c.q.float(), *(x.float() for x in (c.compact() if w else (k, v))),
+                            refs = {w: sdpa(c.q.float(), *(x.float() for x in (c.compact() if w else (k, v))),
                                              c.mask(w), c.gqa)() for w in (False, True)}
                             guard.update(max_abs_err=errs, ref_max_abs={"full": refs[False].abs().max().item(),
                                                                         "window": refs[True].abs().max().item()})
                         except Exception as e:
                             guard["error"], refs = f"{type(e).__name__}: {e}"[:600], {}
-                    sink_hi, rec_lo = _window_keys(S, q_len, n_sink, window)
+                    sink_hi, rec_lo = window_keys(S, q_len, n_sink, window)
                     for name in methods:
                         windowed = "window" in name
                         keys = sink_hi + S - rec_lo if windowed else S

@@ -1,4 +1,4 @@
-"""Experiment 10: step_ms (wmtp/bench.py) of the windowed draft, S = 1M, bf16, q_len 1 and 8, both bench
+"""Experiment 10: step_ms (wmtp/bench_timing.py) of the windowed draft, S = 1M, bf16, q_len 1 and 8, both bench
 shapes, with five calls before each draft in the graph, against graph_ms (the bench's do_bench of a
 replay). In the sweep at b929d7e step_ms was 3-4 us under graph_ms at q_len 1 but 5-7 us over it at
 q_len 8; which part of the flush does that?
@@ -18,7 +18,7 @@ import torch
 from triton.testing import do_bench
 
 from wmtp.attention.triton_attention import attention_triton
-from wmtp.bench import capture_graph, l2_flush, step_ms
+from wmtp.bench_timing import capture_graph, l2_flush, step_ms
 from wmtp.metrics import environment
 
 S, N_SINK, WINDOW = 1 << 20, 64, 4096

@@ -15,7 +15,7 @@ from draft_floor import _read  # noqa: E402
 
 from wmtp.attention import triton_attention as new  # noqa: E402
 from wmtp.attention import triton_attention_old as old  # noqa: E402
-from wmtp.bench import capture_graph  # noqa: E402
+from wmtp.bench_timing import capture_graph  # noqa: E402
 from wmtp.metrics import environment  # noqa: E402
 
 S, N_SINK, WINDOW, PAGE = 1 << 20, 64, 4096, 16

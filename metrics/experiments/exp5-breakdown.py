@@ -10,7 +10,7 @@ import torch
 from triton.testing import do_bench
 
 from wmtp.attention import triton_attention as ta
-from wmtp.bench import capture_graph
+from wmtp.bench_timing import capture_graph
 from wmtp.metrics import environment
 
 S, N_SINK, WINDOW = 1 << 20, 64, 4096

@@ -13,7 +13,7 @@ from triton.testing import do_bench
 from wmtp.attention import triton_attention as new
 from wmtp.attention import triton_attention_old as old
 from wmtp.attention.paged import paginate
-from wmtp.bench import capture_graph
+from wmtp.bench_timing import capture_graph
 from wmtp.bench_report import method_bytes
 from wmtp.metrics import environment
 

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from triton.testing import do_bench
 
 from wmtp.attention import triton_attention as ta
-from wmtp.bench import capture_graph
+from wmtp.bench_timing import capture_graph
 from wmtp.bench_read import READ_CONFIGS, read_key_set
 from wmtp.metrics import environment
 

@@ -1,4 +1,4 @@
-"""Experiment 9: the windowed draft's launches under step_ms (wmtp/bench.py: the call inside one CUDA
+"""Experiment 9: the windowed draft's launches under step_ms (wmtp/bench_timing.py: the call inside one CUDA
 graph of other work, L2 cold and clean) and graph_ms, S = 1M, q_len 1, bf16, both bench shapes.
 
 Part A: the flush before each call in step_ms: a read of 256 MB (the bench's l2_flush) against
@@ -18,7 +18,7 @@ import triton
 from triton.testing import do_bench
 
 from wmtp.attention.triton_attention import attention_triton
-from wmtp.bench import capture_graph, l2_flush, step_ms
+from wmtp.bench_timing import capture_graph, l2_flush, step_ms
 from wmtp.metrics import environment
 
 S, N_SINK, WINDOW = 1 << 20, 64, 4096
