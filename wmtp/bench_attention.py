@@ -5,8 +5,8 @@ KV cache for every drafted token, so its attention time grows with the context `
 Windowed-MTP draft reads ``n_sink + window`` keys whatever ``S`` is. ``sweep`` times, in one run on
 the same inputs, the methods of wmtp/bench_methods.py (wmtp's Triton kernels: windowed draft, full
 verify, contiguous and paged cache; SDPA over the full cache, gather-then-SDPA, SDPA over a ready
-compact buffer, FlexAttention with a block mask) and sets each time against the HBM floor (the bytes a method
-must move over the measured copy bandwidth). ``bars`` checks the issue's targets; ``table`` and
+compact buffer, FlexAttention with a block mask) and sets each time against the HBM floor (the
+bytes a method must move over the measured copy bandwidth). ``bars`` checks the issue's targets; ``table`` and
 ``plot`` (wmtp/bench_report.py) render a result. Figures come from here, never from timed tests
 (DESIGN.md); the timings are wmtp/bench_timing.py's, and ``CAVEATS`` (NOTE [Timing] in
 wmtp/bench_report.py), written into every result, says what they include.

@@ -79,7 +79,7 @@ def read_key_set(k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, n_sink: 
 
 def read_floor_ms(k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, n_sink: int, window: int,
                   timer: Callable) -> float | str:
-    """``timer(fn)`` (a timing of ``wmtp/bench.py``: ms, or an error string) of the fastest
+    """``timer(fn)`` (a timing of wmtp/bench_timing.py: ms, or an error string) of the fastest
     ``READ_CONFIGS`` launch of ``read_key_set`` (CUDA); the first launch's error if every launch fails."""
     times = [timer(lambda b=b, w=w: read_key_set(k, v, q_pos, n_sink, window, b, w)) for b, w in READ_CONFIGS]
     return min((t for t in times if isinstance(t, float)), default=times[0])
