@@ -212,6 +212,23 @@ def test_positions_past_the_cache_are_clamped(layout):
     assert_kernel_close(out, q, k, v, last, 4, 8)
 
 
+@NEEDS_TRITON
+def test_strided_positions_and_block_table_are_read_by_their_strides():
+    """A ``q_pos`` view with a stride (``all_pos[10:40:10]``) and a block table stored column-major
+    attend exactly as their contiguous copies (the kernel indexes both as contiguous rows)."""
+    q, k, v, _ = make_inputs(2, 4, 2, 3, 64, 32, torch.float32, seed=5, device=DEVICE)
+    q_pos = torch.arange(64, device=DEVICE)[10:40:10]  # (3,) [10, 20, 30], stride 10
+    assert not q_pos.is_contiguous()
+    out = wmtp.attention(q, k, v, q_pos, n_sink=4, window=8, impl="triton")
+    assert_kernel_close(out, q, k, v, q_pos.contiguous(), 4, 8)
+    k_pages, v_pages, table = paginate(k, v, 16, torch.Generator().manual_seed(5))
+    table_cm = table.t().contiguous().t()  # (B, max_pages), the same ids, stride (1, B)
+    assert table_cm.stride() != table.stride()
+    ref = paged_attention(q, k_pages, v_pages, table, q_pos, n_sink=4, window=8, impl="triton")
+    assert torch.equal(paged_attention(q, k_pages, v_pages, table_cm, q_pos, n_sink=4, window=8, impl="triton"), ref)
+    assert_kernel_close(ref, q, k, v, q_pos.contiguous(), 4, 8)
+
+
 BF16, F32, F64, M = torch.bfloat16, torch.float32, torch.float64, 1 << 20
 
 

@@ -365,6 +365,7 @@ def attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: t
         ``(B, Hq, Lq, D)`` in ``q.dtype``.
     """
     check_tensors(q, k, v, q_pos)
+    q_pos = q_pos.contiguous()  # the kernel reads positions as one contiguous row (a no-op when they are)
     tuning = (num_splits, block_n, num_warps, num_stages, pdl)
     kt, vt = k.transpose(1, 2), v.transpose(1, 2)  # views (B, S, Hkv, D): strides (batch, pos, head, dim)
 
@@ -394,6 +395,7 @@ def paged_attention_triton(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
     """
     check_tensors(q, k_pages, v_pages, q_pos)
     assert block_table.dtype == torch.int32 and block_table.device == q.device, "block_table: int32 on q's device"
+    q_pos, block_table = q_pos.contiguous(), block_table.contiguous()  # read as contiguous rows by the kernel
     tuning = (num_splits, block_n, num_warps, num_stages, pdl)
 
     def run(q_chunk, pos_chunk):
