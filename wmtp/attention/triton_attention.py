@@ -81,20 +81,16 @@ loading (``UPCAST``).
 
 from __future__ import annotations
 
-import functools
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
 
-from .plan import SMEM_H200, by_query_chunks, check_tensors, launch_config
+from .launch import CachedLaunch, fast_launches
+from .plan import by_query_chunks, check_tensors
 from .triton_merge import merge_splits
+from .triton_plan import FULL, KernelCall, _gpu_limits, plan_call  # noqa: F401  (FULL, KernelCall: re-exported)
 
 __all__ = ["attention_triton", "paged_attention_triton"]
-
-FULL = 1 << 30  # window=None: a window longer than any position (int32-safe: t - FULL does not wrap)
-
 
 @triton.jit
 def _attend(acc, m_i, l_i, q, t,  # running (BLOCK_M, D) sum, (BLOCK_M,) max/denominator (ACC dtype); q tile; positions
@@ -268,73 +264,17 @@ def _attention_kernel(
         _store_rows(Out, out, rows, b, kvh, Lq, stride_ob, stride_oh, stride_ol, stride_od, GROUP, HEAD_DIM)
 
 
-@functools.lru_cache(maxsize=None)
-def _gpu_limits(device: torch.device) -> tuple[int, int, bool]:
-    """(SM count, opt-in shared memory per block, programmatic dependent launch available: NVIDIA
-    sm_90+, not ROCm); 99 KiB of shared memory where torch does not report it."""
-    props = torch.cuda.get_device_properties(device)
-    return (props.multi_processor_count, getattr(props, "shared_memory_per_block_optin", None) or 99 * 1024,
-            props.major >= 9 and torch.version.hip is None)
-
-
-class KernelCall(NamedTuple):
-    """One launch of ``_attention_kernel`` as ``_launch`` makes it, and the merge that follows."""
-
-    grid: tuple[int, int]
-    args: tuple  # positional arguments: tensors and Python ints
-    kwargs: dict  # constexprs and the launch options num_warps, num_stages
-    out: torch.Tensor  # (B, Hq, Lq, D)
-    merge: tuple | None  # merge_splits' arguments, or None with one split (the kernel writes out)
-
-
-def plan_call(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning, limits) -> KernelCall:
-    """The kernel call for one block of queries, from shapes and Python ints only (NOTE [Host sync]);
-    allocates the output and the split workspace on q's device (a ``meta`` device allocates nothing).
-
-    k, v strides are (outer, position, head, dim). ``tuning`` holds the optional overrides
-    ``num_splits, block_n, num_warps, num_stages, pdl``; ``limits`` is ``_gpu_limits`` of the GPU to
-    plan for, or None for the CPU interpreter. tests/test_kernel_sm90.py plans H200 calls on ``meta``
-    tensors and compiles them offline.
-    """
-    B, Hq, Lq, D = q.shape
-    Hkv = k.shape[2]  # k is (outer, position, Hkv, D) in both layouts
-    fp64 = q.dtype == torch.float64
-    capacity = k.shape[1] if block_table is None else block_table.shape[1] * page_size  # key positions
-    sms, smem, has_pdl = limits or (None, SMEM_H200, False)
-    *tuning, pdl = tuning
-    BLOCK_M, BLOCK_N, num_splits, num_warps, num_stages = launch_config(
-        B, Hq, Hkv, Lq, D, q.dtype, capacity, n_sink, window, sms, *tuning, smem_bytes=smem)
-    n_sink = 0 if window is None else (n_sink or 0)
-    window = FULL if window is None else min(window, FULL)  # the same key set for positions < FULL
-
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)  # (B, Hq, Lq, D)
-    split = num_splits > 1
-    if pdl and not has_pdl:
-        raise ValueError("pdl=True needs a CUDA GPU of compute capability 9.0 or newer")
-    pdl = split and (has_pdl if pdl is None else pdl)  # NOTE [PDL]
-    if split:  # one workspace: m, l (B*Hkv, n_splits, BLOCK_M) and acc (B*Hkv, n_splits, BLOCK_M, D)
-        n = B * Hkv * num_splits * BLOCK_M
-        ws = torch.empty(n * (D + 2), device=q.device, dtype=torch.float64 if fp64 else torch.float32)
-        pm, pl, pacc = ws[:n], ws[n : 2 * n], ws[2 * n :]
-    else:  # the kernel writes `out` itself; the partial pointers are unused
-        pm = pl = pacc = out
-    bt = block_table if block_table is not None else q_pos
-    args = (q, k, v, bt, q_pos, out, pm, pl, pacc, *q.stride(), *k.stride(), bt.stride(0), *out.stride(),
-            Hkv, Lq, capacity, n_sink, window, num_splits)
-    kwargs = dict(GROUP=Hq // Hkv, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=D, PAGE_SIZE=page_size,
-                  PAGED=0 if block_table is None else 2 if num_stages > 1 else 1, SPLIT=split,  # NOTE [Pages]
-                  UPCAST=q.device.type == "cpu" and q.dtype == torch.bfloat16,
-                  PRECISION="ieee" if q.dtype in (torch.float32, torch.float64) else "tf32",
-                  ACC=tl.float64 if fp64 else tl.float32, PDL=pdl, num_warps=num_warps, num_stages=num_stages)
-    merge = (pm, pl, pacc, out, Hkv, BLOCK_M, num_splits, pdl) if split else None
-    return KernelCall((B * Hkv, num_splits), args, kwargs, out, merge)
+_ATTENTION = CachedLaunch(_attention_kernel)  # NOTE [Launch cache]
 
 
 def _launch(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning):
     """Run the kernels for one block of queries (``plan_call`` plans them for q's device)."""
     limits = _gpu_limits(q.device) if q.device.type == "cuda" else None
     call = plan_call(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning, limits)
-    _attention_kernel[call.grid](*call.args, **call.kwargs)
+    if fast_launches(q.device):
+        _ATTENTION.launch(call.grid, call.args, call.kwargs, call.static, 9)
+    else:
+        _attention_kernel[call.grid](*call.args, **call.kwargs)
     if call.merge is not None:
         merge_splits(*call.merge)
     return call.out

@@ -14,8 +14,13 @@ NOTE [PDL] in attention/triton_attention.py says how the merge launch overlaps t
 
 from __future__ import annotations
 
+import functools
+from types import MappingProxyType
+
 import triton
 import triton.language as tl
+
+from .launch import CachedLaunch, fast_launches
 
 __all__ = ["merge_splits"]
 
@@ -63,6 +68,22 @@ def _merge_kernel(
     tl.store(Out + o_off + offs_d * stride_od, out.to(Out.dtype.element_ty))
 
 
+@functools.lru_cache(maxsize=1024)
+def _merge_plan(out_shape, out_stride, Hkv: int, block_m: int, num_splits: int, pdl: bool, max_chunk: int):
+    """The merge launch's grid, int arguments and keywords, computed once per distinct key."""
+    if max_chunk < 1 or max_chunk & (max_chunk - 1):
+        raise ValueError(f"max_chunk must be a power of two, got {max_chunk}")
+    B, Hq, Lq, D = out_shape  # (B, Hq, Lq, D)
+    chunk = min(triton.next_power_of_2(num_splits), max_chunk)
+    block_d = min(D, max(16, 4096 // chunk))
+    kwargs = dict(GROUP=Hq // Hkv, BLOCK_M=block_m, SPLIT_CHUNK=chunk, HEAD_DIM=D, BLOCK_D=block_d, PDL=pdl,
+                  num_warps=4, **({"launch_pdl": True} if pdl else {}))  # only NVIDIA's backend knows the option
+    return (B * Hkv, Hq // Hkv * Lq, D // block_d), (*out_stride, Hkv, Lq, num_splits), MappingProxyType(kwargs)
+
+
+_MERGE = CachedLaunch(_merge_kernel)  # NOTE [Launch cache] in attention/launch.py
+
+
 def merge_splits(pm, pl, pacc, out, Hkv: int, block_m: int, num_splits: int, pdl: bool, max_chunk: int = 256):
     """Launch ``_merge_kernel`` over the partials of ``num_splits`` splits into ``out`` ``(B, Hq, Lq, D)``.
 
@@ -72,14 +93,11 @@ def merge_splits(pm, pl, pacc, out, Hkv: int, block_m: int, num_splits: int, pdl
     max_chunk)`` splits: a launch of up to 256 splits (every draft; a verify unless ``B * Hkv`` is 1)
     merges in one memory round trip. Tests pass a small ``max_chunk`` to run the online path.
     """
-    if max_chunk < 1 or max_chunk & (max_chunk - 1):
-        raise ValueError(f"max_chunk must be a power of two, got {max_chunk}")
     assert pm.is_contiguous() and pl.is_contiguous() and pacc.is_contiguous(), "partials must be contiguous"
-    B, Hq, Lq, D = out.shape  # (B, Hq, Lq, D)
-    chunk = min(triton.next_power_of_2(num_splits), max_chunk)
-    block_d = min(D, max(16, 4096 // chunk))
-    _merge_kernel[(B * Hkv, Hq // Hkv * Lq, D // block_d)](
-        pm, pl, pacc, out, *out.stride(), Hkv, Lq, num_splits,
-        GROUP=Hq // Hkv, BLOCK_M=block_m, SPLIT_CHUNK=chunk, HEAD_DIM=D, BLOCK_D=block_d, PDL=pdl,
-        num_warps=4, **({"launch_pdl": True} if pdl else {}),  # only NVIDIA's backend knows the option
-    )
+    static = (tuple(out.shape), out.stride(), Hkv, block_m, num_splits, pdl, max_chunk)
+    grid, ints, kwargs = _merge_plan(*static)
+    args = (pm, pl, pacc, out, *ints)
+    if fast_launches(out.device):
+        _MERGE.launch(grid, args, kwargs, static, 4)
+    else:
+        _merge_kernel[grid](*args, **kwargs)

@@ -1,0 +1,62 @@
+"""Cached Triton launches: a kernel's second call skips Triton's per-call specialization (arXiv
+2607.21535, Sec. 4: the draft costs microseconds a token, so the launcher's host time shows).
+
+``fn[grid](*args, **kwargs)`` re-derives, on every call, what Triton specializes the kernel on
+(each argument's type, each int's value class, each pointer's 16-byte alignment) and looks the
+compiled kernel up from that: about 25 us of host time a launch on an H200's host for the draft's
+39 arguments (metrics/experiments/host-h200-exp13.json), against about 10 us of device time. The
+launchers here know which arguments can change between two calls with the same plan: the ints come
+from shapes, strides and options (``static``, a key the caller has already computed), only the
+tensors' dtypes and alignment remain. ``CachedLaunch`` keys the compiled kernel on ``static`` plus
+those, compiles and launches through ``fn[grid]`` on a miss, and on a hit launches the compiled
+kernel directly (``CompiledKernel[grid]``, the runner ``fn[grid]`` itself ends with).
+
+NOTE [Launch cache]: the key must be at least as fine as Triton's specialization, or a kernel
+compiled for other arguments would run. It holds every int exactly (through ``static``), each
+tensor's dtype and whether its data pointer is 16-byte aligned; Triton (3.6, 3.7) specializes ints
+on ``== 1``, divisibility by 16 and width, pointers on dtype and 16-byte alignment, so equal keys
+mean equal specializations. tests/test_triton_attention.py checks on a GPU that a cache hit is the
+kernel Triton's own lookup returns, with aligned and unaligned tensors. Only NVIDIA's backend
+(ROCm's specializes pointers on more) and only real launches (not the CPU interpreter) use it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["CachedLaunch"]
+
+
+class CachedLaunch:
+    """``fn`` (a ``triton.jit`` function) launched through a cache of its compiled kernels.
+
+    ``launch(grid, args, kwargs, static, n_tensors)``: ``args`` are the kernel's positional
+    arguments, the first ``n_tensors`` of them tensors and the rest fixed by ``static`` (hashable);
+    ``kwargs`` its constexprs and launch options, also fixed by ``static``. The same call as
+    ``fn[grid](*args, **kwargs)``.
+    """
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.kernels: dict = {}  # (static, device, tensor dtypes and alignment) -> (compiled kernel, constexprs)
+
+    def key(self, args: tuple, static, n_tensors: int) -> tuple:
+        """NOTE [Launch cache]: ``static`` with the current device and each tensor's dtype and alignment."""
+        return (static, torch.cuda.current_device(), *((t.dtype, t.data_ptr() % 16 == 0) for t in args[:n_tensors]))
+
+    def launch(self, grid: tuple, args: tuple, kwargs: dict, static, n_tensors: int) -> None:
+        key = self.key(args, static, n_tensors)
+        hit = self.kernels.get(key)
+        if hit is not None:
+            kernel, constexprs = hit
+            kernel[(*grid, 1, 1)[:3]](*args, *constexprs)  # a 3-d grid; every parameter in order (constexprs skipped)
+            return
+        kernel = self.fn[grid](*args, **kwargs)  # Triton's own path: compiles on its first call
+        if kernel is not None:  # the constexprs, passed by name (or left at their defaults), in parameter order
+            constexprs = tuple(kwargs.get(p.name, p.default) for p in self.fn.params[len(args):])
+            self.kernels[key] = (kernel, constexprs)
+
+
+def fast_launches(device: torch.device) -> bool:
+    """Whether launches on ``device`` go through ``CachedLaunch``: CUDA on NVIDIA's backend."""
+    return device.type == "cuda" and torch.version.hip is None
