@@ -229,6 +229,56 @@ def test_strided_positions_and_block_table_are_read_by_their_strides():
     assert_kernel_close(ref, q, k, v, q_pos.contiguous(), 4, 8)
 
 
+@NEEDS_TRITON
+def test_bad_positions_are_clamped_both_ways_and_huge_sinks_are_the_whole_prefix():
+    """Below 0 attends like position 0 (even below -2^31, where an int32 cast would wrap), and
+    ``n_sink`` past the cache (up to 2^64, which Triton cannot pass as an int) like ``n_sink = S``."""
+    from wmtp.attention.triton_attention import attention_triton
+    q, k, v, _ = make_inputs(1, 4, 2, 2, 48, 32, torch.float32, seed=6, device=DEVICE)
+    bad = torch.tensor([-5, -(1 << 32) + 40], device=DEVICE)
+    out = attention_triton(q, k, v, bad, 4, 8, num_splits=2, block_n=16)
+    assert_kernel_close(out, q, k, v, torch.zeros(2, dtype=torch.long, device=DEVICE), 4, 8)
+    pos = torch.tensor([30, 47], device=DEVICE)
+    for n_sink in (48, 1 << 40, 1 << 64):
+        assert torch.equal(attention_triton(q, k, v, pos, n_sink, 8, block_n=16),
+                           attention_triton(q, k, v, pos, 48, 8, block_n=16))
+
+
+def _huge_head_stride(shape, dtype):
+    """A ``(B, Hkv, S, D)`` cache of more than 2^31 elements, lazily allocated: only what is written
+    is touched (on CPU a few pages of a 6 GiB mapping)."""
+    return torch.empty(shape, dtype=dtype, device=DEVICE)
+
+
+@NEEDS_TRITON
+@pytest.mark.parametrize("where", ["k", "q", "paged"])
+def test_offsets_past_2_to_the_31_elements(where):
+    """NOTE [Offsets]: a head at 2^31 elements into a tensor (head 2 of 3 heads of 2^26 x 16) is read
+    where it is, not where an int32 product wraps to."""
+    g = torch.Generator().manual_seed(8)
+    Hkv, S, D = 3, 1 << 26, 16
+    small = torch.randn(1, Hkv, 64, D, generator=g).half().to(DEVICE)  # (1, Hkv, 64, D)
+    q = torch.randn(1, Hkv, 1, D, generator=g).half().to(DEVICE)  # (1, Hq, 1, D)
+    pos = torch.tensor([63], device=DEVICE)
+    ref = wmtp.attention(q, small, small, pos, 4, 8, impl="torch")
+    if where == "k":  # head stride 2^30: head 2 starts 2^31 elements in
+        big = _huge_head_stride((1, Hkv, S, D), torch.float16)
+        big[:, :, :64] = small
+        out = wmtp.attention(q, big, big, pos, 4, 8, impl="triton")
+    elif where == "q":  # a query slice of a long (1, Hq, S, D) buffer
+        qbuf = _huge_head_stride((1, Hkv, S, D), torch.float16)
+        qbuf[:, :, :1] = q
+        out = wmtp.attention(qbuf[:, :, :1], small, small, pos, 4, 8, impl="triton")
+    else:  # a head-major page pool (Hkv, pages, 16, D) seen as (pages, 16, Hkv, D)
+        pool = _huge_head_stride((Hkv, S // 16, 16, D), torch.float16)
+        pool[:, :4] = small.reshape(Hkv, 4, 16, D)
+        pages = pool.permute(1, 2, 0, 3)
+        table = torch.arange(4, dtype=torch.int32, device=DEVICE)[None]  # (1, 4)
+        out = paged_attention(q, pages, pages, table, pos, 4, 8, impl="triton")
+    assert_kernel_close(out, q, small, small, pos, 4, 8)
+    assert (out.float() - ref.float()).abs().max() < 1e-2
+
+
 BF16, F32, F64, M = torch.bfloat16, torch.float32, torch.float64, 1 << 20
 
 

@@ -43,7 +43,8 @@ def _read_kernel(K, V, QPOS, Out,  # K, V: (1, Hkv, S, D) contiguous in D; QPOS:
     hi = tl.where(in_sink, sink_hi, rec_hi)
     kpos = lo + tl.where(in_sink, blk, blk - n_blk_sink) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
     read = kpos < hi
-    off = h * stride_kh + kpos.to(tl.int64)[:, None] * stride_kpos + tl.arange(0, D)[None, :]  # (BLOCK_N, D)
+    off = (h.to(tl.int64) * stride_kh + kpos.to(tl.int64)[:, None] * stride_kpos  # int64: NOTE [Offsets] of the kernel
+           + tl.arange(0, D)[None, :])  # (BLOCK_N, D)
     k = tl.load(K + off, mask=read[:, None], other=0.0)
     v = tl.load(V + off, mask=read[:, None], other=0.0)
     tl.store(Out + h * tl.num_programs(1) + blk, tl.sum(k.to(tl.float32) + v.to(tl.float32)))

@@ -69,7 +69,13 @@ cost 0.2-3.7 us. ``PAGED=0``: contiguous.
 
 NOTE [Reads]: a MASKED block loads only the keys and values that some row of the tile reads
 (``kread``; the block table is read for the whole range), so a cache row outside the union of the
-key sets is never loaded, and NaN there cannot reach the output.
+key sets is never loaded, and NaN there cannot reach the output. (A NaN value row that one query
+of the tile reads reaches every row of the tile through ``p @ V``, as in the reference's dense
+runs of consecutive queries.)
+
+NOTE [Offsets]: Triton passes an int argument below 2^31, and ``program_id``, as int32, so a
+product of a head index and a stride wraps once a tensor passes 2^31 elements (8 kv heads of
+4M keys at D128). Every offset that multiplies a stride is formed in int64.
 
 NOTE [Precision]: ``tl.dot`` accumulates in fp32 (fp64 for fp64 inputs, which the GPU
 losslessness tests use: decode.py NOTE [Exactness]); softmax runs in the log2 domain
@@ -121,7 +127,7 @@ def _attend(acc, m_i, l_i, q, t,  # running (BLOCK_M, D) sum, (BLOCK_M,) max/den
                 page = tl.load(bt_row + kpos // PAGE_SIZE, mask=kpos < hi, other=0)  # (BLOCK_N,)
             else:
                 page = tl.load(bt_row + kpos // PAGE_SIZE)  # (BLOCK_N,)
-            krow = page.to(tl.int64) * stride_outer + (kpos % PAGE_SIZE) * stride_pos  # (BLOCK_N,)
+            krow = page.to(tl.int64) * stride_outer + (kpos % PAGE_SIZE).to(tl.int64) * stride_pos  # (BLOCK_N,)
         else:
             krow = kpos.to(tl.int64) * stride_pos  # (BLOCK_N,)
         if MASKED:  # K and V are both loaded before any arithmetic: two memory round trips overlap
@@ -216,25 +222,26 @@ def _attention_kernel(
     kvh = pid_bh % Hkv
     rows = tl.arange(0, BLOCK_M)  # row r = (query head r // Lq, query r % Lq)
     offs_d = tl.arange(0, HEAD_DIM)
-    q_row = b.to(tl.int64) * stride_qb + (kvh * GROUP + rows // Lq) * stride_qh + (rows % Lq) * stride_ql  # (BLOCK_M,)
+    q_row = (b.to(tl.int64) * stride_qb + (kvh * GROUP + rows // Lq).to(tl.int64) * stride_qh
+             + (rows % Lq).to(tl.int64) * stride_ql)  # (BLOCK_M,) NOTE [Offsets]
     q = tl.load(Q + q_row[:, None] + offs_d[None, :] * stride_qd, mask=(rows < GROUP * Lq)[:, None], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
     # (BLOCK_M,) padding rows repeat a real query's position. NOTE [Host sync]: positions are not
-    # checked on the host; clamped (in int64, before the int32 cast) so that no read passes the cache
-    t = tl.minimum(tl.load(QPOS + rows % Lq), capacity - 1).to(tl.int32)
+    # checked on the host; clamped to [0, capacity) (before the int32 cast) so that no read leaves the cache
+    t = tl.minimum(tl.maximum(tl.load(QPOS + rows % Lq), 0), capacity - 1).to(tl.int32)
 
     sink_hi, n_blk_sink, sink_u2, rec_lo, rec_hi, n_blk_rec, rec_u1, rec_u2 = _key_plan(
         tl.min(t, 0), tl.max(t, 0), n_sink, window, BLOCK_N)  # NOTE [Host sync]: planned on device
     blocks_per_split = tl.cdiv(n_blk_sink + n_blk_rec, n_splits)
 
     if PAGED:
-        k_base = K + kvh * stride_kh
-        v_base = V + kvh * stride_kh
+        k_base = K + kvh.to(tl.int64) * stride_kh  # NOTE [Offsets]
+        v_base = V + kvh.to(tl.int64) * stride_kh
         bt_row = BT + b.to(tl.int64) * stride_btb
     else:
-        k_base = K + b.to(tl.int64) * stride_kouter + kvh * stride_kh
-        v_base = V + b.to(tl.int64) * stride_kouter + kvh * stride_kh
+        k_base = K + b.to(tl.int64) * stride_kouter + kvh.to(tl.int64) * stride_kh  # NOTE [Offsets]
+        v_base = V + b.to(tl.int64) * stride_kouter + kvh.to(tl.int64) * stride_kh
         bt_row = BT
 
     m_i = tl.full([BLOCK_M], float("-inf"), ACC)

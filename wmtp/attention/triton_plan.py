@@ -68,7 +68,7 @@ def _static_plan(q_shape, q_stride, k_shape, k_stride, bt_stride, page_size, pag
     *tuning, pdl = tuning
     BLOCK_M, BLOCK_N, num_splits, num_warps, num_stages = launch_config(
         B, Hq, Hkv, Lq, D, dtype, capacity, n_sink, window, sms, *tuning, smem_bytes=smem)
-    n_sink = 0 if window is None else (n_sink or 0)
+    n_sink = 0 if window is None else min(n_sink or 0, capacity)  # sinks past the cache: the same key set
     window = FULL if window is None else min(window, FULL)  # the same key set for positions < FULL
     split = num_splits > 1
     if pdl and not has_pdl:
