@@ -15,7 +15,7 @@ NOTE [Launch cache]: the key must be at least as fine as Triton's specialization
 compiled for other arguments would run. It holds every int exactly (through ``static``), each
 tensor's dtype and whether its data pointer is 16-byte aligned; Triton (3.6, 3.7) specializes ints
 on ``== 1``, divisibility by 16 and width, pointers on dtype and 16-byte alignment, so equal keys
-mean equal specializations. tests/test_triton_attention.py checks on a GPU that a cache hit is the
+mean equal specializations. tests/test_launch_cache.py checks on a GPU that a cache hit is the
 kernel Triton's own lookup returns, with aligned and unaligned tensors. Only NVIDIA's backend
 (ROCm's specializes pointers on more) and only real launches (not the CPU interpreter) use it.
 """
