@@ -44,6 +44,17 @@ def test_reads_exactly_the_literal_keys(S, n_sink, window, positions, keys, bloc
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
 
 
+def test_a_head_past_2_to_the_31_elements_is_read_where_it_is():
+    """NOTE [Offsets]: head 2 of 3 heads of 2^26 x 16 starts 2^31 elements in (a lazily allocated
+    6 GiB tensor, of which only the first 64 positions of each head are written)."""
+    small = next(_cache(64, Hkv=3, D=16, seed=2)).half()  # (1, 3, 64, 16)
+    big = torch.empty(1, 3, 1 << 26, 16, dtype=torch.float16, device=DEVICE)
+    big[:, :, :64] = small
+    got = read_key_set(big, big, torch.tensor([63], device=DEVICE), 4, 8, block_n=16)  # (Hkv, n_blk)
+    keys = [0, 1, 2, 3] + list(range(56, 64))
+    torch.testing.assert_close(got.sum(1), 2 * small[0][:, keys].float().sum((1, 2)), rtol=1e-5, atol=1e-4)
+
+
 def test_random_positions_match_the_key_set_mask():
     S, n_sink, window = 100, 3, 20
     k, v = _cache(S, Hkv=3, seed=1)

@@ -11,7 +11,9 @@ import types
 
 import pytest
 import torch
+import triton
 from attention_truth import make_inputs
+from triton.compiler import CompiledKernel
 
 from wmtp.attention import launch as launch_mod
 from wmtp.attention.launch import CachedLaunch
@@ -35,7 +37,7 @@ class FakeJit:
         return run
 
 
-class FakeKernel:
+class FakeKernel(CompiledKernel):  # only its type is CompiledKernel's: what the cache accepts
     def __init__(self, jit):
         self.jit = jit
 
@@ -53,11 +55,22 @@ def test_key_is_static_device_and_each_tensors_dtype_and_alignment(device0):
     fn = CachedLaunch(FakeJit(["X", "Y", "n"], {}))
     buf = torch.zeros(64)
     a, b, off = buf[:16], buf[16:32], buf[1:17]  # 64-byte and 4-byte offsets
-    aligned = ("s", 0, (torch.float32, True), (torch.float32, True))
+    mode = triton.knobs.compilation.instrumentation_mode
+    aligned = ("s", 0, False, mode, (torch.float32, True), (torch.float32, True))
     assert fn.key((a, b, 7), "s", 2) == fn.key((b, a, 7), "s", 2) == aligned
     assert fn.key((a, off, 7), "s", 2) != fn.key((a, b, 7), "s", 2)  # alignment
     assert fn.key((a, b.double(), 7), "s", 2) != fn.key((a, b, 7), "s", 2)  # dtype
     assert fn.key((a, b, 7), "t", 2) != fn.key((a, b, 7), "s", 2)  # static
+
+
+def test_key_follows_the_runtime_settings_triton_keys_on(device0, monkeypatch):
+    fn, x = CachedLaunch(FakeJit(["X"], {})), torch.zeros(4)
+    plain = fn.key((x,), "s", 1)
+    monkeypatch.setattr(triton.knobs.runtime, "debug", True)
+    assert fn.key((x,), "s", 1) != plain
+    monkeypatch.setattr(triton.knobs.runtime, "debug", False)
+    monkeypatch.setattr(triton.knobs.compilation, "instrumentation_mode", "fpsan")
+    assert fn.key((x,), "s", 1) != plain
 
 
 def test_first_call_compiles_then_hits_pass_every_parameter_in_order(device0):
@@ -75,8 +88,38 @@ def test_first_call_compiles_then_hits_pass_every_parameter_in_order(device0):
     assert len(jit.compiled) == 2
 
 
-def test_only_nvidia_cuda_launches_are_cached(monkeypatch):
+class InterpretedJit(FakeJit):
+    """The interpreter's (and async compile's) ``fn[grid]``: no CompiledKernel comes back."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+def test_what_is_not_cached_and_the_bound(device0, monkeypatch):
+    x = torch.zeros(8)
+    fn = CachedLaunch(FakeJit(["X", "n"], {}))
+    with pytest.raises(AssertionError, match="plain ints"):
+        fn.launch((1,), (x, True), {}, "s", 1)  # a bool is not the int the key assumes
+    interpreted = CachedLaunch(InterpretedJit(["X", "n"], {}))
+    interpreted.launch((1,), (x, 5), {}, "s", 1)
+    assert interpreted.kernels == {}
+    monkeypatch.setattr(launch_mod, "MAX_KERNELS", 2)
+    for static in ("a", "b", "c"):
+        fn.launch((1,), (x, 5), {}, static, 1)
+    assert list(fn.kernels) == [fn.key((x, 5), "c", 1)]  # cleared at the bound, then the new key
+    monkeypatch.setattr(triton.knobs.runtime, "add_stages_inspection_hook", lambda: ("k", "h"), raising=False)
+    fn.launch((1,), (x, 5), {}, "d", 1)
+    assert fn.key((x, 5), "d", 1) not in fn.kernels
+
+
+def test_only_tested_triton_on_nvidia_cuda_is_cached(monkeypatch):
     assert not launch_mod.fast_launches(torch.device("cpu"))
+    monkeypatch.setattr(triton, "__version__", "3.7.1")
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+    assert launch_mod.fast_launches(torch.device("cuda"))
+    monkeypatch.setattr(triton, "__version__", "3.9.0")
+    assert not launch_mod.fast_launches(torch.device("cuda"))
+    monkeypatch.setattr(triton, "__version__", "3.7.1")
     monkeypatch.setattr(torch.version, "hip", "6.0", raising=False)
     assert not launch_mod.fast_launches(torch.device("cuda"))
 
@@ -119,3 +162,78 @@ def test_cache_hits_are_the_kernels_triton_looks_up(monkeypatch):
                             outs.append(ta.paged_attention_triton(cq, k_pages, v_pages, table, cpos, 4, window))
                 assert all(torch.equal(o, outs[i % 2]) for i, o in enumerate(outs))
     assert {ta._attention_kernel, tm._merge_kernel} <= set(launches)
+
+
+def test_equal_keys_mean_equal_triton_specializations(device0):
+    """NOTE [Launch cache], checked on CPU against Triton's own argument specialization (its binder
+    for a CUDA sm_90 target): over random plans (GQA, query counts, contexts, dtypes, transposed and
+    unaligned tensors, paged caches, int32/int64 positions, huge sinks, splits), two launches with
+    one ``CachedLaunch`` key always get one Triton key."""
+    import inspect
+    import random
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+    from triton.runtime.jit import KernelParam, create_function_from_signature
+
+    from wmtp.attention import triton_attention as ta
+    from wmtp.attention import triton_merge as tm
+    from wmtp.attention.plan import by_query_chunks
+    from wmtp.attention.triton_plan import plan_call
+
+    backend, h200 = make_backend(GPUTarget("cuda", 90, 32)), (132, 232448, True)
+
+    def binder(fn):
+        sig = inspect.signature(fn.fn)
+        params = [KernelParam(i, p, False, False) for i, p in enumerate(sig.parameters.values())]
+        return create_function_from_signature(sig, params, backend)
+
+    binders = {fn: binder(fn) for fn in (ta._attention_kernel, tm._merge_kernel)}
+    seen = {fn: {} for fn in binders}
+
+    def record(fn, args, kwargs, static, n_tensors):
+        kw = dict(kwargs, debug=triton.knobs.runtime.debug,
+                  instrumentation_mode=triton.knobs.compilation.instrumentation_mode)
+        _, spec, options = binders[fn](*args, **kw)
+        theirs = (tuple(map(str, spec)), str(sorted(options.items())))
+        ours = CachedLaunch(fn).key(args, static, n_tensors)
+        assert seen[fn].setdefault(ours, theirs) == theirs, ours
+
+    def unaligned(t):  # the same shape and strides, one element past a 16-byte boundary
+        return torch.empty(t.untyped_storage().nbytes() // t.element_size() + 1, dtype=t.dtype)[1:].as_strided(
+            t.shape, t.stride())
+
+    rng = random.Random(0)
+    for _ in range(60):
+        B, Hkv, group = rng.choice([1, 2]), rng.choice([1, 2, 4]), rng.choice([1, 2, 4])
+        Lq, D, S = rng.choice([1, 3, 16]), rng.choice([16, 64, 128]), rng.choice([1, 16, 17, 300])
+        dtype = rng.choice([torch.float16, torch.bfloat16, torch.float32])
+        n_sink, window = rng.choice([None, 1, 16, 1 << 40]), rng.choice([None, 1, 16, 4096])
+        if rng.random() < 0.5:
+            q = torch.empty(B, Lq, Hkv * group, D, dtype=dtype).transpose(1, 2)  # (B, Hq, Lq, D) strided
+        else:
+            q = torch.empty(B, Hkv * group, Lq, D, dtype=dtype)  # (B, Hq, Lq, D)
+        q_pos = torch.zeros(Lq, dtype=torch.int64)
+        tuning = (rng.choice([None, 1, 3]), None, None, None, None)
+        if rng.random() < 0.4:
+            ps = rng.choice([16, 32])
+            k = torch.empty(rng.choice([4, 40]), ps, Hkv, D, dtype=dtype)  # (pages, ps, Hkv, D)
+            table = torch.zeros(B, rng.choice([1, 7]), dtype=torch.int32)
+        else:
+            k = torch.empty(B, Hkv, S, D, dtype=dtype).transpose(1, 2)  # (B, S, Hkv, D) view
+            table, ps = None, 1
+        # one plan (one static key), tensors that differ only where the cache key must tell them apart
+        for cq, ck, cpos in ((q, k, q_pos), (unaligned(q), k, q_pos), (q, unaligned(k), q_pos), (q, k, q_pos.int())):
+            def run(q_chunk, pos_chunk, ck=ck):
+                call = plan_call(q_chunk, ck, ck, table, ps, pos_chunk, n_sink, window, tuning, h200)
+                record(ta._attention_kernel, call.args, call.kwargs, call.static, 9)
+                if call.merge is not None:
+                    pm, pl, pacc, out, hkv, block_m, splits, pdl = call.merge
+                    static = (tuple(out.shape), out.stride(), hkv, block_m, splits, pdl, 256)
+                    grid, ints, kwargs = tm._merge_plan(*static)
+                    record(tm._merge_kernel, (pm, pl, pacc, out, *ints), kwargs, static, 4)
+                return call.out
+
+            by_query_chunks(cq, cpos, group, run)
+    assert len(seen[ta._attention_kernel]) > 100 and seen[tm._merge_kernel]
+    assert len(set(seen[ta._attention_kernel].values())) > 100  # Triton's keys: aligned and not, int32 and not

@@ -251,7 +251,7 @@ def _huge_head_stride(shape, dtype):
 
 
 @NEEDS_TRITON
-@pytest.mark.parametrize("where", ["k", "q", "paged"])
+@pytest.mark.parametrize("where", ["k", "q", "paged", "paged-rows"])
 def test_offsets_past_2_to_the_31_elements(where):
     """NOTE [Offsets]: a head at 2^31 elements into a tensor (head 2 of 3 heads of 2^26 x 16) is read
     where it is, not where an int32 product wraps to."""
@@ -269,11 +269,16 @@ def test_offsets_past_2_to_the_31_elements(where):
         qbuf = _huge_head_stride((1, Hkv, S, D), torch.float16)
         qbuf[:, :, :1] = q
         out = wmtp.attention(qbuf[:, :, :1], small, small, pos, 4, 8, impl="triton")
-    else:  # a head-major page pool (Hkv, pages, 16, D) seen as (pages, 16, Hkv, D)
-        pool = _huge_head_stride((Hkv, S // 16, 16, D), torch.float16)
-        pool[:, :4] = small.reshape(Hkv, 4, 16, D)
-        pages = pool.permute(1, 2, 0, 3)
-        table = torch.arange(4, dtype=torch.int32, device=DEVICE)[None]  # (1, 4)
+    else:
+        table = torch.arange(4, dtype=torch.int32, device=DEVICE)[None]  # (1, 4): positions 0-63
+        if where == "paged":  # a head-major page pool (Hkv, pages, 16, D) seen as (pages, 16, Hkv, D)
+            pool = _huge_head_stride((Hkv, S // 16, 16, D), torch.float16)
+            pool[:, :4] = small.reshape(Hkv, 4, 16, D)
+            pages = pool.permute(1, 2, 0, 3)
+        else:  # a row-major pool (16, pages, Hkv, D): row 15 of a page starts 15 * 3 * 2^26 elements in
+            pool = _huge_head_stride((16, S // 16, Hkv, D), torch.float16)
+            pool[:, :4] = small[0].reshape(Hkv, 4, 16, D).permute(2, 1, 0, 3)
+            pages = pool.permute(1, 0, 2, 3)
         out = paged_attention(q, pages, pages, table, pos, 4, 8, impl="triton")
     assert_kernel_close(out, q, small, small, pos, 4, 8)
     assert (out.float() - ref.float()).abs().max() < 1e-2

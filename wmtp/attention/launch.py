@@ -13,18 +13,31 @@ kernel directly (``CompiledKernel[grid]``, the runner ``fn[grid]`` itself ends w
 
 NOTE [Launch cache]: the key must be at least as fine as Triton's specialization, or a kernel
 compiled for other arguments would run. It holds every int exactly (through ``static``), each
-tensor's dtype and whether its data pointer is 16-byte aligned; Triton (3.6, 3.7) specializes ints
-on ``== 1``, divisibility by 16 and width, pointers on dtype and 16-byte alignment, so equal keys
-mean equal specializations. tests/test_launch_cache.py checks on a GPU that a cache hit is the
-kernel Triton's own lookup returns, with aligned and unaligned tensors. Only NVIDIA's backend
-(ROCm's specializes pointers on more) and only real launches (not the CPU interpreter) use it.
+tensor's dtype and whether its data pointer is 16-byte aligned, and the two runtime settings that
+Triton keys its kernels on beside the arguments (``knobs.runtime.debug``, the instrumentation
+mode); Triton (3.6, 3.7) specializes ints on ``== 1``, divisibility by 16 and width, pointers on
+dtype and 16-byte alignment, so equal keys mean equal specializations (a review checked 4,000
+random launches against Triton 3.7.1's own specialization: no conflict).
+tests/test_launch_cache.py checks on a GPU that a cache hit is the kernel Triton's own lookup
+returns, with aligned and unaligned tensors. A miss checks that the arguments are what the key
+assumes (tensors first, then plain ints). A hit skips what Triton's path also does and wmtp does
+not use: pre-run hooks and the check that the kernel's globals are unchanged; a pipeline-stages
+inspection hook turns caching off. Only NVIDIA's backend (ROCm's specializes pointers on more),
+only the Triton versions tested (3.6, 3.7: the hit calls ``CompiledKernel[grid]``, an internal),
+and only compiled kernels (not the interpreter's, not async compiles) are cached; the cache is
+cleared past ``MAX_KERNELS`` keys (a new request length adds about ten).
 """
 
 from __future__ import annotations
 
 import torch
+import triton
+from triton.compiler import CompiledKernel
 
-__all__ = ["CachedLaunch"]
+__all__ = ["CachedLaunch", "fast_launches"]
+
+TESTED_TRITON = ("3.6.", "3.7.")  # versions whose CompiledKernel[grid] runner the hit path calls
+MAX_KERNELS = 4096  # keys kept per kernel before the cache is cleared
 
 
 class CachedLaunch:
@@ -41,8 +54,12 @@ class CachedLaunch:
         self.kernels: dict = {}  # (static, device, tensor dtypes and alignment) -> (compiled kernel, constexprs)
 
     def key(self, args: tuple, static, n_tensors: int) -> tuple:
-        """NOTE [Launch cache]: ``static`` with the current device and each tensor's dtype and alignment."""
-        return (static, torch.cuda.current_device(), *((t.dtype, t.data_ptr() % 16 == 0) for t in args[:n_tensors]))
+        """NOTE [Launch cache]: ``static``, the current device, the runtime settings Triton keys on,
+        and each tensor's dtype and alignment."""
+        knobs = triton.knobs
+        return (static, torch.cuda.current_device(), getattr(knobs.runtime, "debug", False),
+                getattr(knobs.compilation, "instrumentation_mode", ""),
+                *((t.dtype, t.data_ptr() % 16 == 0) for t in args[:n_tensors]))
 
     def launch(self, grid: tuple, args: tuple, kwargs: dict, static, n_tensors: int) -> None:
         key = self.key(args, static, n_tensors)
@@ -51,12 +68,18 @@ class CachedLaunch:
             kernel, constexprs = hit
             kernel[(*grid, 1, 1)[:3]](*args, *constexprs)  # a 3-d grid; every parameter in order (constexprs skipped)
             return
+        assert all(isinstance(a, torch.Tensor) for a in args[:n_tensors]) and all(
+            type(a) is int for a in args[n_tensors:]), "CachedLaunch: tensors first, then plain ints"
         kernel = self.fn[grid](*args, **kwargs)  # Triton's own path: compiles on its first call
-        if kernel is not None:  # the constexprs, passed by name (or left at their defaults), in parameter order
-            constexprs = tuple(kwargs.get(p.name, p.default) for p in self.fn.params[len(args):])
+        inspecting = getattr(triton.knobs.runtime, "add_stages_inspection_hook", None) is not None
+        if isinstance(kernel, CompiledKernel) and not inspecting:
+            if len(self.kernels) >= MAX_KERNELS:
+                self.kernels.clear()
+            constexprs = tuple(kwargs.get(p.name, p.default) for p in self.fn.params[len(args):])  # parameter order
             self.kernels[key] = (kernel, constexprs)
 
 
 def fast_launches(device: torch.device) -> bool:
-    """Whether launches on ``device`` go through ``CachedLaunch``: CUDA on NVIDIA's backend."""
-    return device.type == "cuda" and torch.version.hip is None
+    """Whether launches on ``device`` go through ``CachedLaunch``: CUDA on NVIDIA's backend, with a
+    Triton version whose launch internals were tested (``TESTED_TRITON``)."""
+    return device.type == "cuda" and torch.version.hip is None and triton.__version__.startswith(TESTED_TRITON)

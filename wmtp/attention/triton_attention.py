@@ -75,7 +75,10 @@ runs of consecutive queries.)
 
 NOTE [Offsets]: Triton passes an int argument below 2^31, and ``program_id``, as int32, so a
 product of a head index and a stride wraps once a tensor passes 2^31 elements (8 kv heads of
-4M keys at D128). Every offset that multiplies a stride is formed in int64.
+4M keys at D128). Every offset into q, K, V or the block table that multiplies a stride is formed
+in int64. The output's offsets (``_store_rows``, the merge) stay int32 within a batch: ``out`` is a
+fresh contiguous chunk of at most Hkv x 256 tile rows x 256 head dims a batch, below 2^31 for any
+Hkv < 32768; the batch term is int64.
 
 NOTE [Precision]: ``tl.dot`` accumulates in fp32 (fp64 for fp64 inputs, which the GPU
 losslessness tests use: decode.py NOTE [Exactness]); softmax runs in the log2 domain
@@ -271,7 +274,7 @@ def _attention_kernel(
         _store_rows(Out, out, rows, b, kvh, Lq, stride_ob, stride_oh, stride_ol, stride_od, GROUP, HEAD_DIM)
 
 
-_ATTENTION = CachedLaunch(_attention_kernel)  # NOTE [Launch cache]
+_ATTENTION = CachedLaunch(_attention_kernel)  # NOTE [Launch cache] in attention/launch.py
 
 
 def _launch(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning):
@@ -298,8 +301,8 @@ def attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: t
         q: ``(B, Hq, Lq, D)`` queries (fp16, bf16, fp32 or fp64; ``D`` a power of two, 16..256;
             ``Hq // Hkv`` at most ``max_tile_rows(dtype, D)``, else ``ValueError``).
         k, v: ``(B, Hkv, S, D)`` position-indexed keys and values, any strides (head dim contiguous).
-        q_pos: ``(Lq,)`` LongTensor of absolute query positions, each ``< S`` (not checked here,
-            which would need a host sync; the kernel clamps them so that it never reads past S).
+        q_pos: ``(Lq,)`` LongTensor of absolute query positions, each in ``[0, S)`` (not checked here,
+            which would need a host sync; the kernel clamps them to ``[0, S)``, so it never reads outside).
         n_sink: sink keys (``None`` = 0).
         window: recent keys including the query's own (``None`` = full causal set).
         num_splits: split-K programs per (batch, kv head); ``None`` picks from the SM count.
