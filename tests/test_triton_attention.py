@@ -284,6 +284,17 @@ def test_offsets_past_2_to_the_31_elements(where):
     assert (out.float() - ref.float()).abs().max() < 1e-2
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+@pytest.mark.parametrize("layout", ["contiguous", "paged16"])
+def test_tensors_on_a_gpu_other_than_the_current_one(layout):
+    """Triton launches on the current CUDA device: tensors on another GPU must run on theirs."""
+    q, k, v, q_pos = make_inputs(1, 8, 2, 3, 300, 64, torch.bfloat16, seed=9, device="cuda:1")
+    with torch.cuda.device(0):
+        out = _run("triton", layout, q, k, v, q_pos, 4, 16)
+    assert out.device == q.device
+    assert_kernel_close(out, q, k, v, q_pos, 4, 16)
+
+
 BF16, F32, F64, M = torch.bfloat16, torch.float32, torch.float64, 1 << 20
 
 

@@ -279,6 +279,9 @@ _ATTENTION = CachedLaunch(_attention_kernel)  # NOTE [Launch cache] in attention
 
 def _launch(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning):
     """Run the kernels for one block of queries (``plan_call`` plans them for q's device)."""
+    if q.device.type == "cuda" and q.device.index != torch.cuda.current_device():
+        with torch.cuda.device(q.device):  # Triton launches on the current device (and its stream)
+            return _launch(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning)
     limits = _gpu_limits(q.device) if q.device.type == "cuda" else None
     call = plan_call(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning, limits)
     if fast_launches(q.device):
