@@ -99,12 +99,11 @@ def plan_call(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning, li
     static = (tuple(q.shape), q.stride(), tuple(k.shape), k.stride(), bt.stride(0), page_size, block_table is not None,
               capacity, q.dtype, q.device.type, n_sink, window, tuning, limits)
     plan = _static_plan(*static)
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # (B, Hq, Lq, D) contiguous
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)  # (B, Hq, Lq, D)
     if plan.ws_numel:  # one workspace: m, l (B*Hkv, n_splits, BLOCK_M) and acc (B*Hkv, n_splits, BLOCK_M, D)
-        acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-        ws = torch.empty(plan.ws_numel, device=q.device, dtype=acc_dtype)
+        ws = q.new_empty(plan.ws_numel, dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
         n = plan.ws_numel // (q.shape[-1] + 2)
-        pm, pl, pacc = ws[:n], ws[n : 2 * n], ws[2 * n :]
+        pm, pl, pacc = ws.split_with_sizes((n, n, plan.ws_numel - 2 * n))  # flat views: one call, not three
     else:  # the kernel writes `out` itself; the partial pointers are unused
         pm = pl = pacc = out
     args = (q, k, v, bt, q_pos, out, pm, pl, pacc, *plan.ints)
