@@ -101,6 +101,7 @@ from .triton_plan import FULL, KernelCall, _gpu_limits, plan_call  # noqa: F401 
 
 __all__ = ["attention_triton", "paged_attention_triton"]
 
+
 @triton.jit
 def _attend(acc, m_i, l_i, q, t,  # running (BLOCK_M, D) sum, (BLOCK_M,) max/denominator (ACC dtype); q tile; positions
             k_base, v_base,  # pointers to the (batch, kv head) of K / V (contiguous) or to head kvh of page 0 (paged)
