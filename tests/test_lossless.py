@@ -65,15 +65,34 @@ def test_random_head_is_lossless(models, depth, n_sink, window):
 
 
 def test_draft_equal_to_target_accepts_everything(models):
-    """An oracle right for all K drafts accepts all of them: AL = K + 1."""
+    """An oracle right for all K drafts accepts all of them: AL = K + 1 (51 tokens: the prefill's
+    and 10 whole steps of 5, none cut)."""
     target, head = models
     prompt, depth = _prompt(9), 4
-    ref = wmtp.greedy_generate(target, prompt, 50)
+    ref = wmtp.greedy_generate(target, prompt, 51)
     seq = torch.cat([prompt, ref, torch.zeros(depth + 2, dtype=torch.long)])
-    out, stats = wmtp.speculative_generate(target, OracleDraft(head, seq, depth), prompt, 50, depth)
+    out, stats = wmtp.speculative_generate(target, OracleDraft(head, seq, depth), prompt, 51, depth)
     assert torch.equal(out, ref)
     assert stats.accept_length_histogram[depth] == stats.steps == 10
     assert stats.mean_accept_length == depth + 1
+
+
+@pytest.mark.parametrize("max_new, eos_at", [(3, None), (7, None), (40, 5)])
+def test_accept_length_counts_only_tokens_kept(models, max_new, eos_at):
+    """A last step that accepts drafts past max_new_tokens (or past eos_id) is cut; AL counts what is
+    kept: 1 (the prefill's token) + AL x steps = len(out). An oracle right for all 8 drafts: AL 9
+    while steps are whole, less in a cut last step."""
+    target, head = models
+    prompt, depth = _prompt(9), 8
+    ref = wmtp.greedy_generate(target, prompt, 40)
+    eos = int(ref[eos_at]) if eos_at is not None else None
+    ref = wmtp.greedy_generate(target, prompt, max_new, eos_id=eos)
+    seq = torch.cat([prompt, wmtp.greedy_generate(target, prompt, 40), torch.zeros(depth + 2, dtype=torch.long)])
+    out, stats = wmtp.speculative_generate(target, OracleDraft(head, seq, depth), prompt, max_new, depth, eos_id=eos)
+    assert torch.equal(out, ref)
+    assert 1 + stats.committed == len(out) and stats.mean_accept_length == stats.committed / stats.steps
+    assert stats.accepted == depth * stats.steps  # the verifier accepted every draft, cut or not
+    assert stats.mean_accept_length < depth + 1  # 3 -> 2 tokens in one step; 7 -> 6; eos at 5 -> 5
 
 
 @pytest.mark.parametrize("prompt_len", [1, 4, 4 + 16 - 1, 4 + 16, 4 + 16 + 1])

@@ -48,7 +48,8 @@ class SpecStats:
 
     depth: int
     proposed: int = 0
-    accepted: int = 0
+    accepted: int = 0  # drafts the verifier accepted (a draft past max_new_tokens or eos_id included)
+    committed: int = 0  # tokens the steps added to the output (after its cut at max_new_tokens / eos_id)
     steps: int = 0
     accept_length_histogram: list[int] = field(default_factory=list)
     per_position_accepted: list[int] = field(default_factory=list)
@@ -68,8 +69,10 @@ class SpecStats:
 
     @property
     def mean_accept_length(self) -> float:
-        """Tokens committed per target pass (accepted drafts + the target's token): the paper's AL."""
-        return (self.accepted + self.steps) / max(self.steps, 1)
+        """Tokens committed per target pass (accepted drafts + the target's token): the paper's AL.
+        Counted on the output, so drafts accepted past ``max_new_tokens`` or ``eos_id`` in the last
+        step, which are cut, do not count (TPOT = step time / AL must divide by tokens kept)."""
+        return self.committed / max(self.steps, 1)
 
     @property
     def per_position_acceptance(self) -> list[float]:
@@ -77,7 +80,7 @@ class SpecStats:
         return [a / max(self.steps, 1) for a in self.per_position_accepted]
 
     def to_dict(self) -> dict:
-        keys = ("depth", "proposed", "accepted", "steps", "accept_length_histogram", "draft_keys_read",
+        keys = ("depth", "proposed", "accepted", "committed", "steps", "accept_length_histogram", "draft_keys_read",
                 "draft_queries", "draft_times_s", "verify_times_s", "acceptance_rate",
                 "mean_accept_length", "per_position_acceptance")
         return {k: getattr(self, k) for k in keys}
@@ -256,7 +259,9 @@ def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Ten
         for i in range(a):
             stats.per_position_accepted[i] += 1
         x = choice[a]
+        before = len(out)
         out, stop = _finish(out + d[:a].tolist() + [int(x)], max_new_tokens, eos_id)
+        stats.committed += len(out) - before
         # The head's next extend consumes positions n..n+a with the target's own hidden states.
         head_start, h_new, next_tokens = n, vhidden[:, : a + 1], torch.cat([d[:a], x.view(1)])
         n += a + 1
