@@ -69,6 +69,28 @@ def test_bad_input_exits_2_with_one_line(capsys, argv, match):
     assert "Traceback" not in err + out
 
 
+def test_unwritable_outputs_and_bad_paths_exit_2_before_any_work(capsys, tmp_path, monkeypatch):
+    """An --out that is a folder or lies under a file, a --cache-dir that is a file, a malformed
+    device, a JSON path that is a folder: one line, exit 2, and reproduce never starts its run."""
+    import wmtp.reproduce
+
+    monkeypatch.setattr(wmtp.reproduce, "reproduce", lambda *a, **k: pytest.fail("the run started"))
+    afile = tmp_path / "f"
+    afile.write_text("x")
+    for argv, match in [
+        (["reproduce", "--out", str(tmp_path)], "is a folder"),
+        (["reproduce", "--out", str(afile / "m.json")], "not a writable folder"),
+        (["reproduce", "--cache-dir", str(afile)], "not a writable folder"),
+        (["reproduce", "--device", "cpu:abc"], "bad device"),
+        (["bench", "attention", "--out", str(afile / "b.json")], "not a writable folder"),
+        (["plot", str(tmp_path / "m.json"), "--out", str(tmp_path)], "is a folder"),
+        (["plot", str(tmp_path)], "error"),  # an OSError (IsADirectoryError) from reading it
+    ]:
+        code, out, err = _run(capsys, argv)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and match in err, (argv, err)
+        assert "Traceback" not in err + out
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error for an absent CUDA device")
 def test_absent_cuda_is_a_clear_error(capsys):
     code, _, err = _run(capsys, ["reproduce", "--device", "cuda"])

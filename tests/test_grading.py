@@ -131,6 +131,14 @@ def test_a_crash_in_the_student_function_names_the_case(tmp_path):
     assert report.first_failure.startswith("ring_slot(p=0, n_sink=4, window=6, depth=2): raised IndexError")
 
 
+@pytest.mark.parametrize("body", ["def ring_slot(p, n_sink, window, depth):\n    raise SystemExit(0)\n",
+                                  "raise SystemExit(3)\n"])
+def test_exiting_is_a_failed_grade_not_a_pass(tmp_path, body):
+    """``SystemExit(0)`` from the student's function or module must not end the grader with status 0."""
+    report = grading.grade("ring_slot", _write(tmp_path, body))
+    assert not report.passed and "SystemExit" in report.first_failure
+
+
 def test_a_file_that_does_not_import_is_a_failed_grade(tmp_path):
     report = grading.grade("keyset", _write(tmp_path, "def draft_key_indices(t, n_sink, window)\n"))
     assert not report.passed and "could not be imported: SyntaxError" in report.first_failure

@@ -15,6 +15,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from .fileio import check_writable
+
 PAPERS = ("windowed-mtp",)
 
 
@@ -150,7 +152,7 @@ def _preset_with_overrides(args: argparse.Namespace):
         spec = replace(spec, new_tokens=args.new_tokens)
     if spec.new_tokens < 2 or any(c < 1 for c in spec.contexts):
         raise ValueError("--contexts must be positive and --new-tokens at least 2 (one decode step to time)")
-    longest = max(spec.contexts) + spec.new_tokens + spec.depth + 1
+    longest = max(spec.contexts) + spec.new_tokens + spec.depth - 1  # as speculative_generate reserves
     if longest > preset.model.max_seq_len:
         raise ValueError(f"a prompt of {max(spec.contexts)} tokens plus {spec.new_tokens} new tokens and depth "
                          f"{spec.depth} needs {longest} cache positions; the KV cache holds {preset.model.max_seq_len}")
@@ -162,6 +164,10 @@ def _reproduce(args: argparse.Namespace, prog: str, argv: list[str]) -> int:
     from .reproduce import reproduce
 
     preset, device = _preset_with_overrides(args), resolve_device(args.device)
+    new_checkpoint = args.checkpoint if args.checkpoint is not None and not args.checkpoint.exists() else None
+    for path, what in ((args.out, "--out"), (new_checkpoint, "--checkpoint"), (args.cache_dir / "x", "--cache-dir")):
+        if path is not None:  # fail now, not after the training and decoding
+            check_writable(path, what)
     console = Console(stderr=True)
     command = " ".join([prog, *map(shlex.quote, argv)])
 
@@ -199,6 +205,8 @@ def _bench_attention(args: argparse.Namespace) -> int:
         slug = "h200" if "H200" in torch.cuda.get_device_name(device) else "cuda"
         out = args.out or Path("metrics") / f"bench-attention-{slug}.json"
         png = args.plot or out.with_suffix(".png")
+        check_writable(out, "--out")
+        check_writable(png, "--plot")
         contexts, methods = tuple(args.contexts or ba.CONTEXTS), tuple(args.methods or ba.METHODS)
         command = shlex.join(["wmtp", "bench", "attention", "--device", args.device, "--dtype", dtype, "--rep-ms",
                               str(args.rep_ms), "--contexts", *map(str, contexts), "--methods", *methods,
@@ -225,6 +233,8 @@ def _bench_attention(args: argparse.Namespace) -> int:
     from .config import get_preset
 
     preset = get_preset(args.preset)
+    if args.out:
+        check_writable(args.out, "--out")
     rows = bench_draft_attention(preset.model, tuple(args.contexts or (1024, 4096, 16384)), preset.spec.keysets,
                                  repeats=args.repeats, dtype=getattr(torch, dtype), device=device)
     _print_attention(Console(), rows)
@@ -257,10 +267,12 @@ def main(argv: list[str] | None = None, prog: str = "wmtp") -> int:
         if args.command == "plot":
             from .plots import render
 
+            if args.out:
+                check_writable(args.out, "--out")
             print(f"wrote {render(args.json, args.out)}")
             return 0
         return _bench_attention(args)
-    except ValueError as e:
+    except (ValueError, OSError) as e:  # bad input, or a path that cannot be read or written: one line
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
 

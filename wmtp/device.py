@@ -28,7 +28,10 @@ def resolve_device(name: str) -> torch.device:
         raise ValueError(f"device {name!r} requested but CUDA is not available on this machine")
     if base == "mps" and not mps_available():
         raise ValueError(f"device {name!r} requested but Apple MPS is not available on this machine")
-    return torch.device(name)
+    try:
+        return torch.device(name)
+    except RuntimeError as e:  # "cuda:abc": torch's own message, as a ValueError
+        raise ValueError(f"bad device {name!r}: {e}") from None
 
 
 def mps_available() -> bool:

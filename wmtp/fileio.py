@@ -2,6 +2,8 @@
 
 ``atomic_path(path)`` yields a temporary path in the same folder; when the block succeeds the
 file is renamed onto ``path`` (``os.replace`` is atomic on one filesystem), otherwise removed.
+``check_writable(path)`` says up front, as a ``ValueError``, why ``path`` could not be written, so
+a command fails before its work rather than after it.
 """
 
 from __future__ import annotations
@@ -26,3 +28,16 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         os.replace(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)  # gone already unless the write or the rename failed
+
+
+def check_writable(path: str | Path, what: str = "output") -> None:
+    """Raise ``ValueError`` if a file could not be written at ``path`` (the folders above it are
+    created as needed): ``path`` is a folder, or its nearest existing ancestor is not a writable folder."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{what} {path} is a folder, not a file path")
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{what} {path} cannot be written: {parent} is not a writable folder")

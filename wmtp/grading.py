@@ -77,7 +77,7 @@ def grade(assignment: str, path: str | Path) -> GradeReport:
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)  # a fresh module each time, never cached in sys.modules
-    except Exception as e:  # the student's file is broken: that is a grade, not bad input
+    except (Exception, SystemExit) as e:  # the student's file is broken (or exits): a grade, not bad input
         return GradeReport(assignment, False, 0, f"{path} could not be imported: {type(e).__name__}: {e}")
     fn = getattr(module, name, None)
     if not callable(fn):
@@ -97,7 +97,7 @@ def grade_function(assignment: str, fn: Callable) -> GradeReport:
         except NotImplementedError:
             return GradeReport(assignment, False, n, f"{name} is not implemented yet (it raised NotImplementedError "
                                f"on {case}): replace `raise NotImplementedError` with your code.")
-        except Exception as e:
+        except (Exception, SystemExit) as e:  # SystemExit(0) must not end the grader as a pass
             why = f"raised {type(e).__name__}: {e}"
         if why is not None:
             return GradeReport(assignment, False, n, f"{case}: {why}")
