@@ -95,6 +95,31 @@ def test_accept_length_counts_only_tokens_kept(models, max_new, eos_at):
     assert stats.mean_accept_length < depth + 1  # 3 -> 2 tokens in one step; 7 -> 6; eos at 5 -> 5
 
 
+@pytest.mark.parametrize("prompt_len", [1, 9, 30])
+@pytest.mark.parametrize("depth", [1, 3])
+def test_requests_up_to_the_last_cache_position(models, prompt_len, depth):
+    """Greedy writes positions up to P + max_new - 2, speculative up to P + max_new + depth - 2: both
+    take every request that fits the cache exactly (a 40-position cache here) and refuse one more."""
+    import dataclasses
+
+    target, head = models
+    L = 40
+    small = wmtp.TargetLM(dataclasses.replace(target.config, max_seq_len=L)).double()
+    small.load_state_dict(target.state_dict())
+    small_head = wmtp.MTPHead(head.config, small).double()
+    small_head.load_state_dict(head.state_dict())
+    prompt = _prompt(prompt_len, seed=prompt_len)
+    greedy_max, spec_max = L + 1 - prompt_len, L + 1 - prompt_len - depth
+    assert len(wmtp.greedy_generate(small, prompt, greedy_max)) == greedy_max
+    with pytest.raises(ValueError, match="KV cache"):
+        wmtp.greedy_generate(small, prompt, greedy_max + 1)
+    ref = wmtp.greedy_generate(small, prompt, spec_max)
+    out, _ = wmtp.speculative_generate(small, small_head, prompt, spec_max, depth, 2, 3)
+    assert torch.equal(out, ref)
+    with pytest.raises(ValueError, match="KV cache"):
+        wmtp.speculative_generate(small, small_head, prompt, spec_max + 1, depth)
+
+
 @pytest.mark.parametrize("prompt_len", [1, 4, 4 + 16 - 1, 4 + 16, 4 + 16 + 1])
 @pytest.mark.parametrize("n_sink,window", [(4, 16), (0, None)])
 def test_prompt_lengths_around_the_window(models, prompt_len, n_sink, window):
@@ -162,12 +187,15 @@ def test_draft_keys_read_follow_the_key_set(models):
     (dict(depth=0), "depth"), (dict(depth=-2), "depth"), (dict(n_sink=-1), "n_sink"),
     (dict(window=0), "window"), (dict(max_new_tokens=-1), "max_new_tokens"),
     (dict(max_new_tokens=5000), "KV cache"), (dict(impl="cuda"), "impl"), (dict(verifier="nope"), "verifier"),
+    (dict(eos_id=-1), "eos_id"), (dict(eos_id="a"), "eos_id"), (dict(eos_id=10**6), "eos_id"),
+    (dict(verifier=lambda d, c: -1), "verifier must return"), (dict(verifier=lambda d, c: 3), "verifier must return"),
+    (dict(verifier=lambda d, c: True), "verifier must return"), (dict(prompt_ids=_prompt(5).float()), "integer"),
 ])
 def test_bad_arguments_raise_value_error(models, kwargs, match):
     target, head = models
-    args = dict(max_new_tokens=4, depth=2) | kwargs
+    args = dict(prompt_ids=_prompt(5), max_new_tokens=4, depth=2) | kwargs
     with pytest.raises(ValueError, match=match):
-        wmtp.speculative_generate(target, head, _prompt(5), **args)
+        wmtp.speculative_generate(target, head, **args)
 
 
 # (device, impl, depth, n_sink, window): both impls on CUDA at every depth and arm; the kernel

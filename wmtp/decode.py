@@ -26,6 +26,7 @@ with both attention impls (the Triton kernel accumulates fp64 inputs in fp64).
 
 from __future__ import annotations
 
+import operator
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -105,18 +106,36 @@ def verify_greedy_loop(drafts: torch.Tensor, target_choice: torch.Tensor) -> int
     return accepted
 
 
-def _check_request(target: TargetLM, prompt_ids: torch.Tensor, max_new_tokens: int, extra: int) -> int:
+def _check_request(target: TargetLM, prompt_ids: torch.Tensor, max_new_tokens: int, extra: int,
+                   eos_id: int | None) -> int:
     if not isinstance(prompt_ids, torch.Tensor) or prompt_ids.dim() != 1 or prompt_ids.numel() == 0:
         raise ValueError("prompt_ids must be a non-empty 1-D LongTensor of token ids")
+    if prompt_ids.is_floating_point() or prompt_ids.is_complex() or prompt_ids.dtype == torch.bool:
+        raise ValueError(f"prompt_ids must hold integer token ids, got dtype {prompt_ids.dtype}")
+    if eos_id is not None and (isinstance(eos_id, bool) or not isinstance(eos_id, int)
+                               or not 0 <= eos_id < target.config.vocab_size):
+        raise ValueError(f"eos_id must be None or a token id in [0, {target.config.vocab_size}), got {eos_id!r}")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
     if int(prompt_ids.min()) < 0 or int(prompt_ids.max()) >= target.config.vocab_size:
         raise ValueError(f"prompt token ids must lie in [0, {target.config.vocab_size})")
-    needed = prompt_ids.numel() + max_new_tokens + extra
+    needed = max(prompt_ids.numel(), prompt_ids.numel() + max_new_tokens + extra)  # positions written
     if needed > target.config.max_seq_len:
         raise ValueError(f"prompt of {prompt_ids.numel()} tokens plus {max_new_tokens} new tokens needs "
                          f"{needed} cache positions; the KV cache holds {target.config.max_seq_len}")
     return needed
+
+
+def _accepted(a, depth: int) -> int:
+    """A verifier's answer as an int in ``[0, depth]`` (a custom verifier may return a 0-d tensor)."""
+    try:
+        n = operator.index(a)
+    except TypeError:
+        n = None
+    if n is None or isinstance(a, bool) or not 0 <= n <= depth:
+        raise ValueError(f"the verifier must return the number of accepted drafts, an int in [0, {depth}]; "
+                         f"got {a!r}")
+    return n
 
 
 def _each_prompt(prompts: list | tuple, run: Callable[[torch.Tensor], object]) -> list:
@@ -155,7 +174,8 @@ def greedy_generate(target: TargetLM, prompt_ids: torch.Tensor | list[torch.Tens
     if isinstance(prompt_ids, (list, tuple)):
         return _each_prompt(prompt_ids, lambda p: greedy_generate(target, p, max_new_tokens, eos_id, impl,
                                                                   step_times))
-    needed = _check_request(target, prompt_ids, max_new_tokens, extra=1)
+    # the last token is never fed back: positions 0 .. P + max_new_tokens - 2 are written
+    needed = _check_request(target, prompt_ids, max_new_tokens, extra=-1, eos_id=eos_id)
     impl = resolve_impl(impl, prompt_ids.device, target.embed.dtype, target.config.head_dim,
                         target.config.n_heads // target.config.n_kv_heads)
     cache = target.new_cache(1, needed)
@@ -211,7 +231,9 @@ def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Ten
     check_key_set_args(n_sink, window)
     if not callable(verifier) and verifier not in VERIFIERS:
         raise ValueError(f"unknown verifier {verifier!r}; choose one of {', '.join(VERIFIERS)} or pass a function")
-    needed = _check_request(target, prompt_ids, max_new_tokens, extra=depth + 1)
+    # a step runs while fewer than max_new_tokens are out, so x sits at n <= P + max_new_tokens - 2 and
+    # the verify pass writes n .. n + depth: positions up to P + max_new_tokens + depth - 2
+    needed = _check_request(target, prompt_ids, max_new_tokens, extra=depth - 1, eos_id=eos_id)
     impl = resolve_impl(impl, prompt_ids.device, target.embed.dtype, target.config.head_dim,
                         target.config.n_heads // target.config.n_kv_heads)
     verify = verifier if callable(verifier) else {"batched": verify_greedy, "loop": verify_greedy_loop}[verifier]
@@ -247,7 +269,7 @@ def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Ten
         vlogits, vhidden = target(torch.cat([x.view(1), d])[None], torch.arange(n, n + depth + 1, device=dev),
                                   tcache, impl)
         choice = vlogits[0].argmax(-1)  # (K+1,) the target's greedy token after each prefix
-        a = verify(d, choice)
+        a = _accepted(verify(d, choice), depth)
         synchronize(dev)
         t2 = time.perf_counter()
         stats.draft_times_s.append(t1 - t0)
