@@ -91,12 +91,12 @@ def _breakdown(row, shape, call):
     """The default draft's two kernels timed apart: the attention grid alone (the merge launch made a
     no-op), then the merge alone on the partials that call left (its launch arguments captured)."""
     captured = []
-    real = ta.merge_splits
-    ta.merge_splits = lambda *a, **kw: captured.append((a, kw))
+    real = ta.launch_merge
+    ta.launch_merge = lambda *a, **kw: captured.append((a, kw))
     try:
         row("draft attention kernel alone", call, shape=shape)
     finally:
-        ta.merge_splits = real
+        ta.launch_merge = real
     if captured:
         a, kw = captured[-1]
         row("draft merge kernel alone", lambda: real(*a, **kw), shape=shape)

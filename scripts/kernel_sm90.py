@@ -53,8 +53,8 @@ def plan(Hq: int, Hkv: int, D: int, Lq: int, window: int | None, paged: bool) ->
     if paged:  # (num_pages, page_size, Hkv, D) and a (B, max_pages) block table
         k = torch.empty(S // 16, 16, Hkv, D, **meta)
         bt, page = torch.empty(1, S // 16, device="meta", dtype=torch.int32), 16
-    else:  # (B, Hkv, S, D) seen as (B, S, Hkv, D), as attention_triton passes it
-        k = torch.empty(1, Hkv, S, D, **meta).transpose(1, 2)
+    else:  # (B, Hkv, S, D)
+        k = torch.empty(1, Hkv, S, D, **meta)
         bt, page = None, 1
     return ta.plan_call(q, k, k, bt, page, q_pos, 64, window, (None,) * 5, H200)
 

@@ -35,7 +35,7 @@ def compiled():
 
 def test_plan_call_on_meta_tensors_is_the_h200_launch():
     q = torch.empty(1, 16, 1, 256, device="meta", dtype=torch.bfloat16)  # (B, Hq, Lq, D)
-    k = torch.empty(1, 2, 1 << 20, 256, device="meta", dtype=torch.bfloat16).transpose(1, 2)  # (B, S, Hkv, D)
+    k = torch.empty(1, 2, 1 << 20, 256, device="meta", dtype=torch.bfloat16)  # (B, Hkv, S, D)
     call = ta.plan_call(q, k, k, None, 1, torch.empty(1, device="meta", dtype=torch.int64), 64, 4096,
                         (None,) * 5, H200)
     # launch_config's literal draft launch at D256 (tests/test_triton_attention.py): 66 splits of 64 keys

@@ -61,6 +61,7 @@ def test_key_is_static_device_and_each_tensors_dtype_and_alignment(device0):
     assert fn.key((a, off, 7), "s", 2) != fn.key((a, b, 7), "s", 2)  # alignment
     assert fn.key((a, b.double(), 7), "s", 2) != fn.key((a, b, 7), "s", 2)  # dtype
     assert fn.key((a, b, 7), "t", 2) != fn.key((a, b, 7), "s", 2)  # static
+    assert fn.key((a, off, 7), "s", 1) == fn.key((a, b.double(), 7), "s", 1)  # past `keyed`: the caller vouches
 
 
 def test_key_follows_the_runtime_settings_triton_keys_on(device0, monkeypatch):
@@ -86,6 +87,16 @@ def test_first_call_compiles_then_hits_pass_every_parameter_in_order(device0):
     assert grid == (2, 1, 1) and args[0] is y and args[1:] == (5, 16, False)  # constexprs by name, then defaults
     fn.launch((2, 1), (y, 5), {"BLOCK": 32, "num_warps": 4}, "other static", 1)  # another plan compiles anew
     assert len(jit.compiled) == 2
+
+
+def test_a_miss_checks_that_tensors_past_keyed_are_aligned(device0):
+    fn = CachedLaunch(FakeJit(["X", "Y", "n"], {}))
+    buf = torch.zeros(64)
+    a, off = buf[:16], buf[1:17]  # 16-byte aligned, and 4 bytes past it
+    with pytest.raises(AssertionError, match="16-byte aligned"):
+        fn.launch((1,), (a, off, 5), {}, "s", 2, keyed=1)  # unkeyed and unaligned: the key could not tell
+    fn.launch((1,), (off, a, 5), {}, "s", 2, keyed=1)  # a keyed tensor may be unaligned
+    assert list(fn.kernels) == [fn.key((off, a, 5), "s", 1)]
 
 
 class InterpretedJit(FakeJit):
@@ -138,10 +149,10 @@ def test_cache_hits_are_the_kernels_triton_looks_up(monkeypatch):
 
     launches, real = [], CachedLaunch.launch
 
-    def checked(self, grid, args, kwargs, static, n_tensors):
-        real(self, grid, args, kwargs, static, n_tensors)
+    def checked(self, grid, args, kwargs, static, n_tensors, keyed=None):
+        real(self, grid, args, kwargs, static, n_tensors, keyed)
         kernel = self.fn[grid](*args, **kwargs)  # Triton's lookup; launching again rewrites the same values
-        assert kernel is self.kernels[self.key(args, static, n_tensors)][0]
+        assert kernel is self.kernels[self.key(args, static, n_tensors if keyed is None else keyed)][0]
         launches.append(self.fn)
 
     for dtype in (torch.bfloat16, torch.float32):
@@ -191,12 +202,12 @@ def test_equal_keys_mean_equal_triton_specializations(device0):
     binders = {fn: binder(fn) for fn in (ta._attention_kernel, tm._merge_kernel)}
     seen = {fn: {} for fn in binders}
 
-    def record(fn, args, kwargs, static, n_tensors):
+    def record(fn, args, kwargs, static, keyed):
         kw = dict(kwargs, debug=triton.knobs.runtime.debug,
                   instrumentation_mode=triton.knobs.compilation.instrumentation_mode)
         _, spec, options = binders[fn](*args, **kw)
         theirs = (tuple(map(str, spec)), str(sorted(options.items())))
-        ours = CachedLaunch(fn).key(args, static, n_tensors)
+        ours = CachedLaunch(fn).key(args, static, keyed)
         assert seen[fn].setdefault(ours, theirs) == theirs, ours
 
     def unaligned(t):  # the same shape and strides, one element past a 16-byte boundary
@@ -220,18 +231,18 @@ def test_equal_keys_mean_equal_triton_specializations(device0):
             k = torch.empty(rng.choice([4, 40]), ps, Hkv, D, dtype=dtype)  # (pages, ps, Hkv, D)
             table = torch.zeros(B, rng.choice([1, 7]), dtype=torch.int32)
         else:
-            k = torch.empty(B, Hkv, S, D, dtype=dtype).transpose(1, 2)  # (B, S, Hkv, D) view
+            k = rng.choice([torch.empty(B, Hkv, S, D, dtype=dtype),  # (B, Hkv, S, D)
+                            torch.empty(B, S, Hkv, D, dtype=dtype).transpose(1, 2)])  # the same, position-major
             table, ps = None, 1
         # one plan (one static key), tensors that differ only where the cache key must tell them apart
-        for cq, ck, cpos in ((q, k, q_pos), (unaligned(q), k, q_pos), (q, unaligned(k), q_pos), (q, k, q_pos.int())):
-            def run(q_chunk, pos_chunk, ck=ck):
-                call = plan_call(q_chunk, ck, ck, table, ps, pos_chunk, n_sink, window, tuning, h200)
-                record(ta._attention_kernel, call.args, call.kwargs, call.static, 9)
+        cases = ((q, k, k, q_pos), (unaligned(q), k, k, q_pos), (q, unaligned(k), k, q_pos),
+                 (q, k, unaligned(k), q_pos), (q, k, k, q_pos.int()), (q, k, k, unaligned(q_pos)))
+        for cq, ck, cv, cpos in cases:
+            def run(q_chunk, pos_chunk, ck=ck, cv=cv):
+                call = plan_call(q_chunk, ck, cv, table, ps, pos_chunk, n_sink, window, tuning, h200)
+                record(ta._attention_kernel, call.args, call.kwargs, call.static, ta.KEYED)  # as _launch keys them
                 if call.merge is not None:
-                    pm, pl, pacc, out, hkv, block_m, splits, pdl = call.merge
-                    static = (tuple(out.shape), out.stride(), hkv, block_m, splits, pdl, 256)
-                    grid, ints, kwargs = tm._merge_plan(*static)
-                    record(tm._merge_kernel, (pm, pl, pacc, out, *ints), kwargs, static, 4)
+                    record(tm._merge_kernel, call.merge.args, call.merge.kwargs, call.merge.static, ta.MERGE_KEYED)
                 return call.out
 
             by_query_chunks(cq, cpos, group, run)

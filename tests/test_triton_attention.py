@@ -151,8 +151,8 @@ def test_merge_matches_logsumexp(B, n_splits, max_chunk, D, dtype):
     want = (w[..., None] * pacc).sum(1) / (w * pl).sum(1).clamp(min=1e-300)[..., None]  # (B*Hkv, block_m, D)
     want = want[:, : group * Lq].reshape(B, Hkv * group, Lq, D)  # row r = (head r // Lq, query r % Lq)
     out = torch.full((B, Hkv * group, Lq, D), float("nan"), dtype=dtype, device=DEVICE)
-    merge_splits(pm.to(DEVICE, dtype), pl.to(DEVICE, dtype), pacc.to(DEVICE, dtype), out, Hkv, block_m, n_splits,
-                  pdl=False, max_chunk=max_chunk)
+    ws = torch.cat([pm.flatten(), pl.flatten(), pacc.flatten()]).to(DEVICE, dtype)  # NOTE [Workspace]: m | l | acc
+    merge_splits(ws, out, Hkv, block_m, n_splits, pdl=False, max_chunk=max_chunk)
     assert out[0, 3, 1].abs().max() == 0  # kv head 1, row 4 = (its head 1, query 1): no keys
     torch.testing.assert_close(out.double().cpu(), want, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=1e-6)
 

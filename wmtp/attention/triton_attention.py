@@ -96,7 +96,7 @@ import triton.language as tl
 
 from .launch import CachedLaunch, fast_launches
 from .plan import by_query_chunks, check_tensors
-from .triton_merge import merge_splits
+from .triton_merge import launch_merge, merge_splits  # noqa: F401  (merge_splits: re-exported)
 from .triton_plan import FULL, KernelCall, _gpu_limits, plan_call  # noqa: F401  (FULL, KernelCall: re-exported)
 
 __all__ = ["attention_triton", "paged_attention_triton"]
@@ -206,12 +206,13 @@ def _attention_kernel(
     BT,  # (B, max_pages) int32 block table (paged only; any tensor otherwise)
     QPOS,  # (Lq,) absolute query positions (int64)
     Out,  # (B, Hq, Lq, D) output in q.dtype (written when n_splits == 1)
-    PM, PL, PACC,  # partials (accumulator dtype): (B*Hkv, n_splits, BLOCK_M) max and denominator, (..., D) sums
+    WS,  # partials (accumulator dtype), one flat workspace: m, l (n_rows each) and acc (n_rows * D); NOTE [Workspace]
     stride_qb, stride_qh, stride_ql, stride_qd,
     stride_kouter, stride_kpos, stride_kh, stride_kd,  # batch|page, position|page row, kv head, head dim
     stride_btb,
     stride_ob, stride_oh, stride_ol, stride_od,
     Hkv, Lq, capacity, n_sink, window, n_splits,  # capacity: key positions of the cache; window=None: FULL
+    n_rows,  # B * Hkv * n_splits * BLOCK_M: partial rows in WS
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr,  # PAGED: 0, 1, 2
     PRECISION: tl.constexpr, ACC: tl.constexpr,  # ACC: accumulator dtype, float64 for float64 inputs
@@ -267,15 +268,17 @@ def _attention_kernel(
     if SPLIT:  # partials of this split's real rows; a split without keys stores m = -inf, l = 0, acc = 0
         part = (pid_bh.to(tl.int64) * n_splits + pid_s) * BLOCK_M + rows  # (BLOCK_M,) int64: may pass 2^31 * D
         real = rows < GROUP * Lq
-        tl.store(PM + part, m_i, mask=real)
-        tl.store(PL + part, l_i, mask=real)
-        tl.store(PACC + part[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=real[:, None])
+        tl.store(WS + part, m_i, mask=real)  # m: (B*Hkv, n_splits, BLOCK_M)
+        tl.store(WS + n_rows + part, l_i, mask=real)  # l: the same shape, after m
+        tl.store(WS + n_rows + n_rows + part[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=real[:, None])  # acc
     else:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         _store_rows(Out, out, rows, b, kvh, Lq, stride_ob, stride_oh, stride_ol, stride_od, GROUP, HEAD_DIM)
 
 
 _ATTENTION = CachedLaunch(_attention_kernel)  # NOTE [Launch cache] in attention/launch.py
+KEYED = 5  # the launch cache keys the caller's tensors q, k, v, bt, q_pos; out, ws: plan_call's (NOTE [Workspace])
+MERGE_KEYED = 0  # the merge's ws and out are plan_call's; its static key holds their dtypes
 
 
 def _launch(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning):
@@ -286,11 +289,11 @@ def _launch(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning):
     limits = _gpu_limits(q.device) if q.device.type == "cuda" else None
     call = plan_call(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning, limits)
     if fast_launches(q.device):
-        _ATTENTION.launch(call.grid, call.args, call.kwargs, call.static, 9)
+        _ATTENTION.launch(call.grid, call.args, call.kwargs, call.static, 7, keyed=KEYED)
     else:
         _attention_kernel[call.grid](*call.args, **call.kwargs)
     if call.merge is not None:
-        merge_splits(*call.merge)
+        launch_merge(call.merge, keyed=MERGE_KEYED)
     return call.out
 
 
@@ -321,10 +324,9 @@ def attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: t
     check_tensors(q, k, v, q_pos)
     q_pos = q_pos.contiguous()  # the kernel reads positions as one contiguous row (a no-op when they are)
     tuning = (num_splits, block_n, num_warps, num_stages, pdl)
-    kt, vt = k.transpose(1, 2), v.transpose(1, 2)  # views (B, S, Hkv, D): strides (batch, pos, head, dim)
 
     def run(q_chunk, pos_chunk):
-        return _launch(q_chunk, kt, vt, None, 1, pos_chunk, n_sink, window, tuning)
+        return _launch(q_chunk, k, v, None, 1, pos_chunk, n_sink, window, tuning)
 
     return by_query_chunks(q, q_pos, q.shape[1] // k.shape[1], run)
 

@@ -15,22 +15,24 @@ NOTE [PDL] in attention/triton_attention.py says how the merge launch overlaps t
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from types import MappingProxyType
+from typing import NamedTuple
 
 import triton
 import triton.language as tl
 
 from .launch import CachedLaunch, fast_launches
 
-__all__ = ["merge_splits"]
+__all__ = ["MergeCall", "launch_merge", "merge_splits"]
 
 
 @triton.jit
 def _merge_kernel(
-    PM, PL, PACC,  # partials written by _attention_kernel, contiguous: (B*Hkv, n_splits, BLOCK_M[, D])
+    WS,  # partials written by _attention_kernel, one flat workspace: m, l (n_rows each), acc (n_rows * D)
     Out,  # (B, Hq, Lq, D) output in q.dtype
     stride_ob, stride_oh, stride_ol, stride_od,
-    Hkv, Lq, n_splits,
+    Hkv, Lq, n_splits, n_rows,  # n_rows = B * Hkv * n_splits * BLOCK_M
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
@@ -40,6 +42,7 @@ def _merge_kernel(
     draft's splits fit one chunk)."""
     if PDL:  # NOTE [PDL]: launched early; wait until the attention grid has finished and its writes are visible
         tl.extra.cuda.gdc_wait()
+    PM, PL, PACC = WS, WS + n_rows, WS + n_rows + n_rows  # (B*Hkv, n_splits, BLOCK_M[, D]) views of WS
     pid_bh = tl.program_id(0)
     row = tl.program_id(1)  # a real row of the tile: query head kvh * GROUP + row // Lq, query row % Lq
     offs_s = tl.arange(0, SPLIT_CHUNK)
@@ -70,7 +73,8 @@ def _merge_kernel(
 
 @functools.lru_cache(maxsize=1024)
 def _merge_plan(out_shape, out_stride, Hkv: int, block_m: int, num_splits: int, pdl: bool, max_chunk: int):
-    """The merge launch's grid, int arguments and keywords, computed once per distinct key."""
+    """The merge launch's grid, int arguments and keywords, computed once per distinct key (and once
+    per attention plan: attention/triton_plan.py keeps them with its own)."""
     if max_chunk < 1 or max_chunk & (max_chunk - 1):
         raise ValueError(f"max_chunk must be a power of two, got {max_chunk}")
     B, Hq, Lq, D = out_shape  # (B, Hq, Lq, D)
@@ -78,26 +82,43 @@ def _merge_plan(out_shape, out_stride, Hkv: int, block_m: int, num_splits: int, 
     block_d = min(D, max(16, 4096 // chunk))
     kwargs = dict(GROUP=Hq // Hkv, BLOCK_M=block_m, SPLIT_CHUNK=chunk, HEAD_DIM=D, BLOCK_D=block_d, PDL=pdl,
                   num_warps=4, **({"launch_pdl": True} if pdl else {}))  # only NVIDIA's backend knows the option
-    return (B * Hkv, Hq // Hkv * Lq, D // block_d), (*out_stride, Hkv, Lq, num_splits), MappingProxyType(kwargs)
+    ints = (*out_stride, Hkv, Lq, num_splits, B * Hkv * num_splits * block_m)
+    return (B * Hkv, Hq // Hkv * Lq, D // block_d), ints, MappingProxyType(kwargs)
 
 
 _MERGE = CachedLaunch(_merge_kernel)  # NOTE [Launch cache] in attention/launch.py
 
 
-def merge_splits(pm, pl, pacc, out, Hkv: int, block_m: int, num_splits: int, pdl: bool, max_chunk: int = 256):
+class MergeCall(NamedTuple):
+    """One launch of ``_merge_kernel``: what ``_merge_plan`` gives, with its two tensors (ws, out)."""
+
+    grid: tuple[int, int, int]
+    args: tuple  # ws, out, then Python ints
+    kwargs: Mapping  # constexprs and launch options (read-only: cached)
+    static: tuple  # _merge_plan's key, which fixes grid, kwargs and the ints; then ws's and out's dtypes
+
+
+def launch_merge(call: MergeCall, keyed: int) -> None:
+    """Launch one merge; the launch cache keys the alignment of its first ``keyed`` tensors (NOTE [Workspace])."""
+    if fast_launches(call.args[1].device):
+        _MERGE.launch(call.grid, call.args, call.kwargs, call.static, 2, keyed=keyed)
+    else:
+        _merge_kernel[call.grid](*call.args, **call.kwargs)
+
+
+def merge_splits(ws, out, Hkv: int, block_m: int, num_splits: int, pdl: bool, max_chunk: int = 256):
     """Launch ``_merge_kernel`` over the partials of ``num_splits`` splits into ``out`` ``(B, Hq, Lq, D)``.
 
-    ``pm``, ``pl``: ``(B*Hkv, n_splits, block_m)`` and ``pacc``: ``(B*Hkv, n_splits, block_m, D)``,
-    contiguous (flat slices of one workspace do). A program merges one row over a slice of
+    ``ws``: one contiguous workspace holding, with ``n = B * Hkv * num_splits * block_m``, the maxima
+    ``m`` ``(B*Hkv, n_splits, block_m)`` in ``ws[:n]``, the denominators ``l`` (same shape) in
+    ``ws[n:2n]`` and the sums ``acc`` ``(B*Hkv, n_splits, block_m, D)`` in ``ws[2n:]``, as
+    ``_attention_kernel`` leaves them (``_launch`` launches the merge from its plan, not through
+    this function; tests call it on their own partials). A program merges one row over a slice of
     ``min(D, max(16, 4096 // chunk))`` head dims with chunks of ``chunk = min(next_pow2(num_splits),
     max_chunk)`` splits: a launch of up to 256 splits (every draft; a verify unless ``B * Hkv`` is 1)
     merges in one memory round trip. Tests pass a small ``max_chunk`` to run the online path.
     """
-    assert pm.is_contiguous() and pl.is_contiguous() and pacc.is_contiguous(), "partials must be contiguous"
     static = (tuple(out.shape), out.stride(), Hkv, block_m, num_splits, pdl, max_chunk)
     grid, ints, kwargs = _merge_plan(*static)
-    args = (pm, pl, pacc, out, *ints)
-    if fast_launches(out.device):
-        _MERGE.launch(grid, args, kwargs, static, 4)
-    else:
-        _merge_kernel[grid](*args, **kwargs)
+    assert ws.is_contiguous() and ws.numel() == ints[-1] * (out.shape[-1] + 2), "ws: contiguous m, l and acc"
+    launch_merge(MergeCall(grid, (ws, out, *ints), kwargs, (*static, ws.dtype, out.dtype)), keyed=2)

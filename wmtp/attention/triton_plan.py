@@ -2,12 +2,22 @@
 
 ``plan_call`` turns one call of ``attention_triton`` / ``paged_attention_triton``
 (attention/triton_attention.py) into ``_attention_kernel``'s grid, arguments and constexprs, and
-the merge's arguments. Everything but the tensors follows from shapes, strides, dtype, the key set
+the merge's launch. Everything but the tensors follows from shapes, strides, dtype, the key set
 and the launch overrides, so ``_static_plan`` computes it once per distinct key (an LRU cache) and
 ``plan_call`` only allocates the output and the split workspace; the key doubles as the launch
-cache's (NOTE [Launch cache] in attention/launch.py). NOTE [Launch] in attention/triton_attention.py
-says how the launch is chosen (``launch_config``, attention/plan.py); NOTE [Host sync] why no
-device value is read here.
+cache's (NOTE [Launch cache] in attention/launch.py). NOTE [Launch] in
+attention/triton_attention.py says how the launch is chosen (``launch_config``, attention/plan.py);
+NOTE [Host sync] why no device value is read here.
+
+NOTE [Workspace]: with split-K the partials live in ONE allocation, ``m | l | acc`` (``n_rows``
+maxima, ``n_rows`` denominators, ``n_rows * D`` sums, ``n_rows = B * Hkv * n_splits * BLOCK_M``),
+passed to both kernels as one pointer that each offsets by ``n_rows``: one allocation and one
+launch argument instead of a split into three views (host time: the draft is a few microseconds of
+device time). ``n_rows`` is a multiple of 16, so every part starts 64-byte aligned. The output and
+the workspace are this call's fresh allocations, whose dtypes the static key fixes; the launch
+cache keys only the caller's tensors' alignment, so ``plan_call`` asserts that the allocator's
+blocks are 16-byte aligned (PyTorch's CUDA caching allocator: 512 bytes; its CPU allocator: 64).
+The merge's launch is planned with the attention's, in ``_static_plan``.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ import torch
 import triton.language as tl
 
 from .plan import SMEM_H200, launch_config
+from .triton_merge import MergeCall, _merge_plan
 
 __all__ = ["FULL", "KernelCall", "plan_call"]
 
@@ -40,21 +51,19 @@ class KernelCall(NamedTuple):
     """One launch of ``_attention_kernel`` as ``_launch`` makes it, and the merge that follows."""
 
     grid: tuple[int, int]
-    args: tuple  # positional arguments: the 9 tensors, then Python ints
+    args: tuple  # positional arguments: the 7 tensors (q, k, v, bt, q_pos, out, ws), then Python ints
     kwargs: Mapping  # constexprs and the launch options num_warps, num_stages (read-only: cached)
     out: torch.Tensor  # (B, Hq, Lq, D)
-    merge: tuple | None  # merge_splits' arguments, or None with one split (the kernel writes out)
+    merge: MergeCall | None  # the merge launch, or None with one split (the kernel writes out)
     static: tuple  # what fixes grid, kwargs and every int of args: _static_plan's key (NOTE [Launch cache])
 
 
 class _Plan(NamedTuple):
     grid: tuple[int, int]
-    ints: tuple  # the kernel's int arguments, after its 9 tensors
+    ints: tuple  # the kernel's int arguments, after its 7 tensors
     kwargs: Mapping
     ws_numel: int  # split workspace elements: m, l (n each) and acc (n * D); 0 without splits
-    block_m: int
-    num_splits: int
-    pdl: bool
+    merge: tuple | None  # the merge's grid, ints, kwargs and static key (with splits)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -75,37 +84,55 @@ def _static_plan(q_shape, q_stride, k_shape, k_stride, bt_stride, page_size, pag
         raise ValueError("pdl=True needs a CUDA GPU of compute capability 9.0 or newer")
     pdl = split and (has_pdl if pdl is None else pdl)  # NOTE [PDL]
     out_stride = (Hq * Lq * D, Lq * D, D, 1)  # (B, Hq, Lq, D) contiguous
-    ints = (*q_stride, *k_stride, bt_stride, *out_stride, Hkv, Lq, capacity, n_sink, window, num_splits)
+    n_rows = B * Hkv * num_splits * BLOCK_M  # partial rows: m and l have n_rows each, acc n_rows * D
+    ints = (*q_stride, *k_stride, bt_stride, *out_stride, Hkv, Lq, capacity, n_sink, window, num_splits, n_rows)
     kwargs = dict(GROUP=Hq // Hkv, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=D, PAGE_SIZE=page_size,
                   PAGED=0 if not paged else 2 if num_stages > 1 else 1, SPLIT=split,  # NOTE [Pages]
                   UPCAST=device_type == "cpu" and dtype == torch.bfloat16,
                   PRECISION="ieee" if dtype in (torch.float32, torch.float64) else "tf32",
                   ACC=tl.float64 if fp64 else tl.float32, PDL=pdl, num_warps=num_warps, num_stages=num_stages)
-    ws_numel = B * Hkv * num_splits * BLOCK_M * (D + 2) if split else 0
-    return _Plan((B * Hkv, num_splits), ints, MappingProxyType(kwargs), ws_numel, BLOCK_M, num_splits, pdl)
+    merge = None
+    if split:  # the merge's launch, planned here once with the attention's (NOTE [Workspace])
+        merge_static = (q_shape, out_stride, Hkv, BLOCK_M, num_splits, pdl, 256, ws_dtype(dtype), dtype)
+        merge = (*_merge_plan(*merge_static[:7]), merge_static)
+    ws_numel = n_rows * (D + 2) if split else 0
+    return _Plan((B * Hkv, num_splits), ints, MappingProxyType(kwargs), ws_numel, merge)
+
+
+def ws_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The partials' dtype: the accumulator's (float64 for float64 inputs, else float32)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def plan_call(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning, limits) -> KernelCall:
     """The kernel call for one block of queries, from shapes and Python ints only (NOTE [Host sync]);
     allocates the output and the split workspace on q's device (a ``meta`` device allocates nothing).
 
-    k, v strides are (outer, position, head, dim). ``tuning`` holds the optional overrides
+    k, v: the caches as the public ops take them, ``(B, Hkv, S, D)`` without a block table and
+    ``(num_pages, page_size, Hkv, D)`` with one; the plan reads both as (outer, position, head,
+    dim), permuting the contiguous layout's shape and strides (not the tensor: a view costs host
+    time). ``tuning`` holds the optional overrides
     ``num_splits, block_n, num_warps, num_stages, pdl``; ``limits`` is ``_gpu_limits`` of the GPU to
     plan for, or None for the CPU interpreter. tests/test_kernel_sm90.py plans H200 calls on ``meta``
     tensors and compiles them offline.
     """
-    bt = block_table if block_table is not None else q_pos
-    capacity = k.shape[1] if block_table is None else block_table.shape[1] * page_size  # key positions
-    static = (tuple(q.shape), q.stride(), tuple(k.shape), k.stride(), bt.stride(0), page_size, block_table is not None,
+    if block_table is None:  # (B, Hkv, S, D) read as (B, S, Hkv, D): strides (batch, position, head, dim)
+        bt, (B, H, S, D), (sb, sh, ss, sd) = q_pos, k.shape, k.stride()
+        k_shape, k_stride, capacity = (B, S, H, D), (sb, ss, sh, sd), S
+    else:
+        bt, k_shape, k_stride = block_table, tuple(k.shape), k.stride()
+        capacity = block_table.shape[1] * page_size  # key positions
+    static = (tuple(q.shape), q.stride(), k_shape, k_stride, bt.stride(0), page_size, block_table is not None,
               capacity, q.dtype, q.device.type, n_sink, window, tuning, limits)
     plan = _static_plan(*static)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)  # (B, Hq, Lq, D)
-    if plan.ws_numel:  # one workspace: m, l (B*Hkv, n_splits, BLOCK_M) and acc (B*Hkv, n_splits, BLOCK_M, D)
-        ws = q.new_empty(plan.ws_numel, dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
-        n = plan.ws_numel // (q.shape[-1] + 2)
-        pm, pl, pacc = ws.split_with_sizes((n, n, plan.ws_numel - 2 * n))  # flat views: one call, not three
-    else:  # the kernel writes `out` itself; the partial pointers are unused
-        pm = pl = pacc = out
-    args = (q, k, v, bt, q_pos, out, pm, pl, pacc, *plan.ints)
-    merge = (pm, pl, pacc, out, k.shape[2], plan.block_m, plan.num_splits, plan.pdl) if plan.ws_numel else None
+    merge = None
+    if plan.ws_numel:  # NOTE [Workspace]: one allocation, m | l | acc
+        ws = q.new_empty(plan.ws_numel, dtype=ws_dtype(q.dtype))
+        grid, ints, kwargs, merge_static = plan.merge
+        merge = MergeCall(grid, (ws, out, *ints), kwargs, merge_static)
+    else:  # the kernel writes `out` itself; the workspace pointer is unused
+        ws = out
+    assert not (out.data_ptr() | ws.data_ptr()) & 15, "NOTE [Workspace]: the allocator's blocks must be 16-byte aligned"
+    args = (q, k, v, bt, q_pos, out, ws, *plan.ints)
     return KernelCall(plan.grid, args, plan.kwargs, out, merge, static)
