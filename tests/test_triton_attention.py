@@ -284,6 +284,24 @@ def test_offsets_past_2_to_the_31_elements(where):
     assert (out.float() - ref.float()).abs().max() < 1e-2
 
 
+def test_paged_key_loop_offsets_are_int32_below_2_to_the_31():
+    """NOTE [Offsets]: the plan's ``OFF`` is int32 for a page pool whose largest offset fits it, int64
+    past that and for contiguous caches (the "paged-rows" case above needs int64 and fails with int32)."""
+    import triton.language as tl
+
+    from wmtp.attention.triton_plan import max_offset, plan_call
+
+    assert max_offset((2, 3), (3, 1)) == 5 and max_offset((4, 3), (1, 4)) == 11 and max_offset((0, 3), (3, 1)) == -1
+    meta = dict(device="meta", dtype=torch.float16)
+    q, pos = torch.empty(1, 8, 1, 128, **meta), torch.empty(1, device="meta", dtype=torch.int64)
+    table = torch.empty(1, 4, device="meta", dtype=torch.int32)
+    for pages, want in ((1 << 17, tl.int32), ((1 << 17) + 1, tl.int64)):  # pages x 16 x 8 heads x 128 = 2^31 at 2^17
+        pool = torch.empty(pages, 16, 8, 128, **meta)  # (num_pages, page_size, Hkv, D)
+        assert plan_call(q, pool, pool, table, 16, pos, 4, 64, (None,) * 5, None).kwargs["OFF"] == want
+    k = torch.empty(1, 8, 64, 128, **meta)  # (B, Hkv, S, D): contiguous launches keep int64
+    assert plan_call(q, k, k, None, 1, pos, 4, 64, (None,) * 5, None).kwargs["OFF"] == tl.int64
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 @pytest.mark.parametrize("layout", ["contiguous", "paged16"])
 def test_tensors_on_a_gpu_other_than_the_current_one(layout):

@@ -90,13 +90,20 @@ def _static_plan(q_shape, q_stride, k_shape, k_stride, bt_stride, page_size, pag
                   PAGED=0 if not paged else 2 if num_stages > 1 else 1, SPLIT=split,  # NOTE [Pages]
                   UPCAST=device_type == "cpu" and dtype == torch.bfloat16,
                   PRECISION="ieee" if dtype in (torch.float32, torch.float64) else "tf32",
-                  ACC=tl.float64 if fp64 else tl.float32, PDL=pdl, num_warps=num_warps, num_stages=num_stages)
+                  ACC=tl.float64 if fp64 else tl.float32, PDL=pdl,  # NOTE [Offsets]: paged row offsets' width
+                  OFF=tl.int32 if paged and max_offset(k_shape, k_stride) < 2**31 else tl.int64,
+                  num_warps=num_warps, num_stages=num_stages)
     merge = None
     if split:  # the merge's launch, planned here once with the attention's (NOTE [Workspace])
         merge_static = (q_shape, out_stride, Hkv, BLOCK_M, num_splits, pdl, 256, ws_dtype(dtype), dtype)
         merge = (*_merge_plan(*merge_static[:7]), merge_static)
     ws_numel = n_rows * (D + 2) if split else 0
     return _Plan((B * Hkv, num_splits), ints, MappingProxyType(kwargs), ws_numel, merge)
+
+
+def max_offset(shape, stride) -> int:
+    """The largest element offset into a tensor of this shape and these strides (-1 if it is empty)."""
+    return sum((n - 1) * s for n, s in zip(shape, stride)) if all(shape) else -1
 
 
 def ws_dtype(dtype: torch.dtype) -> torch.dtype:
