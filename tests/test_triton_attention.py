@@ -284,22 +284,44 @@ def test_offsets_past_2_to_the_31_elements(where):
     assert (out.float() - ref.float()).abs().max() < 1e-2
 
 
+def _edge_pool(page_stride: int, device: str = "meta") -> torch.Tensor:
+    """A (5, 16, 3, 16) fp16 page pool with pages ``page_stride`` elements apart (rows 48, heads 16):
+    its largest offset is 4 * page_stride + 767, lazily allocated off ``meta`` (a few pages touched)."""
+    flat = torch.empty(4 * page_stride + 768, dtype=torch.float16, device=device)
+    return flat.as_strided((5, 16, 3, 16), (page_stride, 48, 16, 1))  # (num_pages, page_size, Hkv, D)
+
+
 def test_paged_key_loop_offsets_are_int32_below_2_to_the_31():
     """NOTE [Offsets]: the plan's ``OFF`` is int32 for a page pool whose largest offset fits it, int64
     past that and for contiguous caches (the "paged-rows" case above needs int64 and fails with int32)."""
-    import triton.language as tl
-
     from wmtp.attention.triton_plan import max_offset, plan_call
 
     assert max_offset((2, 3), (3, 1)) == 5 and max_offset((4, 3), (1, 4)) == 11 and max_offset((0, 3), (3, 1)) == -1
-    meta = dict(device="meta", dtype=torch.float16)
-    q, pos = torch.empty(1, 8, 1, 128, **meta), torch.empty(1, device="meta", dtype=torch.int64)
-    table = torch.empty(1, 4, device="meta", dtype=torch.int32)
-    for pages, want in ((1 << 17, tl.int32), ((1 << 17) + 1, tl.int64)):  # pages x 16 x 8 heads x 128 = 2^31 at 2^17
-        pool = torch.empty(pages, 16, 8, 128, **meta)  # (num_pages, page_size, Hkv, D)
+    q = torch.empty(1, 3, 1, 16, device="meta", dtype=torch.float16)  # (B, Hq, Lq, D)
+    pos, table = torch.empty(1, device="meta", dtype=torch.int64), torch.empty(1, 4, device="meta", dtype=torch.int32)
+    edge = (2**31 - 768) // 4  # the largest offset 2^31 - 1 exactly; one element more needs int64
+    for page_stride, want in ((edge, tl.int32), (edge + 1, tl.int64)):
+        pool = _edge_pool(page_stride)
+        assert max_offset(pool.shape, pool.stride()) == 4 * page_stride + 767
         assert plan_call(q, pool, pool, table, 16, pos, 4, 64, (None,) * 5, None).kwargs["OFF"] == want
-    k = torch.empty(1, 8, 64, 128, **meta)  # (B, Hkv, S, D): contiguous launches keep int64
+    k = torch.empty(1, 3, 64, 16, device="meta", dtype=torch.float16)  # (B, Hkv, S, D): contiguous keeps int64
     assert plan_call(q, k, k, None, 1, pos, 4, 64, (None,) * 5, None).kwargs["OFF"] == tl.int64
+
+
+@NEEDS_TRITON
+def test_paged_int32_offsets_reach_the_last_element_below_2_to_the_31():
+    """NOTE [Offsets] at its bound: a pool whose last element sits at offset 2^31 - 1 runs with int32
+    row offsets and reads its last page's last row where it is."""
+    g = torch.Generator().manual_seed(9)
+    small = torch.randn(1, 3, 64, 16, generator=g).half().to(DEVICE)  # (1, Hkv, 64, D)
+    q = torch.randn(1, 3, 1, 16, generator=g).half().to(DEVICE)  # (1, Hq, 1, D)
+    pos = torch.tensor([63], device=DEVICE)
+    pool = _edge_pool((2**31 - 768) // 4, DEVICE)
+    table = torch.tensor([[0, 1, 2, 4]], dtype=torch.int32, device=DEVICE)  # logical page 3 -> the last page
+    for logical, page in enumerate(table[0].tolist()):
+        pool[page] = small[0, :, 16 * logical : 16 * logical + 16].transpose(0, 1)  # (16, Hkv, D)
+    out = paged_attention(q, pool, pool, table, pos, 4, 8, impl="triton")
+    assert_kernel_close(out, q, small, small, pos, 4, 8)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")

@@ -81,7 +81,7 @@ in int64, but one: a paged cache's per-key row offsets in the key loop (``krow``
 and strides, attention/triton_plan.py). In int64 they cost registers in the loop; side by side on
 an H200 at 1M keys (metrics/experiments/offsets-h200-exp16.json), int32 made the paged ``q_len``-8
 verify 17 % (D256) and 1 % (D128) faster and the paged ``q_len``-8 drafts 14 % / 10 %, while the
-contiguous cells gained at most 1 % and the contiguous D256 ``q_len``-8 draft lost 4 %: contiguous
+contiguous cells moved at most 1 % and the contiguous D256 ``q_len``-8 draft lost 4 %: contiguous
 launches keep int64. The output's offsets (``_store_rows``, the merge) stay int32 within a batch:
 ``out`` is a fresh contiguous chunk of at most Hkv x 256 tile rows x 256 head dims a batch, below
 2^31 for any Hkv < 32768; the batch term is int64.
