@@ -351,7 +351,8 @@ def paged_attention_triton(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
         k_pages, v_pages: ``(num_pages, page_size, Hkv, D)``; position ``p`` of sequence ``b`` is
             row ``p % page_size`` of page ``block_table[b, p // page_size]``.
         block_table: ``(B, max_pages)`` int32, each page a read key lives on in ``[0, num_pages)``
-            (not checked: that needs a host sync; a page id outside it reads outside the pool).
+            (not checked: that needs a host sync; a page id outside it reads outside the pool or, its
+            offset wrapped in int32, another page).
         q_pos, n_sink, window, num_splits, block_n, num_warps, num_stages, pdl: as in ``attention_triton``.
 
     Returns:
