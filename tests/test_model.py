@@ -1,6 +1,8 @@
 """Target LM, MTP head and KV cache: incremental decoding equals a full pass, stale cache entries
 are never read (no rollback needed), weights come from an explicit generator."""
 
+import copy
+
 import pytest
 import torch
 
@@ -76,10 +78,33 @@ def test_hybrid_layers():
 @pytest.mark.parametrize("kwargs,match", [
     (dict(d_model=65), "divisible"), (dict(n_kv_heads=3), "divisible"),
     (dict(global_layers=(7,)), "global_layers"), (dict(local_window=0), "window"),
+    (dict(train_seq_len=1), "train_seq_len"),
 ])
 def test_bad_model_config(kwargs, match):
     with pytest.raises(ValueError, match=match):
         ModelConfig(**kwargs)
+
+
+def test_rope_needs_an_even_head_dim():
+    odd = ModelConfig(vocab_size=50, d_model=36, n_heads=4, n_kv_heads=2, d_ff=16, n_layers=2, global_layers=(1,))
+    with pytest.raises(ValueError, match="even"):  # head_dim 9: layer 0 is local (RoPE)
+        wmtp.TargetLM(odd)
+    wmtp.TargetLM(ModelConfig(vocab_size=50, d_model=36, n_heads=4, n_kv_heads=2, d_ff=16, n_layers=1,
+                         global_layers=(0,)))  # no RoPE layer: any head_dim
+
+
+def test_fp16_global_layers_stay_finite_past_65519():
+    """The NoPE layers' log-length scale is computed in fp32: fp16 rounds positions past 65519 to inf."""
+    cfg = ModelConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=64, local_window=4,
+                      global_layers=(1,), train_seq_len=8, max_seq_len=65_602)
+    tokens, pos = torch.tensor([[1, 2, 3]]), torch.tensor([65_000, 65_519, 65_600])
+    logits, base = {}, wmtp.TargetLM(cfg).eval()
+    for dtype in (torch.float32, torch.float16):
+        target = copy.deepcopy(base).to(dtype)  # the same weights in both dtypes
+        with torch.no_grad():
+            logits[dtype] = target(tokens, pos, target.new_cache(1))[0].float()  # (1, 3, V)
+    assert logits[torch.float16].isfinite().all()
+    torch.testing.assert_close(logits[torch.float16], logits[torch.float32], atol=0.05, rtol=0.05)
 
 
 def test_cache_refuses_positions_past_its_end():

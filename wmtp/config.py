@@ -39,6 +39,8 @@ class ModelConfig:
         if any(not 0 <= i < self.n_layers for i in self.global_layers):
             raise ValueError(f"global_layers {self.global_layers} out of range for {self.n_layers} layers")
         check_key_set_args(0, self.local_window)
+        if self.train_seq_len < 2:  # global layers scale q by log(t + 1) / log(train_seq_len)
+            raise ValueError(f"train_seq_len must be at least 2, got {self.train_seq_len}")
         object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
 
 

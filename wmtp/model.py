@@ -57,6 +57,8 @@ class Attention(nn.Module):
 
     def __init__(self, cfg: ModelConfig, *, rope: bool, logn_scale: bool = False) -> None:
         super().__init__()
+        if rope and cfg.head_dim % 2:
+            raise ValueError(f"RoPE rotates pairs of dimensions: head_dim {cfg.head_dim} must be even")
         self.cfg, self.rope, self.logn_scale = cfg, rope, logn_scale
         self.wq = _weight(cfg.n_heads * cfg.head_dim, cfg.d_model)
         self.wk = _weight(cfg.n_kv_heads * cfg.head_dim, cfg.d_model)
@@ -72,9 +74,10 @@ class Attention(nn.Module):
         v = F.linear(x, self.wv).view(B, L, c.n_kv_heads, c.head_dim).transpose(1, 2)  # (B, Hkv, L, D)
         if self.rope:
             q, k = apply_rope(q, pos, c.rope_theta), apply_rope(k, pos, c.rope_theta)
-        if self.logn_scale:
-            scale = (torch.log(pos.to(q.dtype) + 1) / math.log(c.train_seq_len)).clamp(min=1.0)  # (L,)
-            q = q * scale[:, None]
+        if self.logn_scale:  # in at least fp32, as RoPE: fp16 rounds positions past 65519 to inf
+            acc = torch.promote_types(q.dtype, torch.float32)
+            scale = (torch.log(pos.to(acc) + 1) / math.log(c.train_seq_len)).clamp(min=1.0)  # (L,)
+            q = q * scale[:, None].to(q.dtype)
         if cache is not None:
             k, v = cache.update(layer, pos, k, v)  # (B, Hkv, S, D): the whole position-indexed buffer
         elif int(pos[0]) != 0:
