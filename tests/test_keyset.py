@@ -110,6 +110,8 @@ def test_draft_key_csr_one_sequence():
     assert indptr.tolist() == [0, 3, 6, 9]
     assert indices.tolist() == [0, 1, 2, 0, 4, 5, 0, 5, 6]
     assert indptr.dtype == indices.dtype == torch.long
+    for same in ([2, 5, 6], (2, 5, 6), [torch.tensor(2), torch.tensor(5), torch.tensor(6)]):  # one sequence too
+        assert all(torch.equal(a, b) for a, b in zip(draft_key_csr(same, 1, 2), (indptr, indices)))
 
 
 def test_draft_key_csr_two_sequences():

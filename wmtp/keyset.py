@@ -120,14 +120,17 @@ def draft_key_csr(
     the layout that paged kernels and FlashInfer-style sparse attention consume.
 
     Args:
-        q_pos: ``(Lq,)`` positions of one sequence, or a list of such tensors (one per sequence).
+        q_pos: ``(Lq,)`` positions of one sequence (a tensor, or a list of ints), or a list of such
+            tensors (one per sequence).
         n_sink: number of sink keys (``None`` = 0).
         window: recent-window size including the query (``None`` = full causal set).
 
     Returns:
         ``indptr`` LongTensor ``(R + 1,)`` and ``indices`` LongTensor ``(nnz,)``.
     """
-    seqs = q_pos if isinstance(q_pos, (list, tuple)) else [q_pos]
+    one = not isinstance(q_pos, (list, tuple)) or all(isinstance(t, int) or torch.is_tensor(t) and t.dim() == 0
+                                                      for t in q_pos)  # positions of one sequence
+    seqs = [q_pos] if one else q_pos
     rows = [draft_key_indices(int(t), n_sink, window) for seq in seqs for t in torch.as_tensor(seq).tolist()]
     counts = torch.tensor([len(r) for r in rows], dtype=torch.long)
     indptr = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
