@@ -70,6 +70,23 @@ def test_trained_head_is_accepted_and_lossless(trained):
         target.float(), head.float()
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: models on the GPU, tokens on the CPU")
+def test_evaluation_runs_with_models_on_the_gpu(trained):
+    """reproduce moves the models to the device and passes CPU tokens: both evaluations take them."""
+    import copy
+
+    target, head, tokens, _, _ = trained
+    gpu_target = copy.deepcopy(target).cuda()
+    gpu_head = wmtp.MTPHead(head.config, gpu_target)
+    gpu_head.load_state_dict(head.state_dict())
+    gpu_head.cuda()
+    acc = head_accuracy(gpu_head, gpu_target, tokens, 2, 64, 4, torch.Generator().manual_seed(0))
+    assert acc == pytest.approx(head_accuracy(head, target, tokens, 2, 64, 4, torch.Generator().manual_seed(0)),
+                                abs=0.02)
+    assert perplexity(gpu_target, tokens[:2000], 256) == pytest.approx(perplexity(target, tokens[:2000], 256),
+                                                                       rel=1e-3)
+
+
 def test_perplexity_of_a_trained_model_is_low(trained):
     target, _, tokens, _, _ = trained
     assert perplexity(target, tokens[:2000], 256) < 20  # vocabulary is 512: chance is 512
@@ -91,6 +108,8 @@ def test_checkpoint_round_trip_and_config_check(trained, tmp_path):
                             "synthetic", "abc", 0)
     with pytest.raises(ValueError, match="another config.*train"):
         load_checkpoint(path, t2, h2, other)
+    with pytest.raises(ValueError, match="another config.*version"):  # made by other training code
+        load_checkpoint(path, t2, h2, {**meta, "version": meta["version"] + 1})
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match="cannot be read"):
         load_checkpoint(tmp_path / "junk.pt", t2, h2, meta)
@@ -110,3 +129,26 @@ def test_perplexity_scores_the_same_text_in_windows(trained):
             logits, _ = target(x[:, :-1])
         nll.append(F.cross_entropy(logits[0].double(), x[0, 1:], reduction="sum").item())
     assert math.isclose(perplexity(target, tokens, 128, 256), math.exp(sum(nll) / 256), rel_tol=1e-9)
+
+
+def test_every_perplexity_context_scores_the_same_tokens():
+    """reproduce's perplexity reads one text at every context: a multiple of each, below the split."""
+    from wmtp.reproduce import perplexity_tokens
+
+    assert perplexity_tokens(10**6, (1024, 4096, 16384)) == 65536  # the small preset's: four longest windows
+    assert perplexity_tokens(50_000, (1024, 4096, 16384)) == 49152  # three, where the split is shorter
+    assert perplexity_tokens(10_000, (100, 256)) == 6400  # lcm 6400: 64 and 25 windows of the same text
+    assert perplexity_tokens(10**6, (64, 256)) == 1024
+    with pytest.raises(ValueError, match="needs more than 6400"):
+        perplexity_tokens(6400, (100, 256))
+
+
+def test_random_windows_take_a_text_of_exactly_one_window_and_keep_their_draws():
+    from wmtp.train import random_windows
+
+    text = torch.arange(100)
+    assert torch.equal(random_windows(text[:10], 3, 10, torch.Generator().manual_seed(0)), text[:10].expand(3, 10))
+    with pytest.raises(ValueError, match="has 10 tokens; need at least 11"):
+        random_windows(text[:10], 3, 11, torch.Generator().manual_seed(0))
+    starts = torch.randint(0, 90, (4,), generator=torch.Generator().manual_seed(3))  # the draws training made
+    assert torch.equal(random_windows(text, 4, 10, torch.Generator().manual_seed(3))[:, 0], starts)

@@ -27,10 +27,12 @@ from .mtp import MTPHead
 
 
 def random_windows(tokens: torch.Tensor, batch_size: int, length: int, generator: torch.Generator) -> torch.Tensor:
-    """``(batch_size, length)`` windows of ``tokens`` at random offsets."""
-    if tokens.numel() <= length:
-        raise ValueError(f"training text has {tokens.numel()} tokens; need more than {length}")
-    starts = torch.randint(0, tokens.numel() - length, (batch_size,), generator=generator)
+    """``(batch_size, length)`` windows of ``tokens`` at random offsets in ``[0, numel - length)``
+    (0 for a text of exactly one window). The last offset, ``numel - length``, is never drawn: the
+    committed reproductions trained on these draws (changing them needs a ``CHECKPOINT_VERSION`` bump)."""
+    if tokens.numel() < length:
+        raise ValueError(f"training text has {tokens.numel()} tokens; need at least {length}")
+    starts = torch.randint(0, max(tokens.numel() - length, 1), (batch_size,), generator=generator)
     return torch.stack([tokens[s : s + length] for s in starts.tolist()])  # (B, length)
 
 
@@ -121,10 +123,11 @@ def train_head(head: MTPHead, target: TargetLM, tokens: torch.Tensor, cfg: Train
 @torch.no_grad()
 def head_accuracy(head: MTPHead, target: TargetLM, tokens: torch.Tensor, depth: int, seq_len: int,
                   n_windows: int, generator: torch.Generator) -> list[float]:
-    """Top-1 accuracy of the teacher-forced head at draft positions ``1 .. depth``."""
-    x = random_windows(tokens, n_windows, seq_len + depth + 1, generator)
+    """Top-1 accuracy of the teacher-forced head at draft positions ``1 .. depth`` (``tokens`` on
+    any device: the windows move to the head's)."""
+    x = random_windows(tokens, n_windows, seq_len + depth + 1, generator).to(head.proj.device)  # (n, L)
     steps = head_step_logits(head, target, x, depth)
-    return [(lg.argmax(-1) == x[:, k + 1 : k + 1 + seq_len]).double().mean().item()
+    return [(lg.argmax(-1) == x[:, k + 1 : k + 1 + seq_len]).sum().item() / (n_windows * seq_len)  # no fp64 on MPS
             for k, lg in enumerate(steps, start=1)]
 
 
@@ -143,7 +146,7 @@ def perplexity(target: TargetLM, tokens: torch.Tensor, context: int, n_tokens: i
     for w in range(n_windows):
         x = tokens[w * context : (w + 1) * context + 1][None].to(target.embed.device)  # (1, context + 1)
         logits, _ = target(x[:, :-1], impl="torch")  # (1, context, V)
-        nll += F.cross_entropy(logits[0].double(), x[0, 1:], reduction="sum").item()
+        nll += F.cross_entropy(logits[0].cpu().double(), x[0, 1:].cpu(), reduction="sum").item()  # fp64 on the CPU
     return math.exp(nll / (n_windows * context))
 
 
@@ -167,10 +170,15 @@ def load_checkpoint(path: str | Path, target: TargetLM, head: MTPHead, meta: dic
     head.load_state_dict(blob["head"])
 
 
+CHECKPOINT_VERSION = 1  # bump when the code changes what training makes of the same configs, corpus and seed
+
+
 def checkpoint_meta(preset, corpus_name: str, corpus_fingerprint: str, seed: int) -> dict:
-    """What a checkpoint must match to be reused: configs, corpus and seed (JSON-comparable)."""
+    """What a checkpoint must match to be reused: configs, corpus, seed and ``CHECKPOINT_VERSION``
+    (JSON-comparable), so that a checkpoint of older training code is not reused silently."""
     return {"model": _jsonable(asdict(preset.model)), "mtp": asdict(preset.mtp), "train": asdict(preset.train),
-            "corpus": corpus_name, "corpus_fingerprint": corpus_fingerprint, "seed": seed}
+            "corpus": corpus_name, "corpus_fingerprint": corpus_fingerprint, "seed": seed,
+            "version": CHECKPOINT_VERSION}
 
 
 def _jsonable(d: dict) -> dict:
