@@ -89,6 +89,10 @@ def test_unwritable_outputs_and_bad_paths_exit_2_before_any_work(capsys, tmp_pat
         code, out, err = _run(capsys, argv)
         assert code == 2 and len(err.strip().splitlines()) == 1 and match in err, (argv, err)
         assert "Traceback" not in err + out
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "metrics").write_text("a file where the default --out's folder goes")
+    code, out, err = _run(capsys, ["reproduce"])
+    assert code == 2 and "not a writable folder" in err and "Traceback" not in err + out, err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error for an absent CUDA device")

@@ -145,6 +145,13 @@ def test_empty_split_file_raises_naming_it(tmp_path, content):
         data.load_corpus(tmp_path)
 
 
+def test_unreadable_split_file_raises_naming_it(tmp_path):
+    write_text_split(tmp_path / "valid.txt", SPLIT_LINES["valid"])
+    (tmp_path / "test.txt").write_bytes(b"ok line\n\xff\xfe not utf-8\n")
+    with pytest.raises(ValueError, match=re.escape(str(tmp_path / "test.txt"))):
+        data.load_corpus(tmp_path)
+
+
 def test_wikitext_without_test_split_raises(tmp_path):
     write_text_split(tmp_path / "wiki.train.raw", SPLIT_LINES["train"])
     write_text_split(tmp_path / "wiki.valid.raw", SPLIT_LINES["valid"])
@@ -219,7 +226,7 @@ def test_hub_loader_reads_the_hub_splits(monkeypatch):
 
 def test_hub_loader_failure_says_what_to_do(monkeypatch):
     monkeypatch.setattr(datasets, "load_dataset", lambda repo, config: {"validation": None})
-    with pytest.raises(RuntimeError, match="reachable but loading .* HF_DATASETS_OFFLINE=1"):
+    with pytest.raises(ValueError, match="reachable but loading .* HF_DATASETS_OFFLINE=1"):
         data._load_from_hub("no dataset dir given")
 
 

@@ -166,7 +166,8 @@ def _reproduce(args: argparse.Namespace, prog: str, argv: list[str]) -> int:
     preset, device = _preset_with_overrides(args), resolve_device(args.device)
     new_checkpoint = args.checkpoint if args.checkpoint is not None and not args.checkpoint.exists() else None
     new_cache = None if args.cache_dir.is_dir() else args.cache_dir / "x"  # an existing cache may be read-only
-    for path, what in ((args.out, "--out"), (new_checkpoint, "--checkpoint"), (new_cache, "--cache-dir")):
+    out = args.out or Path("metrics") / f"*-seed{args.seed}.json"  # the default's name waits for the corpus's
+    for path, what in ((out, "--out"), (new_checkpoint, "--checkpoint"), (new_cache, "--cache-dir")):
         if path is not None:  # fail now, not after the training and decoding
             check_writable(path, what)
     console = Console(stderr=True)

@@ -94,7 +94,8 @@ def load_corpus(dataset_dir: str | Path | None = None, *, hub_timeout_s: float =
 
     Raises:
         ValueError: `dataset_dir` does not exist, is not a directory or is empty; it holds only
-            part of WikiText-2 (no valid or no test split); or a split file is empty.
+            part of WikiText-2 (no valid or no test split); a split file is empty or cannot be
+            read (not UTF-8 text, a broken parquet file); or the hub is reachable but fails.
     """
     if dataset_dir is not None:
         folder = Path(dataset_dir)
@@ -174,8 +175,13 @@ def _read_with_datasets(builder: str, files: dict[str, Path]) -> dict[str, str]:
             raise ValueError(f"split file '{path}' is empty")
     # A throwaway cache, so that nothing is written into the dataset dir or left behind.
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as cache, _quiet_datasets():
-        dataset = datasets.load_dataset(builder, cache_dir=cache,
-                                        data_files={split: str(p) for split, p in files.items()})
+        try:
+            dataset = datasets.load_dataset(builder, cache_dir=cache,
+                                            data_files={split: str(p) for split, p in files.items()})
+        except Exception as err:  # a file datasets cannot parse (not UTF-8, a broken parquet): say which
+            cause = err.__cause__ or err  # datasets wraps the parser's error in DatasetGenerationError
+            raise ValueError(f"cannot read the split files {sorted(map(str, files.values()))} "
+                             f"as {builder}: {type(cause).__name__}: {cause}") from err
         texts = {split: _join_lines(dataset[split]["text"]) for split in files}
         del dataset  # let go of its memory-mapped files before the cache is deleted
     for split, text in texts.items():
@@ -224,8 +230,8 @@ def _load_from_hub(why: str) -> Corpus:
             dataset = datasets.load_dataset(HUB_REPO, HUB_CONFIG)  # the alias "wikitext" is legacy
         hub_names = {"train": "train", "valid": "validation", "test": "test"}
         texts = {ours: _join_lines(dataset[theirs]["text"]) for ours, theirs in hub_names.items()}
-    except Exception as err:  # reachable but failing: say what to do instead of hiding it
-        raise RuntimeError(f"huggingface.co is reachable but loading {HUB_REPO}/{HUB_CONFIG} "
+    except Exception as err:  # reachable but failing: say what to do instead of hiding it (one line: the CLI's exit 2)
+        raise ValueError(f"huggingface.co is reachable but loading {HUB_REPO}/{HUB_CONFIG} "
                            f"failed ({err!r}); pass a dataset dir, or set HF_DATASETS_OFFLINE=1 "
                            f"to use the offline default corpus python-stdlib") from err
     return Corpus("wikitext-2", **texts, source=f"hub:{HUB_CONFIG}",

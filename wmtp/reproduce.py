@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import statistics
 import time
 from dataclasses import asdict
@@ -38,6 +39,17 @@ from .train import (
 )
 
 DRAFT_ATTENTION_BAR = {"context": 16384, "n_sink": 8, "window": 64, "min_ratio": 15.0}
+
+
+def perplexity_tokens(n_valid: int, contexts: tuple[int, ...]) -> int:
+    """Validation tokens that every context scores, the same text for all: up to four of the longest
+    context, a multiple of every context (their least common multiple), and below ``n_valid``."""
+    step = math.lcm(*contexts)
+    n = min(max(4 * max(contexts), step), n_valid - 1) // step * step
+    if n == 0:
+        raise ValueError(f"the validation text has {n_valid} tokens; perplexity at contexts {list(contexts)} "
+                         f"needs more than {step}")
+    return n
 
 
 def prepare_models(preset: Preset, corpus: data.Corpus, tokens: dict, seed: int, device: torch.device,
@@ -113,12 +125,12 @@ def reproduce(preset: Preset, dataset_dir: str | None, device: torch.device, see
     log(corpus.message)
     tok = data.train_tokenizer(corpus, preset.model.vocab_size, cache_dir)
     tokens = data.corpus_token_splits(corpus, tok)
+    ppl_tokens = perplexity_tokens(tokens["valid"].numel(), preset.spec.ppl_contexts)  # before the training
     target, head, train_info = prepare_models(preset, corpus, tokens, seed, device, cache_dir, checkpoint, progress,
                                               log)
 
     spec = preset.spec
     log("evaluating perplexity and head accuracy")
-    ppl_tokens = min(4 * max(spec.ppl_contexts), tokens["valid"].numel() - 1)  # the same text for every context
     ppl = {str(c): perplexity(target, tokens["valid"], c, ppl_tokens) for c in spec.ppl_contexts}
     acc = head_accuracy(head, target, tokens["valid"], spec.depth, preset.train.seq_len, 8,
                         torch.Generator().manual_seed(seed))
