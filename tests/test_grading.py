@@ -139,6 +139,36 @@ def test_exiting_is_a_failed_grade_not_a_pass(tmp_path, body):
     assert not report.passed and "SystemExit" in report.first_failure
 
 
+KEYS = """
+def draft_key_indices(t, n_sink, window):
+    sinks = range(min(n_sink, t + 1))
+    recent = range(0 if window is None else max(n_sink, t - window + 1), t + 1)
+    return sorted(set(sinks) | set(recent))
+"""
+
+
+def test_a_correct_file_may_use_dataclasses_and_a_helper_beside_it(tmp_path):
+    """The file is a module in sys.modules while it runs (dataclasses need it), its folder on sys.path."""
+    (tmp_path / "keyhelper.py").write_text(KEYS)
+    path = tmp_path / "student.py"
+    path.write_text("from __future__ import annotations\nfrom dataclasses import dataclass\n\nimport keyhelper\n\n\n"
+                    "@dataclass\nclass Query:\n    t: int\n\n\n"
+                    "def draft_key_indices(t, n_sink, window):\n"
+                    "    return keyhelper.draft_key_indices(Query(t).t, n_sink, window)\n")
+    report = grading.grade("keyset", path)
+    assert report.passed, report
+
+
+@pytest.mark.parametrize("body, why", [
+    ("import os\nos._exit(0)\n", "ended the grading process (exit status 0)"),  # not a silent pass
+    ("while True:\n    pass\n", "took longer than 20 s"),
+    ("import wmtp.grading as g\ng.N_FUZZ = 0\ng.KEYSET_LITERAL.clear()\n", "of the 310 checks ran"),
+])
+def test_a_file_that_exits_loops_or_edits_the_grader_fails(tmp_path, body, why):
+    report = grading.grade("keyset", _write(tmp_path, KEYS + body), timeout_s=20)
+    assert not report.passed and why in report.first_failure, report
+
+
 def test_a_file_that_does_not_import_is_a_failed_grade(tmp_path):
     report = grading.grade("keyset", _write(tmp_path, "def draft_key_indices(t, n_sink, window)\n"))
     assert not report.passed and "could not be imported: SyntaxError" in report.first_failure

@@ -10,7 +10,9 @@ Four assignments (tutorials/assignments/), each a core piece of Windowed-MTP (ar
 - ``splitk_merge``, ``merge_splits``: ``softmax(s) @ v`` over all keys, in float64.
 
 Checks run in order (literal cases first, so the first failure is a readable one) and stop at the
-first failure, which the report names: the call, what was expected and what came back.
+first failure, which the report names: the call, what was expected and what came back. ``grade``
+runs them on a student's file in a child process with a time limit (wmtp/grading_process.py);
+``grade_function`` runs them on a function in this one.
 
 The lossless harness passes the student's ``accept_count`` to ``speculative_generate`` as its
 ``verifier`` (a function with ``verify_greedy``'s signature), wrapped to count calls and to check
@@ -29,7 +31,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from . import decode
+from . import decode, grading_process
 from .decode import verify_greedy
 from .keyset import draft_key_indices
 from .kvcache import ring_slot
@@ -39,9 +41,7 @@ ASSIGNMENTS = {"keyset": "draft_key_indices", "ring_slot": "ring_slot", "greedy_
 N_FUZZ = 300  # fuzzed cases per assignment (seeded: every student gets the same cases)
 # The merge is a few exps and sums in float64 (rounding ~1e-15); a missed rescale is wrong by O(1).
 MERGE_RTOL, MERGE_ATOL = 1e-9, 1e-12
-
-_IMPORTS = itertools.count()  # a fresh module name per import
-
+TIMEOUT_S = 300.0  # a whole assignment's checks take seconds; a student's endless loop must not hang the grader
 
 class GraderError(RuntimeError):
     """The grader itself is out of date with the library (never the student's fault)."""
@@ -62,27 +62,35 @@ class GradeReport:
                 f"FAIL {self.assignment} (check {self.n_checks}): {self.first_failure}")
 
 
-def grade(assignment: str, path: str | Path) -> GradeReport:
-    """Import the student's file by path and grade its function.
+def grade(assignment: str, path: str | Path, *, timeout_s: float = TIMEOUT_S) -> GradeReport:
+    """Grade the student's file in a child process (wmtp/grading_process.py), at most ``timeout_s``
+    seconds: a file that loops, hard-exits or changes the grader's checks gets a failed grade.
 
     Raises:
         ValueError: unknown assignment, missing file, or a file without the assignment's function.
+        GraderError: the grader is out of date with the library.
     """
-    name, path = _function_name(assignment), Path(path)
+    _function_name(assignment)
+    path = Path(path)
     if not path.is_file():
         raise ValueError(f"no such file: {path}")
-    spec = importlib.util.spec_from_file_location(f"wmtp_student_{assignment}_{next(_IMPORTS)}", path)
-    if spec is None:
+    if importlib.util.spec_from_file_location("wmtp_student_probe", path) is None:
         raise ValueError(f"{path} is not a Python file")
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)  # a fresh module each time, never cached in sys.modules
-    except (Exception, SystemExit) as e:  # the student's file is broken (or exits): a grade, not bad input
-        return GradeReport(assignment, False, 0, f"{path} could not be imported: {type(e).__name__}: {e}")
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise ValueError(f"{path} defines no function {name}() (assignment {assignment!r})")
-    return grade_function(assignment, fn)
+    expected = sum(1 for _ in CHECKS[assignment](None))  # the thunks are not called: only counted
+    out = grading_process.run(assignment, path.resolve(), timeout_s)
+    if "error" in out:
+        raise (ValueError if out["error"] == "value" else GraderError)(out["message"])
+    if "timeout" in out:
+        return GradeReport(assignment, False, 0, f"grading {path} took longer than {timeout_s:g} s (a loop that "
+                           "never ends?)")
+    if "no_report" in out:
+        return GradeReport(assignment, False, 0, f"{path} ended the grading process (exit status "
+                           f"{out['no_report']}) before it could report")
+    report = GradeReport(**out)
+    if report.passed and report.n_checks != expected:
+        return GradeReport(assignment, False, report.n_checks, f"only {report.n_checks} of the {expected} checks "
+                           "ran: the file changed the grader's cases")
+    return report
 
 
 def grade_function(assignment: str, fn: Callable) -> GradeReport:

@@ -1,0 +1,84 @@
+"""The grader's child process: a student's file is imported and graded away from ``wmtp grade``.
+
+``grade`` (wmtp/grading.py) runs ``python -m wmtp.grading_process ASSIGNMENT FILE RESULT`` with a
+time limit. The child imports the file (registered in ``sys.modules`` while it runs, so that
+dataclasses and the like work, with the file's folder on ``sys.path``, so that it may import a
+helper beside it), grades its function with ``grade_function`` and writes the report as JSON to
+``RESULT``. So a student's file that loops, hard-exits (``os._exit``) or rewrites the grader's
+module state cannot pass: the parent gives a failed grade for a timeout, for a child that ended
+without a report, and for a report of fewer checks than the assignment has. This keeps honest
+mistakes from passing; it is not a security boundary against a file written to cheat.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+
+def run(assignment: str, path: Path, timeout_s: float) -> dict:
+    """The child's report as a dict: ``GradeReport``'s fields, or ``{"error": kind, "message": ...}``
+    for a file without the function (``value``) or a grader out of date (``grader``), or
+    ``{"timeout": s}`` / ``{"no_report": exit status}``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        result = Path(tmp) / "report.json"
+        cmd = [sys.executable, "-m", "wmtp.grading_process", assignment, str(path), str(result)]
+        try:
+            proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return {"timeout": timeout_s}
+        if not result.is_file():
+            return {"no_report": proc.returncode}
+        return json.loads(result.read_text())
+
+
+def load_student(assignment: str, path: Path):
+    """Import the student's file and return its function, or a failed ``GradeReport`` if the file
+    does not import. Registered in ``sys.modules`` (dataclasses look their module up there), with the
+    file's folder first on ``sys.path`` (a helper beside it imports), for the rest of the process.
+
+    Raises:
+        ValueError: the file defines no function of the assignment's name.
+    """
+    from .grading import ASSIGNMENTS, GradeReport
+
+    name, module_name = ASSIGNMENTS[assignment], f"wmtp_student_{assignment}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    except (Exception, SystemExit) as e:  # the student's file is broken (or exits): a grade, not bad input
+        return GradeReport(assignment, False, 0, f"{path} could not be imported: {type(e).__name__}: {e}")
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise ValueError(f"{path} defines no function {name}() (assignment {assignment!r})")
+    return fn
+
+
+def _child(assignment: str, path: str, result: str) -> None:
+    from .grading import GraderError, grade_function
+
+    try:
+        loaded = load_student(assignment, Path(path))
+        report = loaded if not callable(loaded) else grade_function(assignment, loaded)
+        out = asdict(report)
+    except ValueError as e:
+        out = {"error": "value", "message": str(e)}
+    except GraderError as e:
+        out = {"error": "grader", "message": str(e)}
+    tmp = f"{result}.tmp"
+    with open(tmp, "w") as f:  # whole or absent: the parent reads it only once renamed
+        json.dump(out, f)
+    os.replace(tmp, result)
+
+
+if __name__ == "__main__":
+    _child(*sys.argv[1:4])
