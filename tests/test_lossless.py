@@ -118,6 +118,20 @@ def test_requests_up_to_the_last_cache_position(models, prompt_len, depth):
     assert torch.equal(out, ref)
     with pytest.raises(ValueError, match="KV cache"):
         wmtp.speculative_generate(small, small_head, prompt, spec_max + 1, depth)
+    if prompt_len == 30:  # a prompt that fills the cache: one new token (the prefill's) and no step fit
+        full = _prompt(L, seed=1)
+        for max_new in (0, 1):
+            out, stats = wmtp.speculative_generate(small, small_head, full, max_new, depth)
+            assert torch.equal(out, wmtp.greedy_generate(small, full, max_new)) and stats.steps == 0
+
+
+def test_any_integer_dtype_of_prompt_decodes_as_int64(models):
+    target, head = models
+    prompt = _prompt(9) % 120  # ids that fit int8
+    ref = wmtp.greedy_generate(target, prompt, 6)
+    for dtype in (torch.uint8, torch.int8, torch.int16, torch.int32):
+        assert torch.equal(wmtp.greedy_generate(target, prompt.to(dtype), 6), ref)
+        assert torch.equal(wmtp.speculative_generate(target, head, prompt.to(dtype), 6, 2)[0], ref)
 
 
 @pytest.mark.parametrize("prompt_len", [1, 4, 4 + 16 - 1, 4 + 16, 4 + 16 + 1])

@@ -176,6 +176,7 @@ def greedy_generate(target: TargetLM, prompt_ids: torch.Tensor | list[torch.Tens
                                                                   step_times))
     # the last token is never fed back: positions 0 .. P + max_new_tokens - 2 are written
     needed = _check_request(target, prompt_ids, max_new_tokens, extra=-1, eos_id=eos_id)
+    prompt_ids = prompt_ids.long()  # any integer dtype (the embedding takes int64 or int32 only)
     impl = resolve_impl(impl, prompt_ids.device, target.embed.dtype, target.config.head_dim,
                         target.config.n_heads // target.config.n_kv_heads)
     cache = target.new_cache(1, needed)
@@ -232,8 +233,11 @@ def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Ten
     if not callable(verifier) and verifier not in VERIFIERS:
         raise ValueError(f"unknown verifier {verifier!r}; choose one of {', '.join(VERIFIERS)} or pass a function")
     # a step runs while fewer than max_new_tokens are out, so x sits at n <= P + max_new_tokens - 2 and
-    # the verify pass writes n .. n + depth: positions up to P + max_new_tokens + depth - 2
-    needed = _check_request(target, prompt_ids, max_new_tokens, extra=depth - 1, eos_id=eos_id)
+    # the verify pass writes n .. n + depth: positions up to P + max_new_tokens + depth - 2; with
+    # max_new_tokens <= 1 no step runs and only the prefill's P positions are written
+    needed = _check_request(target, prompt_ids, max_new_tokens, extra=depth - 1 if max_new_tokens > 1 else -1,
+                            eos_id=eos_id)
+    prompt_ids = prompt_ids.long()  # any integer dtype (the embedding takes int64 or int32 only)
     impl = resolve_impl(impl, prompt_ids.device, target.embed.dtype, target.config.head_dim,
                         target.config.n_heads // target.config.n_kv_heads)
     verify = verifier if callable(verifier) else {"batched": verify_greedy, "loop": verify_greedy_loop}[verifier]
