@@ -153,8 +153,47 @@ def test_plot_renders_a_reproduce_json(capsys, wikitext_dir, tmp_path):
     assert (tmp_path / "m.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # reproduce draws its JSON
     code, stdout, _ = _run(capsys, ["plot", str(out), "--out", str(tmp_path / "again.png")])
     assert code == 0 and (tmp_path / "again.png").stat().st_size > 10_000
-    (tmp_path / "bad.json").write_text('{"rows": 1}')
+    (tmp_path / "bad.json").write_text('{"runs": 1}')
     code, _, err = _run(capsys, ["plot", str(tmp_path / "bad.json")])
     assert code == 2 and "neither" in err
     code, _, err = _run(capsys, ["plot", str(tmp_path / "missing.json")])
     assert code == 2 and "cannot read" in err
+    for broken in ('{"contexts": [], "draft_attention": []}', '{"rows": [], "methods": []}', '{"rows": 1}'):
+        (tmp_path / "broken.json").write_text(broken)  # the right kind, not whole: one line, no traceback
+        code, _, err = _run(capsys, ["plot", str(tmp_path / "broken.json")])
+        assert code == 2 and "incomplete" in err and len(err.strip().splitlines()) == 1, err
+    code, _, err = _run(capsys, ["plot", str(out), "--out", str(out)])  # the plot would overwrite its JSON
+    assert code == 2 and "same file" in err and out.read_text().startswith("{")
+
+
+def test_bench_attention_off_cuda_writes_a_json_that_plot_draws(capsys, tmp_path):
+    out = tmp_path / "cpu.json"
+    code, _, _ = _run(capsys, ["bench", "attention", "--device", "cpu", "--preset", "tiny", "--contexts", "64", "256",
+                               "--repeats", "2", "--out", str(out)])
+    m = json.loads(out.read_text())
+    assert code == 0 and m["kind"] == "draft-attention" and m["command"].startswith("wmtp bench attention")
+    assert {"schema_version", "environment", "preset", "dtype", "rows"} <= set(m)
+    code, _, _ = _run(capsys, ["plot", str(out)])
+    assert code == 0 and (tmp_path / "cpu.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_json_out_named_like_its_plot_exits_2_before_any_work(capsys, tmp_path, monkeypatch):
+    import wmtp.reproduce
+
+    monkeypatch.setattr(wmtp.reproduce, "reproduce", lambda *a, **k: pytest.fail("the run started"))
+    code, _, err = _run(capsys, ["reproduce", "--out", str(tmp_path / "m.png")])
+    assert code == 2 and "same file" in err
+
+
+def test_check_writable_tries_a_file_where_os_access_says_yes(tmp_path, monkeypatch):
+    """As root, os.access allows everything: a folder that refuses a new file must still fail up front."""
+    import tempfile
+
+    from wmtp.fileio import check_writable
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(30, "Read-only file system")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", refuse)
+    with pytest.raises(ValueError, match="refuses a new file"):
+        check_writable(tmp_path / "m.json", "--out")

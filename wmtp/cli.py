@@ -15,7 +15,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from .fileio import check_writable
+from .fileio import check_distinct, check_writable
 
 PAPERS = ("windowed-mtp",)
 
@@ -170,6 +170,7 @@ def _reproduce(args: argparse.Namespace, prog: str, argv: list[str]) -> int:
     for path, what in ((out, "--out"), (new_checkpoint, "--checkpoint"), (new_cache, "--cache-dir")):
         if path is not None:  # fail now, not after the training and decoding
             check_writable(path, what)
+    check_distinct(out, out.with_suffix(".png"), "--out", "its plot")
     console = Console(stderr=True)
     command = " ".join([prog, *map(shlex.quote, argv)])
 
@@ -190,7 +191,7 @@ def _reproduce(args: argparse.Namespace, prog: str, argv: list[str]) -> int:
     return 0
 
 
-def _bench_attention(args: argparse.Namespace) -> int:
+def _bench_attention(args: argparse.Namespace, prog: str, argv: list[str]) -> int:
     import torch
 
     from .device import resolve_device
@@ -209,6 +210,7 @@ def _bench_attention(args: argparse.Namespace) -> int:
         png = args.plot or out.with_suffix(".png")
         check_writable(out, "--out")
         check_writable(png, "--plot")
+        check_distinct(out, png, "--out", "--plot")
         contexts, methods = tuple(args.contexts or ba.CONTEXTS), tuple(args.methods or ba.METHODS)
         command = shlex.join(["wmtp", "bench", "attention", "--device", args.device, "--dtype", dtype, "--rep-ms",
                               str(args.rep_ms), "--contexts", *map(str, contexts), "--methods", *methods,
@@ -240,8 +242,13 @@ def _bench_attention(args: argparse.Namespace) -> int:
     rows = bench_draft_attention(preset.model, tuple(args.contexts or (1024, 4096, 16384)), preset.spec.keysets,
                                  repeats=args.repeats, dtype=getattr(torch, dtype), device=device)
     _print_attention(Console(), rows)
-    if args.out:
-        write_json(args.out, {"environment": environment(device), "dtype": dtype, "rows": rows})
+    if args.out:  # a metrics file `wmtp plot` draws (plots.plot_draft_attention)
+        from .metrics import SCHEMA_VERSION
+
+        write_json(args.out, {"schema_version": SCHEMA_VERSION, "kind": "draft-attention",
+                              "command": shlex.join([prog, *argv]),
+                              "environment": environment(device), "preset": args.preset, "dtype": dtype,
+                              "rows": rows})
     return 0
 
 
@@ -271,9 +278,10 @@ def main(argv: list[str] | None = None, prog: str = "wmtp") -> int:
 
             if args.out:
                 check_writable(args.out, "--out")
+            check_distinct(args.json, args.out or args.json.with_suffix(".png"), "the metrics file", "the plot")
             print(f"wrote {render(args.json, args.out)}")
             return 0
-        return _bench_attention(args)
+        return _bench_attention(args, prog, argv)
     except (ValueError, OSError) as e:  # bad input, or a path that cannot be read or written: one line
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2

@@ -2,8 +2,9 @@
 
 ``atomic_path(path)`` yields a temporary path in the same folder; when the block succeeds the
 file is renamed onto ``path`` (``os.replace`` is atomic on one filesystem), otherwise removed.
-``check_writable(path)`` says up front, as a ``ValueError``, why ``path`` could not be written, so
-a command fails before its work rather than after it.
+``check_writable(path)`` says up front, as a ``ValueError``, why ``path`` could not be written, and
+``check_distinct`` that two paths are not one file, so a command fails before its work rather than
+after it.
 """
 
 from __future__ import annotations
@@ -41,3 +42,15 @@ def check_writable(path: str | Path, what: str = "output") -> None:
         parent = parent.parent
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise ValueError(f"{what} {path} cannot be written: {parent} is not a writable folder")
+    try:  # os.access says yes to root everywhere (a read-only mount, /proc): try a file there
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as e:
+        raise ValueError(f"{what} {path} cannot be written: {parent} refuses a new file ({e.strerror})") from None
+
+
+def check_distinct(first: str | Path, second: str | Path, what_first: str, what_second: str) -> None:
+    """Raise ``ValueError`` if two outputs (or an input and an output) are one file: the second
+    would overwrite the first (a metrics JSON named ``.png`` and its plot, say)."""
+    if Path(first).resolve() == Path(second).resolve():
+        raise ValueError(f"{what_second} {second} is the same file as {what_first} {first}: give them two names")

@@ -2,9 +2,9 @@
 
 ``render(json_path, png_path)`` draws any such file: the reproduction (arXiv 2607.21535's draft-KV
 tax in miniature: draft-attention cost against context per key set, and the per-step draft and
-verify time behind the step-cost equation ``step = t_verify + t_draft``) or the GPU kernel sweep
-(wmtp/bench_attention.py). matplotlib's object API is used (no pyplot, no global state), and the
-PNG is written atomically.
+verify time behind the step-cost equation ``step = t_verify + t_draft``), the GPU kernel sweep
+(wmtp/bench_attention.py) or the draft-attention benchmark off CUDA (its first panel alone).
+matplotlib's object API is used (no pyplot, no global state), and the PNG is written atomically.
 """
 
 from __future__ import annotations
@@ -15,18 +15,37 @@ from pathlib import Path
 from .fileio import atomic_path
 
 
+def _draft_attention_panel(ax, rows: list[dict]) -> None:
+    """Median ms per draft query against context, one line per key set (``bench_draft_attention``'s rows)."""
+    for label in dict.fromkeys(r["keyset"] for r in rows):
+        pts = sorted((r["context"], r["median_s"] * 1e3) for r in rows if r["keyset"] == label)
+        ax.plot(*zip(*pts), marker="o", label=label)
+    ax.set(xscale="log", yscale="log", xlabel="context (keys)", ylabel="median ms per draft query",
+           title="Draft attention alone")
+
+
+def plot_draft_attention(m: dict, png_path: str | Path) -> None:
+    """One panel: what ``wmtp bench attention`` writes off CUDA (draft attention alone vs context)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 4.2), layout="constrained")
+    ax = fig.subplots()
+    _draft_attention_panel(ax, m["rows"])
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize="small")
+    env = m["environment"]
+    fig.suptitle(f"wmtp bench attention ({env['device']}, torch {env['versions']['torch']}, {m['dtype']})")
+    with atomic_path(png_path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+
+
 def plot_reproduction(m: dict, png_path: str | Path) -> None:
     """Three panels: draft attention alone vs context; draft and verify ms per step; acceptance."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(15, 4.2), layout="constrained")
     ax_attn, ax_step, ax_acc = fig.subplots(1, 3)
-    labels = list(dict.fromkeys(r["keyset"] for r in m["draft_attention"]))
-    for label in labels:
-        pts = sorted((r["context"], r["median_s"] * 1e3) for r in m["draft_attention"] if r["keyset"] == label)
-        ax_attn.plot(*zip(*pts), marker="o", label=label)
-    ax_attn.set(xscale="log", yscale="log", xlabel="context (keys)", ylabel="median ms per draft query",
-                title="Draft attention alone")
+    _draft_attention_panel(ax_attn, m["draft_attention"])
     contexts = [c["context"] for c in m["contexts"]]
     for label in m["contexts"][0]["arms"]:
         draft = [c["arms"][label]["draft_time_per_step_s"] * 1e3 for c in m["contexts"]]
@@ -62,11 +81,17 @@ def render(json_path: str | Path, png_path: str | Path | None = None) -> Path:
         raise ValueError(f"cannot read metrics file {json_path}: {type(e).__name__}") from None
     png_path = Path(png_path) if png_path else json_path.with_suffix(".png")
     if isinstance(m, dict) and "contexts" in m and "draft_attention" in m:
-        plot_reproduction(m, png_path)
+        draw, kind = plot_reproduction, "'wmtp reproduce'"
     elif isinstance(m, dict) and "rows" in m and "methods" in m:
-        from .bench_report import plot
+        from .bench_report import plot as draw
 
-        plot(m, png_path)
+        kind = "'wmtp bench attention --device cuda'"
+    elif isinstance(m, dict) and "rows" in m:
+        draw, kind = plot_draft_attention, "'wmtp bench attention' (off CUDA)"
     else:
         raise ValueError(f"{json_path} is neither a 'wmtp reproduce' nor a 'wmtp bench attention' metrics file")
+    try:
+        draw(m, png_path)
+    except (KeyError, IndexError, TypeError, AttributeError) as e:  # the right kind, but not whole
+        raise ValueError(f"{json_path} is an incomplete {kind} metrics file: {type(e).__name__}: {e}") from None
     return png_path
