@@ -133,7 +133,9 @@ print(f"off-by-one verifier: output departs from dense greedy at token {first}")
 # ## Measure
 #
 # The accept-length histogram of `SpecStats` is the figure of merit of a draft: `mean_accept_length`
-# (the paper's AL, tokens per target pass) is `1 + sum(a * hist[a]) / steps`. For a realistic spread
+# (the paper's AL, tokens per target pass) is `committed / steps`, the tokens the steps add to the
+# output: `1 + sum(a * hist[a]) / steps`, less the drafts a last step accepted past `max_new_tokens`
+# or `eos_id`. For a realistic spread
 # we script a draft that is right at each draft position with probability `p`, independently (it reuses
 # the oracle's mechanism, deciding per draft instead of by a fixed `j`). Its accept length is then a
 # truncated geometric: `P(a) = p^a (1 - p)` for `a < K` and `P(K) = p^K`.

@@ -136,12 +136,12 @@ for r in rows:
               f"native/this = {r['time_ratio_vs_native']:.1f}x")
 
 # %% [markdown]
-# **Keys read is not time.** Compare the two arms that read 4160 keys. The sink + window arm reads two
-# ranges, and the reference implementation (`wmtp/attention/reference.py`) concatenates them into one
-# contiguous copy before its matmul; the pure window reads a view of the cache, no copy. On a CPU that copy
-# can cost more than the attention itself, enough to put the 64 + 4096 arm *above* native just past the
-# window. Keys read is the tax's floor; what an implementation pays on top (copies, launches) is why the
-# kernel of notebook 04 reads both ranges in place.
+# **Keys read is not time.** Compare the two arms that read 4160 keys. The reference implementation
+# (`wmtp/attention/reference.py`) reads each key range as a view of the cache (no copy of K or V) and
+# joins only the ranges' scores: the sink + window arm pays a second matmul per step and that join,
+# the pure window neither. At these sizes on a CPU such fixed costs are a visible share of the time;
+# compare the two curves on your machine. Keys read is the tax's floor; what an implementation pays
+# on top (copies, launches) is why the kernel of notebook 04 reads both ranges in place, in one pass.
 
 # %% [markdown]
 # **What-if.** Put the equation to work. Take a native step with `t_verify = 1` (the unit) and a draft
@@ -247,8 +247,8 @@ else:
 #
 # - Keys read is the cleanest measure of the tax: it is exact, device-independent and linear in the
 #   context for the native head, flat for a windowed one. Time follows it once the cache is large enough
-#   for memory traffic to dominate; below that, fixed costs (launches, copies, the head's MLP and LM
-#   head) hide it or even reverse it, as the copy of the two-range reference does above.
+#   for memory traffic to dominate; below that, fixed costs (launches, the reference's per-range
+#   matmuls, the head's MLP and LM head) hide it or even reverse it.
 # - The decision is the step-cost equation, not the attention timing alone: a windowed head that reads
 #   100x fewer keys still loses if it lowers `AL` more than it shrinks `t_step`. Measure both `AL` and
 #   per-step time in the same run, and report TPOT.
