@@ -401,6 +401,47 @@ def test_public_op_checks_what_costs_no_sync():
         attention_triton(wide, kv, kv, torch.tensor([3], device=DEVICE))
 
 
+@NEEDS_TRITON
+def test_public_ops_refuse_what_the_kernels_cannot_take_with_a_value_error():
+    """wmtp.attention's input contract for both impls: one device, floating tensors, integer
+    positions; for Triton also one dtype, one k/v layout and no autograd (impl='auto' takes the
+    reference there, impl='triton' says why). A query strided in its head dim is made contiguous."""
+    q, k, v, pos = make_inputs(1, 4, 2, 2, 20, 32, torch.float32, seed=1, device=DEVICE)
+    for impl in ("torch", "triton"):
+        for bad_pos in (pos.float(), pos > 3):
+            with pytest.raises(ValueError, match="integer positions"):
+                wmtp.attention(q, k, v, bad_pos, 2, 4, impl=impl)
+        with pytest.raises(ValueError, match="one device"):
+            wmtp.attention(q, k.to("meta"), v, pos, 2, 4, impl=impl)
+        with pytest.raises(ValueError, match="floating point"):
+            wmtp.attention(q, k.long(), v.long(), pos, 2, 4, impl=impl)
+    ref = wmtp.attention(q, k, v, pos, 2, 4, impl="torch")
+    strided_v = v.transpose(2, 3).contiguous().transpose(2, 3)  # (B, Hkv, S, D) with a strided head dim
+    for args, why in (((q, k.double(), v.double()), "different dtypes"), ((q, k, strided_v), "two layouts"),
+                      ((q.clone().requires_grad_(), k, v), "require grad")):
+        with pytest.raises(ValueError, match=why):
+            wmtp.attention(*args, pos, 2, 4, impl="triton")
+        torch.testing.assert_close(wmtp.attention(*args, pos, 2, 4, impl="torch").float(), ref.double().float())
+    with torch.no_grad():  # no autograd: the kernel serves
+        torch.testing.assert_close(wmtp.attention(q.clone().requires_grad_(), k, v, pos, 2, 4, impl="triton"), ref)
+    q_t = q.transpose(2, 3).contiguous().transpose(2, 3)  # (B, Hq, Lq, D), head dim strided
+    torch.testing.assert_close(wmtp.attention(q_t, k, v, pos, 2, 4, impl="triton"), ref)
+
+
+@pytest.mark.parametrize("impl", ["torch", pytest.param("triton", marks=NEEDS_TRITON)])
+def test_paged_op_checks_the_block_table_where_it_costs_no_sync(impl):
+    """A page id outside the pool is an error, not another page (torch indexes -1 from the end)."""
+    q, k, v, pos = make_inputs(1, 4, 2, 2, 64, 32, torch.float32, seed=2, device=DEVICE)
+    k_pages, v_pages, table = paginate(k, v, 16, torch.Generator().manual_seed(2))
+    for page, match in ((-1, "must lie in"), (k_pages.shape[0], "must lie in")):
+        bad = table.clone()
+        bad[0, int(pos.max()) // 16] = page
+        with pytest.raises(ValueError, match=match):
+            paged_attention(q, k_pages, v_pages, bad, pos, 2, 4, impl=impl)
+    with pytest.raises(ValueError, match="q's device"):
+        paged_attention(q, k_pages, v_pages, table.to("meta"), pos, 2, 4, impl=impl)
+
+
 def test_key_plan_reads_the_union_and_masks_only_the_edges():
     """Host-side blocking: the two ranges hold the union of the key sets and no other key, the
     unmasked blocks only keys every query reads, and the draft's work does not grow with S."""

@@ -108,14 +108,54 @@ def _check_positions(impl: str, q_pos: torch.Tensor, S: int) -> None:
             raise ValueError(f"query positions must lie in [0, {S}), got [{lo}, {hi}]")
 
 
-def _prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos, impl: str) -> tuple[str, torch.Tensor]:
-    """Shared by both ops: check shapes against the (logical) ``(B, Hkv, S, D)`` cache ``k, v``, resolve
-    ``impl`` once, check positions where that costs no sync, and move them to ``q``'s device."""
-    q_pos = torch.as_tensor(q_pos, dtype=torch.long)  # (Lq,) where it was given
-    group = _check_shapes(q, k, v, q_pos)
-    impl = resolve_impl(impl, q.device, q.dtype, q.shape[-1], group)
-    _check_positions(impl, q_pos, k.shape[2])
-    return impl, q_pos.to(q.device)
+def _check_pages(impl: str, block_table: torch.Tensor, q_pos: torch.Tensor, num_pages: int, page_size: int) -> None:
+    """NOTE [Host sync], as for positions: the pages the queries can reach (``0 .. max(q_pos)``) must
+    lie in ``[0, num_pages)``; checked for the reference and for a table in host memory. (A negative
+    page id would index from the end in torch: another page, silently.)"""
+    if q_pos.numel() and (impl == "torch" or block_table.device.type == "cpu"):
+        used = block_table[:, : int(q_pos.max()) // page_size + 1]  # (B, pages read)
+        lo, hi = int(used.min()), int(used.max())
+        if lo < 0 or hi >= num_pages:
+            raise ValueError(f"block_table's pages for positions up to {int(q_pos.max())} must lie in "
+                             f"[0, {num_pages}), got [{lo}, {hi}]")
+
+
+def _triton_refuses(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
+    """What the Triton kernels cannot take beyond dtype and shape, or ``None``: they read k and v in
+    place (one layout, a contiguous head dim), in q's dtype, and have no backward."""
+    if not q.dtype == k.dtype == v.dtype:
+        return f"q, k, v of different dtypes ({q.dtype}, {k.dtype}, {v.dtype})"
+    if k.stride(-1) != 1 or k.stride() != v.stride():
+        return f"k and v of two layouts or a strided head dim (strides {k.stride()}, {v.stride()})"
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return "tensors that require grad (the kernels have no backward)"
+    return None
+
+
+def _prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos, impl: str,
+             logical: torch.Tensor | None = None) -> tuple[str, torch.Tensor, torch.Tensor]:
+    """Shared by both ops: check shapes against the ``(B, Hkv, S, D)`` cache (``logical`` for pages),
+    devices and dtypes, resolve ``impl`` once, check positions where that costs no sync, and move
+    them to ``q``'s device. Returns ``impl``, ``q`` (contiguous in its head dim for Triton), positions."""
+    q_pos = torch.as_tensor(q_pos)
+    if q_pos.is_floating_point() or q_pos.is_complex() or q_pos.dtype == torch.bool:
+        raise ValueError(f"q_pos must hold integer positions, got dtype {q_pos.dtype}")
+    q_pos = q_pos.long()  # (Lq,) where it was given
+    group = _check_shapes(q, logical if logical is not None else k, logical if logical is not None else v, q_pos)
+    if not q.device == k.device == v.device:
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if not (q.is_floating_point() and k.is_floating_point() and v.is_floating_point()):
+        raise ValueError(f"q, k, v must be floating point, got {q.dtype}, {k.dtype}, {v.dtype}")
+    resolved = resolve_impl(impl, q.device, q.dtype, q.shape[-1], group)
+    refused = _triton_refuses(q, k, v) if resolved == "triton" else None
+    if refused is not None and impl == "auto":  # as for a head_dim the kernel lacks: the reference
+        resolved = "torch"
+    elif refused is not None:
+        raise ValueError(f"impl='triton' does not support {refused}; use impl='torch'")
+    _check_positions(resolved, q_pos, (logical if logical is not None else k).shape[2])
+    if resolved == "triton" and q.stride(-1) != 1:
+        q = q.contiguous()  # the kernel loads each query row whole; q is small
+    return resolved, q, q_pos.to(q.device)
 
 
 def attention(
@@ -143,7 +183,7 @@ def attention(
         ``(B, Hq, Lq, D)`` tensor in ``q.dtype``.
     """
     check_key_set_args(n_sink, window)
-    impl, q_pos = _prepare(q, k, v, q_pos, impl)
+    impl, q, q_pos = _prepare(q, k, v, q_pos, impl)
     if impl == "triton":
         from .triton_attention import attention_triton
 
@@ -184,11 +224,14 @@ def paged_attention(
                          f"got {tuple(k_pages.shape)}, {tuple(v_pages.shape)}, {tuple(block_table.shape)}")
     if block_table.dtype != torch.int32:
         raise ValueError(f"block_table must be int32, got {block_table.dtype}")
+    if block_table.device != q.device:
+        raise ValueError(f"block_table must be on q's device {q.device}, got {block_table.device}")
     B, Hkv = block_table.shape[0], k_pages.shape[2]
     capacity = block_table.shape[1] * k_pages.shape[1]  # positions the block table can address
     # The logical (B, Hkv, capacity, D) shape the contiguous checks apply to.
     logical = torch.empty(B, Hkv, capacity, k_pages.shape[3], device="meta")
-    impl, q_pos = _prepare(q, logical, logical, q_pos, impl)
+    impl, q, q_pos = _prepare(q, k_pages, v_pages, q_pos, impl, logical)
+    _check_pages(impl, block_table, q_pos, k_pages.shape[0], k_pages.shape[1])
     if impl == "triton":
         from .triton_attention import paged_attention_triton
 
