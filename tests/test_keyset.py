@@ -171,3 +171,22 @@ def test_render_mask_rows_match_mask():
     mask = draft_key_mask(torch.arange(8), 8, 2, 3)
     for t, row in enumerate(rows):
         assert [c == "#" for c in row] == mask[t].tolist(), t
+
+
+@pytest.mark.parametrize("call", [
+    lambda: draft_key_indices(5.5, 0, None), lambda: draft_key_indices(5.0, 2, None),  # no float is a position
+    lambda: draft_key_indices(torch.tensor(5.5), 1, 2), lambda: draft_key_indices(True, 1, 2),
+    lambda: draft_key_csr(torch.tensor([3.9]), 0, 2), lambda: draft_key_csr(torch.tensor([], dtype=torch.long), -1, 2),
+    lambda: draft_key_mask([3], 2.5, 0, 2), lambda: draft_key_mask([3], -1, 0, 2),
+    lambda: draft_key_mask([-1], 4, 0, 2), lambda: draft_key_mask(torch.tensor(3), 4, 0, 2),
+    lambda: draft_key_mask(torch.tensor([[3]]), 4, 0, 2), lambda: draft_key_mask(torch.tensor([1.5]), 4, 0, 2),
+])
+def test_non_positions_are_value_errors(call):
+    """Floats were truncated or kept as float 'positions', a negative one gave an empty mask row."""
+    with pytest.raises(ValueError):
+        call()
+
+
+def test_integer_tensors_are_positions():
+    assert draft_key_indices(torch.tensor(5), 1, 2).tolist() == draft_key_indices(5, 1, 2).tolist() == [0, 4, 5]
+    assert draft_key_indices(5, 1, 2).dtype == torch.long

@@ -18,6 +18,8 @@ derived from it here and tested against it with literal index lists (tests/test_
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 __all__ = [
@@ -57,6 +59,19 @@ def in_key_set(t: torch.Tensor, j: torch.Tensor, n_sink: int | None, window: int
     return causal & ((j < n_sink) | (j > t - window))
 
 
+def _position(t) -> int:
+    """``t`` as a query position: an int (or 0-d integer tensor) >= 0, else ``ValueError`` (5.5 is no position)."""
+    try:
+        if isinstance(t, bool):
+            raise TypeError
+        t = operator.index(t)
+    except TypeError:
+        raise ValueError(f"a query position must be an integer, got {t!r}") from None
+    if t < 0:
+        raise ValueError(f"query position must be >= 0, got {t}")
+    return t
+
+
 def key_ranges(t: int, n_sink: int | None, window: int | None) -> tuple[tuple[int, int], tuple[int, int]]:
     """The key set of position ``t`` as two disjoint half-open ranges ``(sink, recent)``.
 
@@ -64,8 +79,7 @@ def key_ranges(t: int, n_sink: int | None, window: int | None) -> tuple[tuple[in
     the form the kernels loop over: two contiguous key ranges, never a gathered copy.
     """
     n_sink = check_key_set_args(n_sink, window)
-    if t < 0:
-        raise ValueError(f"query position must be >= 0, got {t}")
+    t = _position(t)
     if window is None:
         return (0, 0), (0, t + 1)
     a = min(n_sink, t + 1)  # sinks that exist yet
@@ -105,9 +119,16 @@ def draft_key_mask(q_pos: torch.Tensor, kv_len: int, n_sink: int | None, window:
         n_sink: number of sink keys (``None`` = 0).
         window: recent-window size including the query (``None`` = full causal set).
     """
-    q_pos = torch.as_tensor(q_pos, dtype=torch.long)
+    check_key_set_args(n_sink, window)
+    q_pos = torch.as_tensor(q_pos)
+    if q_pos.dim() != 1 or q_pos.is_floating_point() or q_pos.is_complex() or q_pos.dtype == torch.bool:
+        raise ValueError(f"q_pos must be a 1-D tensor of integer positions, got {q_pos.dtype} {tuple(q_pos.shape)}")
+    if q_pos.numel() and int(q_pos.min()) < 0:
+        raise ValueError(f"query positions must be >= 0, got {int(q_pos.min())}")
+    if isinstance(kv_len, bool) or not isinstance(kv_len, int) or kv_len < 0:
+        raise ValueError(f"kv_len must be an int >= 0, got {kv_len!r}")
     j = torch.arange(kv_len, device=q_pos.device)
-    return in_key_set(q_pos[:, None], j[None, :], n_sink, window)  # (Lq, kv_len)
+    return in_key_set(q_pos.long()[:, None], j[None, :], n_sink, window)  # (Lq, kv_len)
 
 
 def draft_key_csr(
@@ -131,7 +152,8 @@ def draft_key_csr(
     one = not isinstance(q_pos, (list, tuple)) or all(isinstance(t, int) or torch.is_tensor(t) and t.dim() == 0
                                                       for t in q_pos)  # positions of one sequence
     seqs = [q_pos] if one else q_pos
-    rows = [draft_key_indices(int(t), n_sink, window) for seq in seqs for t in torch.as_tensor(seq).tolist()]
+    check_key_set_args(n_sink, window)
+    rows = [draft_key_indices(t, n_sink, window) for seq in seqs for t in torch.as_tensor(seq).tolist()]
     counts = torch.tensor([len(r) for r in rows], dtype=torch.long)
     indptr = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
     indices = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)
