@@ -109,8 +109,22 @@ def test_fp16_global_layers_stay_finite_past_65519():
 
 def test_cache_refuses_positions_past_its_end():
     cache = KVCache(1, 1, 2, 8, 4)
-    with pytest.raises(ValueError, match="does not fit"):
+    with pytest.raises(ValueError, match="fit in a KV cache"):
         cache.update(0, torch.tensor([8]), torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4))
+
+
+@pytest.mark.parametrize("layer, pos, shape, match", [
+    (-1, [3], (1, 2, 1, 4), "layer"), (2, [3], (1, 2, 1, 4), "layer"),  # -1 wrote the last layer, silently
+    (0, [-1], (1, 2, 1, 4), "do not fit"), (0, [], (1, 2, 0, 4), "non-empty"), (0, [1.0], (1, 2, 1, 4), "integer"),
+    (0, [3], (1, 2, 2, 4), "must be"), (0, [3], (1, 1, 1, 4), "must be"),
+])
+def test_cache_update_refuses_bad_arguments(layer, pos, shape, match):
+    cache = KVCache(2, 1, 2, 8, 4)
+    with pytest.raises(ValueError, match=match):
+        cache.update(layer, torch.tensor(pos), torch.zeros(shape), torch.zeros(shape))
+    assert not cache.k.any()  # nothing written
+    k, _ = cache.update(1, torch.tensor([3], dtype=torch.int32), torch.ones(1, 2, 1, 4), torch.ones(1, 2, 1, 4))
+    assert k[:, :, 3].eq(1).all() and cache.k[0].eq(0).all()  # int32 positions, the named layer only
 
 
 def test_unknown_preset():

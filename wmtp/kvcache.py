@@ -33,10 +33,21 @@ class KVCache:
         """Write ``k, v`` ``(B, Hkv, L, D)`` at positions ``pos`` ``(L,)``; return the layer's buffers.
 
         Raises:
-            ValueError: if a position does not fit in the cache.
+            ValueError: for a layer outside the cache (-1 is not the last one), positions that are not
+                a non-empty 1-D integer tensor or do not fit in the cache, or ``k, v`` of another shape.
         """
-        if int(pos.max()) >= self.max_len:
-            raise ValueError(f"position {int(pos.max())} does not fit in a KV cache of {self.max_len} positions")
+        n_layers, B, Hkv, _, D = self.k.shape
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n_layers:
+            raise ValueError(f"layer must be an int in [0, {n_layers}), got {layer!r}")
+        if pos.dim() != 1 or not pos.numel() or pos.is_floating_point() or pos.is_complex() or pos.dtype == torch.bool:
+            raise ValueError(f"pos must be a non-empty 1-D tensor of integer positions, got {pos.dtype} "
+                             f"{tuple(pos.shape)}")
+        if k.shape != (B, Hkv, pos.numel(), D) or v.shape != k.shape:
+            raise ValueError(f"k, v must be {(B, Hkv, pos.numel(), D)}, got {tuple(k.shape)}, {tuple(v.shape)}")
+        lo, hi = torch.stack(torch.aminmax(pos)).tolist()  # one read of the device
+        if lo < 0 or hi >= self.max_len:
+            raise ValueError(f"positions [{lo}, {hi}] do not fit in a KV cache of {self.max_len} positions")
+        pos = pos.long()
         self.k[layer].index_copy_(2, pos, k.to(self.k.dtype))
         self.v[layer].index_copy_(2, pos, v.to(self.v.dtype))
         return self.k[layer], self.v[layer]  # (B, Hkv, S, D) each
