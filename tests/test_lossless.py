@@ -8,6 +8,7 @@ kernel under its CPU interpreter (a subset: it is slow), and both impls on CUDA 
 """
 
 import copy
+import dataclasses
 import os
 
 import pytest
@@ -123,6 +124,13 @@ def test_requests_up_to_the_last_cache_position(models, prompt_len, depth):
         for max_new in (0, 1):
             out, stats = wmtp.speculative_generate(small, small_head, full, max_new, depth)
             assert torch.equal(out, wmtp.greedy_generate(small, full, max_new)) and stats.steps == 0
+
+
+def test_a_draft_head_of_another_target_config_is_a_value_error(models):
+    target, head = models
+    wide = wmtp.TargetLM(dataclasses.replace(target.config, d_model=2 * target.config.d_model)).double()
+    with pytest.raises(ValueError, match="another config"):  # was a RuntimeError deep in the head
+        wmtp.speculative_generate(target, wmtp.MTPHead(head.config, wide).double(), _prompt(5), 4, 2)
 
 
 def test_any_integer_dtype_of_prompt_decodes_as_int64(models):

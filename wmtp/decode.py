@@ -229,6 +229,9 @@ def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Ten
         return [out for out, _ in runs], [stats for _, stats in runs]
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
         raise ValueError(f"depth must be a positive integer, got {depth!r}")
+    built_for = getattr(getattr(draft, "target", None), "config", target.config)  # an MTPHead's target
+    if built_for != target.config:
+        raise ValueError("the draft head was built for a target of another config; build it on this target")
     check_key_set_args(n_sink, window)
     if not callable(verifier) and verifier not in VERIFIERS:
         raise ValueError(f"unknown verifier {verifier!r}; choose one of {', '.join(VERIFIERS)} or pass a function")
