@@ -149,6 +149,8 @@ def test_impl_switch(monkeypatch):
         wmtp.attention(q, k, v, q_pos, impl="flash")
     with pytest.raises(ValueError, match="unknown"):
         resolve_impl("flash", "cpu")
+    with pytest.raises(ValueError, match="bad device"):  # was torch's RuntimeError
+        resolve_impl("torch", "nope")
 
 
 def _bad_inputs():
@@ -163,6 +165,8 @@ def _bad_inputs():
         "batch": ((q, torch.cat([k, k]), torch.cat([v, v]), q_pos), "batch"),
         "k!=v": ((q, k, v[:, :, :9], q_pos), "expected"),
         "3-D": ((q[0], k[0], v[0], q_pos), "expected"),
+        "B=0": ((q[:0], k[:0], v[:0], q_pos), "empty"),  # torch failed in a reshape, Triton returned nothing
+        "D=0": ((q[..., :0], k[..., :0], v[..., :0], q_pos), "empty"),  # a ZeroDivisionError
     }
 
 

@@ -130,3 +130,6 @@ def test_cache_update_refuses_bad_arguments(layer, pos, shape, match):
 def test_unknown_preset():
     with pytest.raises(ValueError, match="unknown preset"):
         wmtp.build_models("huge")
+    for seed in (1.5, True):  # torch's RuntimeError before
+        with pytest.raises(ValueError, match="seed"):
+            wmtp.build_models("tiny", seed=seed)

@@ -25,6 +25,8 @@ def build_models(preset: str = "tiny", seed: int = 0) -> tuple[TargetLM, MTPHead
         seed: seeds one ``torch.Generator`` used for both models' weights.
     """
     p = get_preset(preset)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed must be an int, got {seed!r}")
     g = torch.Generator().manual_seed(seed)
     target = TargetLM(p.model, generator=g)
     head = MTPHead(p.mtp, target, generator=g)

@@ -64,7 +64,10 @@ def resolve_impl(impl: str, device: torch.device | str, dtype: torch.dtype | Non
     """
     if impl not in IMPLS:
         raise ValueError(f"unknown attention impl {impl!r}; choose one of {', '.join(IMPLS)}")
-    device = torch.device(device)
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"bad device {device!r}: {e}") from None
     if impl == "torch":
         return "torch"
     if impl == "auto":
@@ -88,6 +91,8 @@ def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torc
         raise ValueError(f"expected q (B, Hq, Lq, D) and k, v (B, Hkv, S, D); got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
     B, Hq, Lq, D = q.shape
+    if not B or not Hq or not D:
+        raise ValueError(f"q {tuple(q.shape)} has an empty batch, head or head dimension")
     if k.shape[0] != B or k.shape[3] != D or not k.shape[1] or Hq % k.shape[1]:
         raise ValueError(f"q {tuple(q.shape)} does not fit k {tuple(k.shape)} (batch, head_dim, Hq % Hkv)")
     if k.shape[2] == 0:
