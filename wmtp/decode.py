@@ -35,7 +35,7 @@ import torch
 
 from .attention import resolve_impl
 from .device import synchronize
-from .keyset import check_key_set_args, key_count
+from .keyset import check_key_set_args, is_integer_tensor, key_count
 from .model import TargetLM
 from .mtp import MTPHead
 
@@ -110,7 +110,7 @@ def _check_request(target: TargetLM, prompt_ids: torch.Tensor, max_new_tokens: i
                    eos_id: int | None) -> int:
     if not isinstance(prompt_ids, torch.Tensor) or prompt_ids.dim() != 1 or prompt_ids.numel() == 0:
         raise ValueError("prompt_ids must be a non-empty 1-D LongTensor of token ids")
-    if prompt_ids.is_floating_point() or prompt_ids.is_complex() or prompt_ids.dtype == torch.bool:
+    if not is_integer_tensor(prompt_ids):
         raise ValueError(f"prompt_ids must hold integer token ids, got dtype {prompt_ids.dtype}")
     if eos_id is not None and (isinstance(eos_id, bool) or not isinstance(eos_id, int)
                                or not 0 <= eos_id < target.config.vocab_size):

@@ -59,6 +59,11 @@ def in_key_set(t: torch.Tensor, j: torch.Tensor, n_sink: int | None, window: int
     return causal & ((j < n_sink) | (j > t - window))
 
 
+def is_integer_tensor(t: torch.Tensor) -> bool:
+    """Whether ``t`` holds integers (token ids, positions): not floating, complex or bool."""
+    return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
+
+
 def _position(t) -> int:
     """``t`` as a query position: an int (or 0-d integer tensor) >= 0, else ``ValueError`` (5.5 is no position)."""
     try:
@@ -121,7 +126,7 @@ def draft_key_mask(q_pos: torch.Tensor, kv_len: int, n_sink: int | None, window:
     """
     check_key_set_args(n_sink, window)
     q_pos = torch.as_tensor(q_pos)
-    if q_pos.dim() != 1 or q_pos.is_floating_point() or q_pos.is_complex() or q_pos.dtype == torch.bool:
+    if q_pos.dim() != 1 or not is_integer_tensor(q_pos):
         raise ValueError(f"q_pos must be a 1-D tensor of integer positions, got {q_pos.dtype} {tuple(q_pos.shape)}")
     if q_pos.numel() and int(q_pos.min()) < 0:
         raise ValueError(f"query positions must be >= 0, got {int(q_pos.min())}")

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from .keyset import is_integer_tensor
+
 
 class KVCache:
     """Keys and values of ``n_layers`` attention layers, indexed by absolute position."""
@@ -39,7 +41,7 @@ class KVCache:
         n_layers, B, Hkv, _, D = self.k.shape
         if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n_layers:
             raise ValueError(f"layer must be an int in [0, {n_layers}), got {layer!r}")
-        if pos.dim() != 1 or not pos.numel() or pos.is_floating_point() or pos.is_complex() or pos.dtype == torch.bool:
+        if pos.dim() != 1 or not pos.numel() or not is_integer_tensor(pos):
             raise ValueError(f"pos must be a non-empty 1-D tensor of integer positions, got {pos.dtype} "
                              f"{tuple(pos.shape)}")
         if k.shape != (B, Hkv, pos.numel(), D) or v.shape != k.shape:

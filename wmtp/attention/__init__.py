@@ -17,7 +17,7 @@ import os
 
 import torch
 
-from ..keyset import check_key_set_args
+from ..keyset import check_key_set_args, is_integer_tensor
 from .paged import paged_attention_torch
 from .plan import max_tile_rows
 from .reference import attention_torch
@@ -143,7 +143,7 @@ def _prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos, impl: str
     devices and dtypes, resolve ``impl`` once, check positions where that costs no sync, and move
     them to ``q``'s device. Returns ``impl``, ``q`` (contiguous in its head dim for Triton), positions."""
     q_pos = torch.as_tensor(q_pos)
-    if q_pos.is_floating_point() or q_pos.is_complex() or q_pos.dtype == torch.bool:
+    if not is_integer_tensor(q_pos):
         raise ValueError(f"q_pos must hold integer positions, got dtype {q_pos.dtype}")
     q_pos = q_pos.long()  # (Lq,) where it was given
     group = _check_shapes(q, logical if logical is not None else k, logical if logical is not None else v, q_pos)
