@@ -9,6 +9,8 @@ import hashlib
 import random
 import re
 import socket
+import subprocess
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -253,6 +255,18 @@ def test_stdlib_corpus_is_deterministic_and_split_by_path_hash(stdlib):
         files = files_of(getattr(stdlib, split))
         assert len(files) >= 10 and files == sorted(files), split
         assert all(int(hashlib.sha1(f.encode()).hexdigest(), 16) % 100 in buckets for f in files)
+
+
+def test_offline_corpus_needs_no_datasets():
+    """`datasets` is imported only to read WikiText files or the hub: without it (a GPU image that
+    lacks it), the offline corpus still loads, the same text."""
+    code = ("import sys; sys.modules['datasets'] = None\n"  # `import datasets` now raises ImportError
+            "from wmtp import data\n"
+            "print(data.load_corpus(max_chars=200_000).fingerprint)")
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == data.load_corpus(max_chars=200_000).fingerprint
 
 
 def test_stdlib_corpus_leaves_out_tests_and_installed_packages(stdlib):

@@ -430,13 +430,15 @@ def test_public_ops_refuse_what_the_kernels_cannot_take_with_a_value_error():
 
 @pytest.mark.parametrize("impl", ["torch", pytest.param("triton", marks=NEEDS_TRITON)])
 def test_paged_op_checks_the_block_table_where_it_costs_no_sync(impl):
-    """A page id outside the pool is an error, not another page (torch indexes -1 from the end)."""
+    """A page id outside the pool is an error, not another page (torch indexes -1 from the end).
+    NOTE [Host sync]: Triton checks page ids only in a host table (the interpreter's); on a GPU it
+    does not read the table back, so there only the table's device is checked."""
     q, k, v, pos = make_inputs(1, 4, 2, 2, 64, 32, torch.float32, seed=2, device=DEVICE)
     k_pages, v_pages, table = paginate(k, v, 16, torch.Generator().manual_seed(2))
-    for page, match in ((-1, "must lie in"), (k_pages.shape[0], "must lie in")):
+    for page in (-1, k_pages.shape[0]) if impl == "torch" or table.device.type == "cpu" else ():
         bad = table.clone()
         bad[0, int(pos.max()) // 16] = page
-        with pytest.raises(ValueError, match=match):
+        with pytest.raises(ValueError, match="must lie in"):
             paged_attention(q, k_pages, v_pages, bad, pos, 2, 4, impl=impl)
     with pytest.raises(ValueError, match="q's device"):
         paged_attention(q, k_pages, v_pages, table.to("meta"), pos, 2, 4, impl=impl)

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 
-import datasets
 import numpy as np
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -176,7 +175,7 @@ def _read_with_datasets(builder: str, files: dict[str, Path]) -> dict[str, str]:
     # A throwaway cache, so that nothing is written into the dataset dir or left behind.
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as cache, _quiet_datasets():
         try:
-            dataset = datasets.load_dataset(builder, cache_dir=cache,
+            dataset = _datasets().load_dataset(builder, cache_dir=cache,
                                             data_files={split: str(p) for split, p in files.items()})
         except Exception as err:  # a file datasets cannot parse (not UTF-8, a broken parquet): say which
             cause = err.__cause__ or err  # datasets wraps the parser's error in DatasetGenerationError
@@ -195,9 +194,18 @@ def _join_lines(rows) -> str:
     return "\n".join(row.removesuffix("\n") for row in rows)
 
 
+def _datasets():
+    """The `datasets` module, imported on first use: only WikiText files and the hub need it, so the
+    offline corpus (and `import wmtp.data`) works without it and skips its ~1 s import."""
+    import datasets
+
+    return datasets
+
+
 @contextlib.contextmanager
 def _quiet_datasets():
     """Hide the progress bars of `datasets` for the duration, then restore them as they were."""
+    datasets = _datasets()
     was_enabled = datasets.utils.logging.is_progress_bar_enabled()
     datasets.utils.logging.disable_progress_bar()
     try:
@@ -227,7 +235,7 @@ def _load_from_hub(why: str) -> Corpus:
     """WikiText-2 (raw) from the HuggingFace hub, cached in the user's `datasets` cache."""
     try:
         with _quiet_datasets():
-            dataset = datasets.load_dataset(HUB_REPO, HUB_CONFIG)  # the alias "wikitext" is legacy
+            dataset = _datasets().load_dataset(HUB_REPO, HUB_CONFIG)  # the alias "wikitext" is legacy
         hub_names = {"train": "train", "valid": "validation", "test": "test"}
         texts = {ours: _join_lines(dataset[theirs]["text"]) for ours, theirs in hub_names.items()}
     except Exception as err:  # reachable but failing: say what to do instead of hiding it (one line: the CLI's exit 2)
