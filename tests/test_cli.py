@@ -197,3 +197,31 @@ def test_check_writable_tries_a_file_where_os_access_says_yes(tmp_path, monkeypa
     monkeypatch.setattr(tempfile, "TemporaryFile", refuse)
     with pytest.raises(ValueError, match="refuses a new file"):
         check_writable(tmp_path / "m.json", "--out")
+
+
+def test_draft_attention_bar_is_judged_on_cpu_only():
+    """The reproduction's draft-attention bar reads its own row and is not judged off the CPU."""
+    from wmtp.reproduce import draft_attention_bar
+
+    rows = [{"context": 16384, "n_sink": 0, "window": None, "keys_read": 16384, "time_ratio_vs_native": 1.0},
+            {"context": 16384, "n_sink": 8, "window": 64, "keys_read": 72, "time_ratio_vs_native": 20.0},
+            {"context": 4096, "n_sink": 8, "window": 64, "keys_read": 72, "time_ratio_vs_native": 2.0}]
+    bar = draft_attention_bar(rows, torch.device("cpu"))
+    assert (bar["met"], bar["ratio"], bar["keys_read"], bar["device"]) == (True, 20.0, 72, "cpu")
+    rows[1]["time_ratio_vs_native"] = 14.9
+    assert draft_attention_bar(rows, torch.device("cpu"))["met"] is False
+    assert draft_attention_bar(rows, torch.device("cuda"))["met"] is None  # no device needed: the type decides
+    assert draft_attention_bar(rows[2:], torch.device("cpu")) is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: reproduce with the Triton kernels")
+def test_tiny_reproduce_on_cuda(capsys, tmp_path):
+    """End to end on the GPU, on the offline corpus (no `datasets` needed): every arm lossless in float32."""
+    out = tmp_path / "m.json"
+    code, _, err = _run(capsys, ["reproduce", "--preset", "tiny", "--device", "cuda", "--seed", "0", "--cache-dir",
+                                 str(tmp_path / "cache"), "--no-progress", "--out", str(out)])
+    assert code == 0, err
+    m = json.loads(out.read_text())
+    assert m["environment"]["device"] == "cuda" and m["decode_dtype"] == "float32"
+    assert m["corpus"]["name"] == "python-stdlib" and [c["context"] for c in m["contexts"]] == [64, 256]
+    assert all(arm["lossless"] is True for c in m["contexts"] for arm in c["arms"].values())

@@ -38,7 +38,23 @@ from .train import (
     train_target,
 )
 
-DRAFT_ATTENTION_BAR = {"context": 16384, "n_sink": 8, "window": 64, "min_ratio": 15.0}
+DRAFT_ATTENTION_BAR = {"context": 16384, "n_sink": 8, "window": 64, "min_ratio": 15.0, "device": "cpu"}
+# On a GPU one eager call of these small shapes costs the launcher, not the reads (~80 us at every key
+# count on an H200: metrics/python-stdlib-seed42-cuda-h200.json), so the ratio says nothing there: the
+# bar is judged on CPU only; `wmtp bench attention --device cuda` times GPU kernels.
+
+
+def draft_attention_bar(attn: list[dict], device: torch.device) -> dict | None:
+    """``DRAFT_ATTENTION_BAR`` read from ``bench_draft_attention``'s rows: ``None`` without its row
+    (another context list); ``met`` is ``None`` off the bar's device, where it is not judged."""
+    b = DRAFT_ATTENTION_BAR
+    key = (b["context"], b["n_sink"], b["window"])
+    row = next((r for r in attn if (r["context"], r["n_sink"], r["window"]) == key), None)
+    if row is None:
+        return None
+    ratio = row["time_ratio_vs_native"]
+    return {**b, "keys_read": row["keys_read"], "ratio": ratio,
+            "met": ratio >= b["min_ratio"] if torch.device(device).type == b["device"] else None}
 
 
 def perplexity_tokens(n_valid: int, contexts: tuple[int, ...]) -> int:
@@ -86,10 +102,15 @@ def run_arms(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: Pres
     """Dense decode and every draft arm at one context; losslessness asserted before anything is kept.
 
     Every run generates exactly ``new_tokens`` (no end-of-text stop), so arms time the same work.
+    Off the CPU, every run is made once untimed first, so no first-call kernel compile is timed.
     Times are medians over decode steps (prefill excluded): per-step draft and verify time, and
     TPOT from the step-cost model, ``(t_verify + t_draft) / AL``; dense TPOT is its median step.
     """
     spec = preset.spec
+    if prompt.device.type != "cpu":  # untimed first runs: Triton compiles (or loads) its kernels on first calls
+        greedy_generate(target, prompt, spec.new_tokens)
+        for ks in spec.keysets:
+            speculative_generate(target, head, prompt, spec.new_tokens, spec.depth, ks.n_sink, ks.window)
     dense_steps: list[float] = []
     dense = greedy_generate(target, prompt, spec.new_tokens, step_times=dense_steps)
     dense_step = statistics.median(dense_steps)
@@ -148,9 +169,6 @@ def reproduce(preset: Preset, dataset_dir: str | None, device: torch.device, see
     log("timing draft attention alone per key set")
     attn = bench_draft_attention(preset.model, spec.contexts, spec.keysets, repeats=max(spec.repeats, 20) * 5,
                                  dtype=dtype, device=device, seed=seed)
-    bar = next((r for r in attn if r["context"] == DRAFT_ATTENTION_BAR["context"]
-                and r["n_sink"] == DRAFT_ATTENTION_BAR["n_sink"] and r["window"] == DRAFT_ATTENTION_BAR["window"]),
-               None)
     metrics = {
         "schema_version": SCHEMA_VERSION,
         "paper": "windowed-mtp (arXiv 2607.21535)",
@@ -168,9 +186,7 @@ def reproduce(preset: Preset, dataset_dir: str | None, device: torch.device, see
         "head_top1_accuracy_teacher_forced": acc,
         "contexts": contexts,
         "draft_attention": attn,
-        "bars": {"draft_attention_16k_sink8_win64": None if bar is None else {
-            **DRAFT_ATTENTION_BAR, "keys_read": bar["keys_read"], "ratio": bar["time_ratio_vs_native"],
-            "met": bar["time_ratio_vs_native"] >= DRAFT_ATTENTION_BAR["min_ratio"]}},
+        "bars": {"draft_attention_16k_sink8_win64": draft_attention_bar(attn, device)},
         "lossless": "asserted: every arm's tokens equal the dense greedy tokens (torch.equal)",
         "wall_time_s": time.perf_counter() - t_start,
     }
