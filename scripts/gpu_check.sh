@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The kernel issue's GPU work in ONE device call (the device tool's $OUT collects what comes back):
 #   tests    - tests/test_triton_attention.py, the launch cache's, the CUDA losslessness cases of tests/test_lossless.py
-#              (its CPU-only tests run in CI and take ~100 s each beside 16 workers), the offline sm_90 compile
-#              and the bench's tests (run M: 663 passed in 129 s on a machine that had compiled the kernels; a fresh
-#              one compiles them first: run N needed over 230 s), then notebook 04's twin run for real on the GPU;
+#              (its CPU-only tests run in CI and take ~100 s each beside 16 workers), the offline sm_90 compile,
+#              the bench's tests and reproduce on CUDA (its evaluations' test and a tiny end-to-end run); run M:
+#              663 passed in 129 s on a machine that had compiled the kernels, while a fresh one compiles them first
+#              (run Q: 233 s); then notebook 04's twin run for real on the GPU;
 #   bench    - `wmtp bench attention` with $BENCH_ARGS, then scripts/tune_attention.py $TUNE_ARGS.
 # With two GPUs the halves run side by side (tests on GPU 0, timings alone on GPU 1); else in turn.
 # Knobs (seconds): TEST_S, TUNE_S, TUNE_BUDGET, BENCH_S; TESTS (pytest targets); SKIP_TUNE=1 skips the tuning,
@@ -26,8 +27,9 @@ tests() {
     CUDA_VISIBLE_DEVICES=0 timeout -s INT "${TEST_S:-420}" python3 -m pytest -n 16 -v -rfEs --tb=short --durations=15 \
       -p no:cacheprovider ${TESTS:-tests/test_triton_attention.py tests/test_launch_cache.py \
       tests/test_lossless.py::test_every_backend_is_lossless tests/test_kernel_sm90.py tests/test_bench_attention.py \
-      tests/test_bench_read.py tests/test_bench_timing.py} \
-      | grep -v " PASSED \| SKIPPED "
+      tests/test_bench_read.py tests/test_bench_timing.py tests/test_train.py::test_evaluation_runs_with_models_on_the_gpu \
+      tests/test_cli.py::test_tiny_reproduce_on_cuda} \
+      | grep -v -E " PASSED | SKIPPED |^tests/[^ ]+ $"  # xdist's -v also prints each test as it starts
     echo "pytest exit $?"
     (cd tutorials && CUDA_VISIBLE_DEVICES=0 timeout 90 python3 04_triton_kernel.py)
     echo "notebook 04 exit $?"; } > "$OUT/tests.log" 2>&1
