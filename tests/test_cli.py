@@ -207,7 +207,7 @@ def test_draft_attention_bar_is_judged_on_cpu_only():
             {"context": 16384, "n_sink": 8, "window": 64, "keys_read": 72, "time_ratio_vs_native": 20.0},
             {"context": 4096, "n_sink": 8, "window": 64, "keys_read": 72, "time_ratio_vs_native": 2.0}]
     bar = draft_attention_bar(rows, torch.device("cpu"))
-    assert (bar["met"], bar["ratio"], bar["keys_read"], bar["device"]) == (True, 20.0, 72, "cpu")
+    assert (bar["met"], bar["ratio"], bar["keys_read"], bar["judged_on"]) == (True, 20.0, 72, "cpu")
     rows[1]["time_ratio_vs_native"] = 14.9
     assert draft_attention_bar(rows, torch.device("cpu"))["met"] is False
     assert draft_attention_bar(rows, torch.device("cuda"))["met"] is None  # no device needed: the type decides

@@ -257,16 +257,23 @@ def test_stdlib_corpus_is_deterministic_and_split_by_path_hash(stdlib):
         assert all(int(hashlib.sha1(f.encode()).hexdigest(), 16) % 100 in buckets for f in files)
 
 
-def test_offline_corpus_needs_no_datasets():
+def test_offline_corpus_needs_no_datasets(tmp_path):
     """`datasets` is imported only to read WikiText files or the hub: without it (a GPU image that
-    lacks it), the offline corpus still loads, the same text."""
+    lacks it), the offline corpus still loads, the same text, and a WikiText dir is a ValueError
+    that says what is missing."""
+    for split in ("train", "valid", "test"):
+        (tmp_path / f"{split}.txt").write_text(" = Title = \n some text \n")
     code = ("import sys; sys.modules['datasets'] = None\n"  # `import datasets` now raises ImportError
             "from wmtp import data\n"
-            "print(data.load_corpus(max_chars=200_000).fingerprint)")
+            "print(data.load_corpus(max_chars=200_000).fingerprint)\n"
+            f"try:\n    data.load_corpus({str(tmp_path)!r})\n"
+            "except ValueError as err:\n    print(err)")
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == data.load_corpus(max_chars=200_000).fingerprint
+    fingerprint, error = out.stdout.strip().split("\n")
+    assert fingerprint == data.load_corpus(max_chars=200_000).fingerprint
+    assert "needs the `datasets` package" in error and "HF_DATASETS_OFFLINE=1" in error
 
 
 def test_stdlib_corpus_leaves_out_tests_and_installed_packages(stdlib):

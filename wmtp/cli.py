@@ -39,7 +39,9 @@ def build_parser(prog: str = "wmtp") -> argparse.ArgumentParser:
     rep.add_argument("--paper", choices=PAPERS, default="windowed-mtp", help="which paper to reproduce")
     rep.add_argument("--dataset-dir", default=None, help="folder holding WikiText-2 (any of its layouts); "
                      "without WikiText there, the hub is tried when online, else the offline corpus python-stdlib")
-    rep.add_argument("--device", default="auto", help="cpu, mps, cuda or auto (default: auto)")
+    rep.add_argument("--device", default="auto",
+                     help="cpu, mps, cuda or auto (default: auto); where the models evaluate and decode "
+                          "(training runs on the CPU, so every device decodes the same weights)")
     rep.add_argument("--seed", type=int, default=42, help="seed of weights and batches (default: 42)")
     rep.add_argument("--preset", default="small", help="named preset from wmtp.PRESETS (default: small)")
     rep.add_argument("--out", type=Path, default=None,

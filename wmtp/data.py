@@ -176,7 +176,7 @@ def _read_with_datasets(builder: str, files: dict[str, Path]) -> dict[str, str]:
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as cache, _quiet_datasets():
         try:
             dataset = _datasets().load_dataset(builder, cache_dir=cache,
-                                            data_files={split: str(p) for split, p in files.items()})
+                                               data_files={split: str(p) for split, p in files.items()})
         except Exception as err:  # a file datasets cannot parse (not UTF-8, a broken parquet): say which
             cause = err.__cause__ or err  # datasets wraps the parser's error in DatasetGenerationError
             raise ValueError(f"cannot read the split files {sorted(map(str, files.values()))} "
@@ -196,9 +196,17 @@ def _join_lines(rows) -> str:
 
 def _datasets():
     """The `datasets` module, imported on first use: only WikiText files and the hub need it, so the
-    offline corpus (and `import wmtp.data`) works without it and skips its ~1 s import."""
-    import datasets
+    offline corpus (and `import wmtp.data`) works without it and skips its ~1 s import.
 
+    Raises:
+        ValueError: `datasets` is not installed (one line for the CLI, saying what to do).
+    """
+    try:
+        import datasets
+    except ImportError as err:
+        raise ValueError(f"reading WikiText-2 (a dataset dir or the hub) needs the `datasets` package ({err}); "
+                         f"pip install datasets, or set HF_DATASETS_OFFLINE=1 and pass no dataset dir "
+                         f"to use the offline corpus python-stdlib") from err
     return datasets
 
 
@@ -233,9 +241,10 @@ def _hub_offline_reason(timeout_s: float) -> str | None:
 
 def _load_from_hub(why: str) -> Corpus:
     """WikiText-2 (raw) from the HuggingFace hub, cached in the user's `datasets` cache."""
+    datasets = _datasets()  # a missing package is its own error, not a failing hub
     try:
         with _quiet_datasets():
-            dataset = _datasets().load_dataset(HUB_REPO, HUB_CONFIG)  # the alias "wikitext" is legacy
+            dataset = datasets.load_dataset(HUB_REPO, HUB_CONFIG)  # the alias "wikitext" is legacy
         hub_names = {"train": "train", "valid": "validation", "test": "test"}
         texts = {ours: _join_lines(dataset[theirs]["text"]) for ours, theirs in hub_names.items()}
     except Exception as err:  # reachable but failing: say what to do instead of hiding it (one line: the CLI's exit 2)
