@@ -3,6 +3,7 @@ end-to-end ``reproduce`` that writes a metrics JSON whose every arm was asserted
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -134,6 +135,7 @@ def test_tiny_reproduce_end_to_end(capsys, wikitext_dir, tmp_path):
     assert set(m["target_perplexity"]["by_context"]) == {"64", "256"}
     assert len(m["head_top1_accuracy_teacher_forced"]) == 3
     assert "native" in stdout and not list(tmp_path.glob("*.tmp"))
+    assert "TPOT speedup vs dense" in stdout and "lossless" in stdout  # whole headers, though not a terminal
 
     # Same config again: the checkpoint is reused, not retrained.
     code, _, err = _run(capsys, args + ["--out", str(tmp_path / "again.json")])
@@ -146,6 +148,20 @@ def test_tiny_reproduce_end_to_end(capsys, wikitext_dir, tmp_path):
     assert not (tmp_path / "x.json").exists()
 
 
+def test_default_out_names_a_preset_other_than_the_default(capsys, wikitext_dir, tmp_path, monkeypatch):
+    """A quick --preset tiny run never overwrites the committed metrics/<corpus>-seed<seed>.json."""
+    from wmtp.cli import _default_out
+
+    assert _default_out("wikitext-2", "small", 42) == Path("metrics/wikitext-2-seed42.json")
+    assert _default_out("wikitext-2", "tiny", 42) == Path("metrics/wikitext-2-tiny-seed42.json")
+    monkeypatch.chdir(tmp_path)
+    code, _, err = _run(capsys, ["reproduce", "--preset", "tiny", "--dataset-dir", str(wikitext_dir), "--device",
+                                 "cpu", "--seed", "5", "--cache-dir", "cache", "--no-progress"])
+    assert code == 0, err
+    assert sorted(p.name for p in (tmp_path / "metrics").iterdir()) == ["wikitext-2-tiny-seed5.json",
+                                                                       "wikitext-2-tiny-seed5.png"]
+
+
 def test_plot_renders_a_reproduce_json(capsys, wikitext_dir, tmp_path):
     out = tmp_path / "m.json"
     assert main(["reproduce", "--preset", "tiny", "--dataset-dir", str(wikitext_dir), "--device", "cpu", "--seed", "3",
@@ -156,9 +172,13 @@ def test_plot_renders_a_reproduce_json(capsys, wikitext_dir, tmp_path):
     (tmp_path / "bad.json").write_text('{"runs": 1}')
     code, _, err = _run(capsys, ["plot", str(tmp_path / "bad.json")])
     assert code == 2 and "neither" in err
+    (tmp_path / "rows.json").write_text('{"rows": [], "unit": "us"}')  # rows, but of no kind plot knows
+    code, _, err = _run(capsys, ["plot", str(tmp_path / "rows.json")])
+    assert code == 2 and "neither" in err
     code, _, err = _run(capsys, ["plot", str(tmp_path / "missing.json")])
     assert code == 2 and "cannot read" in err
-    for broken in ('{"contexts": [], "draft_attention": []}', '{"rows": [], "methods": []}', '{"rows": 1}'):
+    for broken in ('{"contexts": [], "draft_attention": []}', '{"rows": [], "methods": []}',
+                   '{"rows": 1, "kind": "draft-attention"}'):
         (tmp_path / "broken.json").write_text(broken)  # the right kind, not whole: one line, no traceback
         code, _, err = _run(capsys, ["plot", str(tmp_path / "broken.json")])
         assert code == 2 and "incomplete" in err and len(err.strip().splitlines()) == 1, err

@@ -73,3 +73,15 @@ def test_tutorials_page_names_the_notebooks():
     named = set(re.findall(r"`(tutorials/\d\d_\w+\.ipynb)`", (DOCS / "tutorials.md").read_text()))
     assert named == on_disk, (f"docs/tutorials.md names {sorted(named - on_disk)} that do not exist and misses "
                               f"{sorted(on_disk - named)}")
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/index.md"])
+def test_the_library_snippet_prints_what_its_comments_say(page):
+    """The 'Using the library' snippet runs, and each line it prints is written in it as a comment."""
+    snippet = re.search(r"```python\n(import torch, wmtp\n.*?)```", (ROOT / page).read_text(), flags=re.S).group(1)
+    out = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    printed = out.stdout.strip().splitlines()
+    assert len(printed) == 2 and all(f"# {line}" in snippet or f"# prints {line}" in snippet for line in printed), \
+        (printed, snippet)

@@ -19,7 +19,7 @@
 # Windowed-MTP (arXiv 2607.21535) changes exactly one thing in MTP speculative decoding: the keys
 # the draft head's attention may read. This notebook takes that key set apart:
 #
-# - the formula, written once in `wmtp/keyset.py` (and in DESIGN.md);
+# - the formula, written once in `wmtp/keyset.py` (explained in `docs/concepts.md#the-key-set`);
 # - a naive reference you could write on a whiteboard, and the library's version of it;
 # - the mask drawn as a picture, the two key ranges a kernel loops over, the CSR form a batch of
 #   queries is packed into;
@@ -92,7 +92,7 @@ for ax, (n_sink, window) in zip(axes, [(0, None), (4, 12), (0, 12)]):
 fig.tight_layout()
 
 # %% [markdown]
-# The same picture as text, from the module's own renderer (`python -m wmtp.keyset` prints it too):
+# The same picture as text, from the module's own renderer, `keyset.render_mask`:
 
 # %%
 print(keyset.render_mask(kv_len=20, n_sink=4, window=6))

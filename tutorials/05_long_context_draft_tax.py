@@ -76,8 +76,9 @@ print(f"\nat 1M tokens the native draft moves {keys_per_step(S, KEYSETS[0]) * BY
 #     t_step = t_verify + t_draft          TPOT = t_step / AL
 #
 # Windowed-MTP shrinks `t_draft` at long context; the price it may pay is a smaller `AL` (notebooks 02
-# and 03). Two figures, never confused (DESIGN.md): a **speedup** is `old / new - 1` (of a rate, e.g.
-# tokens per second), a **reduction** is `1 - new / old` (of a cost, e.g. time per step).
+# and 03). Two figures, never confused (`docs/concepts.md#speedup-reduction-ratio`): of two times, a
+# **speedup** is `old / new - 1` (how much a rate, e.g. tokens per second, grows), a **reduction** is
+# `1 - new / old` (how much of a cost, e.g. time per step, is saved).
 
 # %%
 t_verify, t_draft, al = 10e-3, 6e-3, 3.2  # seconds, seconds, tokens per step: an example step

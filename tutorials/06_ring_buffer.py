@@ -18,7 +18,8 @@
 #
 # A windowed draft head never reads a key older than its window (sinks aside), so its KV cache does not
 # need a slot per position: `n_sink + window + depth` slots are enough, whatever the context. This
-# notebook builds that *compact ring buffer* from its one formula (DESIGN.md, `wmtp.ring_slot`):
+# notebook builds that *compact ring buffer* from its one formula (`wmtp.ring_slot` in `wmtp/kvcache.py`,
+# explained in `docs/concepts.md#the-ring-buffer-slot`):
 #
 #     slot(p) = p                                           if p < n_sink      (sinks are pinned)
 #               n_sink + (p - n_sink) mod (window + depth)  otherwise          (the rest rotate)

@@ -7,8 +7,8 @@ the same inputs, the methods of wmtp/bench_methods.py (wmtp's Triton kernels: wi
 verify, contiguous and paged cache; SDPA over the full cache, gather-then-SDPA, SDPA over a ready
 compact buffer, FlexAttention with a block mask) and sets each time against the HBM floor (the
 bytes a method must move over the measured copy bandwidth). ``bars`` checks the issue's targets; ``table`` and
-``plot`` (wmtp/bench_report.py) render a result. Figures come from here, never from timed tests
-(DESIGN.md); the timings are wmtp/bench_timing.py's, and ``CAVEATS`` (NOTE [Timing] in
+``plot`` (wmtp/bench_report.py) render a result. Figures come from here, never from timed assertions
+in tests; the timings are wmtp/bench_timing.py's, and ``CAVEATS`` (NOTE [Timing] in
 wmtp/bench_report.py), written into every result, says what they include.
 """
 

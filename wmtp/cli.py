@@ -17,6 +17,8 @@ from rich.table import Table
 
 from .fileio import check_distinct, check_writable
 
+DEFAULT_PRESET = "small"  # reproduce's and bench's --preset; its results are the committed metrics files
+
 PAPERS = ("windowed-mtp",)
 
 
@@ -33,9 +35,10 @@ def build_parser(prog: str = "wmtp") -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     rep = sub.add_parser("reproduce", help="train (or load) the models, run all arms, write metrics JSON",
-                         description="Reproduce Windowed-MTP on CPU: train the target LM and MTP head (or load "
-                         "the cached checkpoint), decode at each context with the native and windowed draft "
-                         "arms, assert every arm equals dense greedy decoding, and write metrics/*.json.")
+                         description="Reproduce Windowed-MTP: train the target LM and MTP head on the CPU (or "
+                         "load the cached checkpoint), decode on --device at each context with the native and "
+                         "windowed draft arms, assert every arm equals dense greedy decoding, and write "
+                         "metrics/*.json.")
     rep.add_argument("--paper", choices=PAPERS, default="windowed-mtp", help="which paper to reproduce")
     rep.add_argument("--dataset-dir", default=None, help="folder holding WikiText-2 (any of its layouts); "
                      "without WikiText there, the hub is tried when online, else the offline corpus python-stdlib")
@@ -43,9 +46,12 @@ def build_parser(prog: str = "wmtp") -> argparse.ArgumentParser:
                      help="cpu, mps, cuda or auto (default: auto); where the models evaluate and decode "
                           "(training runs on the CPU, so every device decodes the same weights)")
     rep.add_argument("--seed", type=int, default=42, help="seed of weights and batches (default: 42)")
-    rep.add_argument("--preset", default="small", help="named preset from wmtp.PRESETS (default: small)")
+    rep.add_argument("--preset", default=DEFAULT_PRESET,
+                     help=f"named preset from wmtp.PRESETS (default: {DEFAULT_PRESET}; tiny: a smoke test of "
+                          "seconds whose numbers mean nothing)")
     rep.add_argument("--out", type=Path, default=None,
-                     help="metrics JSON path (default: metrics/<corpus>-seed<seed>.json)")
+                     help="metrics JSON path (default: metrics/<corpus>-seed<seed>.json for the preset small, "
+                          "metrics/<corpus>-<preset>-seed<seed>.json for another)")
     rep.add_argument("--cache-dir", type=Path, default=Path(".wmtp-cache"),
                      help="tokenizer and checkpoint cache (default: .wmtp-cache)")
     rep.add_argument("--checkpoint", type=Path, default=None,
@@ -65,7 +71,8 @@ def build_parser(prog: str = "wmtp") -> argparse.ArgumentParser:
                                "at contexts up to 1M, against the HBM floor; write JSON and a plot. Elsewhere: time "
                                "one draft query with the preset's native and windowed key sets, side by side.")
     att.add_argument("--device", default="auto", help="cpu, mps, cuda or auto (default: auto)")
-    att.add_argument("--preset", default="small", help="(CPU/MPS) preset whose head shapes and key sets are used")
+    att.add_argument("--preset", default=DEFAULT_PRESET,
+                     help="(CPU/MPS) preset whose head shapes and key sets are used")
     att.add_argument("--contexts", type=int, nargs="+", default=None,
                      help="cache lengths S (default: 16384 131072 524288 1048576 on CUDA, 1024 4096 16384 elsewhere)")
     att.add_argument("--repeats", type=int, default=100, help="(CPU/MPS) timed repeats per cell (median reported)")
@@ -161,6 +168,20 @@ def _preset_with_overrides(args: argparse.Namespace):
     return replace(preset, spec=spec)
 
 
+def _default_out(corpus: str, preset: str, seed: int) -> Path:
+    """``metrics/<corpus>-seed<seed>.json`` for the default preset (the committed results), with the
+    preset's name in it for any other, so that a quick ``--preset tiny`` never overwrites them."""
+    name = f"{corpus}-seed{seed}" if preset == DEFAULT_PRESET else f"{corpus}-{preset}-seed{seed}"
+    return Path("metrics") / f"{name}.json"
+
+
+def _console(stderr: bool = False) -> Console:
+    """A rich console; 160 columns when the output is not a terminal (a pipe or a log), where rich
+    would squeeze tables to 80 and cut their headers."""
+    console = Console(stderr=stderr)
+    return console if console.is_terminal else Console(stderr=stderr, width=160)
+
+
 def _reproduce(args: argparse.Namespace, prog: str, argv: list[str]) -> int:
     from .device import resolve_device
     from .reproduce import reproduce
@@ -168,7 +189,7 @@ def _reproduce(args: argparse.Namespace, prog: str, argv: list[str]) -> int:
     preset, device = _preset_with_overrides(args), resolve_device(args.device)
     new_checkpoint = args.checkpoint if args.checkpoint is not None and not args.checkpoint.exists() else None
     new_cache = None if args.cache_dir.is_dir() else args.cache_dir / "x"  # an existing cache may be read-only
-    out = args.out or Path("metrics") / f"*-seed{args.seed}.json"  # the default's name waits for the corpus's
+    out = args.out or _default_out("*", args.preset, args.seed)  # the default's name waits for the corpus's
     for path, what in ((out, "--out"), (new_checkpoint, "--checkpoint"), (new_cache, "--cache-dir")):
         if path is not None:  # fail now, not after the training and decoding
             check_writable(path, what)
@@ -183,12 +204,12 @@ def _reproduce(args: argparse.Namespace, prog: str, argv: list[str]) -> int:
                   progress=not args.no_progress, log=log)
     from .metrics import write_json
 
-    out = args.out or Path("metrics") / f"{m['corpus']['name']}-seed{args.seed}.json"
+    out = args.out or _default_out(m["corpus"]["name"], args.preset, args.seed)
     write_json(out, m)
     from .plots import render
 
     png = render(out)
-    _print_reproduce(Console(), m)
+    _print_reproduce(_console(), m)
     console.print(f"wrote {out} and {png} in {m['wall_time_s']:.0f} s")
     return 0
 
@@ -243,7 +264,7 @@ def _bench_attention(args: argparse.Namespace, prog: str, argv: list[str]) -> in
         check_writable(args.out, "--out")
     rows = bench_draft_attention(preset.model, tuple(args.contexts or (1024, 4096, 16384)), preset.spec.keysets,
                                  repeats=args.repeats, dtype=getattr(torch, dtype), device=device)
-    _print_attention(Console(), rows)
+    _print_attention(_console(), rows)
     if args.out:  # a metrics file `wmtp plot` draws (plots.plot_draft_attention)
         from .metrics import SCHEMA_VERSION
 

@@ -1,7 +1,8 @@
 """Devices, picked in one place: ``resolve_device`` maps a name to a ``torch.device`` or raises.
 
-The reference path runs on CPU, Apple MPS and CUDA (DESIGN.md); ``auto`` prefers CUDA, then MPS,
-then CPU. Asking for a device that is absent is an error, never a silent fallback.
+The plain-PyTorch reference path (wmtp/attention/reference.py) runs on CPU, Apple MPS and CUDA;
+``auto`` prefers CUDA, then MPS, then CPU. Asking for a device that is absent is an error, never a
+silent fallback.
 """
 
 from __future__ import annotations

@@ -171,11 +171,3 @@ def render_mask(kv_len: int = 24, n_sink: int = 4, window: int = 6) -> str:
     lines = [f"n_sink={n_sink} window={window}  (row t = query position, column j = key position)"]
     lines += [f"t={t:3d} " + "".join("#" if m else "." for m in row.tolist()) for t, row in enumerate(mask)]
     return "\n".join(lines)
-
-
-def main() -> None:  # pragma: no cover - a picture for notebooks and docs
-    print(render_mask())
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()

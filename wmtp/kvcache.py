@@ -56,7 +56,7 @@ class KVCache:
 
 
 def ring_slot(p: int, n_sink: int, window: int, depth: int) -> int:
-    """Slot of absolute position ``p`` in the compact draft-KV ring buffer (DESIGN.md, Invariants).
+    """Slot of absolute position ``p`` in the compact draft-KV ring buffer (docs/concepts.md#the-ring-buffer-slot).
 
     The ring holds ``n_sink + window + depth`` slots: the sinks are pinned, the rest rotate::
 

@@ -86,7 +86,7 @@ def render(json_path: str | Path, png_path: str | Path | None = None) -> Path:
         from .bench_report import plot as draw
 
         kind = "'wmtp bench attention --device cuda'"
-    elif isinstance(m, dict) and "rows" in m:
+    elif isinstance(m, dict) and "rows" in m and m.get("kind") == "draft-attention":
         draw, kind = plot_draft_attention, "'wmtp bench attention' (off CUDA)"
     else:
         raise ValueError(f"{json_path} is neither a 'wmtp reproduce' nor a 'wmtp bench attention' metrics file")

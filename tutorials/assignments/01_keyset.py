@@ -3,8 +3,8 @@
 Windowed-MTP (arXiv 2607.21535, Sec. 3) lets the MTP draft head attend only to the first
 ``n_sink`` tokens (attention sinks) plus the most recent ``window`` tokens; the target still
 verifies with full attention, so the window can change how many drafts are accepted but never
-the output. DESIGN.md ("The key set") defines it once: a draft query at absolute position ``t``
-(0-based; its own key is at ``t``) may read key ``j`` iff
+the output. ``docs/concepts.md#the-key-set`` defines the key set: a draft query at absolute
+position ``t`` (0-based; its own key is at ``t``) may read key ``j`` iff
 
     j <= t  and  ( j < n_sink  or  j > t - window )
 

@@ -3,7 +3,7 @@
 With a window, the draft head never reads most of the context (arXiv 2607.21535, Sec. 3), so its
 KV cache need not hold it: a compact ring buffer of ``n_sink + window + depth`` slots suffices.
 The sinks are pinned to their own slots and the other positions rotate through the rest.
-DESIGN.md (Invariants) gives the slot of absolute position ``p``:
+``docs/concepts.md#the-ring-buffer-slot`` gives the slot of absolute position ``p``:
 
     slot(p) = p                                          if p < n_sink
               n_sink + (p - n_sink) mod (window + depth)  otherwise

@@ -6,7 +6,7 @@ One speculative step (arXiv 2607.21535, Sec. 2-3; wmtp/decode.py): the draft pro
 Draft ``d_i`` is accepted while ``d_i == y_{i-1}``; the step commits the accepted drafts plus
 ``y_a``, the target's own token after ``a`` accepted drafts. Every committed token is then the
 target's greedy choice, so speculative output equals dense greedy output token for token
-(DESIGN.md, Invariants: losslessness), whatever the draft proposes.
+(``docs/concepts.md#losslessness``), whatever the draft proposes.
 
 Acceptance stops at the FIRST mismatch: once ``d_i`` is rejected, ``y_i ..`` were computed after
 a wrong token and say nothing about the true continuation, even where they happen to match.

@@ -1,9 +1,9 @@
 """Reference solution to assignment 04: the split-K (flash-decoding) merge.
 
-At long context the draft query's keys (DESIGN.md: ``j <= t and (j < n_sink or j > t - window)``,
-arXiv 2607.21535, Sec. 3) are too many for one GPU program, so the Triton kernel
-(wmtp/attention/triton_attention.py) cuts them into ``n_splits`` runs and each program keeps
-partials over its own keys only. With scores ``s`` and values ``v``, split ``i`` stores
+At long context the draft query's keys (``j <= t and (j < n_sink or j > t - window)``,
+``docs/concepts.md#the-key-set``; arXiv 2607.21535, Sec. 3) are too many for one GPU program, so
+the Triton kernel (wmtp/attention/triton_attention.py) cuts them into ``n_splits`` runs and each
+program keeps partials over its own keys only. With scores ``s`` and values ``v``, split ``i`` stores
 
     m_i   = max of its scores s                       (-inf if the split has no keys)
     l_i   = sum over its keys of exp(s - m_i)          (0 if empty)
