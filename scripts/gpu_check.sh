@@ -4,7 +4,7 @@
 #              (its CPU-only tests run in CI and take ~100 s each beside 16 workers), the offline sm_90 compile,
 #              the bench's tests and reproduce on CUDA (its evaluations' test and a tiny end-to-end run); run M:
 #              663 passed in 129 s on a machine that had compiled the kernels, while a fresh one compiles them first
-#              (run Q: 233 s); then notebook 04's twin run for real on the GPU;
+#              (run T, with the two reproduce tests: 292 s); then notebook 04's twin run for real on the GPU;
 #   bench    - `wmtp bench attention` with $BENCH_ARGS, then scripts/tune_attention.py $TUNE_ARGS.
 # With two GPUs the halves run side by side (tests on GPU 0, timings alone on GPU 1); else in turn.
 # Knobs (seconds): TEST_S, TUNE_S, TUNE_BUDGET, BENCH_S; TESTS (pytest targets); SKIP_TUNE=1 skips the tuning,
