@@ -63,11 +63,31 @@ BAD = [
 
 
 @pytest.mark.parametrize("argv,match", BAD)
-def test_bad_input_exits_2_with_one_line(capsys, argv, match):
+def test_bad_input_exits_2_with_one_line(capsys, argv, match, monkeypatch):
+    monkeypatch.setattr("wmtp.device.mps_available", lambda: False)  # "mps absent" on a Mac too
     code, out, err = _run(capsys, argv)
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and match in err, err
     assert "Traceback" not in err + out
+
+
+def test_devices_resolve_in_one_place_and_mps_has_no_float64(capsys, monkeypatch):
+    """auto prefers CUDA, then MPS, then CPU; float64 on MPS is one line and exit 2, before any work."""
+    from wmtp.device import check_dtype, resolve_device
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    monkeypatch.setattr("wmtp.device.mps_available", lambda: True)
+    assert resolve_device("auto") == torch.device("mps") and resolve_device("mps") == torch.device("mps")
+    with pytest.raises(ValueError, match="MPS has no float64"):
+        check_dtype(torch.device("mps"), torch.float64)
+    check_dtype(torch.device("mps"), torch.float32)
+    check_dtype(torch.device("cpu"), torch.float64)
+    code, out, err = _run(capsys, ["bench", "attention", "--device", "mps", "--dtype", "float64", "--preset", "tiny"])
+    assert code == 2 and "MPS has no float64" in err and len(err.strip().splitlines()) == 1, err
+    monkeypatch.setattr("wmtp.device.mps_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu")
+    code, _, err = _run(capsys, ["bench", "attention", "--device", "mps"])
+    assert code == 2 and "MPS is not available" in err
 
 
 def test_unwritable_outputs_and_bad_paths_exit_2_before_any_work(capsys, tmp_path, monkeypatch):
@@ -148,12 +168,15 @@ def test_tiny_reproduce_end_to_end(capsys, wikitext_dir, tmp_path):
     assert not (tmp_path / "x.json").exists()
 
 
-def test_default_out_names_a_preset_other_than_the_default(capsys, wikitext_dir, tmp_path, monkeypatch):
-    """A quick --preset tiny run never overwrites the committed metrics/<corpus>-seed<seed>.json."""
+def test_default_out_names_another_preset_and_device(capsys, wikitext_dir, tmp_path, monkeypatch):
+    """Neither a quick --preset tiny run nor a GPU or MPS run overwrites the committed
+    metrics/<corpus>-seed<seed>.json."""
     from wmtp.cli import _default_out
 
-    assert _default_out("wikitext-2", "small", 42) == Path("metrics/wikitext-2-seed42.json")
-    assert _default_out("wikitext-2", "tiny", 42) == Path("metrics/wikitext-2-tiny-seed42.json")
+    assert _default_out("wikitext-2", "small", 42, "cpu") == Path("metrics/wikitext-2-seed42.json")
+    assert _default_out("wikitext-2", "tiny", 42, "cpu") == Path("metrics/wikitext-2-tiny-seed42.json")
+    assert _default_out("wikitext-2", "small", 42, "cuda") == Path("metrics/wikitext-2-seed42-cuda.json")
+    assert _default_out("python-stdlib", "tiny", 0, "mps") == Path("metrics/python-stdlib-tiny-seed0-mps.json")
     monkeypatch.chdir(tmp_path)
     code, _, err = _run(capsys, ["reproduce", "--preset", "tiny", "--dataset-dir", str(wikitext_dir), "--device",
                                  "cpu", "--seed", "5", "--cache-dir", "cache", "--no-progress"])

@@ -127,6 +127,22 @@ def test_cache_update_refuses_bad_arguments(layer, pos, shape, match):
     assert k[:, :, 3].eq(1).all() and cache.k[0].eq(0).all()  # int32 positions, the named layer only
 
 
+def test_cache_writes_keys_at_their_positions_only():
+    """Permuted positions, a strided source (as RoPE'd keys and transposed values are), a
+    narrower dtype: each key lands at its own position of its own layer, nothing else moves."""
+    g = torch.Generator().manual_seed(0)
+    cache = KVCache(2, 2, 3, 10, 4, dtype=torch.float64)
+    before = cache.k.clone()
+    pos = torch.tensor([7, 2, 5])
+    k = torch.randn(2, 4, 3, 3, generator=g).transpose(1, 3)  # (B, Hkv, L, D) = (2, 3, 3, 4), strided
+    v = torch.randn(2, 3, 3, 4, generator=g, dtype=torch.float16)  # (B, Hkv, L, D)
+    ck, cv = cache.update(1, pos, k, v)
+    for i, p in enumerate(pos.tolist()):
+        assert torch.equal(ck[:, :, p], k[:, :, i].double()) and torch.equal(cv[:, :, p], v[:, :, i].double())
+    untouched = [p for p in range(10) if p not in pos.tolist()]
+    assert torch.equal(cache.k[1][:, :, untouched], before[1][:, :, untouched]) and torch.equal(cache.k[0], before[0])
+
+
 def test_unknown_preset():
     with pytest.raises(ValueError, match="unknown preset"):
         wmtp.build_models("huge")

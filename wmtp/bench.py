@@ -18,7 +18,7 @@ import torch
 
 from .attention import attention
 from .config import KeySetConfig, ModelConfig
-from .device import synchronize
+from .device import check_dtype, synchronize
 from .keyset import key_count
 
 
@@ -44,8 +44,12 @@ def bench_draft_attention(model: ModelConfig, contexts: tuple[int, ...], keysets
     Returns:
         One row per (context, key set): keys read per query, median and all times in seconds,
         and ``time_ratio_vs_native`` (native median over this median: how many times faster).
+
+    Raises:
+        ValueError: for float64 on Apple MPS, which has no float64.
     """
     device = torch.device(device)
+    check_dtype(device, dtype)
     g = torch.Generator(device="cpu").manual_seed(seed)
     rows = []
     for S in contexts:

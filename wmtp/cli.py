@@ -50,8 +50,9 @@ def build_parser(prog: str = "wmtp") -> argparse.ArgumentParser:
                      help=f"named preset from wmtp.PRESETS (default: {DEFAULT_PRESET}; tiny: a smoke test of "
                           "seconds whose numbers mean nothing)")
     rep.add_argument("--out", type=Path, default=None,
-                     help="metrics JSON path (default: metrics/<corpus>-seed<seed>.json for the preset small, "
-                          "metrics/<corpus>-<preset>-seed<seed>.json for another)")
+                     help="metrics JSON path (default: metrics/<corpus>-seed<seed>.json for the preset small "
+                          "on the CPU; another preset adds -<preset> after the corpus, another device "
+                          "-<device> at the end)")
     rep.add_argument("--cache-dir", type=Path, default=Path(".wmtp-cache"),
                      help="tokenizer and checkpoint cache (default: .wmtp-cache)")
     rep.add_argument("--checkpoint", type=Path, default=None,
@@ -168,11 +169,12 @@ def _preset_with_overrides(args: argparse.Namespace):
     return replace(preset, spec=spec)
 
 
-def _default_out(corpus: str, preset: str, seed: int) -> Path:
-    """``metrics/<corpus>-seed<seed>.json`` for the default preset (the committed results), with the
-    preset's name in it for any other, so that a quick ``--preset tiny`` never overwrites them."""
+def _default_out(corpus: str, preset: str, seed: int, device: str) -> Path:
+    """``metrics/<corpus>-seed<seed>.json`` for the default preset on the CPU (the committed
+    results); another preset's name and another device's type go into the name, so that neither
+    a quick ``--preset tiny`` nor a GPU or MPS run overwrites them."""
     name = f"{corpus}-seed{seed}" if preset == DEFAULT_PRESET else f"{corpus}-{preset}-seed{seed}"
-    return Path("metrics") / f"{name}.json"
+    return Path("metrics") / f"{name}{'' if device == 'cpu' else '-' + device}.json"
 
 
 def _console(stderr: bool = False) -> Console:
@@ -189,7 +191,7 @@ def _reproduce(args: argparse.Namespace, prog: str, argv: list[str]) -> int:
     preset, device = _preset_with_overrides(args), resolve_device(args.device)
     new_checkpoint = args.checkpoint if args.checkpoint is not None and not args.checkpoint.exists() else None
     new_cache = None if args.cache_dir.is_dir() else args.cache_dir / "x"  # an existing cache may be read-only
-    out = args.out or _default_out("*", args.preset, args.seed)  # the default's name waits for the corpus's
+    out = args.out or _default_out("*", args.preset, args.seed, device.type)  # the name waits for the corpus's
     for path, what in ((out, "--out"), (new_checkpoint, "--checkpoint"), (new_cache, "--cache-dir")):
         if path is not None:  # fail now, not after the training and decoding
             check_writable(path, what)
@@ -204,7 +206,7 @@ def _reproduce(args: argparse.Namespace, prog: str, argv: list[str]) -> int:
                   progress=not args.no_progress, log=log)
     from .metrics import write_json
 
-    out = args.out or _default_out(m["corpus"]["name"], args.preset, args.seed)
+    out = args.out or _default_out(m["corpus"]["name"], args.preset, args.seed, device.type)
     write_json(out, m)
     from .plots import render
 

@@ -21,7 +21,10 @@ NOTE [Exactness]: the proof is exact in real arithmetic. In floating point, a po
 from a ``K+1``-token verify pass and from a one-token decode pass can differ in the last bits
 (different matrix shapes sum in different orders); a near-tie can then flip an argmax. The
 losslessness checks therefore run in float64, where that noise is ~1e-16: on CPU, and on CUDA
-with both attention impls (the Triton kernel accumulates fp64 inputs in fp64).
+with both attention impls (the Triton kernel accumulates fp64 inputs in fp64). Apple MPS has no
+float64, and `wmtp reproduce` decodes in float32 off the CPU: there the output is still checked
+with ``torch.equal``, and a near-tie that flipped an argmax would fail that check loudly, never
+pass silently (none did in the committed CUDA run, metrics/python-stdlib-seed42-cuda-h200.json).
 """
 
 from __future__ import annotations

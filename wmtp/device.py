@@ -35,6 +35,12 @@ def resolve_device(name: str) -> torch.device:
         raise ValueError(f"bad device {name!r}: {e}") from None
 
 
+def check_dtype(device: torch.device, dtype: torch.dtype) -> None:
+    """Raise ``ValueError`` for a dtype the device lacks: Apple MPS has no float64."""
+    if torch.device(device).type == "mps" and dtype == torch.float64:
+        raise ValueError("Apple MPS has no float64; use float32")
+
+
 def mps_available() -> bool:
     return getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
 

@@ -50,8 +50,10 @@ class KVCache:
         if lo < 0 or hi >= self.max_len:
             raise ValueError(f"positions [{lo}, {hi}] do not fit in a KV cache of {self.max_len} positions")
         pos = pos.long()
-        self.k[layer].index_copy_(2, pos, k.to(self.k.dtype))
-        self.v[layer].index_copy_(2, pos, v.to(self.v.dtype))
+        # Indexed assignment (index_put_), not index_copy_: MPS has no index_copy_ before torch 2.8,
+        # and its kernel there visits the whole buffer for every write (pytorch/pytorch#185750).
+        self.k[layer][:, :, pos] = k.to(self.k.dtype)
+        self.v[layer][:, :, pos] = v.to(self.v.dtype)
         return self.k[layer], self.v[layer]  # (B, Hkv, S, D) each
 
 
