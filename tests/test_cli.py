@@ -173,16 +173,22 @@ def test_default_out_names_another_preset_and_device(capsys, wikitext_dir, tmp_p
     metrics/<corpus>-seed<seed>.json."""
     from wmtp.cli import _default_out
 
-    assert _default_out("wikitext-2", "small", 42, "cpu") == Path("metrics/wikitext-2-seed42.json")
-    assert _default_out("wikitext-2", "tiny", 42, "cpu") == Path("metrics/wikitext-2-tiny-seed42.json")
-    assert _default_out("wikitext-2", "small", 42, "cuda") == Path("metrics/wikitext-2-seed42-cuda.json")
-    assert _default_out("python-stdlib", "tiny", 0, "mps") == Path("metrics/python-stdlib-tiny-seed0-mps.json")
+    assert _default_out("wikitext-2", "small", False, 42, "cpu") == Path("metrics/wikitext-2-seed42.json")
+    assert _default_out("wikitext-2", "tiny", False, 42, "cpu") == Path("metrics/wikitext-2-tiny-seed42.json")
+    assert _default_out("wikitext-2", "small", True, 42, "cpu") == Path("metrics/wikitext-2-small-custom-seed42.json")
+    assert _default_out("wikitext-2", "small", False, 42, "cuda") == Path("metrics/wikitext-2-seed42-cuda.json")
+    assert _default_out("python-stdlib", "tiny", True, 0, "mps") == Path(
+        "metrics/python-stdlib-tiny-custom-seed0-mps.json")
     monkeypatch.chdir(tmp_path)
     code, _, err = _run(capsys, ["reproduce", "--preset", "tiny", "--dataset-dir", str(wikitext_dir), "--device",
                                  "cpu", "--seed", "5", "--cache-dir", "cache", "--no-progress"])
     assert code == 0, err
     assert sorted(p.name for p in (tmp_path / "metrics").iterdir()) == ["wikitext-2-tiny-seed5.json",
                                                                        "wikitext-2-tiny-seed5.png"]
+    code, _, err = _run(capsys, ["reproduce", "--preset", "tiny", "--dataset-dir", str(wikitext_dir), "--device",
+                                 "cpu", "--seed", "5", "--cache-dir", "cache", "--no-progress", "--new-tokens", "3"])
+    assert code == 0, err  # an override of the preset is another config: another file
+    assert (tmp_path / "metrics" / "wikitext-2-tiny-custom-seed5.json").is_file()
 
 
 def test_plot_renders_a_reproduce_json(capsys, wikitext_dir, tmp_path):
@@ -201,7 +207,7 @@ def test_plot_renders_a_reproduce_json(capsys, wikitext_dir, tmp_path):
     code, _, err = _run(capsys, ["plot", str(tmp_path / "missing.json")])
     assert code == 2 and "cannot read" in err
     for broken in ('{"contexts": [], "draft_attention": []}', '{"rows": [], "methods": []}',
-                   '{"rows": 1, "kind": "draft-attention"}'):
+                   '{"rows": 1, "kind": "draft-attention"}', '{"kind": "draft-attention"}'):
         (tmp_path / "broken.json").write_text(broken)  # the right kind, not whole: one line, no traceback
         code, _, err = _run(capsys, ["plot", str(tmp_path / "broken.json")])
         assert code == 2 and "incomplete" in err and len(err.strip().splitlines()) == 1, err
@@ -255,6 +261,35 @@ def test_draft_attention_bar_is_judged_on_cpu_only():
     assert draft_attention_bar(rows, torch.device("cpu"))["met"] is False
     assert draft_attention_bar(rows, torch.device("cuda"))["met"] is None  # no device needed: the type decides
     assert draft_attention_bar(rows[2:], torch.device("cpu")) is None
+
+
+@pytest.mark.parametrize("device, untimed_runs", [("cpu", 0), ("meta", 3)])
+def test_run_arms_warms_up_off_the_cpu_only(monkeypatch, device, untimed_runs):
+    """Off the CPU every run is made once untimed first (Triton compiles on first calls); on the
+    CPU, where nothing compiles, never. Decoding is stubbed: this counts calls, on any device."""
+    import wmtp.reproduce as rep
+    from wmtp.config import get_preset
+    from wmtp.decode import SpecStats
+
+    calls = {"untimed": 0}
+
+    def greedy(target, prompt, n, step_times=None):
+        calls["untimed"] += step_times is None
+        if step_times is not None:
+            step_times.extend([1e-3] * (n - 1))
+        return torch.zeros(n, dtype=torch.long)
+
+    def speculative(target, head, prompt, n, depth, n_sink, window):
+        calls["untimed"] += 1  # the timed runs are counted too, and subtracted below
+        stats = SpecStats(depth, proposed=depth, steps=1, committed=n, draft_times_s=[1e-3], verify_times_s=[1e-3])
+        return torch.zeros(n, dtype=torch.long), stats
+
+    monkeypatch.setattr(rep, "greedy_generate", greedy)
+    monkeypatch.setattr(rep, "speculative_generate", speculative)
+    preset = get_preset("tiny")  # two key sets: native and one window
+    row = rep.run_arms(None, None, torch.zeros(8, dtype=torch.long, device=device), preset)
+    assert calls["untimed"] - len(preset.spec.keysets) == untimed_runs  # dense + each arm, once, off the CPU
+    assert set(row["arms"]) == {ks.label for ks in preset.spec.keysets}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: reproduce with the Triton kernels")

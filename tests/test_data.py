@@ -232,6 +232,13 @@ def test_hub_loader_failure_says_what_to_do(monkeypatch):
         data._load_from_hub("no dataset dir given")
 
 
+def test_hub_loader_without_datasets_says_what_is_missing(monkeypatch):
+    """A missing package is its own one-line error, not 'the hub is reachable but failing'."""
+    monkeypatch.setitem(sys.modules, "datasets", None)  # `import datasets` now raises ImportError
+    with pytest.raises(ValueError, match="needs the `datasets` package"):
+        data._load_from_hub("no dataset dir given")
+
+
 # --- the python-stdlib corpus -------------------------------------------------------------------
 
 

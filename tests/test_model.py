@@ -127,13 +127,15 @@ def test_cache_update_refuses_bad_arguments(layer, pos, shape, match):
     assert k[:, :, 3].eq(1).all() and cache.k[0].eq(0).all()  # int32 positions, the named layer only
 
 
-def test_cache_writes_keys_at_their_positions_only():
-    """Permuted positions, a strided source (as RoPE'd keys and transposed values are), a
-    narrower dtype: each key lands at its own position of its own layer, nothing else moves."""
+@pytest.mark.parametrize("pos_dtype", [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8])
+def test_cache_writes_keys_at_their_positions_only(pos_dtype):
+    """Permuted positions of any integer dtype (uint8 would index as a boolean mask), a strided
+    source (as RoPE'd keys and transposed values are), a narrower dtype: each key lands at its own
+    position of its own layer, nothing else moves."""
     g = torch.Generator().manual_seed(0)
     cache = KVCache(2, 2, 3, 10, 4, dtype=torch.float64)
     before = cache.k.clone()
-    pos = torch.tensor([7, 2, 5])
+    pos = torch.tensor([7, 2, 5], dtype=pos_dtype)
     k = torch.randn(2, 4, 3, 3, generator=g).transpose(1, 3)  # (B, Hkv, L, D) = (2, 3, 3, 4), strided
     v = torch.randn(2, 3, 3, 4, generator=g, dtype=torch.float16)  # (B, Hkv, L, D)
     ck, cv = cache.update(1, pos, k, v)

@@ -50,9 +50,9 @@ def build_parser(prog: str = "wmtp") -> argparse.ArgumentParser:
                      help=f"named preset from wmtp.PRESETS (default: {DEFAULT_PRESET}; tiny: a smoke test of "
                           "seconds whose numbers mean nothing)")
     rep.add_argument("--out", type=Path, default=None,
-                     help="metrics JSON path (default: metrics/<corpus>-seed<seed>.json for the preset small "
-                          "on the CPU; another preset adds -<preset> after the corpus, another device "
-                          "-<device> at the end)")
+                     help="metrics JSON path (default: metrics/<corpus>-seed<seed>.json for the preset small, "
+                          "as it is, on the CPU; another preset adds -<preset> after the corpus, overrides of "
+                          "the preset -<preset>-custom, another device -<device> at the end)")
     rep.add_argument("--cache-dir", type=Path, default=Path(".wmtp-cache"),
                      help="tokenizer and checkpoint cache (default: .wmtp-cache)")
     rep.add_argument("--checkpoint", type=Path, default=None,
@@ -169,29 +169,31 @@ def _preset_with_overrides(args: argparse.Namespace):
     return replace(preset, spec=spec)
 
 
-def _default_out(corpus: str, preset: str, seed: int, device: str) -> Path:
-    """``metrics/<corpus>-seed<seed>.json`` for the default preset on the CPU (the committed
-    results); another preset's name and another device's type go into the name, so that neither
-    a quick ``--preset tiny`` nor a GPU or MPS run overwrites them."""
-    name = f"{corpus}-seed{seed}" if preset == DEFAULT_PRESET else f"{corpus}-{preset}-seed{seed}"
-    return Path("metrics") / f"{name}{'' if device == 'cpu' else '-' + device}.json"
+def _default_out(corpus: str, preset: str, custom: bool, seed: int, device: str) -> Path:
+    """``metrics/<corpus>-seed<seed>.json`` for the default preset as it is, on the CPU (the
+    committed results). Another preset, overrides of it (``custom``) and another device go into
+    the name, so that neither a quick ``--preset tiny``, nor ``--contexts 64``, nor a GPU or MPS
+    run overwrites them."""
+    tag = "" if preset == DEFAULT_PRESET and not custom else f"-{preset}{'-custom' if custom else ''}"
+    return Path("metrics") / f"{corpus}{tag}-seed{seed}{'' if device == 'cpu' else '-' + device}.json"
 
 
-def _console(stderr: bool = False) -> Console:
-    """A rich console; 160 columns when the output is not a terminal (a pipe or a log), where rich
-    would squeeze tables to 80 and cut their headers."""
-    console = Console(stderr=stderr)
-    return console if console.is_terminal else Console(stderr=stderr, width=160)
+def _console() -> Console:
+    """A rich console on stdout; 160 columns when stdout is not a terminal (a pipe or a log), where
+    rich would squeeze tables to 80 and cut their headers."""
+    return Console(width=None if sys.stdout.isatty() else 160)
 
 
 def _reproduce(args: argparse.Namespace, prog: str, argv: list[str]) -> int:
+    from .config import get_preset
     from .device import resolve_device
     from .reproduce import reproduce
 
     preset, device = _preset_with_overrides(args), resolve_device(args.device)
+    name = (args.preset, preset != get_preset(args.preset), args.seed, device.type)  # the default --out's parts
     new_checkpoint = args.checkpoint if args.checkpoint is not None and not args.checkpoint.exists() else None
     new_cache = None if args.cache_dir.is_dir() else args.cache_dir / "x"  # an existing cache may be read-only
-    out = args.out or _default_out("*", args.preset, args.seed, device.type)  # the name waits for the corpus's
+    out = args.out or _default_out("*", *name)  # the default's name waits for the corpus's
     for path, what in ((out, "--out"), (new_checkpoint, "--checkpoint"), (new_cache, "--cache-dir")):
         if path is not None:  # fail now, not after the training and decoding
             check_writable(path, what)
@@ -206,7 +208,7 @@ def _reproduce(args: argparse.Namespace, prog: str, argv: list[str]) -> int:
                   progress=not args.no_progress, log=log)
     from .metrics import write_json
 
-    out = args.out or _default_out(m["corpus"]["name"], args.preset, args.seed, device.type)
+    out = args.out or _default_out(m["corpus"]["name"], *name)
     write_json(out, m)
     from .plots import render
 
@@ -269,8 +271,9 @@ def _bench_attention(args: argparse.Namespace, prog: str, argv: list[str]) -> in
     _print_attention(_console(), rows)
     if args.out:  # a metrics file `wmtp plot` draws (plots.plot_draft_attention)
         from .metrics import SCHEMA_VERSION
+        from .plots import DRAFT_ATTENTION_KIND
 
-        write_json(args.out, {"schema_version": SCHEMA_VERSION, "kind": "draft-attention",
+        write_json(args.out, {"schema_version": SCHEMA_VERSION, "kind": DRAFT_ATTENTION_KIND,
                               "command": shlex.join([prog, *argv]),
                               "environment": environment(device), "preset": args.preset, "dtype": dtype,
                               "rows": rows})

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from .fileio import atomic_path
 
+DRAFT_ATTENTION_KIND = "draft-attention"  # the "kind" of the JSON `wmtp bench attention` writes off CUDA
+
 
 def _draft_attention_panel(ax, rows: list[dict]) -> None:
     """Median ms per draft query against context, one line per key set (``bench_draft_attention``'s rows)."""
@@ -86,7 +88,7 @@ def render(json_path: str | Path, png_path: str | Path | None = None) -> Path:
         from .bench_report import plot as draw
 
         kind = "'wmtp bench attention --device cuda'"
-    elif isinstance(m, dict) and "rows" in m and m.get("kind") == "draft-attention":
+    elif isinstance(m, dict) and m.get("kind") == DRAFT_ATTENTION_KIND:
         draw, kind = plot_draft_attention, "'wmtp bench attention' (off CUDA)"
     else:
         raise ValueError(f"{json_path} is neither a 'wmtp reproduce' nor a 'wmtp bench attention' metrics file")
