@@ -303,3 +303,45 @@ def test_tiny_reproduce_on_cuda(capsys, tmp_path):
     assert m["environment"]["device"] == "cuda" and m["decode_dtype"] == "float32"
     assert m["corpus"]["name"] == "python-stdlib" and [c["context"] for c in m["contexts"]] == [64, 256]
     assert all(arm["lossless"] is True for c in m["contexts"] for arm in c["arms"].values())
+
+
+def test_bench_decode_writes_lossless_rows(capsys, wikitext_dir, tmp_path):
+    out = tmp_path / "d.json"
+    args = ["bench", "decode", "--preset", "tiny", "--dataset-dir", str(wikitext_dir), "--device", "cpu", "--seed",
+            "0", "--contexts", "64", "300", "--new-tokens", "9", "--cache-dir", str(tmp_path / "cache"),
+            "--no-progress"]
+    code, stdout, err = _run(capsys, args + ["--out", str(out)])
+    assert code == 0, err
+    m = json.loads(out.read_text())
+    assert m["kind"] == "bench-decode" and m["complete"] and m["decode_dtype"] == "float64"
+    assert m["config"]["kv_capacity"] == 300 + 9 + 3  # the longest context, the new tokens, the depth
+    assert [(r["context"], r["loop"]) for r in m["rows"]] == [(64, "eager"), (300, "eager")]
+    for r in m["rows"]:
+        assert r["new_tokens"] == 9 and set(r["arms"]) == {"native", "sink4+win16"}
+        for arm in r["arms"].values():
+            assert arm["lossless"] is True and 0 < arm["draft_share_of_step"] < 1
+            assert arm["tpot_s"] == pytest.approx((arm["draft_time_per_step_s"] + arm["verify_time_per_step_s"])
+                                                  / arm["mean_accept_length"])
+    windowed = m["rows"][1]["arms"]["sink4+win16"]
+    assert windowed["draft_keys_read_per_step"] < m["rows"][1]["arms"]["native"]["draft_keys_read_per_step"]
+    assert "TPOT speedup vs dense" in stdout and not list(tmp_path.glob("*.tmp"))
+    # bad input: one line, exit 2, before any training
+    for extra, match in ((["--loops", "graph"], "graph loop captures CUDA graphs"),
+                         (["--contexts", "1"], "at least 2"), (["--contexts", "10000000"], "needs more")):
+        code, _, err = _run(capsys, args + extra + ["--out", str(tmp_path / "bad.json")])
+        last = err.strip().splitlines()[-1]  # after the corpus's line, for the context the corpus cannot fill
+        assert code == 2 and match in last and last.startswith("wmtp: error:") and "Traceback" not in err, err
+        assert not (tmp_path / "bad.json").exists()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the CUDA-graph loop")
+def test_bench_decode_on_cuda_times_both_loops(capsys, tmp_path):
+    out = tmp_path / "d.json"
+    code, _, err = _run(capsys, ["bench", "decode", "--preset", "tiny", "--device", "cuda", "--contexts", "64", "512",
+                                 "--new-tokens", "12", "--cache-dir", str(tmp_path / "cache"), "--no-progress",
+                                 "--out", str(out)])
+    assert code == 0, err
+    m = json.loads(out.read_text())
+    assert [(r["context"], r["loop"]) for r in m["rows"]] == [(64, "eager"), (64, "graph"), (512, "eager"),
+                                                              (512, "graph")]
+    assert all(arm["lossless"] is True for r in m["rows"] for arm in r["arms"].values())

@@ -20,6 +20,8 @@ from collections.abc import Callable
 
 import torch
 
+from .device import capture_graph
+
 STEP_CALLS = 32  # step_ms: calls in one graph (each after a flush)
 STEP_REPLAYS = 25  # step_ms: replays of each graph, interleaved; medians
 
@@ -35,19 +37,6 @@ def host_ms(fn: Callable[[], object], device: torch.device, calls: int = 10) -> 
         times.append(time.perf_counter() - t0)
     torch.cuda.synchronize(device)
     return statistics.median(times) * 1e3
-
-
-def capture_graph(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
-    """``fn`` run once on a side stream (compiles, allocator warm-up), then captured in a CUDA graph."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm up off the default stream, as capture requires
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
 
 
 def graph_replay_ms(fn: Callable[[], object], timed_ms: Callable) -> float | str:

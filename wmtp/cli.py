@@ -1,8 +1,9 @@
 """The ``wmtp`` command (and its ``auto-research`` alias): ``build_parser()`` + ``main(argv) -> int``.
 
 Subcommands: ``reproduce`` (train or load the models, run every arm, assert losslessness, write
-the metrics JSON; arXiv 2607.21535 in miniature) and ``bench attention`` (draft-attention time
-per key set and context). Bad input exits with status 2 and one line on stderr, no traceback.
+the metrics JSON; arXiv 2607.21535 in miniature), ``bench attention`` (draft-attention time per
+key set and context), ``bench decode`` (end-to-end decoding, eager and CUDA-graph loops;
+wmtp/bench_decode.py), ``grade`` and ``plot``. Bad input exits with status 2 and one line on stderr, no traceback.
 """
 
 from __future__ import annotations
@@ -85,6 +86,13 @@ def build_parser(prog: str = "wmtp") -> argparse.ArgumentParser:
                      help="write the JSON here (CUDA default: metrics/bench-attention-<h200|cuda>.json)")
     att.add_argument("--plot", type=Path, default=None, help="(CUDA) write the plot here (default: --out as .png)")
 
+    from . import bench_decode
+
+    dec = bench_sub.add_parser("decode", help="end-to-end decoding per context: eager and CUDA-graph loops",
+                               description="Decode with dense greedy and every draft arm of reproduce's models at "
+                               "long contexts, in the eager loop and (on CUDA) the CUDA-graph loop; assert every arm "
+                               "lossless; write per-step draft and verify times, AL and TPOT as JSON.")
+    bench_decode.add_arguments(dec)
     from .grading import ASSIGNMENTS
 
     grade = sub.add_parser("grade", help="grade a course assignment against the library's oracles",
@@ -309,6 +317,10 @@ def main(argv: list[str] | None = None, prog: str = "wmtp") -> int:
             check_distinct(args.json, args.out or args.json.with_suffix(".png"), "the metrics file", "the plot")
             print(f"wrote {render(args.json, args.out)}")
             return 0
+        if args.bench == "decode":
+            from .bench_decode import cli
+
+            return cli(args, prog, argv)
         return _bench_attention(args, prog, argv)
     except (ValueError, OSError) as e:  # bad input, or a path that cannot be read or written: one line
         print(f"{prog}: error: {e}", file=sys.stderr)

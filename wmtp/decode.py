@@ -83,6 +83,17 @@ class SpecStats:
         """Fraction of steps in which draft position ``i`` (0-based) was accepted."""
         return [a / max(self.steps, 1) for a in self.per_position_accepted]
 
+    def add_step(self, accepted: int, draft_s: float, verify_s: float) -> None:
+        """Count one step that accepted ``accepted`` of its ``depth`` drafts, and its two times."""
+        self.draft_times_s.append(draft_s)
+        self.verify_times_s.append(verify_s)
+        self.steps += 1
+        self.proposed += self.depth
+        self.accepted += accepted
+        self.accept_length_histogram[accepted] += 1
+        for i in range(accepted):
+            self.per_position_accepted[i] += 1
+
     def to_dict(self) -> dict:
         keys = ("depth", "proposed", "accepted", "committed", "steps", "accept_length_histogram", "draft_keys_read",
                 "draft_queries", "draft_times_s", "verify_times_s", "acceptance_rate",
@@ -127,6 +138,22 @@ def _check_request(target: TargetLM, prompt_ids: torch.Tensor, max_new_tokens: i
         raise ValueError(f"prompt of {prompt_ids.numel()} tokens plus {max_new_tokens} new tokens needs "
                          f"{needed} cache positions; the KV cache holds {target.config.max_seq_len}")
     return needed
+
+
+def _check_spec_request(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max_new_tokens: int,
+                        depth: int, n_sink: int | None, window: int | None, eos_id: int | None) -> int:
+    """A speculative request's checks; returns the cache positions it writes."""
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+        raise ValueError(f"depth must be a positive integer, got {depth!r}")
+    built_for = getattr(getattr(draft, "target", None), "config", target.config)  # an MTPHead's target
+    if built_for != target.config:
+        raise ValueError("the draft head was built for a target of another config; build it on this target")
+    check_key_set_args(n_sink, window)
+    # a step runs while fewer than max_new_tokens are out, so x sits at n <= P + max_new_tokens - 2 and
+    # the verify pass writes n .. n + depth: positions up to P + max_new_tokens + depth - 2; with
+    # max_new_tokens <= 1 no step runs and only the prefill's P positions are written
+    return _check_request(target, prompt_ids, max_new_tokens, extra=depth - 1 if max_new_tokens > 1 else -1,
+                          eos_id=eos_id)
 
 
 def _accepted(a, depth: int) -> int:
@@ -230,19 +257,9 @@ def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Ten
         runs = _each_prompt(prompt_ids, lambda p: speculative_generate(
             target, draft, p, max_new_tokens, depth, n_sink, window, impl, eos_id, verifier))
         return [out for out, _ in runs], [stats for _, stats in runs]
-    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-        raise ValueError(f"depth must be a positive integer, got {depth!r}")
-    built_for = getattr(getattr(draft, "target", None), "config", target.config)  # an MTPHead's target
-    if built_for != target.config:
-        raise ValueError("the draft head was built for a target of another config; build it on this target")
-    check_key_set_args(n_sink, window)
     if not callable(verifier) and verifier not in VERIFIERS:
         raise ValueError(f"unknown verifier {verifier!r}; choose one of {', '.join(VERIFIERS)} or pass a function")
-    # a step runs while fewer than max_new_tokens are out, so x sits at n <= P + max_new_tokens - 2 and
-    # the verify pass writes n .. n + depth: positions up to P + max_new_tokens + depth - 2; with
-    # max_new_tokens <= 1 no step runs and only the prefill's P positions are written
-    needed = _check_request(target, prompt_ids, max_new_tokens, extra=depth - 1 if max_new_tokens > 1 else -1,
-                            eos_id=eos_id)
+    needed = _check_spec_request(target, draft, prompt_ids, max_new_tokens, depth, n_sink, window, eos_id)
     prompt_ids = prompt_ids.long()  # any integer dtype (the embedding takes int64 or int32 only)
     impl = resolve_impl(impl, prompt_ids.device, target.embed.dtype, target.config.head_dim,
                         target.config.n_heads // target.config.n_kv_heads)
@@ -282,14 +299,7 @@ def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Ten
         a = _accepted(verify(d, choice), depth)
         synchronize(dev)
         t2 = time.perf_counter()
-        stats.draft_times_s.append(t1 - t0)
-        stats.verify_times_s.append(t2 - t1)
-        stats.steps += 1
-        stats.proposed += depth
-        stats.accepted += a
-        stats.accept_length_histogram[a] += 1
-        for i in range(a):
-            stats.per_position_accepted[i] += 1
+        stats.add_step(a, t1 - t0, t2 - t1)
         x = choice[a]
         before = len(out)
         out, stop = _finish(out + d[:a].tolist() + [int(x)], max_new_tokens, eos_id)

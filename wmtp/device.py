@@ -2,10 +2,13 @@
 
 The plain-PyTorch reference path (wmtp/attention/reference.py) runs on CPU, Apple MPS and CUDA;
 ``auto`` prefers CUDA, then MPS, then CPU. Asking for a device that is absent is an error, never a
-silent fallback.
+silent fallback. ``capture_graph`` captures a CUDA call in a graph (wmtp/static_decode.py's steps,
+the bench's timings).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -43,6 +46,19 @@ def check_dtype(device: torch.device, dtype: torch.dtype) -> None:
 
 def mps_available() -> bool:
     return getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+
+
+def capture_graph(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
+    """``fn`` run once on a side stream (compiles, allocator warm-up), then captured in a CUDA graph."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up off the default stream, as capture requires
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
 
 
 def synchronize(device: torch.device) -> None:

@@ -18,11 +18,18 @@ from .keyset import is_integer_tensor
 
 
 class KVCache:
-    """Keys and values of ``n_layers`` attention layers, indexed by absolute position."""
+    """Keys and values of ``n_layers`` attention layers, indexed by absolute position.
+
+    ``checked=False`` skips the range check of written positions, the one read of the device in
+    ``update``: a step captured in a CUDA graph cannot read the device (wmtp/static_decode.py, whose
+    loops derive every position from a capacity checked once, before the first step).
+    """
 
     def __init__(self, n_layers: int, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
-                 *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+                 *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                 checked: bool = True) -> None:
         shape = (n_layers, batch, n_kv_heads, max_len, head_dim)
+        self.checked = checked
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # (n_layers, B, Hkv, S, D)
         self.v = torch.zeros(shape, dtype=dtype, device=device)  # (n_layers, B, Hkv, S, D)
 
@@ -36,7 +43,8 @@ class KVCache:
 
         Raises:
             ValueError: for a layer outside the cache (-1 is not the last one), positions that are not
-                a non-empty 1-D integer tensor or do not fit in the cache, or ``k, v`` of another shape.
+                a non-empty 1-D integer tensor or (when ``checked``) do not fit in the cache, or ``k, v``
+                of another shape.
         """
         n_layers, B, Hkv, _, D = self.k.shape
         if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n_layers:
@@ -46,9 +54,10 @@ class KVCache:
                              f"{tuple(pos.shape)}")
         if k.shape != (B, Hkv, pos.numel(), D) or v.shape != k.shape:
             raise ValueError(f"k, v must be {(B, Hkv, pos.numel(), D)}, got {tuple(k.shape)}, {tuple(v.shape)}")
-        lo, hi = torch.stack(torch.aminmax(pos)).tolist()  # one read of the device
-        if lo < 0 or hi >= self.max_len:
-            raise ValueError(f"positions [{lo}, {hi}] do not fit in a KV cache of {self.max_len} positions")
+        if self.checked:
+            lo, hi = torch.stack(torch.aminmax(pos)).tolist()  # one read of the device
+            if lo < 0 or hi >= self.max_len:
+                raise ValueError(f"positions [{lo}, {hi}] do not fit in a KV cache of {self.max_len} positions")
         pos = pos.long()
         # Indexed assignment (index_put_), not index_copy_: MPS has no index_copy_ before torch 2.8,
         # and its kernel there visits the whole buffer for every write (pytorch/pytorch#185750).

@@ -148,10 +148,10 @@ class TargetLM(nn.Module):
         return (0, None) if i in self.config.global_layers else (0, self.config.local_window)
 
     def new_cache(self, batch: int = 1, max_len: int | None = None, *, dtype: torch.dtype | None = None,
-                  device: torch.device | str | None = None) -> KVCache:
+                  device: torch.device | str | None = None, checked: bool = True) -> KVCache:
         c = self.config
         return KVCache(c.n_layers, batch, c.n_kv_heads, max_len or c.max_seq_len, c.head_dim,
-                       dtype=dtype or self.embed.dtype, device=device or self.embed.device)
+                       dtype=dtype or self.embed.dtype, device=device or self.embed.device, checked=checked)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head (shared, frozen, with the MTP head)."""

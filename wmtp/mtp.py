@@ -45,10 +45,10 @@ class MTPHead(nn.Module):
         init_weights(self, generator or torch.Generator().manual_seed(1), n_layers=1)
 
     def new_cache(self, batch: int = 1, max_len: int | None = None, *, dtype: torch.dtype | None = None,
-                  device: torch.device | str | None = None) -> KVCache:
+                  device: torch.device | str | None = None, checked: bool = True) -> KVCache:
         mc = self.target.config
         return KVCache(1, batch, mc.n_kv_heads, max_len or mc.max_seq_len, mc.head_dim,
-                       dtype=dtype or self.proj.dtype, device=device or self.proj.device)
+                       dtype=dtype or self.proj.dtype, device=device or self.proj.device, checked=checked)
 
     def forward(self, hidden: torch.Tensor, next_ids: torch.Tensor, pos: torch.Tensor | None = None,
                 cache: KVCache | None = None, n_sink: int | None = None, window: int | None = None,

@@ -1,0 +1,222 @@
+"""Device-resident decoding (wmtp/static_decode.py): the output is dense greedy's, token for token,
+and the statistics are the eager loop's, for every accept length, key set and depth.
+
+A draft that answers on the device for every row (``DeviceOracle``: the static extend picks its
+row on the device, where grading.OracleDraft answers on the last row only) drives every accept
+length 0..K. Float64 on CPU (decode.py NOTE [Exactness]); on CUDA both impls, and the CUDA graphs.
+"""
+
+import copy
+import os
+
+import pytest
+import torch
+
+import wmtp
+from wmtp.grading import harness_models
+from wmtp.kvcache import KVCache
+from wmtp.static_decode import static_greedy_generate, static_speculative_generate
+
+V = 512
+CUDA = torch.cuda.is_available()
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+KEYSETS = [(0, None), (4, 16), (0, 1), (2, 3)]
+
+
+class DeviceOracle:
+    """Right for the first ``j`` drafts of every step, then wrong; device ops only, every row.
+
+    Its hidden output carries the draft index (``SENTINEL + index``), so a recursive call knows which
+    draft it makes; rows fed target hidden states (the extend) make draft 0. A row at position ``t``
+    guesses the token at ``t + 2`` of ``sequence``.
+    """
+
+    SENTINEL = 1e6
+
+    def __init__(self, head, sequence: torch.Tensor, j: int):
+        self.head, self.seq, self.j = head, sequence, j
+
+    def new_cache(self, *args, **kwargs):
+        return self.head.new_cache(*args, **kwargs)
+
+    def __call__(self, hidden, next_ids, pos, cache, n_sink, window, impl):
+        lead = hidden[0, :, 0]  # (L,)
+        index = torch.where(lead >= self.SENTINEL, (lead - self.SENTINEL).long() + 1, torch.zeros_like(pos))
+        seq = self.seq.to(pos.device)
+        truth = seq[(pos + 2).clamp(max=seq.numel() - 1)]  # (L,)
+        tok = torch.where(index < self.j, truth, (truth + 1) % V)  # (L,)
+        logits = torch.zeros(tok.numel(), V, dtype=hidden.dtype, device=hidden.device)
+        logits.scatter_(1, tok[:, None], 1.0)
+        g = (index.to(hidden.dtype) + self.SENTINEL)[None, :, None].expand_as(hidden).contiguous()
+        return logits[None], g
+
+
+@pytest.fixture(scope="module")
+def models():
+    return harness_models()
+
+
+def _prompt(n: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, V, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def _same_counts(a: wmtp.SpecStats, b: wmtp.SpecStats) -> None:
+    for key in ("steps", "proposed", "accepted", "committed", "accept_length_histogram", "per_position_accepted"):
+        assert getattr(a, key) == getattr(b, key), key
+
+
+@pytest.mark.parametrize("depth", [1, 3, 8])
+@pytest.mark.parametrize("n_sink,window", KEYSETS)
+def test_every_accept_length_matches_the_eager_loop(models, depth, n_sink, window):
+    target, head = models
+    prompt = _prompt(12)
+    ref = wmtp.greedy_generate(target, prompt, 40)
+    seq = torch.cat([prompt, ref, torch.zeros(depth + 2, dtype=torch.long)])
+    for j in range(depth + 1):
+        oracle = DeviceOracle(head, seq, j)
+        out, stats = static_speculative_generate(target, oracle, prompt, 40, depth, n_sink, window)
+        eager_out, eager = wmtp.speculative_generate(target, oracle, prompt, 40, depth, n_sink, window)
+        assert torch.equal(out, ref) and torch.equal(eager_out, ref), f"j={j}"
+        _same_counts(stats, eager)
+        assert stats.accept_length_histogram[j] >= stats.steps - 1  # the oracle's j, every whole step
+        assert stats.draft_queries == 2 * depth * stats.steps  # depth + 1 extend rows, depth - 1 recursive
+
+
+@pytest.mark.parametrize("depth", [1, 2, 5, 8])
+@pytest.mark.parametrize("n_sink,window", KEYSETS)
+def test_random_head_is_lossless_and_drafts_as_the_eager_loop(models, depth, n_sink, window):
+    """A real head's drafts come from row ``a`` of a ``depth + 1``-row extend: the same drafts as the
+    eager ``a + 1``-row extend (float64), so the same accepts."""
+    target, head = models
+    prompt = _prompt(20, seed=depth)
+    ref = wmtp.greedy_generate(target, prompt, 24)
+    out, stats = static_speculative_generate(target, head, prompt, 24, depth, n_sink, window)
+    assert torch.equal(out, ref)
+    _same_counts(stats, wmtp.speculative_generate(target, head, prompt, 24, depth, n_sink, window)[1])
+    assert len(stats.draft_times_s) == len(stats.verify_times_s) == stats.steps
+
+
+def test_eos_and_cuts_at_every_accept_length(models):
+    """An eos inside an accepted run, and max_new_tokens cutting a step, for every j (depth 5)."""
+    target, head = models
+    prompt, depth = _prompt(7), 5
+    ref = wmtp.greedy_generate(target, prompt, 40)
+    eos = int(ref[9])
+    dense = wmtp.greedy_generate(target, prompt, 40, eos_id=eos)
+    seq = torch.cat([prompt, ref, torch.zeros(depth + 2, dtype=torch.long)])
+    for j in range(depth + 1):
+        oracle = DeviceOracle(head, seq, j)
+        out, _ = static_speculative_generate(target, oracle, prompt, 40, depth, 4, 16, eos_id=eos)
+        assert torch.equal(out, dense), f"eos, j={j}"
+        for n in (1, 2, 5, 9, 13):
+            out, _ = static_speculative_generate(target, oracle, prompt, n, depth, 4, 16)
+            assert torch.equal(out, ref[:n]), f"max_new {n}, j={j}"
+
+
+@pytest.mark.parametrize("prompt_len", [1, 9, 30])
+def test_requests_up_to_the_last_cache_position(models, prompt_len):
+    import dataclasses
+
+    target, head = models
+    L, depth = 40, 3
+    small = wmtp.TargetLM(dataclasses.replace(target.config, max_seq_len=L)).double()
+    small.load_state_dict(target.state_dict())
+    small_head = wmtp.MTPHead(head.config, small).double()
+    small_head.load_state_dict(head.state_dict())
+    prompt = _prompt(prompt_len, seed=prompt_len)
+    greedy_max, spec_max = L + 1 - prompt_len, L + 1 - prompt_len - depth
+    ref = wmtp.greedy_generate(small, prompt, greedy_max)
+    assert torch.equal(static_greedy_generate(small, prompt, greedy_max), ref)
+    seq = torch.cat([prompt, ref, torch.zeros(depth + 2, dtype=torch.long)])
+    for draft in (small_head, DeviceOracle(small_head, seq, depth)):  # no accepts; every draft accepted
+        out, _ = static_speculative_generate(small, draft, prompt, spec_max, depth, 2, 3)
+        assert torch.equal(out, ref[:spec_max])
+    with pytest.raises(ValueError, match="KV cache"):
+        static_speculative_generate(small, small_head, prompt, spec_max + 1, depth)
+    with pytest.raises(ValueError, match="KV cache"):
+        static_greedy_generate(small, prompt, greedy_max + 1)
+
+
+@pytest.mark.parametrize("max_new", [0, 1, 2, 17, 40])
+@pytest.mark.parametrize("eos_at", [None, 0, 5, 16, 17, 30])
+def test_greedy_equals_the_eager_loop(models, max_new, eos_at):
+    """Including an eos before, at and after the output's reads (every EOS_CHECK steps)."""
+    target, _ = models
+    prompt = _prompt(9)
+    eos = None if eos_at is None else int(wmtp.greedy_generate(target, prompt, 40)[eos_at])
+    times: list[float] = []
+    out = static_greedy_generate(target, prompt, max_new, eos_id=eos, step_times=times)
+    assert torch.equal(out, wmtp.greedy_generate(target, prompt, max_new, eos_id=eos))
+    assert len(times) <= max(max_new - 1, 0) and all(t > 0 for t in times)
+
+
+def test_batches_and_integer_prompts(models):
+    target, head = models
+    prompts = [_prompt(5, seed=1), _prompt(13, seed=2).int()]
+    refs = wmtp.greedy_generate(target, prompts, 9)
+    assert all(torch.equal(a, b) for a, b in zip(static_greedy_generate(target, prompts, 9), refs))
+    outs, stats = static_speculative_generate(target, head, prompts, 9, 3, 4, 16)
+    assert all(torch.equal(a, b) for a, b in zip(outs, refs)) and len(stats) == 2
+
+
+def test_cuda_graph_needs_cuda_and_triton(models):
+    target, head = models
+    with pytest.raises(ValueError, match="cuda_graph=True needs a CUDA device"):
+        static_speculative_generate(target, head, _prompt(5), 4, 2, cuda_graph=True)
+    with pytest.raises(ValueError, match="cuda_graph=True needs"):
+        static_greedy_generate(target, _prompt(5), 4, impl="torch", cuda_graph=True)
+    with pytest.raises(ValueError, match="cuda_graph must be"):
+        static_greedy_generate(target, _prompt(5), 4, cuda_graph="yes")
+    with pytest.raises(ValueError, match="depth"):
+        static_speculative_generate(target, head, _prompt(5), 4, 0)
+
+
+def test_an_unchecked_cache_writes_as_a_checked_one():
+    """``checked=False`` skips only the range check (the read a CUDA graph cannot make)."""
+    g = torch.Generator().manual_seed(0)
+    k, v = torch.randn(2, 1, 2, 3, 4, generator=g)
+    pos = torch.tensor([5, 1, 7])
+    a, b = KVCache(1, 1, 2, 8, 4), KVCache(1, 1, 2, 8, 4, checked=False)
+    for c in (a, b):
+        c.update(0, pos, k, v)
+    assert torch.equal(a.k, b.k) and torch.equal(a.v, b.v)
+    with pytest.raises(ValueError, match="do not fit"):
+        a.update(0, torch.tensor([8, 9, 10]), k, v)
+
+
+@pytest.mark.skipif(not INTERPRETED or CUDA, reason="the Triton kernels under the CPU interpreter")
+def test_triton_interpreter_is_lossless(models):
+    target, head = models
+    prompt = _prompt(10)
+    ref = wmtp.greedy_generate(target, prompt, 8)
+    assert torch.equal(static_greedy_generate(target, prompt, 8, impl="triton"), ref)
+    out, _ = static_speculative_generate(target, head, prompt, 8, 3, 4, 16, impl="triton")
+    assert torch.equal(out, ref)
+
+
+@pytest.fixture(scope="module")
+def cuda_models():
+    """A copy on the GPU (harness_models() is cached and shared with the CPU tests), float64."""
+    target, head = copy.deepcopy(harness_models())
+    return target.cuda(), head.cuda()
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("impl,graph", [("torch", False), ("triton", False), ("triton", True)])
+@pytest.mark.parametrize("depth", [1, 3, 8])
+@pytest.mark.parametrize("n_sink,window", KEYSETS)
+def test_cuda_is_lossless(cuda_models, impl, graph, depth, n_sink, window):
+    """Float64 on the GPU against the same impl's eager dense decoding, for the random head and every
+    accept length; through the CUDA graphs too (the oracle is device ops only: it is captured)."""
+    target, head = cuda_models
+    prompt = _prompt(30, seed=depth).cuda()
+    ref = wmtp.greedy_generate(target, prompt, 33, impl=impl)
+    assert torch.equal(static_greedy_generate(target, prompt, 33, impl=impl, cuda_graph=graph), ref)
+    seq = torch.cat([prompt, ref, torch.zeros(depth + 2, dtype=torch.long, device="cuda")])
+    for j, draft in [(None, head)] + [(j, DeviceOracle(head, seq, j)) for j in range(depth + 1)]:
+        out, stats = static_speculative_generate(target, draft, prompt, 33, depth, n_sink, window, impl=impl,
+                                                 cuda_graph=graph)
+        assert out.device.type == "cuda" and torch.equal(out, ref), f"j={j}"
+        if j is not None:
+            assert stats.accept_length_histogram[j] >= stats.steps - 1, f"j={j}"
+        assert all(t > 0 for t in stats.draft_times_s + stats.verify_times_s)

@@ -1,0 +1,241 @@
+"""Device-resident decoding: greedy and speculative loops whose steps never read the device, so that
+a step can be captured once in a CUDA graph and replayed (as gpt-fast captures its decode step).
+
+Why: the draft-KV tax (arXiv 2607.21535, Sec. 1 and 4) is device time, a few microseconds per draft
+call at long context. The eager loops of wmtp/decode.py launch every kernel from Python and read
+every accepted count back before planning the next step; on a GPU a small model's step is then
+bound by the host (metrics/python-stdlib-seed42-cuda-h200.json: 75-135 us per eager draft-attention
+call, whatever the number of keys), and no key set can change that. Here:
+
+- The step's state lives on the device: ``n_prev`` (the first position the head consumes),
+  ``accepted`` (the last step's accepted count), the target's hidden states at ``n_prev ..
+  n_prev + depth`` and the tokens that follow them. Every position is computed on the device.
+- NOTE [Static extend]: the eager draft extend consumes the ``a + 1`` positions committed by the
+  last step (``a`` accepted drafts and the target's own token). Its count varies, so here the
+  extend always runs ``depth + 1`` rows, of which rows ``0 .. a`` are real, and picks row ``a`` on
+  the device. The other rows write draft-KV entries at positions ``>= n`` (``n``: the position of
+  the target's latest token), which nobody reads before the recursive drafts and the next step's
+  extend rewrite them: the caches are position-indexed (NOTE [No rollback], wmtp/kvcache.py), and a
+  query only reads keys at or before its own position. A real row reads the same keys as in the
+  eager extend, so it computes the same draft, up to the last bits of matrices of another shape.
+- The accepted drafts equal the target's choices, so after the verify pass the next extend's
+  hidden states are the verify pass's and its tokens are the target's choices, all ``depth + 1``.
+- The host reads one small tensor per step (the accepted count and the target's ``depth + 1``
+  choices), keeps the statistics and decides when to stop, exactly as the eager loop.
+
+The output is the target's greedy output token for token (tests/test_static_decode.py asserts
+``torch.equal`` against wmtp/decode.py's ``greedy_generate``, on every device and impl). With
+``cuda_graph`` the draft phase and the verify phase are each one CUDA graph, timed by CUDA events:
+``SpecStats.draft_times_s`` and ``verify_times_s`` are then device times. Verification is the
+batched greedy rule (``verify_greedy``); a custom verifier needs the eager loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from .attention import resolve_impl
+from .decode import SpecStats, _check_request, _check_spec_request, _each_prompt, _finish
+from .device import capture_graph, synchronize
+from .keyset import key_count
+from .model import TargetLM
+from .mtp import MTPHead
+
+EOS_CHECK = 16  # greedy: steps between reads of the output when an eos_id can stop it early
+
+
+def _use_graph(cuda_graph: bool | None, device: torch.device, impl: str) -> bool:
+    """``cuda_graph=None``: capture when the device is CUDA and the impl Triton (the reference
+    attention reads query positions on the host, which a graph cannot)."""
+    if cuda_graph is None:
+        return device.type == "cuda" and impl == "triton"
+    if not isinstance(cuda_graph, bool):
+        raise ValueError(f"cuda_graph must be True, False or None, got {cuda_graph!r}")
+    if cuda_graph and (device.type != "cuda" or impl != "triton"):
+        raise ValueError(f"cuda_graph=True needs a CUDA device and impl 'triton' (the reference attention "
+                         f"reads query positions on the host); got device {device.type}, impl {impl!r}")
+    return cuda_graph
+
+
+def _runner(step: Callable[[], None], state: tuple[torch.Tensor, ...], graph: bool) -> Callable[[], None]:
+    """``step`` itself, or its CUDA graph's replay. Capturing runs the step once (a warm-up: Triton
+    compiles), so ``state`` is restored afterwards; the cache entries it wrote are rewritten, the
+    same, by the first real step before anything reads them."""
+    if not graph:
+        return step
+    saved = [t.clone() for t in state]
+    replay = capture_graph(step).replay
+    for t, s in zip(state, saved):
+        t.copy_(s)
+    return replay
+
+
+class _Clock:
+    """Seconds between marks: CUDA events on CUDA (the host does not wait), else wall clock after a
+    synchronize. ``spans`` needs the marked work finished (on CUDA, after any read of the device)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.marks = device, []
+
+    def mark(self) -> None:
+        if self.device.type == "cuda":
+            self.marks.append(torch.cuda.Event(enable_timing=True))
+            self.marks[-1].record()
+        else:
+            synchronize(self.device)
+            self.marks.append(time.perf_counter())
+
+    def spans(self) -> list[float]:
+        """Seconds between consecutive marks, which it then forgets."""
+        m, self.marks = self.marks, []
+        if self.device.type == "cuda":
+            synchronize(self.device)
+            return [a.elapsed_time(b) / 1e3 for a, b in zip(m, m[1:])]
+        return [b - a for a, b in zip(m, m[1:])]
+
+
+@torch.no_grad()
+def static_greedy_generate(target: TargetLM, prompt_ids: torch.Tensor | list[torch.Tensor], max_new_tokens: int,
+                           eos_id: int | None = None, impl: str = "auto", cuda_graph: bool | None = None,
+                           step_times: list[float] | None = None) -> torch.Tensor | list[torch.Tensor]:
+    """Dense greedy decoding with device-resident steps: ``greedy_generate``'s output, token for token.
+
+    Args:
+        cuda_graph: capture the one-token step in a CUDA graph (``None``: when on CUDA with the
+            Triton impl; ``True`` elsewhere is a ``ValueError``).
+        step_times: if a list, each step's seconds are appended (device time under a graph).
+        (The rest as ``greedy_generate``; with an ``eos_id`` the output is read every ``EOS_CHECK``
+        steps, and steps run past the eos are cut.)
+    """
+    if isinstance(prompt_ids, (list, tuple)):
+        return _each_prompt(prompt_ids, lambda p: static_greedy_generate(target, p, max_new_tokens, eos_id, impl,
+                                                                         cuda_graph, step_times))
+    needed = _check_request(target, prompt_ids, max_new_tokens, extra=-1, eos_id=eos_id)
+    prompt_ids, dev = prompt_ids.long(), prompt_ids.device
+    impl = resolve_impl(impl, dev, target.embed.dtype, target.config.head_dim,
+                        target.config.n_heads // target.config.n_kv_heads)
+    graph = _use_graph(cuda_graph, dev, impl)
+    cache = target.new_cache(1, needed, checked=False)
+    P = prompt_ids.numel()
+    logits, _ = target(prompt_ids[None], torch.arange(P, device=dev), cache, impl)
+    tok = logits[0, -1].argmax().view(1, 1)  # (1, 1) the latest token, fed to the next step
+    out = torch.zeros(max(max_new_tokens, 1), dtype=torch.long, device=dev)  # (max_new_tokens,)
+    out[:1] = tok[0]
+    pos = torch.full((1,), P, device=dev)  # (1,) the latest token's position
+    slot = torch.ones(1, dtype=torch.long, device=dev)  # (1,) where the step's token goes in out
+
+    def step() -> None:
+        logits, _ = target(tok, pos, cache, impl)
+        nxt = logits[0, -1].argmax().view(1, 1)  # (1, 1)
+        tok.copy_(nxt)
+        out.index_copy_(0, slot, nxt[0])
+        pos.add_(1)
+        slot.add_(1)
+
+    run = _runner(step, (tok, pos, slot), graph) if max_new_tokens > 1 else step
+    clock, done = _Clock(dev), 1
+    clock.mark()
+    while done < max_new_tokens:
+        if eos_id is not None and done % EOS_CHECK == 1 and eos_id in out[:done].tolist():
+            break
+        run()
+        clock.mark()
+        done += 1
+    if step_times is not None:
+        step_times.extend(clock.spans())
+    return torch.tensor(_finish(out[:done].tolist(), max_new_tokens, eos_id)[0], dtype=torch.long, device=dev)
+
+
+@torch.no_grad()
+def static_speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor | list[torch.Tensor],
+                                max_new_tokens: int, depth: int, n_sink: int | None = None,
+                                window: int | None = None, impl: str = "auto", eos_id: int | None = None,
+                                cuda_graph: bool | None = None
+                                ) -> tuple[torch.Tensor, SpecStats] | tuple[list[torch.Tensor], list[SpecStats]]:
+    """Greedy (Windowed-)MTP speculative decoding with device-resident steps.
+
+    The arguments and the output are ``speculative_generate``'s (without ``verifier``), and the
+    statistics count the same steps, drafts and accepts; ``draft_queries`` and ``draft_keys_read``
+    count the extend's ``depth + 1`` rows (NOTE [Static extend]).
+
+    Args:
+        cuda_graph: capture the draft phase and the verify phase, each in a CUDA graph (``None``:
+            when on CUDA with the Triton impl; ``True`` elsewhere is a ``ValueError``).
+    """
+    if isinstance(prompt_ids, (list, tuple)):
+        runs = _each_prompt(prompt_ids, lambda p: static_speculative_generate(
+            target, draft, p, max_new_tokens, depth, n_sink, window, impl, eos_id, cuda_graph))
+        return [out for out, _ in runs], [stats for _, stats in runs]
+    needed = _check_spec_request(target, draft, prompt_ids, max_new_tokens, depth, n_sink, window, eos_id)
+    prompt_ids, dev, K = prompt_ids.long(), prompt_ids.device, depth
+    impl = resolve_impl(impl, dev, target.embed.dtype, target.config.head_dim,
+                        target.config.n_heads // target.config.n_kv_heads)
+    graph = _use_graph(cuda_graph, dev, impl)
+    stats = SpecStats(depth=K)
+    # the extend's rows reach n_prev + K <= n - 1 + K, below the verify pass's n + K: `needed` holds both
+    tcache, dcache = target.new_cache(1, needed, checked=False), draft.new_cache(1, needed, checked=False)
+    P = prompt_ids.numel()
+    logits, hidden = target(prompt_ids[None], torch.arange(P, device=dev), tcache, impl)
+    x = logits[0, -1].argmax()
+    out, stop = _finish([int(x)], max_new_tokens, eos_id)
+    if stop:
+        return torch.tensor(out, dtype=torch.long, device=dev), stats
+    if P > 1:  # draft prefill, as the eager loop: true-chain draft KV for positions 0..P-2
+        draft(hidden[:, :-1], prompt_ids[None, 1:], torch.arange(P - 1, device=dev), dcache, n_sink, window, impl)
+
+    rows = torch.arange(K + 1, device=dev)  # (K+1,)
+    h_next = hidden.new_zeros(1, K + 1, hidden.shape[-1])  # (1, K+1, d) hidden states the extend consumes
+    h_next[:, 0] = hidden[:, -1]
+    t_next = torch.zeros(K + 1, dtype=torch.long, device=dev)  # (K+1,) the token after each of them
+    t_next[0] = x
+    n_prev = torch.full((1,), P - 1, device=dev)  # (1,) position of the extend's row 0
+    accepted = torch.zeros(1, dtype=torch.long, device=dev)  # (1,) rows 0..accepted are real
+    drafts = torch.zeros(K, dtype=torch.long, device=dev)  # (K,) the draft phase's proposals
+    n = torch.zeros(1, dtype=torch.long, device=dev)  # (1,) position of the target's latest token
+    report = torch.zeros(K + 2, dtype=torch.long, device=dev)  # (K+2,) accepted count, the K+1 choices
+
+    def draft_phase() -> None:  # the extend (NOTE [Static extend]), then K - 1 recursive drafts
+        dlogits, g = draft(h_next, t_next[None], n_prev + rows, dcache, n_sink, window, impl)  # (1, K+1, V)
+        proposals = [dlogits[0].index_select(0, accepted).argmax(-1)]  # (1,) from row `accepted`
+        g = g.index_select(1, accepted)  # (1, 1, d)
+        at = n_prev + accepted + 1  # (1,)
+        for i in range(1, K):
+            dlogits, g = draft(g, proposals[-1].view(1, 1), at + (i - 1), dcache, n_sink, window, impl)
+            proposals.append(dlogits[0, -1].argmax().view(1))
+        drafts.copy_(torch.cat(proposals))
+        n.copy_(at)
+
+    def verify_phase() -> None:  # the target over [x, d_1 .. d_K], the greedy rule, the next state
+        x = t_next.index_select(0, accepted)  # (1,)
+        vlogits, vhidden = target(torch.cat([x, drafts])[None], n + rows, tcache, impl)  # (1, K+1, V)
+        choice = vlogits[0].argmax(-1)  # (K+1,)
+        a = (drafts == choice[:K]).long().cumprod(0).sum().view(1)  # (1,) verify_greedy on the device
+        report.copy_(torch.cat([a, choice]))
+        n_prev.copy_(n)
+        accepted.copy_(a)
+        h_next.copy_(vhidden)
+        t_next.copy_(choice)
+
+    state = (h_next, t_next, n_prev, accepted)
+    run_draft, run_verify = _runner(draft_phase, (), graph), _runner(verify_phase, state, graph)
+    clock, head_start, pos = _Clock(dev), P - 1, P
+    while not stop:
+        clock.mark()
+        run_draft()
+        clock.mark()
+        run_verify()
+        clock.mark()
+        a, *choice = report.tolist()  # the step's one read of the device
+        draft_s, verify_s = clock.spans()
+        draft_pos = [*range(head_start, head_start + K + 1), *range(pos, pos + K - 1)]
+        stats.draft_keys_read += sum(key_count(t, n_sink, window) for t in draft_pos)
+        stats.draft_queries += len(draft_pos)
+        stats.add_step(a, draft_s, verify_s)
+        before = len(out)
+        out, stop = _finish(out + choice[: a + 1], max_new_tokens, eos_id)
+        stats.committed += len(out) - before
+        head_start, pos = pos, pos + a + 1
+    return torch.tensor(out, dtype=torch.long, device=dev), stats
