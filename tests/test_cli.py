@@ -200,14 +200,15 @@ def test_plot_renders_a_reproduce_json(capsys, wikitext_dir, tmp_path):
     assert code == 0 and (tmp_path / "again.png").stat().st_size > 10_000
     (tmp_path / "bad.json").write_text('{"runs": 1}')
     code, _, err = _run(capsys, ["plot", str(tmp_path / "bad.json")])
-    assert code == 2 and "neither" in err
+    assert code == 2 and "not a metrics file of" in err
     (tmp_path / "rows.json").write_text('{"rows": [], "unit": "us"}')  # rows, but of no kind plot knows
     code, _, err = _run(capsys, ["plot", str(tmp_path / "rows.json")])
-    assert code == 2 and "neither" in err
+    assert code == 2 and "not a metrics file of" in err
     code, _, err = _run(capsys, ["plot", str(tmp_path / "missing.json")])
     assert code == 2 and "cannot read" in err
     for broken in ('{"contexts": [], "draft_attention": []}', '{"rows": [], "methods": []}',
-                   '{"rows": 1, "kind": "draft-attention"}', '{"kind": "draft-attention"}'):
+                   '{"rows": 1, "kind": "draft-attention"}', '{"kind": "draft-attention"}',
+                   '{"rows": [], "kind": "bench-decode"}'):
         (tmp_path / "broken.json").write_text(broken)  # the right kind, not whole: one line, no traceback
         code, _, err = _run(capsys, ["plot", str(tmp_path / "broken.json")])
         assert code == 2 and "incomplete" in err and len(err.strip().splitlines()) == 1, err
@@ -325,6 +326,7 @@ def test_bench_decode_writes_lossless_rows(capsys, wikitext_dir, tmp_path):
     windowed = m["rows"][1]["arms"]["sink4+win16"]
     assert windowed["draft_keys_read_per_step"] < m["rows"][1]["arms"]["native"]["draft_keys_read_per_step"]
     assert "TPOT speedup vs dense" in stdout and not list(tmp_path.glob("*.tmp"))
+    assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # drawn by plots.plot_decode
     # bad input: one line, exit 2, before any training
     for extra, match in ((["--loops", "graph"], "graph loop captures CUDA graphs"),
                          (["--contexts", "1"], "at least 2"), (["--contexts", "10000000"], "needs more")):

@@ -35,6 +35,7 @@ from .decode import greedy_generate, speculative_generate
 from .metrics import SCHEMA_VERSION, environment, reduction, speedup, tpot
 from .model import TargetLM
 from .mtp import MTPHead
+from .plots import DECODE_KIND
 from .reproduce import prepare_models
 from .static_decode import static_greedy_generate, static_speculative_generate
 
@@ -123,7 +124,7 @@ def bench_decode(preset: Preset, dataset_dir: str | None, device: torch.device, 
     capacity = max(contexts) + preset.spec.new_tokens + preset.spec.depth
     target, head = with_capacity(target.to(dtype), head.to(dtype), capacity)
     result = {
-        "schema_version": SCHEMA_VERSION, "kind": "bench-decode", "command": command, "seed": seed,
+        "schema_version": SCHEMA_VERSION, "kind": DECODE_KIND, "command": command, "seed": seed,
         "corpus": {"name": corpus.name, "fingerprint": corpus.fingerprint,
                    "tokens": {k: int(v.numel()) for k, v in tokens.items()}},
         "config": {"preset": preset.name, "model": asdict(preset.model), "mtp": asdict(preset.mtp),
@@ -178,7 +179,8 @@ def add_arguments(p) -> None:
     p.add_argument("--cache-dir", type=Path, default=Path(".wmtp-cache"),
                    help="tokenizer and checkpoint cache, shared with reproduce (default: .wmtp-cache)")
     p.add_argument("--out", type=Path, default=None,
-                   help="write the JSON here (default: metrics/bench-decode-<h200|cuda|cpu|mps>.json)")
+                   help="write the JSON here, its plot beside it as .png "
+                        "(default: metrics/bench-decode-<h200|cuda|cpu|mps>.json)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -190,7 +192,7 @@ def cli(args, prog: str, argv: list[str]) -> int:
 
     from .config import get_preset
     from .device import resolve_device
-    from .fileio import check_writable
+    from .fileio import check_distinct, check_writable
     from .metrics import write_json
 
     device = resolve_device(args.device)
@@ -204,6 +206,8 @@ def cli(args, prog: str, argv: list[str]) -> int:
         "h200" if "H200" in torch.cuda.get_device_name(device) else "cuda")
     out = args.out or Path("metrics") / f"bench-decode-{slug}.json"
     check_writable(out, "--out")
+    check_writable(out.with_suffix(".png"), "--out's plot")
+    check_distinct(out, out.with_suffix(".png"), "--out", "its plot")
     err = Console(stderr=True)
 
     def log(line: str) -> None:
@@ -213,6 +217,9 @@ def cli(args, prog: str, argv: list[str]) -> int:
                           shlex.join([prog, *argv]), progress=not args.no_progress, log=log,
                           on_context=lambda partial: write_json(out, partial))
     write_json(out, result)
+    from .plots import render
+
+    png = render(out)
     Console(width=200).print(table(result))
-    log(f"wrote {out} in {result['wall_time_s']:.0f} s")
+    log(f"wrote {out} and {png} in {result['wall_time_s']:.0f} s")
     return 0

@@ -1,9 +1,10 @@
-"""Plots of the metrics JSON that ``wmtp reproduce`` and ``wmtp bench attention`` write.
+"""Plots of the metrics JSON that ``wmtp reproduce``, ``wmtp bench attention`` and ``bench decode`` write.
 
 ``render(json_path, png_path)`` draws any such file: the reproduction (arXiv 2607.21535's draft-KV
 tax in miniature: draft-attention cost against context per key set, and the per-step draft and
 verify time behind the step-cost equation ``step = t_verify + t_draft``), the GPU kernel sweep
-(wmtp/bench_attention.py) or the draft-attention benchmark off CUDA (its first panel alone).
+(wmtp/bench_attention.py), the draft-attention benchmark off CUDA (its first panel alone) or the
+end-to-end decoding benchmark (wmtp/bench_decode.py: per-step draft and verify time per loop).
 matplotlib's object API is used (no pyplot, no global state), and the PNG is written atomically.
 """
 
@@ -15,6 +16,7 @@ from pathlib import Path
 from .fileio import atomic_path
 
 DRAFT_ATTENTION_KIND = "draft-attention"  # the "kind" of the JSON `wmtp bench attention` writes off CUDA
+DECODE_KIND = "bench-decode"  # the "kind" of the JSON `wmtp bench decode` writes
 
 
 def _draft_attention_panel(ax, rows: list[dict]) -> None:
@@ -70,6 +72,36 @@ def plot_reproduction(m: dict, png_path: str | Path) -> None:
         fig.savefig(tmp, format="png", dpi=110)
 
 
+def plot_decode(m: dict, png_path: str | Path) -> None:
+    """One panel per decode loop: dense ms per token, and per arm the draft and verify ms per step, vs context."""
+    from matplotlib.figure import Figure
+
+    loops = list(dict.fromkeys(r["loop"] for r in m["rows"]))
+    if not loops:
+        raise IndexError("no rows")  # render(): an incomplete file
+    fig = Figure(figsize=(6.5 * len(loops), 4.6), layout="constrained")
+    axes = fig.subplots(1, len(loops), squeeze=False)[0]
+    for ax, loop in zip(axes, loops):
+        rows = sorted((r for r in m["rows"] if r["loop"] == loop), key=lambda r: r["context"])
+        contexts = [r["context"] for r in rows]
+        ax.plot(contexts, [r["dense"]["tpot_s"] * 1e3 for r in rows], marker="o", color="black",
+                label="dense: ms per token")
+        for label in rows[0]["arms"]:
+            draft = [r["arms"][label]["draft_time_per_step_s"] * 1e3 for r in rows]
+            verify = [r["arms"][label]["verify_time_per_step_s"] * 1e3 for r in rows]
+            line = ax.plot(contexts, draft, marker="o", label=f"{label}: draft")[0]
+            ax.plot(contexts, verify, marker="s", linestyle="--", color=line.get_color(), label=f"{label}: verify")
+        ax.set(xscale="log", yscale="log", xlabel="context (tokens)", ylabel="ms (per step; dense: per token)",
+               title=f"{loop} loop")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize="small")
+    env = m["environment"]
+    fig.suptitle(f"wmtp bench decode ({env.get('device_name', env['device'])}, torch {env['versions']['torch']}, "
+                 f"decode {m['decode_dtype']}, depth {m['config']['spec']['depth']})")
+    with atomic_path(png_path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+
+
 def render(json_path: str | Path, png_path: str | Path | None = None) -> Path:
     """Draw the metrics file ``json_path`` to ``png_path`` (default: the same name with ``.png``).
 
@@ -90,8 +122,11 @@ def render(json_path: str | Path, png_path: str | Path | None = None) -> Path:
         kind = "'wmtp bench attention --device cuda'"
     elif isinstance(m, dict) and m.get("kind") == DRAFT_ATTENTION_KIND:
         draw, kind = plot_draft_attention, "'wmtp bench attention' (off CUDA)"
+    elif isinstance(m, dict) and m.get("kind") == DECODE_KIND:
+        draw, kind = plot_decode, "'wmtp bench decode'"
     else:
-        raise ValueError(f"{json_path} is neither a 'wmtp reproduce' nor a 'wmtp bench attention' metrics file")
+        raise ValueError(f"{json_path} is not a metrics file of 'wmtp reproduce', 'wmtp bench attention' or "
+                         "'wmtp bench decode'")
     try:
         draw(m, png_path)
     except (KeyError, IndexError, TypeError, AttributeError) as e:  # the right kind, but not whole

@@ -103,12 +103,13 @@ def static_greedy_generate(target: TargetLM, prompt_ids: torch.Tensor | list[tor
                            step_times: list[float] | None = None) -> torch.Tensor | list[torch.Tensor]:
     """Dense greedy decoding with device-resident steps: ``greedy_generate``'s output, token for token.
 
+    The other arguments are ``greedy_generate``'s. With an ``eos_id`` the output is read every
+    ``EOS_CHECK`` steps, and the steps run past the eos are cut.
+
     Args:
         cuda_graph: capture the one-token step in a CUDA graph (``None``: when on CUDA with the
             Triton impl; ``True`` elsewhere is a ``ValueError``).
         step_times: if a list, each step's seconds are appended (device time under a graph).
-        (The rest as ``greedy_generate``; with an ``eos_id`` the output is read every ``EOS_CHECK``
-        steps, and steps run past the eos are cut.)
     """
     if isinstance(prompt_ids, (list, tuple)):
         return _each_prompt(prompt_ids, lambda p: static_greedy_generate(target, p, max_new_tokens, eos_id, impl,
