@@ -15,7 +15,7 @@ import torch
 import wmtp
 from wmtp.grading import harness_models
 from wmtp.kvcache import KVCache
-from wmtp.static_decode import static_greedy_generate, static_speculative_generate
+from wmtp.static_decode import EOS_CHECK, static_greedy_generate, static_speculative_generate
 
 V = 512
 CUDA = torch.cuda.is_available()
@@ -51,6 +51,34 @@ class DeviceOracle:
         return logits[None], g
 
 
+class ForcedHead:
+    """The real head, its attention and caches included, with a logit bonus that makes the first
+    ``j`` drafts of every step right and the rest wrong; it records each call's logits and ``g`` per
+    (step, call in the step, position), so that two loops can be compared row by row."""
+
+    def __init__(self, head, sequence: torch.Tensor, j: int, depth: int, prompt_len: int):
+        self.head, self.seq, self.j, self.depth = head, sequence, j, depth
+        self.calls = -1 if prompt_len > 1 else 0  # the draft prefill is not a step's call
+        self.rows: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def new_cache(self, *args, **kwargs):
+        return self.head.new_cache(*args, **kwargs)
+
+    def __call__(self, hidden, next_ids, pos, cache, n_sink, window, impl):
+        logits, g = self.head(hidden, next_ids, pos, cache, n_sink, window, impl)
+        call, self.calls = self.calls, self.calls + 1
+        if call < 0:
+            return logits, g
+        step, i = divmod(call, self.depth)
+        for r, p in enumerate(pos.tolist()):
+            self.rows[step, i, p] = logits[0, r].clone(), g[0, r].clone()
+        truth = self.seq[(pos + 2).clamp(max=self.seq.numel() - 1)]  # (L,)
+        tok = truth if i < self.j else (truth + 1) % V
+        bonus = torch.zeros_like(logits)
+        bonus[0, torch.arange(pos.numel()), tok] = 1e6
+        return logits + bonus, g
+
+
 @pytest.fixture(scope="module")
 def models():
     return harness_models()
@@ -80,6 +108,30 @@ def test_every_accept_length_matches_the_eager_loop(models, depth, n_sink, windo
         _same_counts(stats, eager)
         assert stats.accept_length_histogram[j] >= stats.steps - 1  # the oracle's j, every whole step
         assert stats.draft_queries == 2 * depth * stats.steps  # depth + 1 extend rows, depth - 1 recursive
+
+
+@pytest.mark.parametrize("depth", [3, 8])
+@pytest.mark.parametrize("prompt_len", [1, 23])
+@pytest.mark.parametrize("n_sink,window", KEYSETS)
+def test_a_real_head_drafts_the_same_in_both_loops(models, depth, prompt_len, n_sink, window):
+    """The real head, acceptance forced to every j: each eager call's logits and hidden state, row by
+    row, equal the static loop's (float64, 1e-9), so the static extend picks row ``a`` of the logits
+    AND of ``g`` (NOTE [Static extend]); the static extend's extra rows are compared with nothing."""
+    target, head = models
+    prompt = _prompt(prompt_len, seed=depth + prompt_len)
+    ref = wmtp.greedy_generate(target, prompt, 30)
+    seq = torch.cat([prompt, ref, torch.zeros(depth + 2, dtype=torch.long)])
+    for j in range(depth + 1):
+        eager, static = (ForcedHead(head, seq, j, depth, prompt_len) for _ in range(2))
+        out_e, stats_e = wmtp.speculative_generate(target, eager, prompt, 30, depth, n_sink, window)
+        out_s, stats_s = static_speculative_generate(target, static, prompt, 30, depth, n_sink, window)
+        assert torch.equal(out_e, ref) and torch.equal(out_s, ref), f"j={j}"
+        _same_counts(stats_s, stats_e)
+        assert stats_s.accept_length_histogram[j] >= stats_s.steps - 1, f"j={j}"
+        for key, (logits, g) in eager.rows.items():
+            assert key in static.rows, f"j={j}: no static row {key}"
+            torch.testing.assert_close(static.rows[key][0], logits, rtol=0, atol=1e-9)
+            torch.testing.assert_close(static.rows[key][1], g, rtol=0, atol=1e-9)
 
 
 @pytest.mark.parametrize("depth", [1, 2, 5, 8])
@@ -148,6 +200,8 @@ def test_greedy_equals_the_eager_loop(models, max_new, eos_at):
     out = static_greedy_generate(target, prompt, max_new, eos_id=eos, step_times=times)
     assert torch.equal(out, wmtp.greedy_generate(target, prompt, max_new, eos_id=eos))
     assert len(times) <= max(max_new - 1, 0) and all(t > 0 for t in times)
+    if eos is not None and len(out) < max_new:  # stopped by the eos: within EOS_CHECK steps of it
+        assert len(times) < len(out) + EOS_CHECK
 
 
 def test_batches_and_integer_prompts(models):
@@ -171,7 +225,7 @@ def test_cuda_graph_needs_cuda_and_triton(models):
         static_speculative_generate(target, head, _prompt(5), 4, 0)
 
 
-def test_an_unchecked_cache_writes_as_a_checked_one():
+def test_an_unchecked_cache_writes_as_a_checked_one(monkeypatch):
     """``checked=False`` skips only the range check (the read a CUDA graph cannot make)."""
     g = torch.Generator().manual_seed(0)
     k, v = torch.randn(2, 1, 2, 3, 4, generator=g)
@@ -182,6 +236,14 @@ def test_an_unchecked_cache_writes_as_a_checked_one():
     assert torch.equal(a.k, b.k) and torch.equal(a.v, b.v)
     with pytest.raises(ValueError, match="do not fit"):
         a.update(0, torch.tensor([8, 9, 10]), k, v)
+
+    def no_read(*args, **kwargs):
+        raise AssertionError("the range check read the positions")
+
+    monkeypatch.setattr(torch, "aminmax", no_read)
+    b.update(0, pos.flip(0), k, v)  # no read of the positions
+    with pytest.raises(AssertionError, match="range check"):
+        a.update(0, pos, k, v)
 
 
 @pytest.mark.skipif(not INTERPRETED or CUDA, reason="the Triton kernels under the CPU interpreter")

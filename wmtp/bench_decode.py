@@ -9,7 +9,9 @@ run's prefill excluded; a first step that compiles Triton kernels is one step of
 the draft phase, the verify phase, their share, and TPOT ``= (t_draft + t_verify) / AL``
 (wmtp/metrics.py). Under ``loop="graph"`` the phases are CUDA graphs timed by CUDA events
 (wmtp/static_decode.py); under ``loop="eager"`` they are wall-clock times with a synchronize
-(wmtp/decode.py), the host's launches included.
+(wmtp/decode.py), the host's launches included. ``draft_keys_read_per_step`` counts the keys of
+every draft query run: the graph loop's extend runs ``depth + 1`` rows (NOTE [Static extend]), the
+eager loop's only the ``a + 1`` committed positions, so the two loops' counts differ.
 
 The models are reproduce's (the same checkpoint: wmtp/reproduce.py ``prepare_models``), with the
 KV-cache capacity raised to the longest context (their weights do not depend on it). The prompt is
@@ -63,18 +65,19 @@ def long_prompt(tokens: dict[str, torch.Tensor], context: int) -> torch.Tensor:
     return text[-context:]
 
 
-def _runners(loop: str, cuda_graph: bool | None) -> tuple[Callable, Callable]:
+def _runners(loop: str) -> tuple[Callable, Callable]:
+    """The loop's two generators; ``graph`` insists on CUDA graphs (a ValueError where they cannot be
+    captured, never rows labelled ``graph`` that ran without them)."""
     if loop == "eager":
         return greedy_generate, speculative_generate
-    return (lambda *a, **k: static_greedy_generate(*a, cuda_graph=cuda_graph, **k),
-            lambda *a, **k: static_speculative_generate(*a, cuda_graph=cuda_graph, **k))
+    return (lambda *a, **k: static_greedy_generate(*a, cuda_graph=True, **k),
+            lambda *a, **k: static_speculative_generate(*a, cuda_graph=True, **k))
 
 
-def run_context(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: Preset, loop: str,
-                cuda_graph: bool | None = None) -> dict:
+def run_context(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: Preset, loop: str) -> dict:
     """Dense decoding and every draft arm at one context with one loop; lossless asserted first."""
     spec = preset.spec
-    greedy, speculative = _runners(loop, cuda_graph)
+    greedy, speculative = _runners(loop)
     dense_steps: list[float] = []
     dense = greedy(target, prompt, spec.new_tokens, step_times=dense_steps)
     dense_step = statistics.median(dense_steps)

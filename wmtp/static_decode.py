@@ -32,6 +32,7 @@ batched greedy rule (``verify_greedy``); a custom verifier needs the eager loop.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -60,6 +61,14 @@ def _use_graph(cuda_graph: bool | None, device: torch.device, impl: str) -> bool
     return cuda_graph
 
 
+def _on_device_of(prompt_ids) -> contextlib.AbstractContextManager:
+    """The prompt's CUDA device made current, so that capture streams, graph replays and timing events
+    are that device's, not device 0's; on other devices (or a bad prompt, refused later), nothing."""
+    if isinstance(prompt_ids, torch.Tensor) and prompt_ids.device.type == "cuda":
+        return torch.cuda.device(prompt_ids.device)
+    return contextlib.nullcontext()
+
+
 def _runner(step: Callable[[], None], state: tuple[torch.Tensor, ...], graph: bool) -> Callable[[], None]:
     """``step`` itself, or its CUDA graph's replay. Capturing runs the step once (a warm-up: Triton
     compiles), so ``state`` is restored afterwards; the cache entries it wrote are rewritten, the
@@ -75,7 +84,11 @@ def _runner(step: Callable[[], None], state: tuple[torch.Tensor, ...], graph: bo
 
 class _Clock:
     """Seconds between marks: CUDA events on CUDA (the host does not wait), else wall clock after a
-    synchronize. ``spans`` needs the marked work finished (on CUDA, after any read of the device)."""
+    synchronize. ``spans`` needs the marked work finished (on CUDA, after any read of the device).
+
+    On CUDA a span that starts right after the host read the device (the speculative step's first,
+    the draft phase) also holds the host's launch of the next replay, a few microseconds, while the
+    device waits for it; the spans after it start with work already queued."""
 
     def __init__(self, device: torch.device) -> None:
         self.device, self.marks = device, []
@@ -114,6 +127,12 @@ def static_greedy_generate(target: TargetLM, prompt_ids: torch.Tensor | list[tor
     if isinstance(prompt_ids, (list, tuple)):
         return _each_prompt(prompt_ids, lambda p: static_greedy_generate(target, p, max_new_tokens, eos_id, impl,
                                                                          cuda_graph, step_times))
+    with _on_device_of(prompt_ids):
+        return _greedy(target, prompt_ids, max_new_tokens, eos_id, impl, cuda_graph, step_times)
+
+
+def _greedy(target: TargetLM, prompt_ids: torch.Tensor, max_new_tokens: int, eos_id: int | None, impl: str,
+            cuda_graph: bool | None, step_times: list[float] | None) -> torch.Tensor:
     needed = _check_request(target, prompt_ids, max_new_tokens, extra=-1, eos_id=eos_id)
     prompt_ids, dev = prompt_ids.long(), prompt_ids.device
     impl = resolve_impl(impl, dev, target.embed.dtype, target.config.head_dim,
@@ -170,6 +189,14 @@ def static_speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: to
         runs = _each_prompt(prompt_ids, lambda p: static_speculative_generate(
             target, draft, p, max_new_tokens, depth, n_sink, window, impl, eos_id, cuda_graph))
         return [out for out, _ in runs], [stats for _, stats in runs]
+    with _on_device_of(prompt_ids):
+        return _speculative(target, draft, prompt_ids, max_new_tokens, depth, n_sink, window, impl, eos_id,
+                            cuda_graph)
+
+
+def _speculative(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max_new_tokens: int, depth: int,
+                 n_sink: int | None, window: int | None, impl: str, eos_id: int | None,
+                 cuda_graph: bool | None) -> tuple[torch.Tensor, SpecStats]:
     needed = _check_spec_request(target, draft, prompt_ids, max_new_tokens, depth, n_sink, window, eos_id)
     prompt_ids, dev, K = prompt_ids.long(), prompt_ids.device, depth
     impl = resolve_impl(impl, dev, target.embed.dtype, target.config.head_dim,
