@@ -28,6 +28,12 @@ def _draft_attention_panel(ax, rows: list[dict]) -> None:
            title="Draft attention alone")
 
 
+def _draft_verify_lines(ax, contexts: list[int], label: str, draft: list[float], verify: list[float]) -> None:
+    """One arm's per-step draft (solid) and verify (dashed) times against context, in one colour."""
+    line = ax.plot(contexts, draft, marker="o", label=f"{label}: draft")[0]
+    ax.plot(contexts, verify, marker="s", linestyle="--", color=line.get_color(), label=f"{label}: verify")
+
+
 def plot_draft_attention(m: dict, png_path: str | Path) -> None:
     """One panel: what ``wmtp bench attention`` writes off CUDA (draft attention alone vs context)."""
     from matplotlib.figure import Figure
@@ -54,8 +60,7 @@ def plot_reproduction(m: dict, png_path: str | Path) -> None:
     for label in m["contexts"][0]["arms"]:
         draft = [c["arms"][label]["draft_time_per_step_s"] * 1e3 for c in m["contexts"]]
         verify = [c["arms"][label]["verify_time_per_step_s"] * 1e3 for c in m["contexts"]]
-        line = ax_step.plot(contexts, draft, marker="o", label=f"{label}: draft")[0]
-        ax_step.plot(contexts, verify, marker="s", linestyle="--", color=line.get_color(), label=f"{label}: verify")
+        _draft_verify_lines(ax_step, contexts, label, draft, verify)
         ax_acc.plot(contexts, [c["arms"][label]["mean_accept_length"] for c in m["contexts"]], marker="o",
                     label=label)
     ax_step.set(xscale="log", xlabel="context (tokens)", ylabel="ms per speculative step",
@@ -89,8 +94,7 @@ def plot_decode(m: dict, png_path: str | Path) -> None:
         for label in rows[0]["arms"]:
             draft = [r["arms"][label]["draft_time_per_step_s"] * 1e3 for r in rows]
             verify = [r["arms"][label]["verify_time_per_step_s"] * 1e3 for r in rows]
-            line = ax.plot(contexts, draft, marker="o", label=f"{label}: draft")[0]
-            ax.plot(contexts, verify, marker="s", linestyle="--", color=line.get_color(), label=f"{label}: verify")
+            _draft_verify_lines(ax, contexts, label, draft, verify)
         ax.set(xscale="log", yscale="log", xlabel="context (tokens)", ylabel="ms (per step; dense: per token)",
                title=f"{loop} loop")
         ax.grid(True, which="both", alpha=0.3)
