@@ -26,7 +26,8 @@
 #
 # You will see the verification rule written token by token and batched, check that the two agree, run
 # the *oracle-draft experiment* (a draft right for exactly `j` tokens per step, `j = 0..K`), and see why
-# acceptance can drop as far as you like while the output cannot change by a single token.
+# acceptance can drop as far as you like while the output cannot change by a single token. Last, the same
+# loop with steps that never read the device: the form a GPU can capture in a CUDA graph.
 
 # %%
 import inspect
@@ -171,6 +172,61 @@ for ax, p in zip(axes, (0.5, 0.7, 0.9)):
 axes[0].set_ylabel("fraction of steps")
 axes[0].legend()
 fig.tight_layout()
+
+# %% [markdown]
+# ## The same loop, without reading the device
+#
+# The loop above reads the device at every step: the accepted count `a` decides how many positions the
+# draft head consumes next (`a + 1`), and the host builds the next step's positions from it. On a GPU
+# each read waits for all queued work, and each Python call launches its kernels one by one: for a small
+# model the host, not the GPU, sets the pace. `wmtp.static_speculative_generate` decodes the same way
+# with steps whose shapes never change, so that a step can be captured once in a CUDA graph and replayed:
+#
+# - the draft extend always consumes `K + 1` positions, those of the last verify pass, of which rows
+#   `0 .. a` are real, and picks row `a` on the device. The rows past `a` write draft-KV entries at
+#   positions that the next drafts rewrite before anything reads them: the caches are position-indexed,
+#   and a query only reads keys at or before its own position (NOTE [Static extend] in
+#   `wmtp/static_decode.py`);
+# - accepted drafts equal the target's choices, so the next extend's tokens are simply `y_0 .. y_K`;
+# - the host reads one small tensor a step (`a` and the choices), to count and to stop.
+#
+# So a draft must now answer on every row, not only the last. This oracle looks each row's answer up by
+# its position, with tensor operations only:
+
+# %%
+class RowOracle:
+    """Right for the first j drafts of every step, on every row (the draft index rides in the hidden state)."""
+
+    def __init__(self, sequence: torch.Tensor, j: int):
+        self.seq, self.j = sequence, j
+
+    def new_cache(self, *args, **kwargs):
+        return head.new_cache(*args, **kwargs)
+
+    def __call__(self, hidden, next_ids, pos, cache, n_sink, window, impl):
+        lead = hidden[0, :, 0]  # (L,)
+        index = torch.where(lead >= 1e6, (lead - 1e6).long() + 1, 0)  # 0 on rows fed the target's states
+        truth = self.seq[(pos + 2).clamp(max=len(self.seq) - 1)]  # (L,) the dense token two ahead
+        token = torch.where(index < self.j, truth, (truth + 1) % V)
+        logits = torch.nn.functional.one_hot(token, V).to(hidden.dtype)[None]  # (1, L, V)
+        return logits, (1e6 + index.to(hidden.dtype))[None, :, None].expand_as(hidden)
+
+
+print(f"{'j':>2} {'steps':>5} {'mean AL':>8}  histogram as the eager loop's  output == dense")
+for j in range(K + 1):
+    out, stats = wmtp.static_speculative_generate(target, RowOracle(seq, j), prompt, N, K)
+    _, eager = wmtp.speculative_generate(target, RowOracle(seq, j), prompt, N, K)
+    assert torch.equal(out, dense) and stats.accept_length_histogram == eager.accept_length_histogram
+    print(f"{j:>2} {stats.steps:>5} {stats.mean_accept_length:>8.2f}  {str(stats.accept_length_histogram):<30} "
+          f"{torch.equal(out, dense)}")
+
+# %% [markdown]
+# The same outputs and the same accepts. The price is work on rows that are thrown away: the extend
+# always runs `K + 1` queries where the eager loop runs `a + 1`. On the CPU these steps are plain calls;
+# on a GPU with the Triton kernels each phase, draft and verify, is one CUDA graph. There the draft-KV
+# tax finally shows: on an H200 at 131072 tokens the native draft phase takes 3.6 ms a step and a
+# windowed one 1.3 ms, where the eager loop spends about 10 ms a draft phase on launches whatever the
+# key set (`wmtp bench decode`; `docs/results/gpu-decode.md` has the tables).
 
 # %% [markdown]
 # ## Discussion
