@@ -28,6 +28,16 @@ def _draft_attention_panel(ax, rows: list[dict]) -> None:
            title="Draft attention alone")
 
 
+def _finish(fig, axes, title: str, png_path: str | Path) -> None:
+    """Grid and legend on every panel, the title, then the PNG written atomically."""
+    for ax in axes:
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize="small")
+    fig.suptitle(title)
+    with atomic_path(png_path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+
+
 def _draft_verify_lines(ax, contexts: list[int], label: str, draft: list[float], verify: list[float]) -> None:
     """One arm's per-step draft (solid) and verify (dashed) times against context, in one colour."""
     line = ax.plot(contexts, draft, marker="o", label=f"{label}: draft")[0]
@@ -41,12 +51,9 @@ def plot_draft_attention(m: dict, png_path: str | Path) -> None:
     fig = Figure(figsize=(6, 4.2), layout="constrained")
     ax = fig.subplots()
     _draft_attention_panel(ax, m["rows"])
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize="small")
     env = m["environment"]
-    fig.suptitle(f"wmtp bench attention ({env['device']}, torch {env['versions']['torch']}, {m['dtype']})")
-    with atomic_path(png_path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
+    _finish(fig, [ax], f"wmtp bench attention ({env['device']}, torch {env['versions']['torch']}, {m['dtype']})",
+            png_path)
 
 
 def plot_reproduction(m: dict, png_path: str | Path) -> None:
@@ -67,14 +74,9 @@ def plot_reproduction(m: dict, png_path: str | Path) -> None:
                 title="step = t_draft + t_verify")
     ax_acc.set(xscale="log", xlabel="context (tokens)", ylabel="tokens per target pass (AL)",
                title=f"Mean accept length, depth {m['config']['spec']['depth']}")
-    for ax in (ax_attn, ax_step, ax_acc):
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize="small")
     env = m["environment"]
-    fig.suptitle(f"wmtp reproduce on {m['corpus']['name']} ({env['device']}, torch {env['versions']['torch']}, "
-                 f"decode {m['decode_dtype']})")
-    with atomic_path(png_path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
+    _finish(fig, [ax_attn, ax_step, ax_acc], f"wmtp reproduce on {m['corpus']['name']} ({env['device']}, torch "
+            f"{env['versions']['torch']}, decode {m['decode_dtype']})", png_path)
 
 
 def plot_decode(m: dict, png_path: str | Path) -> None:
@@ -97,13 +99,9 @@ def plot_decode(m: dict, png_path: str | Path) -> None:
             _draft_verify_lines(ax, contexts, label, draft, verify)
         ax.set(xscale="log", yscale="log", xlabel="context (tokens)", ylabel="ms (per step; dense: per token)",
                title=f"{loop} loop")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize="small")
     env = m["environment"]
-    fig.suptitle(f"wmtp bench decode ({env.get('device_name', env['device'])}, torch {env['versions']['torch']}, "
-                 f"decode {m['decode_dtype']}, depth {m['config']['spec']['depth']})")
-    with atomic_path(png_path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
+    _finish(fig, axes, f"wmtp bench decode ({env.get('device_name', env['device'])}, torch "
+            f"{env['versions']['torch']}, decode {m['decode_dtype']}, depth {m['config']['spec']['depth']})", png_path)
 
 
 def render(json_path: str | Path, png_path: str | Path | None = None) -> Path:
