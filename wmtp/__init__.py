@@ -13,6 +13,7 @@ from .keyset import draft_key_csr, draft_key_indices, draft_key_mask
 from .kvcache import ring_slot
 from .model import TargetLM
 from .mtp import MTPHead
+from .prefill import Prefill, prefill_prompt
 from .static_decode import static_greedy_generate, static_speculative_generate
 
 __version__ = "0.1.0"
@@ -37,7 +38,7 @@ def build_models(preset: str = "tiny", seed: int = 0) -> tuple[TargetLM, MTPHead
 __all__ = [
     "attention", "paged_attention", "ring_slot", "resolve_impl", "draft_key_indices", "draft_key_mask",
     "draft_key_csr", "TargetLM", "MTPHead", "build_models", "greedy_generate", "speculative_generate", "SpecStats",
-    "static_greedy_generate", "static_speculative_generate",
+    "static_greedy_generate", "static_speculative_generate", "Prefill", "prefill_prompt",
     "verify_greedy", "verify_greedy_loop", "PRESETS", "get_preset", "ModelConfig", "MTPConfig",
     "KeySetConfig", "SpecConfig", "TrainConfig", "__version__",
 ]

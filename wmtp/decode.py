@@ -38,9 +38,10 @@ import torch
 
 from .attention import resolve_impl
 from .device import synchronize
-from .keyset import check_key_set_args, is_integer_tensor, key_count
+from .keyset import key_count
 from .model import TargetLM
 from .mtp import MTPHead
+from .prefill import Prefill, _check_request, _check_spec_request, start
 
 VERIFIERS = ("batched", "loop")
 Verifier = Callable[[torch.Tensor, torch.Tensor], int]  # (drafts (K,), target choices (K+1,)) -> accepted
@@ -120,42 +121,6 @@ def verify_greedy_loop(drafts: torch.Tensor, target_choice: torch.Tensor) -> int
     return accepted
 
 
-def _check_request(target: TargetLM, prompt_ids: torch.Tensor, max_new_tokens: int, extra: int,
-                   eos_id: int | None) -> int:
-    if not isinstance(prompt_ids, torch.Tensor) or prompt_ids.dim() != 1 or prompt_ids.numel() == 0:
-        raise ValueError("prompt_ids must be a non-empty 1-D LongTensor of token ids")
-    if not is_integer_tensor(prompt_ids):
-        raise ValueError(f"prompt_ids must hold integer token ids, got dtype {prompt_ids.dtype}")
-    if eos_id is not None and (isinstance(eos_id, bool) or not isinstance(eos_id, int)
-                               or not 0 <= eos_id < target.config.vocab_size):
-        raise ValueError(f"eos_id must be None or a token id in [0, {target.config.vocab_size}), got {eos_id!r}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
-    if int(prompt_ids.min()) < 0 or int(prompt_ids.max()) >= target.config.vocab_size:
-        raise ValueError(f"prompt token ids must lie in [0, {target.config.vocab_size})")
-    needed = max(prompt_ids.numel(), prompt_ids.numel() + max_new_tokens + extra)  # positions written
-    if needed > target.config.max_seq_len:
-        raise ValueError(f"prompt of {prompt_ids.numel()} tokens plus {max_new_tokens} new tokens needs "
-                         f"{needed} cache positions; the KV cache holds {target.config.max_seq_len}")
-    return needed
-
-
-def _check_spec_request(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max_new_tokens: int,
-                        depth: int, n_sink: int | None, window: int | None, eos_id: int | None) -> int:
-    """A speculative request's checks; returns the cache positions it writes."""
-    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-        raise ValueError(f"depth must be a positive integer, got {depth!r}")
-    built_for = getattr(getattr(draft, "target", None), "config", target.config)  # an MTPHead's target
-    if built_for != target.config:
-        raise ValueError("the draft head was built for a target of another config; build it on this target")
-    check_key_set_args(n_sink, window)
-    # a step runs while fewer than max_new_tokens are out, so x sits at n <= P + max_new_tokens - 2 and
-    # the verify pass writes n .. n + depth: positions up to P + max_new_tokens + depth - 2; with
-    # max_new_tokens <= 1 no step runs and only the prefill's P positions are written
-    return _check_request(target, prompt_ids, max_new_tokens, extra=depth - 1 if max_new_tokens > 1 else -1,
-                          eos_id=eos_id)
-
-
 def _accepted(a, depth: int) -> int:
     """A verifier's answer as an int in ``[0, depth]`` (a custom verifier may return a 0-d tensor)."""
     try:
@@ -179,6 +144,12 @@ def _each_prompt(prompts: list | tuple, run: Callable[[torch.Tensor], object]) -
     return [run(p) for p in prompts]
 
 
+def _one_prompt(prefill) -> None:
+    """A prefill is of one prompt: refuse it with a batch of prompts."""
+    if prefill is not None:
+        raise ValueError("prefill= is one prompt's; a batch of prompts prefills each prompt itself")
+
+
 def _finish(out: list[int], max_new_tokens: int, eos_id: int | None) -> tuple[list[int], bool]:
     """Truncate at ``max_new_tokens`` and after the first ``eos_id``; say whether to stop."""
     if eos_id is not None and eos_id in out:
@@ -188,12 +159,13 @@ def _finish(out: list[int], max_new_tokens: int, eos_id: int | None) -> tuple[li
 
 @torch.no_grad()
 def greedy_generate(target: TargetLM, prompt_ids: torch.Tensor | list[torch.Tensor], max_new_tokens: int,
-                    eos_id: int | None = None, impl: str = "auto", step_times: list[float] | None = None
-                    ) -> torch.Tensor | list[torch.Tensor]:
+                    eos_id: int | None = None, impl: str = "auto", step_times: list[float] | None = None,
+                    prefill: Prefill | None = None) -> torch.Tensor | list[torch.Tensor]:
     """Dense greedy decoding with a KV cache: the reference output of every speculative run.
 
     If ``step_times`` is a list, the wall-clock seconds of each one-token decode pass (prefill
-    excluded) are appended to it.
+    excluded) are appended to it. With ``prefill`` (``prefill_prompt`` of this prompt, wmtp/prefill.py)
+    the run starts from copies of its caches instead of prefilling.
 
     ``prompt_ids`` may also be a list of 1-D prompts of any lengths (batched generation): each is
     decoded as alone and a list of outputs is returned (``_each_prompt``).
@@ -202,6 +174,7 @@ def greedy_generate(target: TargetLM, prompt_ids: torch.Tensor | list[torch.Tens
         1-D LongTensor of the new tokens (``max_new_tokens`` long, shorter only after ``eos_id``).
     """
     if isinstance(prompt_ids, (list, tuple)):
+        _one_prompt(prefill)
         return _each_prompt(prompt_ids, lambda p: greedy_generate(target, p, max_new_tokens, eos_id, impl,
                                                                   step_times))
     # the last token is never fed back: positions 0 .. P + max_new_tokens - 2 are written
@@ -209,8 +182,8 @@ def greedy_generate(target: TargetLM, prompt_ids: torch.Tensor | list[torch.Tens
     prompt_ids = prompt_ids.long()  # any integer dtype (the embedding takes int64 or int32 only)
     impl = resolve_impl(impl, prompt_ids.device, target.embed.dtype, target.config.head_dim,
                         target.config.n_heads // target.config.n_kv_heads)
-    cache = target.new_cache(1, needed)
-    logits, _ = target(prompt_ids[None], torch.arange(prompt_ids.numel(), device=prompt_ids.device), cache, impl)
+    cache, _, last, _ = start(target, None, prompt_ids, needed, impl, None, None, True, prefill)
+    logits = last.view(1, 1, -1)  # (1, 1, V)
     out: list[int] = []
     n = prompt_ids.numel()
     while max_new_tokens:
@@ -233,7 +206,8 @@ def greedy_generate(target: TargetLM, prompt_ids: torch.Tensor | list[torch.Tens
 @torch.no_grad()
 def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor | list[torch.Tensor],
                          max_new_tokens: int, depth: int, n_sink: int | None = None, window: int | None = None,
-                         impl: str = "auto", eos_id: int | None = None, verifier: str | Verifier = "batched"
+                         impl: str = "auto", eos_id: int | None = None, verifier: str | Verifier = "batched",
+                         prefill: Prefill | None = None
                          ) -> tuple[torch.Tensor, SpecStats] | tuple[list[torch.Tensor], list[SpecStats]]:
     """Greedy speculative decoding with an MTP draft head whose attention reads ``(n_sink, window)``.
 
@@ -249,11 +223,14 @@ def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Ten
         eos_id: stop after this token (included in the output).
         verifier: ``"batched"`` (cumprod of matches), ``"loop"`` (token by token), or a function
             with :func:`verify_greedy`'s signature (the course grader plugs a student's in here).
+        prefill: ``prefill_prompt`` of this prompt with this target and head: start from copies
+            of its caches (any key set: NOTE [Shared draft prefill] in wmtp/prefill.py).
 
     Returns:
         The new tokens (identical to ``greedy_generate``) and the step statistics.
     """
     if isinstance(prompt_ids, (list, tuple)):
+        _one_prompt(prefill)
         runs = _each_prompt(prompt_ids, lambda p: speculative_generate(
             target, draft, p, max_new_tokens, depth, n_sink, window, impl, eos_id, verifier))
         return [out for out, _ in runs], [stats for _, stats in runs]
@@ -266,16 +243,14 @@ def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Ten
     verify = verifier if callable(verifier) else {"batched": verify_greedy, "loop": verify_greedy_loop}[verifier]
     dev = prompt_ids.device
     stats = SpecStats(depth=depth)
-    tcache, dcache = target.new_cache(1, needed), draft.new_cache(1, needed)
-
+    # the prefill (wmtp/prefill.py): true-chain draft KV for positions 0..P-2, not part of any step
+    tcache, dcache, last_logits, last_hidden = start(target, draft, prompt_ids, needed, impl, n_sink, window, True,
+                                                     prefill)
     P = prompt_ids.numel()
-    logits, hidden = target(prompt_ids[None], torch.arange(P, device=dev), tcache, impl)
-    x = logits[0, -1].argmax()  # the target's first new token, at position P
+    x = last_logits.argmax()  # the target's first new token, at position P
     out, stop = _finish([int(x)], max_new_tokens, eos_id)
-    if P > 1:  # draft prefill: true-chain draft KV for positions 0..P-2 (not part of any step)
-        draft(hidden[:, :-1], prompt_ids[None, 1:], torch.arange(P - 1, device=dev), dcache, n_sink, window, impl)
     # Positions the head has not consumed yet: their target hidden states and following tokens.
-    head_start, h_new, next_tokens = P - 1, hidden[:, -1:], x.view(1)
+    head_start, h_new, next_tokens = P - 1, last_hidden, x.view(1)
     n = P  # committed positions 0..n-1 are in the target cache; x sits at position n
     while not stop:
         synchronize(dev)

@@ -37,6 +37,13 @@ class KVCache:
     def max_len(self) -> int:
         return self.k.shape[3]
 
+    def copy(self, checked: bool | None = None) -> KVCache:
+        """A new cache holding copies of these keys and values (``checked``: this cache's by default)."""
+        new = KVCache.__new__(KVCache)
+        new.checked = self.checked if checked is None else checked
+        new.k, new.v = self.k.clone(), self.v.clone()  # (n_layers, B, Hkv, S, D) each
+        return new
+
     def update(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write ``k, v`` ``(B, Hkv, L, D)`` at positions ``pos`` ``(L,)``; return the layer's buffers.

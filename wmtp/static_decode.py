@@ -39,11 +39,12 @@ from collections.abc import Callable
 import torch
 
 from .attention import resolve_impl
-from .decode import SpecStats, _check_request, _check_spec_request, _each_prompt, _finish
+from .decode import SpecStats, _each_prompt, _finish, _one_prompt
 from .device import capture_graph, synchronize
 from .keyset import key_count
 from .model import TargetLM
 from .mtp import MTPHead
+from .prefill import Prefill, _check_request, _check_spec_request, start
 
 EOS_CHECK = 16  # greedy: steps between reads of the output when an eos_id can stop it early
 
@@ -113,7 +114,8 @@ class _Clock:
 @torch.no_grad()
 def static_greedy_generate(target: TargetLM, prompt_ids: torch.Tensor | list[torch.Tensor], max_new_tokens: int,
                            eos_id: int | None = None, impl: str = "auto", cuda_graph: bool | None = None,
-                           step_times: list[float] | None = None) -> torch.Tensor | list[torch.Tensor]:
+                           step_times: list[float] | None = None, prefill: Prefill | None = None
+                           ) -> torch.Tensor | list[torch.Tensor]:
     """Dense greedy decoding with device-resident steps: ``greedy_generate``'s output, token for token.
 
     The other arguments are ``greedy_generate``'s. With an ``eos_id`` the output is read every
@@ -123,25 +125,26 @@ def static_greedy_generate(target: TargetLM, prompt_ids: torch.Tensor | list[tor
         cuda_graph: capture the one-token step in a CUDA graph (``None``: when on CUDA with the
             Triton impl; ``True`` elsewhere is a ``ValueError``).
         step_times: if a list, each step's seconds are appended (device time under a graph).
+        prefill: as ``greedy_generate``'s (wmtp/prefill.py).
     """
     if isinstance(prompt_ids, (list, tuple)):
+        _one_prompt(prefill)
         return _each_prompt(prompt_ids, lambda p: static_greedy_generate(target, p, max_new_tokens, eos_id, impl,
                                                                          cuda_graph, step_times))
     with _on_device_of(prompt_ids):
-        return _greedy(target, prompt_ids, max_new_tokens, eos_id, impl, cuda_graph, step_times)
+        return _greedy(target, prompt_ids, max_new_tokens, eos_id, impl, cuda_graph, step_times, prefill)
 
 
 def _greedy(target: TargetLM, prompt_ids: torch.Tensor, max_new_tokens: int, eos_id: int | None, impl: str,
-            cuda_graph: bool | None, step_times: list[float] | None) -> torch.Tensor:
+            cuda_graph: bool | None, step_times: list[float] | None, prefill: Prefill | None) -> torch.Tensor:
     needed = _check_request(target, prompt_ids, max_new_tokens, extra=-1, eos_id=eos_id)
     prompt_ids, dev = prompt_ids.long(), prompt_ids.device
     impl = resolve_impl(impl, dev, target.embed.dtype, target.config.head_dim,
                         target.config.n_heads // target.config.n_kv_heads)
     graph = _use_graph(cuda_graph, dev, impl)
-    cache = target.new_cache(1, needed, checked=False)
+    cache, _, last, _ = start(target, None, prompt_ids, needed, impl, None, None, False, prefill)
     P = prompt_ids.numel()
-    logits, _ = target(prompt_ids[None], torch.arange(P, device=dev), cache, impl)
-    tok = logits[0, -1].argmax().view(1, 1)  # (1, 1) the latest token, fed to the next step
+    tok = last.argmax().view(1, 1)  # (1, 1) the latest token, fed to the next step
     out = torch.zeros(max(max_new_tokens, 1), dtype=torch.long, device=dev)  # (max_new_tokens,)
     out[:1] = tok[0]
     pos = torch.full((1,), P, device=dev)  # (1,) the latest token's position
@@ -173,7 +176,7 @@ def _greedy(target: TargetLM, prompt_ids: torch.Tensor, max_new_tokens: int, eos
 def static_speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor | list[torch.Tensor],
                                 max_new_tokens: int, depth: int, n_sink: int | None = None,
                                 window: int | None = None, impl: str = "auto", eos_id: int | None = None,
-                                cuda_graph: bool | None = None
+                                cuda_graph: bool | None = None, prefill: Prefill | None = None
                                 ) -> tuple[torch.Tensor, SpecStats] | tuple[list[torch.Tensor], list[SpecStats]]:
     """Greedy (Windowed-)MTP speculative decoding with device-resident steps.
 
@@ -184,19 +187,21 @@ def static_speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: to
     Args:
         cuda_graph: capture the draft phase and the verify phase, each in a CUDA graph (``None``:
             when on CUDA with the Triton impl; ``True`` elsewhere is a ``ValueError``).
+        prefill: as ``speculative_generate``'s (wmtp/prefill.py).
     """
     if isinstance(prompt_ids, (list, tuple)):
+        _one_prompt(prefill)
         runs = _each_prompt(prompt_ids, lambda p: static_speculative_generate(
             target, draft, p, max_new_tokens, depth, n_sink, window, impl, eos_id, cuda_graph))
         return [out for out, _ in runs], [stats for _, stats in runs]
     with _on_device_of(prompt_ids):
         return _speculative(target, draft, prompt_ids, max_new_tokens, depth, n_sink, window, impl, eos_id,
-                            cuda_graph)
+                            cuda_graph, prefill)
 
 
 def _speculative(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max_new_tokens: int, depth: int,
                  n_sink: int | None, window: int | None, impl: str, eos_id: int | None,
-                 cuda_graph: bool | None) -> tuple[torch.Tensor, SpecStats]:
+                 cuda_graph: bool | None, prefill: Prefill | None) -> tuple[torch.Tensor, SpecStats]:
     needed = _check_spec_request(target, draft, prompt_ids, max_new_tokens, depth, n_sink, window, eos_id)
     prompt_ids, dev, K = prompt_ids.long(), prompt_ids.device, depth
     impl = resolve_impl(impl, dev, target.embed.dtype, target.config.head_dim,
@@ -204,19 +209,17 @@ def _speculative(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max
     graph = _use_graph(cuda_graph, dev, impl)
     stats = SpecStats(depth=K)
     # the extend's rows reach n_prev + K <= n - 1 + K, below the verify pass's n + K: `needed` holds both
-    tcache, dcache = target.new_cache(1, needed, checked=False), draft.new_cache(1, needed, checked=False)
+    tcache, dcache, last_logits, last_hidden = start(target, draft, prompt_ids, needed, impl, n_sink, window, False,
+                                                     prefill)  # the prefill, as the eager loop's
     P = prompt_ids.numel()
-    logits, hidden = target(prompt_ids[None], torch.arange(P, device=dev), tcache, impl)
-    x = logits[0, -1].argmax()
+    x = last_logits.argmax()
     out, stop = _finish([int(x)], max_new_tokens, eos_id)
     if stop:
         return torch.tensor(out, dtype=torch.long, device=dev), stats
-    if P > 1:  # draft prefill, as the eager loop: true-chain draft KV for positions 0..P-2
-        draft(hidden[:, :-1], prompt_ids[None, 1:], torch.arange(P - 1, device=dev), dcache, n_sink, window, impl)
 
     rows = torch.arange(K + 1, device=dev)  # (K+1,)
-    h_next = hidden.new_zeros(1, K + 1, hidden.shape[-1])  # (1, K+1, d) hidden states the extend consumes
-    h_next[:, 0] = hidden[:, -1]
+    h_next = last_hidden.new_zeros(1, K + 1, last_hidden.shape[-1])  # (1, K+1, d) hidden states the extend consumes
+    h_next[:, 0] = last_hidden[:, -1]
     t_next = torch.zeros(K + 1, dtype=torch.long, device=dev)  # (K+1,) the token after each of them
     t_next[0] = x
     n_prev = torch.full((1,), P - 1, device=dev)  # (1,) position of the extend's row 0

@@ -1,0 +1,167 @@
+"""A shared prefill (wmtp/prefill.py): runs from one ``prefill_prompt`` give dense greedy's tokens and
+the counts of runs that prefill themselves, in every loop, arm and depth, and never change it.
+
+Float64 on CPU (decode.py NOTE [Exactness]); bench decode runs the same on the H200.
+"""
+
+import copy
+
+import pytest
+import torch
+
+import wmtp
+from wmtp.grading import harness_models
+
+V = 512
+KEYSETS = [(0, None), (4, 16), (0, 1), (2, 3)]
+LOOPS = {"eager": (wmtp.greedy_generate, wmtp.speculative_generate),
+         "static": (wmtp.static_greedy_generate, wmtp.static_speculative_generate)}
+
+
+@pytest.fixture(scope="module")
+def models():
+    return harness_models()
+
+
+def _prompt(n: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, V, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def _same_counts(a: wmtp.SpecStats, b: wmtp.SpecStats) -> None:
+    for key in ("steps", "proposed", "accepted", "committed", "accept_length_histogram", "per_position_accepted"):
+        assert getattr(a, key) == getattr(b, key), key
+
+
+class Forced:
+    """The real head (its attention and caches) with a logit bonus making the first ``j`` drafts of
+    a step right, the rest wrong; records each step call's logits and ``g`` by (call, position)."""
+
+    def __init__(self, head, sequence: torch.Tensor, depth: int):
+        self.head, self.seq, self.depth, self.j = head, sequence, depth, 0
+        self.reset(prefill_call=True)
+
+    def reset(self, prefill_call: bool) -> None:
+        self.calls, self.rows = (-1 if prefill_call else 0), {}
+
+    def new_cache(self, *args, **kwargs):
+        return self.head.new_cache(*args, **kwargs)
+
+    def __call__(self, hidden, next_ids, pos, cache, n_sink, window, impl):
+        logits, g = self.head(hidden, next_ids, pos, cache, n_sink, window, impl)
+        call, self.calls = self.calls, self.calls + 1
+        if call < 0:  # the prefill: no step
+            return logits, g
+        i = call % self.depth
+        for r, p in enumerate(pos.tolist()):
+            self.rows[call, p] = logits[0, r].clone(), g[0, r].clone()
+        truth = self.seq[(pos + 2).clamp(max=self.seq.numel() - 1)]  # (L,)
+        bonus = torch.zeros_like(logits)
+        bonus[0, torch.arange(pos.numel()), truth if i < self.j else (truth + 1) % V] = 1e6
+        return logits + bonus, g
+
+
+def test_the_draft_prefill_cache_is_the_same_for_every_key_set(models):
+    """NOTE [Shared draft prefill]: the one-block head writes the same keys and values whatever its
+    key set, so the prefill's (each position reading only itself) serves every arm."""
+    target, head = models
+    prompt = _prompt(40)
+    pre = wmtp.prefill_prompt(target, prompt, 64, draft=head)
+    tcache = target.new_cache(1, 64)
+    _, hidden = target(prompt[None], torch.arange(40), tcache)
+    assert torch.equal(pre.target_cache.k, tcache.k) and torch.equal(pre.target_cache.v, tcache.v)
+    for n_sink, window in KEYSETS:
+        dcache = head.new_cache(1, 64)
+        head(hidden[:, :-1], prompt[None, 1:], torch.arange(39), dcache, n_sink, window)
+        assert torch.equal(pre.draft_cache.k, dcache.k) and torch.equal(pre.draft_cache.v, dcache.v), (n_sink, window)
+    assert pre.draft_cache.k[:, :, :, :39].abs().sum() > 0 and not pre.draft_cache.k[:, :, :, 39:].any()
+
+
+@pytest.mark.parametrize("depth", [1, 3, 8])
+def test_one_prefill_serves_every_arm_and_loop(models, depth):
+    target, head = models
+    prompt = _prompt(30, seed=depth)
+    ref = wmtp.greedy_generate(target, prompt, 25)
+    pre = wmtp.prefill_prompt(target, prompt, 30 + 25 + depth, draft=head)
+    before = [c.copy() for c in (pre.target_cache, pre.draft_cache)]
+    for loop, (greedy, speculative) in LOOPS.items():
+        assert torch.equal(greedy(target, prompt, 25, prefill=pre), ref), loop
+        for n_sink, window in KEYSETS:
+            out, stats = speculative(target, head, prompt, 25, depth, n_sink, window, prefill=pre)
+            own_out, own = speculative(target, head, prompt, 25, depth, n_sink, window)
+            assert torch.equal(out, ref) and torch.equal(own_out, ref), (loop, n_sink, window)
+            _same_counts(stats, own)
+    for old, new in zip(before, (pre.target_cache, pre.draft_cache)):  # no run wrote into the prefill
+        assert torch.equal(old.k, new.k) and torch.equal(old.v, new.v)
+
+
+@pytest.mark.parametrize("n_sink,window", [(0, None), (4, 16)])
+def test_every_accept_length_drafts_the_same_rows(models, n_sink, window):
+    """The real head forced to every accept length j: from the shared prefill, each draft call's
+    logits and hidden state equal those of a run that prefilled itself (float64, 1e-9), both loops."""
+    target, head = models
+    prompt, depth = _prompt(21, seed=3), 5
+    ref = wmtp.greedy_generate(target, prompt, 30)
+    seq = torch.cat([prompt, ref, torch.zeros(depth + 2, dtype=torch.long)])
+    shared = Forced(head, seq, depth)
+    pre = wmtp.prefill_prompt(target, prompt, 21 + 30 + depth, draft=shared)
+    for loop, (_, speculative) in LOOPS.items():
+        for j in range(depth + 1):
+            own = Forced(head, seq, depth)
+            shared.j = own.j = j
+            shared.reset(prefill_call=False)
+            out, stats = speculative(target, shared, prompt, 30, depth, n_sink, window, prefill=pre)
+            own_out, own_stats = speculative(target, own, prompt, 30, depth, n_sink, window)
+            assert torch.equal(out, ref) and torch.equal(own_out, ref), (loop, j)
+            _same_counts(stats, own_stats)
+            assert stats.accept_length_histogram[j] >= stats.steps - 1, (loop, j)
+            assert own.rows.keys() == shared.rows.keys() and own.rows, (loop, j)
+            for key, (logits, g) in own.rows.items():
+                torch.testing.assert_close(shared.rows[key][0], logits, rtol=0, atol=1e-9)
+                torch.testing.assert_close(shared.rows[key][1], g, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("prompt_len", [1, 2, 17])
+def test_a_run_may_fill_the_prefill_exactly(models, prompt_len):
+    target, head = models
+    prompt, depth, n = _prompt(prompt_len, seed=prompt_len), 3, 9
+    ref = wmtp.greedy_generate(target, prompt, n)
+    spec_needed = prompt_len + n + depth - 1  # the verify pass of the last step writes up to P + n + depth - 2
+    pre = wmtp.prefill_prompt(target, prompt, spec_needed, draft=head)
+    for loop, (greedy, speculative) in LOOPS.items():
+        assert torch.equal(greedy(target, prompt, n, prefill=pre), ref), loop
+        assert torch.equal(speculative(target, head, prompt, n, depth, 4, 16, prefill=pre)[0], ref), loop
+    short = wmtp.prefill_prompt(target, prompt, spec_needed - 1, draft=head)
+    for loop, (_, speculative) in LOOPS.items():
+        with pytest.raises(ValueError, match="prefill's caches hold"):
+            speculative(target, head, prompt, n, depth, 4, 16, prefill=short)
+
+
+def test_bad_prefills_raise_value_error(models):
+    target, head = models
+    prompt = _prompt(10)
+    pre = wmtp.prefill_prompt(target, prompt, 40, draft=head)
+    alone = wmtp.prefill_prompt(target, prompt, 40)
+    other_target = copy.deepcopy(target)
+    other_head = wmtp.MTPHead(head.config, target).double()
+    cases = [
+        (lambda g, s: g(target, _prompt(10, seed=1), 5, prefill=pre), "another prompt"),
+        (lambda g, s: g(target, prompt[:9], 5, prefill=pre), "another prompt"),
+        (lambda g, s: g(other_target, prompt, 5, prefill=pre), "other models"),
+        (lambda g, s: s(target, other_head, prompt, 5, 2, prefill=pre), "other models"),
+        (lambda g, s: s(target, head, prompt, 5, 2, prefill=alone), "other models"),
+        (lambda g, s: g(target, prompt, 5, prefill="cache"), "wmtp.Prefill"),
+        (lambda g, s: g(target, [prompt, prompt], 5, prefill=pre), "batch of prompts"),
+        (lambda g, s: s(target, head, [prompt], 5, 2, prefill=pre), "batch of prompts"),
+    ]
+    for loop, (greedy, speculative) in LOOPS.items():
+        for call, match in cases:
+            with pytest.raises(ValueError, match=match):
+                call(greedy, speculative)
+    for max_len, match in [(9, "max_len"), (target.config.max_seq_len + 1, "max_len"), (True, "max_len"),
+                           (10.0, "max_len")]:
+        with pytest.raises(ValueError, match=match):
+            wmtp.prefill_prompt(target, prompt, max_len)
+    with pytest.raises(ValueError, match="1-D"):
+        wmtp.prefill_prompt(target, prompt[None], 40)
+    with pytest.raises(ValueError, match="prompt token ids"):
+        wmtp.prefill_prompt(target, torch.tensor([V]), 40)

@@ -1,0 +1,171 @@
+"""A prompt's prefill, run once and shared by many generations (arXiv 2607.21535, Sec. 5: every
+decoding arm at one long context starts from the same prompt).
+
+At a million tokens the prefill is most of a run's time: the target's global layers read every
+earlier key for every prompt token. ``prefill_prompt`` runs it once: the target over the prompt
+(its KV cache, the last position's logits and hidden state) and, with a ``draft`` head, the head
+over the prompt's true chain (its KV cache). Every generator in wmtp/decode.py and
+wmtp/static_decode.py takes it as ``prefill=`` and starts from copies of its caches, so one
+``Prefill`` serves any number of runs, in any order, with any draft key set.
+
+NOTE [Shared draft prefill]: the draft head is ONE block, so the keys and values it writes at a
+position are projections of that position's input alone (``x_t`` in wmtp/mtp.py); its attention
+output, the only thing the key set changes, is discarded by the prefill. So the head's prefill
+cache is the same for every ``(n_sink, window)``, and ``prefill_prompt`` fills it with the cheapest
+key set, each position reading only itself (tests/test_prefill.py checks the caches equal).
+
+A run from a ``Prefill`` decodes with caches of the prefill's capacity (``max_len``), which may
+choose other kernel launches than a run's own ``needed``-sized caches: its output equals the same
+target's greedy output from the same ``Prefill`` (bench decode compares them), and in float64 the
+outputs without a prefill too (tests/test_prefill.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from .attention import resolve_impl
+from .keyset import check_key_set_args, is_integer_tensor
+from .kvcache import KVCache
+from .model import TargetLM
+from .mtp import MTPHead
+
+__all__ = ["Prefill", "prefill_prompt"]
+
+
+@dataclass(frozen=True, eq=False)
+class Prefill:
+    """A prompt run through ``target`` (and ``draft``): the caches runs start from, never written."""
+
+    target: TargetLM
+    draft: MTPHead | None
+    prompt: torch.Tensor  # (P,) int64
+    target_cache: KVCache  # positions 0 .. P-1
+    draft_cache: KVCache | None  # positions 0 .. P-2 (the head's true chain): NOTE [Shared draft prefill]
+    logits: torch.Tensor  # (V,) the target's logits at position P-1
+    hidden: torch.Tensor  # (1, 1, d) the target's hidden state at position P-1
+
+    @property
+    def max_len(self) -> int:
+        return self.target_cache.max_len
+
+
+@torch.no_grad()
+def prefill_prompt(target: TargetLM, prompt_ids: torch.Tensor, max_len: int | None = None,
+                   draft: MTPHead | None = None, impl: str = "auto") -> Prefill:
+    """Run ``prompt_ids`` through ``target`` (and ``draft``) once, into caches of ``max_len`` positions.
+
+    Args:
+        target: the target LM.
+        prompt_ids: 1-D integer prompt on the models' device.
+        max_len: the caches' positions (default: the target's ``max_seq_len``); a run from this
+            prefill needs at most this many.
+        draft: the MTP head whose cache to fill too (needed by speculative runs).
+        impl: attention implementation.
+
+    Raises:
+        ValueError: for a prompt that is not a non-empty 1-D integer tensor of ids in the
+            vocabulary, a ``max_len`` shorter than the prompt or longer than the target's
+            ``max_seq_len``, or a head built on another target.
+    """
+    _check_request(target, prompt_ids, 0, extra=0, eos_id=None)
+    c = target.config
+    max_len = c.max_seq_len if max_len is None else max_len
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or not prompt_ids.numel() <= max_len <= c.max_seq_len:
+        raise ValueError(f"max_len must be an int from the prompt's {prompt_ids.numel()} tokens to the target's "
+                         f"max_seq_len {c.max_seq_len}, got {max_len!r}")
+    if draft is not None and getattr(getattr(draft, "target", None), "config", c) != c:  # an MTPHead's target
+        raise ValueError("the draft head was built for a target of another config; build it on this target")
+    prompt, dev = prompt_ids.long(), prompt_ids.device
+    impl = resolve_impl(impl, dev, target.embed.dtype, c.head_dim, c.n_heads // c.n_kv_heads)
+    tcache = target.new_cache(1, max_len)
+    P = prompt.numel()
+    logits, hidden = target(prompt[None], torch.arange(P, device=dev), tcache, impl)  # (1, P, V), (1, P, d)
+    dcache = None
+    if draft is not None:
+        dcache = draft.new_cache(1, max_len)
+        if P > 1:  # NOTE [Shared draft prefill]: each position reads only itself
+            draft(hidden[:, :-1], prompt[None, 1:], torch.arange(P - 1, device=dev), dcache, 0, 1, impl)
+    return Prefill(target, draft, prompt, tcache, dcache, logits[0, -1].clone(), hidden[:, -1:].clone())
+
+
+def _check_request(target: TargetLM, prompt_ids: torch.Tensor, max_new_tokens: int, extra: int,
+                   eos_id: int | None) -> int:
+    if not isinstance(prompt_ids, torch.Tensor) or prompt_ids.dim() != 1 or prompt_ids.numel() == 0:
+        raise ValueError("prompt_ids must be a non-empty 1-D LongTensor of token ids")
+    if not is_integer_tensor(prompt_ids):
+        raise ValueError(f"prompt_ids must hold integer token ids, got dtype {prompt_ids.dtype}")
+    if eos_id is not None and (isinstance(eos_id, bool) or not isinstance(eos_id, int)
+                               or not 0 <= eos_id < target.config.vocab_size):
+        raise ValueError(f"eos_id must be None or a token id in [0, {target.config.vocab_size}), got {eos_id!r}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+    if int(prompt_ids.min()) < 0 or int(prompt_ids.max()) >= target.config.vocab_size:
+        raise ValueError(f"prompt token ids must lie in [0, {target.config.vocab_size})")
+    needed = max(prompt_ids.numel(), prompt_ids.numel() + max_new_tokens + extra)  # positions written
+    if needed > target.config.max_seq_len:
+        raise ValueError(f"prompt of {prompt_ids.numel()} tokens plus {max_new_tokens} new tokens needs "
+                         f"{needed} cache positions; the KV cache holds {target.config.max_seq_len}")
+    return needed
+
+
+def _check_spec_request(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max_new_tokens: int,
+                        depth: int, n_sink: int | None, window: int | None, eos_id: int | None) -> int:
+    """A speculative request's checks; returns the cache positions it writes."""
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+        raise ValueError(f"depth must be a positive integer, got {depth!r}")
+    built_for = getattr(getattr(draft, "target", None), "config", target.config)  # an MTPHead's target
+    if built_for != target.config:
+        raise ValueError("the draft head was built for a target of another config; build it on this target")
+    check_key_set_args(n_sink, window)
+    # a step runs while fewer than max_new_tokens are out, so x sits at n <= P + max_new_tokens - 2 and
+    # the verify pass writes n .. n + depth: positions up to P + max_new_tokens + depth - 2; with
+    # max_new_tokens <= 1 no step runs and only the prefill's P positions are written
+    return _check_request(target, prompt_ids, max_new_tokens, extra=depth - 1 if max_new_tokens > 1 else -1,
+                          eos_id=eos_id)
+
+
+class Start(NamedTuple):
+    """What a generator starts from: its caches and the target's last prompt position's outputs."""
+
+    target_cache: KVCache
+    draft_cache: KVCache | None
+    logits: torch.Tensor  # (V,)
+    hidden: torch.Tensor  # (1, 1, d)
+
+
+def start(target: TargetLM, draft: MTPHead | None, prompt_ids: torch.Tensor, needed: int, impl: str,
+          n_sink: int | None, window: int | None, checked: bool, prefill: Prefill | None) -> Start:
+    """A generator's caches and first outputs: its own prefill of ``needed`` positions, or copies of
+    ``prefill``'s caches (``prompt_ids`` already checked, ``impl`` resolved).
+
+    Raises:
+        ValueError: for a ``prefill`` of other models, another prompt, too few positions or no
+            draft cache where a head needs one.
+    """
+    dev = prompt_ids.device
+    if prefill is None:
+        tcache = target.new_cache(1, needed, checked=checked)
+        P = prompt_ids.numel()
+        logits, hidden = target(prompt_ids[None], torch.arange(P, device=dev), tcache, impl)
+        dcache = None
+        if draft is not None:
+            dcache = draft.new_cache(1, needed, checked=checked)
+            if P > 1:  # draft prefill: true-chain draft KV for positions 0..P-2 (not part of any step)
+                draft(hidden[:, :-1], prompt_ids[None, 1:], torch.arange(P - 1, device=dev), dcache, n_sink, window,
+                      impl)
+        return Start(tcache, dcache, logits[0, -1], hidden[:, -1:])
+    if not isinstance(prefill, Prefill):
+        raise ValueError(f"prefill must be a wmtp.Prefill from prefill_prompt, got {type(prefill).__name__}")
+    if prefill.target is not target or (draft is not None and prefill.draft is not draft):
+        raise ValueError("prefill was made with other models; prefill_prompt with this target and head")
+    if prefill.prompt.device != dev or not torch.equal(prefill.prompt, prompt_ids):
+        raise ValueError("prefill was made for another prompt; pass the prompt it was made from")
+    if prefill.max_len < needed:
+        raise ValueError(f"this run writes {needed} cache positions; the prefill's caches hold {prefill.max_len} "
+                         "(prefill_prompt's max_len)")
+    return Start(prefill.target_cache.copy(checked),
+                 None if draft is None else prefill.draft_cache.copy(checked), prefill.logits, prefill.hidden)
