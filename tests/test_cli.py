@@ -318,7 +318,7 @@ def test_bench_decode_writes_lossless_rows(capsys, wikitext_dir, tmp_path):
     assert m["config"]["kv_capacity"] == 300 + 9 + 3  # the longest context, the new tokens, the depth
     assert [(r["context"], r["loop"]) for r in m["rows"]] == [(64, "eager"), (300, "eager")]
     for r in m["rows"]:
-        assert r["new_tokens"] == 9 and set(r["arms"]) == {"native", "sink4+win16"}
+        assert r["new_tokens"] == 9 and set(r["arms"]) == {"native", "sink4+win16"} and r["prefill_s"] > 0
         for arm in r["arms"].values():
             assert arm["lossless"] is True and 0 < arm["draft_share_of_step"] < 1
             assert arm["tpot_s"] == pytest.approx((arm["draft_time_per_step_s"] + arm["verify_time_per_step_s"])
@@ -347,3 +347,4 @@ def test_bench_decode_on_cuda_times_both_loops(capsys, tmp_path):
     assert [(r["context"], r["loop"]) for r in m["rows"]] == [(64, "eager"), (64, "graph"), (512, "eager"),
                                                               (512, "graph")]
     assert all(arm["lossless"] is True for r in m["rows"] for arm in r["arms"].values())
+    assert m["rows"][0]["prefill_s"] == m["rows"][1]["prefill_s"] > 0  # one prefill a context, both loops

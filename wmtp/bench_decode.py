@@ -4,8 +4,10 @@ and the draft-KV tax as the draft's share of a decode step).
 
 For each context: dense greedy decoding, then every key set of the preset's ``SpecConfig``
 (native first), each run once per loop; every arm's output is asserted equal (``torch.equal``) to
-the same loop's dense output before anything is kept. Times are medians over decode steps (each
-run's prefill excluded; a first step that compiles Triton kernels is one step of many): per step
+the same loop's dense output before anything is kept. Every run at a context starts from ONE
+prefill of its prompt (``prefill_prompt``, wmtp/prefill.py: the target's and the head's caches,
+copied per run), timed once as ``prefill_s``. Times are medians over decode steps (a first step
+that compiles Triton kernels is one step of many): per step
 the draft phase, the verify phase, their share, and TPOT ``= (t_draft + t_verify) / AL``
 (wmtp/metrics.py). Under ``loop="graph"`` the phases are CUDA graphs timed by CUDA events
 (wmtp/static_decode.py); under ``loop="eager"`` they are wall-clock times with a synchronize
@@ -34,10 +36,12 @@ import torch
 from . import data
 from .config import Preset
 from .decode import greedy_generate, speculative_generate
+from .device import synchronize
 from .metrics import SCHEMA_VERSION, environment, reduction, speedup, tpot
 from .model import TargetLM
 from .mtp import MTPHead
 from .plots import DECODE_KIND
+from .prefill import Prefill, prefill_prompt
 from .reproduce import prepare_models
 from .static_decode import static_greedy_generate, static_speculative_generate
 
@@ -74,18 +78,30 @@ def _runners(loop: str) -> tuple[Callable, Callable]:
             lambda *a, **k: static_speculative_generate(*a, cuda_graph=True, **k))
 
 
-def run_context(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: Preset, loop: str) -> dict:
-    """Dense decoding and every draft arm at one context with one loop; lossless asserted first."""
+def timed_prefill(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: Preset) -> tuple[Prefill, float]:
+    """The prompt's one prefill for every run at its context (room for the longest run), and its seconds."""
+    synchronize(prompt.device)
+    t0 = time.perf_counter()
+    pre = prefill_prompt(target, prompt, prompt.numel() + preset.spec.new_tokens + preset.spec.depth, draft=head)
+    synchronize(prompt.device)
+    return pre, time.perf_counter() - t0
+
+
+def run_context(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: Preset, loop: str,
+                prefill: Prefill) -> dict:
+    """Dense decoding and every draft arm at one context with one loop, each from ``prefill``;
+    lossless asserted first."""
     spec = preset.spec
     greedy, speculative = _runners(loop)
     dense_steps: list[float] = []
-    dense = greedy(target, prompt, spec.new_tokens, step_times=dense_steps)
+    dense = greedy(target, prompt, spec.new_tokens, step_times=dense_steps, prefill=prefill)
     dense_step = statistics.median(dense_steps)
     row = {"context": prompt.numel(), "loop": loop, "new_tokens": len(dense),
            "dense": {"step_median_s": dense_step, "tpot_s": dense_step}, "arms": {}}
     native_draft = None
     for ks in sorted(spec.keysets, key=lambda c: c.window is not None):  # native first: the baseline
-        out, stats = speculative(target, head, prompt, spec.new_tokens, spec.depth, ks.n_sink, ks.window)
+        out, stats = speculative(target, head, prompt, spec.new_tokens, spec.depth, ks.n_sink, ks.window,
+                                 prefill=prefill)
         if not torch.equal(out, dense):
             raise AssertionError(f"arm {ks.label} ({loop} loop) at context {prompt.numel()} is not lossless")
         draft_step, verify_step = statistics.median(stats.draft_times_s), statistics.median(stats.verify_times_s)
@@ -138,9 +154,12 @@ def bench_decode(preset: Preset, dataset_dir: str | None, device: torch.device, 
         "rows": [], "complete": False,
     }
     for c in contexts:
+        prompt = prompts[c].to(device)
+        pre, prefill_s = timed_prefill(target, head, prompt, preset)
+        log(f"context {c}: prefilled in {prefill_s:.1f} s")
         for loop in loops:
             log(f"context {c}, {loop} loop: dense and {len(preset.spec.keysets)} draft arms")
-            result["rows"].append(run_context(target, head, prompts[c].to(device), preset, loop))
+            result["rows"].append({**run_context(target, head, prompt, preset, loop, pre), "prefill_s": prefill_s})
             result["wall_time_s"] = time.perf_counter() - t_start
             if on_context is not None:
                 on_context(result)
