@@ -103,8 +103,9 @@ def build_parser(prog: str = "wmtp") -> argparse.ArgumentParser:
                        help="which assignment (tutorials/assignments/)")
     grade.add_argument("path", type=Path, help="the student's .py file")
 
-    plot = sub.add_parser("plot", help="draw a metrics JSON (reproduce or bench attention) as a PNG",
-                          description="Render a metrics file written by 'wmtp reproduce' or 'wmtp bench attention'.")
+    plot = sub.add_parser("plot", help="draw a metrics JSON (reproduce, bench attention or bench decode) as a PNG",
+                          description="Render a metrics file written by 'wmtp reproduce', 'wmtp bench attention' "
+                                      "or 'wmtp bench decode'.")
     plot.add_argument("json", type=Path, help="the metrics JSON")
     plot.add_argument("--out", type=Path, default=None, help="PNG path (default: the JSON's name with .png)")
     return parser
