@@ -165,3 +165,25 @@ def test_bad_prefills_raise_value_error(models):
         wmtp.prefill_prompt(target, prompt[None], 40)
     with pytest.raises(ValueError, match="prompt token ids"):
         wmtp.prefill_prompt(target, torch.tensor([V]), 40)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("impl,graph", [("torch", False), ("triton", False), ("triton", True)])
+@pytest.mark.parametrize("depth", [1, 3])
+def test_one_prefill_serves_every_arm_and_loop_on_cuda(impl, graph, depth):
+    """Float64 on the GPU, with each impl and through the CUDA graphs: runs from one prefill give the
+    same impl's self-prefilled dense tokens and the self-prefilled runs' counts."""
+    target, head = (m.cuda() for m in copy.deepcopy(harness_models()))
+    prompt = _prompt(30, seed=depth).cuda()
+    ref = wmtp.greedy_generate(target, prompt, 25, impl=impl)
+    pre = wmtp.prefill_prompt(target, prompt, 30 + 25 + depth, draft=head, impl=impl)
+    assert torch.equal(wmtp.greedy_generate(target, prompt, 25, impl=impl, prefill=pre), ref)
+    assert torch.equal(wmtp.static_greedy_generate(target, prompt, 25, impl=impl, cuda_graph=graph, prefill=pre), ref)
+    for n_sink, window in KEYSETS:
+        for run in (lambda **k: wmtp.speculative_generate(target, head, prompt, 25, depth, n_sink, window, impl=impl,
+                                                          **k),
+                    lambda **k: wmtp.static_speculative_generate(target, head, prompt, 25, depth, n_sink, window,
+                                                                 impl=impl, cuda_graph=graph, **k)):
+            (out, stats), (own_out, own) = run(prefill=pre), run()
+            assert torch.equal(out, ref) and torch.equal(own_out, ref), (n_sink, window)
+            _same_counts(stats, own)
