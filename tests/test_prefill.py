@@ -157,6 +157,11 @@ def test_bad_prefills_raise_value_error(models):
         for call, match in cases:
             with pytest.raises(ValueError, match=match):
                 call(greedy, speculative)
+    moved = copy.deepcopy(target)
+    moved_pre = wmtp.prefill_prompt(moved, prompt, 40)
+    moved.float()
+    with pytest.raises(ValueError, match="prefill_prompt again"):
+        wmtp.greedy_generate(moved, prompt, 5, prefill=moved_pre)
     for max_len, match in [(9, "max_len"), (target.config.max_seq_len + 1, "max_len"), (True, "max_len"),
                            (10.0, "max_len")]:
         with pytest.raises(ValueError, match=match):

@@ -143,8 +143,8 @@ def start(target: TargetLM, draft: MTPHead | None, prompt_ids: torch.Tensor, nee
     ``prefill``'s caches (``prompt_ids`` already checked, ``impl`` resolved).
 
     Raises:
-        ValueError: for a ``prefill`` of other models, another prompt, too few positions or no
-            draft cache where a head needs one.
+        ValueError: for a ``prefill`` of other models (or of these before a dtype or device
+            change), another prompt, or too few positions.
     """
     dev = prompt_ids.device
     if prefill is None:
@@ -162,6 +162,10 @@ def start(target: TargetLM, draft: MTPHead | None, prompt_ids: torch.Tensor, nee
         raise ValueError(f"prefill must be a wmtp.Prefill from prefill_prompt, got {type(prefill).__name__}")
     if prefill.target is not target or (draft is not None and prefill.draft is not draft):
         raise ValueError("prefill was made with other models; prefill_prompt with this target and head")
+    k = prefill.target_cache.k
+    if (k.dtype, k.device) != (target.embed.dtype, target.embed.device):
+        raise ValueError(f"prefill's caches are {k.dtype} on {k.device}, the target now {target.embed.dtype} on "
+                         f"{target.embed.device}; prefill_prompt again")
     if prefill.prompt.device != dev or not torch.equal(prefill.prompt, prompt_ids):
         raise ValueError("prefill was made for another prompt; pass the prompt it was made from")
     if prefill.max_len < needed:
