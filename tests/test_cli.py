@@ -306,13 +306,23 @@ def test_tiny_reproduce_on_cuda(capsys, tmp_path):
     assert all(arm["lossless"] is True for c in m["contexts"] for arm in c["arms"].values())
 
 
-def test_bench_decode_writes_lossless_rows(capsys, wikitext_dir, tmp_path):
+def test_bench_decode_writes_lossless_rows(capsys, wikitext_dir, tmp_path, monkeypatch):
+    import wmtp.bench_decode
+    import wmtp.decode
+
+    prefills, starts = [], []  # every run must start from its context's one prefill
+    monkeypatch.setattr(wmtp.bench_decode, "prefill_prompt",
+                        lambda *a, **k: prefills.append(wmtp.prefill.prefill_prompt(*a, **k)) or prefills[-1])
+    monkeypatch.setattr(wmtp.decode, "start",
+                        lambda *a, **k: starts.append(k["prefill"]) or wmtp.prefill.start(*a, **k))
     out = tmp_path / "d.json"
     args = ["bench", "decode", "--preset", "tiny", "--dataset-dir", str(wikitext_dir), "--device", "cpu", "--seed",
             "0", "--contexts", "64", "300", "--new-tokens", "9", "--cache-dir", str(tmp_path / "cache"),
             "--no-progress"]
     code, stdout, err = _run(capsys, args + ["--out", str(out)])
     assert code == 0, err
+    assert len(prefills) == 2 and [p.prompt.numel() for p in prefills] == [64, 300]
+    assert starts == [prefills[0]] * 3 + [prefills[1]] * 3  # dense and two arms a context, eager loop
     m = json.loads(out.read_text())
     assert m["kind"] == "bench-decode" and m["complete"] and m["decode_dtype"] == "float64"
     assert m["config"]["kv_capacity"] == 300 + 9 + 3  # the longest context, the new tokens, the depth

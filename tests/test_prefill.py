@@ -82,7 +82,7 @@ def test_one_prefill_serves_every_arm_and_loop(models, depth):
     prompt = _prompt(30, seed=depth)
     ref = wmtp.greedy_generate(target, prompt, 25)
     pre = wmtp.prefill_prompt(target, prompt, 30 + 25 + depth, draft=head)
-    before = [c.copy() for c in (pre.target_cache, pre.draft_cache)]
+    before = [(c.k.clone(), c.v.clone()) for c in (pre.target_cache, pre.draft_cache)]
     for loop, (greedy, speculative) in LOOPS.items():
         assert torch.equal(greedy(target, prompt, 25, prefill=pre), ref), loop
         for n_sink, window in KEYSETS:
@@ -90,20 +90,22 @@ def test_one_prefill_serves_every_arm_and_loop(models, depth):
             own_out, own = speculative(target, head, prompt, 25, depth, n_sink, window)
             assert torch.equal(out, ref) and torch.equal(own_out, ref), (loop, n_sink, window)
             _same_counts(stats, own)
-    for old, new in zip(before, (pre.target_cache, pre.draft_cache)):  # no run wrote into the prefill
-        assert torch.equal(old.k, new.k) and torch.equal(old.v, new.v)
+    for (k, v), new in zip(before, (pre.target_cache, pre.draft_cache)):  # no run wrote into the prefill
+        assert torch.equal(k, new.k) and torch.equal(v, new.v)
 
 
-@pytest.mark.parametrize("n_sink,window", [(0, None), (4, 16)])
-def test_every_accept_length_drafts_the_same_rows(models, n_sink, window):
+@pytest.mark.parametrize("prompt_len", [2, 21])
+@pytest.mark.parametrize("n_sink,window", KEYSETS)
+def test_every_accept_length_drafts_the_same_rows(models, n_sink, window, prompt_len):
     """The real head forced to every accept length j: from the shared prefill, each draft call's
-    logits and hidden state equal those of a run that prefilled itself (float64, 1e-9), both loops."""
+    logits and hidden state equal those of a run that prefilled itself (float64, 1e-9), both loops.
+    (The random head alone accepts nothing: only these rows see the draft cache the prefill left.)"""
     target, head = models
-    prompt, depth = _prompt(21, seed=3), 5
+    prompt, depth = _prompt(prompt_len, seed=3), 4
     ref = wmtp.greedy_generate(target, prompt, 30)
     seq = torch.cat([prompt, ref, torch.zeros(depth + 2, dtype=torch.long)])
     shared = Forced(head, seq, depth)
-    pre = wmtp.prefill_prompt(target, prompt, 21 + 30 + depth, draft=shared)
+    pre = wmtp.prefill_prompt(target, prompt, prompt_len + 30 + depth, draft=shared)
     for loop, (_, speculative) in LOOPS.items():
         for j in range(depth + 1):
             own = Forced(head, seq, depth)
@@ -134,6 +136,49 @@ def test_a_run_may_fill_the_prefill_exactly(models, prompt_len):
     for loop, (_, speculative) in LOOPS.items():
         with pytest.raises(ValueError, match="prefill's caches hold"):
             speculative(target, head, prompt, n, depth, 4, 16, prefill=short)
+
+
+def test_a_cache_copy_owns_its_storage(models):
+    target, _ = models
+    cache = target.new_cache(1, 8)
+    cache.k.normal_(), cache.v.normal_()
+    copy_ = cache.copy()
+    assert copy_.checked and not cache.copy(checked=False).checked
+    assert torch.equal(copy_.k, cache.k) and torch.equal(copy_.v, cache.v)
+    copy_.k.zero_(), copy_.v.zero_()
+    assert cache.k.abs().sum() > 0 and cache.v.abs().sum() > 0
+
+
+def test_runs_start_from_copies_checked_as_asked(models):
+    from wmtp.prefill import start
+
+    target, head = models
+    prompt = _prompt(6)
+    pre = wmtp.prefill_prompt(target, prompt, 20, draft=head)
+    for checked in (True, False):
+        got = start(target, head, prompt, needed=20, impl="torch", checked=checked, prefill=pre)
+        for cache in (got.target_cache, got.draft_cache):
+            assert cache.checked is checked
+        assert got.target_cache.k.data_ptr() != pre.target_cache.k.data_ptr()
+        assert got.draft_cache.v.data_ptr() != pre.draft_cache.v.data_ptr()
+
+
+def test_a_prompt_of_any_integer_dtype_and_the_prefills_own_copy(models):
+    """An int32 prompt prefills and decodes as its int64 twin; the prefill keeps its own copy of the
+    prompt, so editing the caller's tensor afterwards makes it another prompt, refused."""
+    target, head = models
+    prompt = _prompt(12)
+    ref = wmtp.greedy_generate(target, prompt, 10)
+    small = prompt.int()
+    pre = wmtp.prefill_prompt(target, small, 40, draft=head)
+    for greedy, speculative in LOOPS.values():
+        assert torch.equal(greedy(target, small, 10, prefill=pre), ref)
+        assert torch.equal(speculative(target, head, small, 10, 3, 4, 16, prefill=pre)[0], ref)
+    edited = prompt.clone()
+    pre = wmtp.prefill_prompt(target, edited, 40)
+    edited[5] = (edited[5] + 1) % V
+    with pytest.raises(ValueError, match="another prompt"):
+        wmtp.greedy_generate(target, edited, 10, prefill=pre)
 
 
 def test_bad_prefills_raise_value_error(models):
@@ -168,6 +213,11 @@ def test_bad_prefills_raise_value_error(models):
             wmtp.prefill_prompt(target, prompt, max_len)
     with pytest.raises(ValueError, match="1-D"):
         wmtp.prefill_prompt(target, prompt[None], 40)
+    import dataclasses
+
+    wide = wmtp.TargetLM(dataclasses.replace(target.config, d_model=2 * target.config.d_model)).double()
+    with pytest.raises(ValueError, match="another config"):
+        wmtp.prefill_prompt(target, prompt, 40, draft=wmtp.MTPHead(head.config, wide).double())
     with pytest.raises(ValueError, match="prompt token ids"):
         wmtp.prefill_prompt(target, torch.tensor([V]), 40)
 
@@ -183,6 +233,9 @@ def test_one_prefill_serves_every_arm_and_loop_on_cuda(impl, graph, depth):
     ref = wmtp.greedy_generate(target, prompt, 25, impl=impl)
     pre = wmtp.prefill_prompt(target, prompt, 30 + 25 + depth, draft=head, impl=impl)
     assert torch.equal(wmtp.greedy_generate(target, prompt, 25, impl=impl, prefill=pre), ref)
+    if impl == "torch":  # the same prompt on the CPU, the prefill's on the GPU
+        with pytest.raises(ValueError, match="another prompt"):
+            wmtp.greedy_generate(target, prompt.cpu(), 25, impl=impl, prefill=pre)
     assert torch.equal(wmtp.static_greedy_generate(target, prompt, 25, impl=impl, cuda_graph=graph, prefill=pre), ref)
     for n_sink, window in KEYSETS:
         for run in (lambda **k: wmtp.speculative_generate(target, head, prompt, 25, depth, n_sink, window, impl=impl,

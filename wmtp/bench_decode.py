@@ -7,13 +7,13 @@ For each context: dense greedy decoding, then every key set of the preset's ``Sp
 the same loop's dense output before anything is kept. Every run at a context starts from ONE
 prefill of its prompt (``prefill_prompt``, wmtp/prefill.py: the target's and the head's caches,
 copied per run), timed once as ``prefill_s``. Times are medians over decode steps (a first step
-that compiles Triton kernels is one step of many): per step
-the draft phase, the verify phase, their share, and TPOT ``= (t_draft + t_verify) / AL``
-(wmtp/metrics.py). Under ``loop="graph"`` the phases are CUDA graphs timed by CUDA events
-(wmtp/static_decode.py); under ``loop="eager"`` they are wall-clock times with a synchronize
-(wmtp/decode.py), the host's launches included. ``draft_keys_read_per_step`` counts the keys of
-every draft query run: the graph loop's extend runs ``depth + 1`` rows (NOTE [Static extend]), the
-eager loop's only the ``a + 1`` committed positions, so the two loops' counts differ.
+that compiles Triton kernels is one step of many): per step the draft phase, the verify phase,
+their share, and TPOT ``= (t_draft + t_verify) / AL`` (wmtp/metrics.py). Under ``loop="graph"``
+the phases are CUDA graphs timed by CUDA events (wmtp/static_decode.py); under ``loop="eager"``
+they are wall-clock times with a synchronize (wmtp/decode.py), the host's launches included.
+``draft_keys_read_per_step`` counts the keys of every draft query run: the graph loop's extend runs
+``depth + 1`` rows (NOTE [Static extend]), the eager loop's only the ``a + 1`` committed positions,
+so the two loops' counts differ.
 
 The models are reproduce's (the same checkpoint: wmtp/reproduce.py ``prepare_models``), with the
 KV-cache capacity raised to the longest context (their weights do not depend on it). The prompt is

@@ -41,7 +41,8 @@ from .device import synchronize
 from .keyset import key_count
 from .model import TargetLM
 from .mtp import MTPHead
-from .prefill import Prefill, _check_request, _check_spec_request, start
+from .prefill import Prefill, start
+from .request import check_request, check_spec_request
 
 VERIFIERS = ("batched", "loop")
 Verifier = Callable[[torch.Tensor, torch.Tensor], int]  # (drafts (K,), target choices (K+1,)) -> accepted
@@ -178,11 +179,11 @@ def greedy_generate(target: TargetLM, prompt_ids: torch.Tensor | list[torch.Tens
         return _each_prompt(prompt_ids, lambda p: greedy_generate(target, p, max_new_tokens, eos_id, impl,
                                                                   step_times))
     # the last token is never fed back: positions 0 .. P + max_new_tokens - 2 are written
-    needed = _check_request(target, prompt_ids, max_new_tokens, extra=-1, eos_id=eos_id)
+    needed = check_request(target, prompt_ids, max_new_tokens, extra=-1, eos_id=eos_id)
     prompt_ids = prompt_ids.long()  # any integer dtype (the embedding takes int64 or int32 only)
     impl = resolve_impl(impl, prompt_ids.device, target.embed.dtype, target.config.head_dim,
                         target.config.n_heads // target.config.n_kv_heads)
-    cache, _, last, _ = start(target, None, prompt_ids, needed, impl, None, None, True, prefill)
+    cache, _, last, _ = start(target, None, prompt_ids, needed=needed, impl=impl, checked=True, prefill=prefill)
     logits = last.view(1, 1, -1)  # (1, 1, V)
     out: list[int] = []
     n = prompt_ids.numel()
@@ -236,7 +237,7 @@ def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Ten
         return [out for out, _ in runs], [stats for _, stats in runs]
     if not callable(verifier) and verifier not in VERIFIERS:
         raise ValueError(f"unknown verifier {verifier!r}; choose one of {', '.join(VERIFIERS)} or pass a function")
-    needed = _check_spec_request(target, draft, prompt_ids, max_new_tokens, depth, n_sink, window, eos_id)
+    needed = check_spec_request(target, draft, prompt_ids, max_new_tokens, depth, n_sink, window, eos_id)
     prompt_ids = prompt_ids.long()  # any integer dtype (the embedding takes int64 or int32 only)
     impl = resolve_impl(impl, prompt_ids.device, target.embed.dtype, target.config.head_dim,
                         target.config.n_heads // target.config.n_kv_heads)
@@ -244,8 +245,8 @@ def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Ten
     dev = prompt_ids.device
     stats = SpecStats(depth=depth)
     # the prefill (wmtp/prefill.py): true-chain draft KV for positions 0..P-2, not part of any step
-    tcache, dcache, last_logits, last_hidden = start(target, draft, prompt_ids, needed, impl, n_sink, window, True,
-                                                     prefill)
+    tcache, dcache, last_logits, last_hidden = start(target, draft, prompt_ids, needed=needed, impl=impl, checked=True,
+                                                     prefill=prefill, n_sink=n_sink, window=window)
     P = prompt_ids.numel()
     x = last_logits.argmax()  # the target's first new token, at position P
     out, stop = _finish([int(x)], max_new_tokens, eos_id)

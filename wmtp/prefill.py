@@ -12,7 +12,14 @@ NOTE [Shared draft prefill]: the draft head is ONE block, so the keys and values
 position are projections of that position's input alone (``x_t`` in wmtp/mtp.py); its attention
 output, the only thing the key set changes, is discarded by the prefill. So the head's prefill
 cache is the same for every ``(n_sink, window)``, and ``prefill_prompt`` fills it with the cheapest
-key set, each position reading only itself (tests/test_prefill.py checks the caches equal).
+key set, each position reading only itself (tests/test_prefill.py checks the caches equal). A
+custom draft passed as ``draft`` (a wrapper, a grader's oracle) must write the same cache whatever
+its key set, as one block does: ``prefill_prompt`` cannot check that.
+
+A ``Prefill`` holds the caches of the weights it was made with: change them in place and prefill
+again (a change of dtype or device is refused; a change of values cannot be seen). Each run copies
+the caches (no run writes positions the prefill filled, NOTE [No rollback] in wmtp/kvcache.py, but a
+copy keeps the ``Prefill`` safe from any run): at a million tokens the copies double the KV memory.
 
 A run from a ``Prefill`` decodes with caches of the prefill's capacity (``max_len``), which may
 choose other kernel launches than a run's own ``needed``-sized caches: its output equals the same
@@ -28,10 +35,10 @@ from typing import NamedTuple
 import torch
 
 from .attention import resolve_impl
-from .keyset import check_key_set_args, is_integer_tensor
 from .kvcache import KVCache
 from .model import TargetLM
 from .mtp import MTPHead
+from .request import check_request
 
 __all__ = ["Prefill", "prefill_prompt"]
 
@@ -71,7 +78,7 @@ def prefill_prompt(target: TargetLM, prompt_ids: torch.Tensor, max_len: int | No
             vocabulary, a ``max_len`` shorter than the prompt or longer than the target's
             ``max_seq_len``, or a head built on another target.
     """
-    _check_request(target, prompt_ids, 0, extra=0, eos_id=None)
+    check_request(target, prompt_ids, 0, extra=0, eos_id=None)
     c = target.config
     max_len = c.max_seq_len if max_len is None else max_len
     if isinstance(max_len, bool) or not isinstance(max_len, int) or not prompt_ids.numel() <= max_len <= c.max_seq_len:
@@ -79,7 +86,7 @@ def prefill_prompt(target: TargetLM, prompt_ids: torch.Tensor, max_len: int | No
                          f"max_seq_len {c.max_seq_len}, got {max_len!r}")
     if draft is not None and getattr(getattr(draft, "target", None), "config", c) != c:  # an MTPHead's target
         raise ValueError("the draft head was built for a target of another config; build it on this target")
-    prompt, dev = prompt_ids.long(), prompt_ids.device
+    prompt, dev = prompt_ids.long().clone(), prompt_ids.device  # a copy: the caller may edit theirs in place
     impl = resolve_impl(impl, dev, target.embed.dtype, c.head_dim, c.n_heads // c.n_kv_heads)
     tcache = target.new_cache(1, max_len)
     P = prompt.numel()
@@ -92,42 +99,6 @@ def prefill_prompt(target: TargetLM, prompt_ids: torch.Tensor, max_len: int | No
     return Prefill(target, draft, prompt, tcache, dcache, logits[0, -1].clone(), hidden[:, -1:].clone())
 
 
-def _check_request(target: TargetLM, prompt_ids: torch.Tensor, max_new_tokens: int, extra: int,
-                   eos_id: int | None) -> int:
-    if not isinstance(prompt_ids, torch.Tensor) or prompt_ids.dim() != 1 or prompt_ids.numel() == 0:
-        raise ValueError("prompt_ids must be a non-empty 1-D LongTensor of token ids")
-    if not is_integer_tensor(prompt_ids):
-        raise ValueError(f"prompt_ids must hold integer token ids, got dtype {prompt_ids.dtype}")
-    if eos_id is not None and (isinstance(eos_id, bool) or not isinstance(eos_id, int)
-                               or not 0 <= eos_id < target.config.vocab_size):
-        raise ValueError(f"eos_id must be None or a token id in [0, {target.config.vocab_size}), got {eos_id!r}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
-    if int(prompt_ids.min()) < 0 or int(prompt_ids.max()) >= target.config.vocab_size:
-        raise ValueError(f"prompt token ids must lie in [0, {target.config.vocab_size})")
-    needed = max(prompt_ids.numel(), prompt_ids.numel() + max_new_tokens + extra)  # positions written
-    if needed > target.config.max_seq_len:
-        raise ValueError(f"prompt of {prompt_ids.numel()} tokens plus {max_new_tokens} new tokens needs "
-                         f"{needed} cache positions; the KV cache holds {target.config.max_seq_len}")
-    return needed
-
-
-def _check_spec_request(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max_new_tokens: int,
-                        depth: int, n_sink: int | None, window: int | None, eos_id: int | None) -> int:
-    """A speculative request's checks; returns the cache positions it writes."""
-    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-        raise ValueError(f"depth must be a positive integer, got {depth!r}")
-    built_for = getattr(getattr(draft, "target", None), "config", target.config)  # an MTPHead's target
-    if built_for != target.config:
-        raise ValueError("the draft head was built for a target of another config; build it on this target")
-    check_key_set_args(n_sink, window)
-    # a step runs while fewer than max_new_tokens are out, so x sits at n <= P + max_new_tokens - 2 and
-    # the verify pass writes n .. n + depth: positions up to P + max_new_tokens + depth - 2; with
-    # max_new_tokens <= 1 no step runs and only the prefill's P positions are written
-    return _check_request(target, prompt_ids, max_new_tokens, extra=depth - 1 if max_new_tokens > 1 else -1,
-                          eos_id=eos_id)
-
-
 class Start(NamedTuple):
     """What a generator starts from: its caches and the target's last prompt position's outputs."""
 
@@ -137,10 +108,12 @@ class Start(NamedTuple):
     hidden: torch.Tensor  # (1, 1, d)
 
 
-def start(target: TargetLM, draft: MTPHead | None, prompt_ids: torch.Tensor, needed: int, impl: str,
-          n_sink: int | None, window: int | None, checked: bool, prefill: Prefill | None) -> Start:
+def start(target: TargetLM, draft: MTPHead | None, prompt_ids: torch.Tensor, *, needed: int, impl: str,
+          checked: bool, prefill: Prefill | None, n_sink: int | None = None, window: int | None = None) -> Start:
     """A generator's caches and first outputs: its own prefill of ``needed`` positions, or copies of
-    ``prefill``'s caches (``prompt_ids`` already checked, ``impl`` resolved).
+    ``prefill``'s caches (``prompt_ids`` already checked, ``impl`` resolved). ``checked``: the caches'
+    range check (off for the static loops, NOTE in wmtp/kvcache.py); ``n_sink, window``: the key set of
+    the draft's own prefill.
 
     Raises:
         ValueError: for a ``prefill`` of other models (or of these before a dtype or device
@@ -150,7 +123,7 @@ def start(target: TargetLM, draft: MTPHead | None, prompt_ids: torch.Tensor, nee
     if prefill is None:
         tcache = target.new_cache(1, needed, checked=checked)
         P = prompt_ids.numel()
-        logits, hidden = target(prompt_ids[None], torch.arange(P, device=dev), tcache, impl)
+        logits, hidden = target(prompt_ids[None], torch.arange(P, device=dev), tcache, impl)  # (1, P, V), (1, P, d)
         dcache = None
         if draft is not None:
             dcache = draft.new_cache(1, needed, checked=checked)

@@ -44,7 +44,8 @@ from .device import capture_graph, synchronize
 from .keyset import key_count
 from .model import TargetLM
 from .mtp import MTPHead
-from .prefill import Prefill, _check_request, _check_spec_request, start
+from .prefill import Prefill, start
+from .request import check_request, check_spec_request
 
 EOS_CHECK = 16  # greedy: steps between reads of the output when an eos_id can stop it early
 
@@ -137,12 +138,12 @@ def static_greedy_generate(target: TargetLM, prompt_ids: torch.Tensor | list[tor
 
 def _greedy(target: TargetLM, prompt_ids: torch.Tensor, max_new_tokens: int, eos_id: int | None, impl: str,
             cuda_graph: bool | None, step_times: list[float] | None, prefill: Prefill | None) -> torch.Tensor:
-    needed = _check_request(target, prompt_ids, max_new_tokens, extra=-1, eos_id=eos_id)
+    needed = check_request(target, prompt_ids, max_new_tokens, extra=-1, eos_id=eos_id)
     prompt_ids, dev = prompt_ids.long(), prompt_ids.device
     impl = resolve_impl(impl, dev, target.embed.dtype, target.config.head_dim,
                         target.config.n_heads // target.config.n_kv_heads)
     graph = _use_graph(cuda_graph, dev, impl)
-    cache, _, last, _ = start(target, None, prompt_ids, needed, impl, None, None, False, prefill)
+    cache, _, last, _ = start(target, None, prompt_ids, needed=needed, impl=impl, checked=False, prefill=prefill)
     P = prompt_ids.numel()
     tok = last.argmax().view(1, 1)  # (1, 1) the latest token, fed to the next step
     out = torch.zeros(max(max_new_tokens, 1), dtype=torch.long, device=dev)  # (max_new_tokens,)
@@ -202,15 +203,16 @@ def static_speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: to
 def _speculative(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max_new_tokens: int, depth: int,
                  n_sink: int | None, window: int | None, impl: str, eos_id: int | None,
                  cuda_graph: bool | None, prefill: Prefill | None) -> tuple[torch.Tensor, SpecStats]:
-    needed = _check_spec_request(target, draft, prompt_ids, max_new_tokens, depth, n_sink, window, eos_id)
+    needed = check_spec_request(target, draft, prompt_ids, max_new_tokens, depth, n_sink, window, eos_id)
     prompt_ids, dev, K = prompt_ids.long(), prompt_ids.device, depth
     impl = resolve_impl(impl, dev, target.embed.dtype, target.config.head_dim,
                         target.config.n_heads // target.config.n_kv_heads)
     graph = _use_graph(cuda_graph, dev, impl)
     stats = SpecStats(depth=K)
     # the extend's rows reach n_prev + K <= n - 1 + K, below the verify pass's n + K: `needed` holds both
-    tcache, dcache, last_logits, last_hidden = start(target, draft, prompt_ids, needed, impl, n_sink, window, False,
-                                                     prefill)  # the prefill, as the eager loop's
+    tcache, dcache, last_logits, last_hidden = start(  # the prefill, as the eager loop's
+        target, draft, prompt_ids, needed=needed, impl=impl, checked=False, prefill=prefill, n_sink=n_sink,
+        window=window)
     P = prompt_ids.numel()
     x = last_logits.argmax()
     out, stop = _finish([int(x)], max_new_tokens, eos_id)

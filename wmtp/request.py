@@ -1,0 +1,53 @@
+"""A generation request's checks, shared by every generator (wmtp/decode.py, wmtp/static_decode.py)
+and by ``prefill_prompt`` (wmtp/prefill.py): what a caller can get wrong, refused with a
+``ValueError`` before anything runs, and the cache positions a valid request writes (arXiv
+2607.21535, Sec. 3: a verify pass writes ``depth + 1`` positions past the committed ones).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .keyset import check_key_set_args, is_integer_tensor
+from .model import TargetLM
+from .mtp import MTPHead
+
+__all__ = ["check_request", "check_spec_request"]
+
+
+def check_request(target: TargetLM, prompt_ids: torch.Tensor, max_new_tokens: int, extra: int,
+                  eos_id: int | None) -> int:
+    """A request's checks; returns the cache positions it writes, ``P + max_new_tokens + extra``
+    (at least the prompt's ``P``)."""
+    if not isinstance(prompt_ids, torch.Tensor) or prompt_ids.dim() != 1 or prompt_ids.numel() == 0:
+        raise ValueError("prompt_ids must be a non-empty 1-D LongTensor of token ids")
+    if not is_integer_tensor(prompt_ids):
+        raise ValueError(f"prompt_ids must hold integer token ids, got dtype {prompt_ids.dtype}")
+    if eos_id is not None and (isinstance(eos_id, bool) or not isinstance(eos_id, int)
+                               or not 0 <= eos_id < target.config.vocab_size):
+        raise ValueError(f"eos_id must be None or a token id in [0, {target.config.vocab_size}), got {eos_id!r}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+    if int(prompt_ids.min()) < 0 or int(prompt_ids.max()) >= target.config.vocab_size:
+        raise ValueError(f"prompt token ids must lie in [0, {target.config.vocab_size})")
+    needed = max(prompt_ids.numel(), prompt_ids.numel() + max_new_tokens + extra)  # positions written
+    if needed > target.config.max_seq_len:
+        raise ValueError(f"prompt of {prompt_ids.numel()} tokens plus {max_new_tokens} new tokens needs "
+                         f"{needed} cache positions; the KV cache holds {target.config.max_seq_len}")
+    return needed
+
+
+def check_spec_request(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max_new_tokens: int,
+                       depth: int, n_sink: int | None, window: int | None, eos_id: int | None) -> int:
+    """A speculative request's checks; returns the cache positions it writes."""
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+        raise ValueError(f"depth must be a positive integer, got {depth!r}")
+    built_for = getattr(getattr(draft, "target", None), "config", target.config)  # an MTPHead's target
+    if built_for != target.config:
+        raise ValueError("the draft head was built for a target of another config; build it on this target")
+    check_key_set_args(n_sink, window)
+    # a step runs while fewer than max_new_tokens are out, so x sits at n <= P + max_new_tokens - 2 and
+    # the verify pass writes n .. n + depth: positions up to P + max_new_tokens + depth - 2; with
+    # max_new_tokens <= 1 no step runs and only the prefill's P positions are written
+    return check_request(target, prompt_ids, max_new_tokens, extra=depth - 1 if max_new_tokens > 1 else -1,
+                         eos_id=eos_id)
