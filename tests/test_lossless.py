@@ -13,13 +13,13 @@ import os
 
 import pytest
 import torch
+from decode_harness import V, random_prompt
 
 import wmtp
 from wmtp import grading
 from wmtp.decode import verify_greedy, verify_greedy_loop
 from wmtp.grading import harness_models
 
-V = 512
 CUDA = torch.cuda.is_available()
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 KEYSETS = [(0, None), (4, 16), (0, 1), (2, 3), (4, 1000)]  # native, windowed, self only, tiny, > context
@@ -35,15 +35,11 @@ def OracleDraft(head, sequence, j):  # noqa: N802 - reads like the class it buil
     return grading.OracleDraft(head, sequence, j, V)
 
 
-def _prompt(n: int, seed: int = 0) -> torch.Tensor:
-    return torch.randint(0, V, (n,), generator=torch.Generator().manual_seed(seed))
-
-
 @pytest.mark.parametrize("depth", [1, 3, 8])
 @pytest.mark.parametrize("n_sink,window", KEYSETS)
 def test_oracle_draft_every_accept_length(models, depth, n_sink, window):
     target, head = models
-    prompt = _prompt(12)
+    prompt = random_prompt(12)
     ref = wmtp.greedy_generate(target, prompt, 40)
     seq = torch.cat([prompt, ref, torch.zeros(depth + 2, dtype=torch.long)])
     for j in range(depth + 1):
@@ -58,7 +54,7 @@ def test_oracle_draft_every_accept_length(models, depth, n_sink, window):
 @pytest.mark.parametrize("n_sink,window", KEYSETS)
 def test_random_head_is_lossless(models, depth, n_sink, window):
     target, head = models
-    prompt = _prompt(20, seed=depth)
+    prompt = random_prompt(20, seed=depth)
     ref = wmtp.greedy_generate(target, prompt, 24)
     out, stats = wmtp.speculative_generate(target, head, prompt, 24, depth, n_sink, window)
     assert torch.equal(out, ref)
@@ -69,7 +65,7 @@ def test_draft_equal_to_target_accepts_everything(models):
     """An oracle right for all K drafts accepts all of them: AL = K + 1 (51 tokens: the prefill's
     and 10 whole steps of 5, none cut)."""
     target, head = models
-    prompt, depth = _prompt(9), 4
+    prompt, depth = random_prompt(9), 4
     ref = wmtp.greedy_generate(target, prompt, 51)
     seq = torch.cat([prompt, ref, torch.zeros(depth + 2, dtype=torch.long)])
     out, stats = wmtp.speculative_generate(target, OracleDraft(head, seq, depth), prompt, 51, depth)
@@ -84,7 +80,7 @@ def test_accept_length_counts_only_tokens_kept(models, max_new, eos_at):
     kept: 1 (the prefill's token) + AL x steps = len(out). An oracle right for all 8 drafts: AL 9
     while steps are whole, less in a cut last step."""
     target, head = models
-    prompt, depth = _prompt(9), 8
+    prompt, depth = random_prompt(9), 8
     ref = wmtp.greedy_generate(target, prompt, 40)
     eos = int(ref[eos_at]) if eos_at is not None else None
     ref = wmtp.greedy_generate(target, prompt, max_new, eos_id=eos)
@@ -109,7 +105,7 @@ def test_requests_up_to_the_last_cache_position(models, prompt_len, depth):
     small.load_state_dict(target.state_dict())
     small_head = wmtp.MTPHead(head.config, small).double()
     small_head.load_state_dict(head.state_dict())
-    prompt = _prompt(prompt_len, seed=prompt_len)
+    prompt = random_prompt(prompt_len, seed=prompt_len)
     greedy_max, spec_max = L + 1 - prompt_len, L + 1 - prompt_len - depth
     assert len(wmtp.greedy_generate(small, prompt, greedy_max)) == greedy_max
     with pytest.raises(ValueError, match="KV cache"):
@@ -120,7 +116,7 @@ def test_requests_up_to_the_last_cache_position(models, prompt_len, depth):
     with pytest.raises(ValueError, match="KV cache"):
         wmtp.speculative_generate(small, small_head, prompt, spec_max + 1, depth)
     if prompt_len == 30:  # a prompt that fills the cache: one new token (the prefill's) and no step fit
-        full = _prompt(L, seed=1)
+        full = random_prompt(L, seed=1)
         for max_new in (0, 1):
             out, stats = wmtp.speculative_generate(small, small_head, full, max_new, depth)
             assert torch.equal(out, wmtp.greedy_generate(small, full, max_new)) and stats.steps == 0
@@ -130,12 +126,12 @@ def test_a_draft_head_of_another_target_config_is_a_value_error(models):
     target, head = models
     wide = wmtp.TargetLM(dataclasses.replace(target.config, d_model=2 * target.config.d_model)).double()
     with pytest.raises(ValueError, match="another config"):  # was a RuntimeError deep in the head
-        wmtp.speculative_generate(target, wmtp.MTPHead(head.config, wide).double(), _prompt(5), 4, 2)
+        wmtp.speculative_generate(target, wmtp.MTPHead(head.config, wide).double(), random_prompt(5), 4, 2)
 
 
 def test_any_integer_dtype_of_prompt_decodes_as_int64(models):
     target, head = models
-    prompt = _prompt(9) % 120  # ids that fit int8
+    prompt = random_prompt(9) % 120  # ids that fit int8
     ref = wmtp.greedy_generate(target, prompt, 6)
     for dtype in (torch.uint8, torch.int8, torch.int16, torch.int32):
         assert torch.equal(wmtp.greedy_generate(target, prompt.to(dtype), 6), ref)
@@ -146,7 +142,7 @@ def test_any_integer_dtype_of_prompt_decodes_as_int64(models):
 @pytest.mark.parametrize("n_sink,window", [(4, 16), (0, None)])
 def test_prompt_lengths_around_the_window(models, prompt_len, n_sink, window):
     target, head = models
-    prompt = _prompt(prompt_len, seed=prompt_len)
+    prompt = random_prompt(prompt_len, seed=prompt_len)
     ref = wmtp.greedy_generate(target, prompt, 30)
     out, _ = wmtp.speculative_generate(target, head, prompt, 30, 3, n_sink, window)
     assert torch.equal(out, ref)
@@ -155,7 +151,7 @@ def test_prompt_lengths_around_the_window(models, prompt_len, n_sink, window):
 def test_max_new_tokens_mid_acceptance(models):
     """A step that accepts past max_new_tokens is cut exactly at max_new_tokens."""
     target, head = models
-    prompt, depth = _prompt(7), 6
+    prompt, depth = random_prompt(7), 6
     ref = wmtp.greedy_generate(target, prompt, 40)
     seq = torch.cat([prompt, ref, torch.zeros(depth + 2, dtype=torch.long)])
     for n in [1, 2, 5, 9, 10, 13]:
@@ -167,7 +163,7 @@ def test_max_new_tokens_mid_acceptance(models):
 def test_eos_inside_an_accepted_run(models):
     """EOS produced inside an accepted run ends the output right after it, as in dense decoding."""
     target, head = models
-    prompt, depth = _prompt(7), 5
+    prompt, depth = random_prompt(7), 5
     ref = wmtp.greedy_generate(target, prompt, 40)
     eos = int(ref[9])  # first occurrence decides where dense decoding stops
     dense = wmtp.greedy_generate(target, prompt, 40, eos_id=eos)
@@ -188,7 +184,7 @@ def test_loop_and_batched_verifiers_agree(models):
     assert verify_greedy(torch.tensor([1, 2, 3]), torch.tensor([1, 2, 4, 0])) == 2
     assert verify_greedy(torch.tensor([1, 2, 3]), torch.tensor([0, 2, 3, 0])) == 0  # no acceptance past a mismatch
     target, head = models
-    prompt = _prompt(15)
+    prompt = random_prompt(15)
     a, sa = wmtp.speculative_generate(target, head, prompt, 20, 3, 4, 16, verifier="loop")
     b, sb = wmtp.speculative_generate(target, head, prompt, 20, 3, 4, 16, verifier="batched")
     assert torch.equal(a, b) and sa.accept_length_histogram == sb.accept_length_histogram
@@ -197,7 +193,7 @@ def test_loop_and_batched_verifiers_agree(models):
 def test_draft_keys_read_follow_the_key_set(models):
     """Per draft query the windowed head reads min(t+1, n_sink+window) keys."""
     target, head = models
-    prompt = _prompt(60)
+    prompt = random_prompt(60)
     _, full = wmtp.speculative_generate(target, head, prompt, 10, 2)
     _, win = wmtp.speculative_generate(target, head, prompt, 10, 2, n_sink=4, window=16)
     assert win.draft_queries == full.draft_queries
@@ -211,11 +207,11 @@ def test_draft_keys_read_follow_the_key_set(models):
     (dict(max_new_tokens=5000), "KV cache"), (dict(impl="cuda"), "impl"), (dict(verifier="nope"), "verifier"),
     (dict(eos_id=-1), "eos_id"), (dict(eos_id="a"), "eos_id"), (dict(eos_id=10**6), "eos_id"),
     (dict(verifier=lambda d, c: -1), "verifier must return"), (dict(verifier=lambda d, c: 3), "verifier must return"),
-    (dict(verifier=lambda d, c: True), "verifier must return"), (dict(prompt_ids=_prompt(5).float()), "integer"),
+    (dict(verifier=lambda d, c: True), "verifier must return"), (dict(prompt_ids=random_prompt(5).float()), "integer"),
 ])
 def test_bad_arguments_raise_value_error(models, kwargs, match):
     target, head = models
-    args = dict(prompt_ids=_prompt(5), max_new_tokens=4, depth=2) | kwargs
+    args = dict(prompt_ids=random_prompt(5), max_new_tokens=4, depth=2) | kwargs
     with pytest.raises(ValueError, match=match):
         wmtp.speculative_generate(target, head, **args)
 
@@ -249,7 +245,7 @@ def test_every_backend_is_lossless(device_models, device, impl, depth, n_sink, w
     """Oracle drafts right for exactly j = 0..K tokens and the random head, on the backend's own
     draft AND verify attention: the output equals the same backend's dense greedy decoding."""
     target, head = device_models(device)
-    prompt = _prompt(12, seed=depth).to(device)
+    prompt = random_prompt(12, seed=depth).to(device)
     ref = wmtp.greedy_generate(target, prompt, 24, impl=impl)
     seq = torch.cat([prompt, ref, torch.zeros(depth + 2, dtype=torch.long, device=device)])
     drafts = [(j, OracleDraft(head, seq, j)) for j in range(depth + 1)] + [(None, head)]
@@ -264,7 +260,7 @@ def test_batched_ragged_prompts(models):
     """A list of prompts of different lengths returns a list: each output (and its statistics) is
     exactly that prompt's own run, and the speculative list equals the dense list token for token."""
     target, head = models
-    prompts = [_prompt(n, seed=n) for n in (1, 7, 20)]
+    prompts = [random_prompt(n, seed=n) for n in (1, 7, 20)]
     dense = wmtp.greedy_generate(target, prompts, 15)
     outs, stats = wmtp.speculative_generate(target, head, prompts, 15, 3, 4, 16)
     assert isinstance(dense, list) and len(dense) == len(outs) == len(stats) == 3

@@ -8,11 +8,11 @@ import copy
 
 import pytest
 import torch
+from decode_harness import V, random_prompt, same_counts
 
 import wmtp
 from wmtp.grading import harness_models
 
-V = 512
 KEYSETS = [(0, None), (4, 16), (0, 1), (2, 3)]
 LOOPS = {"eager": (wmtp.greedy_generate, wmtp.speculative_generate),
          "static": (wmtp.static_greedy_generate, wmtp.static_speculative_generate)}
@@ -21,15 +21,6 @@ LOOPS = {"eager": (wmtp.greedy_generate, wmtp.speculative_generate),
 @pytest.fixture(scope="module")
 def models():
     return harness_models()
-
-
-def _prompt(n: int, seed: int = 0) -> torch.Tensor:
-    return torch.randint(0, V, (n,), generator=torch.Generator().manual_seed(seed))
-
-
-def _same_counts(a: wmtp.SpecStats, b: wmtp.SpecStats) -> None:
-    for key in ("steps", "proposed", "accepted", "committed", "accept_length_histogram", "per_position_accepted"):
-        assert getattr(a, key) == getattr(b, key), key
 
 
 class Forced:
@@ -64,7 +55,7 @@ def test_the_draft_prefill_cache_is_the_same_for_every_key_set(models):
     """NOTE [Shared draft prefill]: the one-block head writes the same keys and values whatever its
     key set, so the prefill's (each position reading only itself) serves every arm."""
     target, head = models
-    prompt = _prompt(40)
+    prompt = random_prompt(40)
     pre = wmtp.prefill_prompt(target, prompt, 64, draft=head)
     tcache = target.new_cache(1, 64)
     _, hidden = target(prompt[None], torch.arange(40), tcache)
@@ -79,7 +70,7 @@ def test_the_draft_prefill_cache_is_the_same_for_every_key_set(models):
 @pytest.mark.parametrize("depth", [1, 3, 8])
 def test_one_prefill_serves_every_arm_and_loop(models, depth):
     target, head = models
-    prompt = _prompt(30, seed=depth)
+    prompt = random_prompt(30, seed=depth)
     ref = wmtp.greedy_generate(target, prompt, 25)
     pre = wmtp.prefill_prompt(target, prompt, 30 + 25 + depth, draft=head)
     before = [(c.k.clone(), c.v.clone()) for c in (pre.target_cache, pre.draft_cache)]
@@ -89,7 +80,7 @@ def test_one_prefill_serves_every_arm_and_loop(models, depth):
             out, stats = speculative(target, head, prompt, 25, depth, n_sink, window, prefill=pre)
             own_out, own = speculative(target, head, prompt, 25, depth, n_sink, window)
             assert torch.equal(out, ref) and torch.equal(own_out, ref), (loop, n_sink, window)
-            _same_counts(stats, own)
+            same_counts(stats, own)
     for (k, v), new in zip(before, (pre.target_cache, pre.draft_cache)):  # no run wrote into the prefill
         assert torch.equal(k, new.k) and torch.equal(v, new.v)
 
@@ -101,7 +92,7 @@ def test_every_accept_length_drafts_the_same_rows(models, n_sink, window, prompt
     logits and hidden state equal those of a run that prefilled itself (float64, 1e-9), both loops.
     (The random head alone accepts nothing: only these rows see the draft cache the prefill left.)"""
     target, head = models
-    prompt, depth = _prompt(prompt_len, seed=3), 4
+    prompt, depth = random_prompt(prompt_len, seed=3), 4
     ref = wmtp.greedy_generate(target, prompt, 30)
     seq = torch.cat([prompt, ref, torch.zeros(depth + 2, dtype=torch.long)])
     shared = Forced(head, seq, depth)
@@ -114,7 +105,7 @@ def test_every_accept_length_drafts_the_same_rows(models, n_sink, window, prompt
             out, stats = speculative(target, shared, prompt, 30, depth, n_sink, window, prefill=pre)
             own_out, own_stats = speculative(target, own, prompt, 30, depth, n_sink, window)
             assert torch.equal(out, ref) and torch.equal(own_out, ref), (loop, j)
-            _same_counts(stats, own_stats)
+            same_counts(stats, own_stats)
             assert stats.accept_length_histogram[j] >= stats.steps - 1, (loop, j)
             assert own.rows.keys() == shared.rows.keys() and own.rows, (loop, j)
             for key, (logits, g) in own.rows.items():
@@ -125,7 +116,7 @@ def test_every_accept_length_drafts_the_same_rows(models, n_sink, window, prompt
 @pytest.mark.parametrize("prompt_len", [1, 2, 17])
 def test_a_run_may_fill_the_prefill_exactly(models, prompt_len):
     target, head = models
-    prompt, depth, n = _prompt(prompt_len, seed=prompt_len), 3, 9
+    prompt, depth, n = random_prompt(prompt_len, seed=prompt_len), 3, 9
     ref = wmtp.greedy_generate(target, prompt, n)
     spec_needed = prompt_len + n + depth - 1  # the verify pass of the last step writes up to P + n + depth - 2
     pre = wmtp.prefill_prompt(target, prompt, spec_needed, draft=head)
@@ -153,7 +144,7 @@ def test_runs_start_from_copies_checked_as_asked(models):
     from wmtp.prefill import start
 
     target, head = models
-    prompt = _prompt(6)
+    prompt = random_prompt(6)
     pre = wmtp.prefill_prompt(target, prompt, 20, draft=head)
     for checked in (True, False):
         got = start(target, head, prompt, needed=20, impl="torch", checked=checked, prefill=pre)
@@ -167,7 +158,7 @@ def test_a_prompt_of_any_integer_dtype_and_the_prefills_own_copy(models):
     """An int32 prompt prefills and decodes as its int64 twin; the prefill keeps its own copy of the
     prompt, so editing the caller's tensor afterwards makes it another prompt, refused."""
     target, head = models
-    prompt = _prompt(12)
+    prompt = random_prompt(12)
     ref = wmtp.greedy_generate(target, prompt, 10)
     small = prompt.int()
     pre = wmtp.prefill_prompt(target, small, 40, draft=head)
@@ -183,13 +174,13 @@ def test_a_prompt_of_any_integer_dtype_and_the_prefills_own_copy(models):
 
 def test_bad_prefills_raise_value_error(models):
     target, head = models
-    prompt = _prompt(10)
+    prompt = random_prompt(10)
     pre = wmtp.prefill_prompt(target, prompt, 40, draft=head)
     alone = wmtp.prefill_prompt(target, prompt, 40)
     other_target = copy.deepcopy(target)
     other_head = wmtp.MTPHead(head.config, target).double()
     cases = [
-        (lambda g, s: g(target, _prompt(10, seed=1), 5, prefill=pre), "another prompt"),
+        (lambda g, s: g(target, random_prompt(10, seed=1), 5, prefill=pre), "another prompt"),
         (lambda g, s: g(target, prompt[:9], 5, prefill=pre), "another prompt"),
         (lambda g, s: g(other_target, prompt, 5, prefill=pre), "other models"),
         (lambda g, s: s(target, other_head, prompt, 5, 2, prefill=pre), "other models"),
@@ -229,7 +220,7 @@ def test_one_prefill_serves_every_arm_and_loop_on_cuda(impl, graph, depth):
     """Float64 on the GPU, with each impl and through the CUDA graphs: runs from one prefill give the
     same impl's self-prefilled dense tokens and the self-prefilled runs' counts."""
     target, head = (m.cuda() for m in copy.deepcopy(harness_models()))
-    prompt = _prompt(30, seed=depth).cuda()
+    prompt = random_prompt(30, seed=depth).cuda()
     ref = wmtp.greedy_generate(target, prompt, 25, impl=impl)
     pre = wmtp.prefill_prompt(target, prompt, 30 + 25 + depth, draft=head, impl=impl)
     assert torch.equal(wmtp.greedy_generate(target, prompt, 25, impl=impl, prefill=pre), ref)
@@ -244,4 +235,4 @@ def test_one_prefill_serves_every_arm_and_loop_on_cuda(impl, graph, depth):
                                                                  impl=impl, cuda_graph=graph, **k)):
             (out, stats), (own_out, own) = run(prefill=pre), run()
             assert torch.equal(out, ref) and torch.equal(own_out, ref), (n_sink, window)
-            _same_counts(stats, own)
+            same_counts(stats, own)

@@ -11,13 +11,13 @@ import os
 
 import pytest
 import torch
+from decode_harness import V, random_prompt, same_counts
 
 import wmtp
 from wmtp.grading import harness_models
 from wmtp.kvcache import KVCache
 from wmtp.static_decode import EOS_CHECK, static_greedy_generate, static_speculative_generate
 
-V = 512
 CUDA = torch.cuda.is_available()
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 KEYSETS = [(0, None), (4, 16), (0, 1), (2, 3)]
@@ -84,20 +84,11 @@ def models():
     return harness_models()
 
 
-def _prompt(n: int, seed: int = 0) -> torch.Tensor:
-    return torch.randint(0, V, (n,), generator=torch.Generator().manual_seed(seed))
-
-
-def _same_counts(a: wmtp.SpecStats, b: wmtp.SpecStats) -> None:
-    for key in ("steps", "proposed", "accepted", "committed", "accept_length_histogram", "per_position_accepted"):
-        assert getattr(a, key) == getattr(b, key), key
-
-
 @pytest.mark.parametrize("depth", [1, 3, 8])
 @pytest.mark.parametrize("n_sink,window", KEYSETS)
 def test_every_accept_length_matches_the_eager_loop(models, depth, n_sink, window):
     target, head = models
-    prompt = _prompt(12)
+    prompt = random_prompt(12)
     ref = wmtp.greedy_generate(target, prompt, 40)
     seq = torch.cat([prompt, ref, torch.zeros(depth + 2, dtype=torch.long)])
     for j in range(depth + 1):
@@ -105,7 +96,7 @@ def test_every_accept_length_matches_the_eager_loop(models, depth, n_sink, windo
         out, stats = static_speculative_generate(target, oracle, prompt, 40, depth, n_sink, window)
         eager_out, eager = wmtp.speculative_generate(target, oracle, prompt, 40, depth, n_sink, window)
         assert torch.equal(out, ref) and torch.equal(eager_out, ref), f"j={j}"
-        _same_counts(stats, eager)
+        same_counts(stats, eager)
         assert stats.accept_length_histogram[j] >= stats.steps - 1  # the oracle's j, every whole step
         assert stats.draft_queries == 2 * depth * stats.steps  # depth + 1 extend rows, depth - 1 recursive
 
@@ -118,7 +109,7 @@ def test_a_real_head_drafts_the_same_in_both_loops(models, depth, prompt_len, n_
     row, equal the static loop's (float64, 1e-9), so the static extend picks row ``a`` of the logits
     AND of ``g`` (NOTE [Static extend]); the static extend's extra rows are compared with nothing."""
     target, head = models
-    prompt = _prompt(prompt_len, seed=depth + prompt_len)
+    prompt = random_prompt(prompt_len, seed=depth + prompt_len)
     ref = wmtp.greedy_generate(target, prompt, 30)
     seq = torch.cat([prompt, ref, torch.zeros(depth + 2, dtype=torch.long)])
     for j in range(depth + 1):
@@ -126,7 +117,7 @@ def test_a_real_head_drafts_the_same_in_both_loops(models, depth, prompt_len, n_
         out_e, stats_e = wmtp.speculative_generate(target, eager, prompt, 30, depth, n_sink, window)
         out_s, stats_s = static_speculative_generate(target, static, prompt, 30, depth, n_sink, window)
         assert torch.equal(out_e, ref) and torch.equal(out_s, ref), f"j={j}"
-        _same_counts(stats_s, stats_e)
+        same_counts(stats_s, stats_e)
         assert stats_s.accept_length_histogram[j] >= stats_s.steps - 1, f"j={j}"
         for key, (logits, g) in eager.rows.items():
             assert key in static.rows, f"j={j}: no static row {key}"
@@ -140,18 +131,18 @@ def test_random_head_is_lossless_and_drafts_as_the_eager_loop(models, depth, n_s
     """A real head's drafts come from row ``a`` of a ``depth + 1``-row extend: the same drafts as the
     eager ``a + 1``-row extend (float64), so the same accepts."""
     target, head = models
-    prompt = _prompt(20, seed=depth)
+    prompt = random_prompt(20, seed=depth)
     ref = wmtp.greedy_generate(target, prompt, 24)
     out, stats = static_speculative_generate(target, head, prompt, 24, depth, n_sink, window)
     assert torch.equal(out, ref)
-    _same_counts(stats, wmtp.speculative_generate(target, head, prompt, 24, depth, n_sink, window)[1])
+    same_counts(stats, wmtp.speculative_generate(target, head, prompt, 24, depth, n_sink, window)[1])
     assert len(stats.draft_times_s) == len(stats.verify_times_s) == stats.steps
 
 
 def test_eos_and_cuts_at_every_accept_length(models):
     """An eos inside an accepted run, and max_new_tokens cutting a step, for every j (depth 5)."""
     target, head = models
-    prompt, depth = _prompt(7), 5
+    prompt, depth = random_prompt(7), 5
     ref = wmtp.greedy_generate(target, prompt, 40)
     eos = int(ref[9])
     dense = wmtp.greedy_generate(target, prompt, 40, eos_id=eos)
@@ -175,7 +166,7 @@ def test_requests_up_to_the_last_cache_position(models, prompt_len):
     small.load_state_dict(target.state_dict())
     small_head = wmtp.MTPHead(head.config, small).double()
     small_head.load_state_dict(head.state_dict())
-    prompt = _prompt(prompt_len, seed=prompt_len)
+    prompt = random_prompt(prompt_len, seed=prompt_len)
     greedy_max, spec_max = L + 1 - prompt_len, L + 1 - prompt_len - depth
     ref = wmtp.greedy_generate(small, prompt, greedy_max)
     assert torch.equal(static_greedy_generate(small, prompt, greedy_max), ref)
@@ -194,7 +185,7 @@ def test_requests_up_to_the_last_cache_position(models, prompt_len):
 def test_greedy_equals_the_eager_loop(models, max_new, eos_at):
     """Including an eos before, at and after the output's reads (every EOS_CHECK steps)."""
     target, _ = models
-    prompt = _prompt(9)
+    prompt = random_prompt(9)
     eos = None if eos_at is None else int(wmtp.greedy_generate(target, prompt, 40)[eos_at])
     times: list[float] = []
     out = static_greedy_generate(target, prompt, max_new, eos_id=eos, step_times=times)
@@ -206,7 +197,7 @@ def test_greedy_equals_the_eager_loop(models, max_new, eos_at):
 
 def test_batches_and_integer_prompts(models):
     target, head = models
-    prompts = [_prompt(5, seed=1), _prompt(13, seed=2).int()]
+    prompts = [random_prompt(5, seed=1), random_prompt(13, seed=2).int()]
     refs = wmtp.greedy_generate(target, prompts, 9)
     assert all(torch.equal(a, b) for a, b in zip(static_greedy_generate(target, prompts, 9), refs))
     outs, stats = static_speculative_generate(target, head, prompts, 9, 3, 4, 16)
@@ -216,13 +207,13 @@ def test_batches_and_integer_prompts(models):
 def test_cuda_graph_needs_cuda_and_triton(models):
     target, head = models
     with pytest.raises(ValueError, match="cuda_graph=True needs a CUDA device"):
-        static_speculative_generate(target, head, _prompt(5), 4, 2, cuda_graph=True)
+        static_speculative_generate(target, head, random_prompt(5), 4, 2, cuda_graph=True)
     with pytest.raises(ValueError, match="cuda_graph=True needs"):
-        static_greedy_generate(target, _prompt(5), 4, impl="torch", cuda_graph=True)
+        static_greedy_generate(target, random_prompt(5), 4, impl="torch", cuda_graph=True)
     with pytest.raises(ValueError, match="cuda_graph must be"):
-        static_greedy_generate(target, _prompt(5), 4, cuda_graph="yes")
+        static_greedy_generate(target, random_prompt(5), 4, cuda_graph="yes")
     with pytest.raises(ValueError, match="depth"):
-        static_speculative_generate(target, head, _prompt(5), 4, 0)
+        static_speculative_generate(target, head, random_prompt(5), 4, 0)
 
 
 def test_an_unchecked_cache_writes_as_a_checked_one(monkeypatch):
@@ -249,7 +240,7 @@ def test_an_unchecked_cache_writes_as_a_checked_one(monkeypatch):
 @pytest.mark.skipif(not INTERPRETED or CUDA, reason="the Triton kernels under the CPU interpreter")
 def test_triton_interpreter_is_lossless(models):
     target, head = models
-    prompt = _prompt(10)
+    prompt = random_prompt(10)
     ref = wmtp.greedy_generate(target, prompt, 8)
     assert torch.equal(static_greedy_generate(target, prompt, 8, impl="triton"), ref)
     out, _ = static_speculative_generate(target, head, prompt, 8, 3, 4, 16, impl="triton")
@@ -271,7 +262,7 @@ def test_cuda_is_lossless(cuda_models, impl, graph, depth, n_sink, window):
     """Float64 on the GPU against the same impl's eager dense decoding, for the random head and every
     accept length; through the CUDA graphs too (the oracle is device ops only: it is captured)."""
     target, head = cuda_models
-    prompt = _prompt(30, seed=depth).cuda()
+    prompt = random_prompt(30, seed=depth).cuda()
     ref = wmtp.greedy_generate(target, prompt, 33, impl=impl)
     assert torch.equal(static_greedy_generate(target, prompt, 33, impl=impl, cuda_graph=graph), ref)
     seq = torch.cat([prompt, ref, torch.zeros(depth + 2, dtype=torch.long, device="cuda")])
