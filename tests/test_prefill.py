@@ -51,20 +51,24 @@ class Forced:
         return logits + bonus, g
 
 
-def test_the_draft_prefill_cache_is_the_same_for_every_key_set(models):
+@pytest.mark.parametrize("P", [2, 40])
+def test_the_draft_prefill_cache_is_the_same_for_every_key_set(models, P):
     """NOTE [Shared draft prefill]: the one-block head writes the same keys and values whatever its
-    key set, so the prefill's (each position reading only itself) serves every arm."""
+    key set, so the prefill's (each position reading only itself) serves every arm. The caches are
+    built here by calling the models directly, not through wmtp/prefill.py."""
     target, head = models
-    prompt = random_prompt(40)
+    prompt = random_prompt(P)
     pre = wmtp.prefill_prompt(target, prompt, 64, draft=head)
     tcache = target.new_cache(1, 64)
-    _, hidden = target(prompt[None], torch.arange(40), tcache)
+    logits, hidden = target(prompt[None], torch.arange(P), tcache)
     assert torch.equal(pre.target_cache.k, tcache.k) and torch.equal(pre.target_cache.v, tcache.v)
+    assert torch.equal(pre.logits, logits[0, -1]) and torch.equal(pre.hidden, hidden[:, -1:])
     for n_sink, window in KEYSETS:
         dcache = head.new_cache(1, 64)
-        head(hidden[:, :-1], prompt[None, 1:], torch.arange(39), dcache, n_sink, window)
+        head(hidden[:, :-1], prompt[None, 1:], torch.arange(P - 1), dcache, n_sink, window)
         assert torch.equal(pre.draft_cache.k, dcache.k) and torch.equal(pre.draft_cache.v, dcache.v), (n_sink, window)
-    assert pre.draft_cache.k[:, :, :, :39].abs().sum() > 0 and not pre.draft_cache.k[:, :, :, 39:].any()
+    written = pre.draft_cache.k[:, :, :, : P - 1]  # (1, 1, Hkv, P-1, D)
+    assert (written.abs().sum(-1) > 0).all() and not pre.draft_cache.k[:, :, :, P - 1:].any()
 
 
 @pytest.mark.parametrize("depth", [1, 3, 8])

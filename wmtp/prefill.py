@@ -38,7 +38,7 @@ from .attention import resolve_impl
 from .kvcache import KVCache
 from .model import TargetLM
 from .mtp import MTPHead
-from .request import check_request
+from .request import check_draft, check_request
 
 __all__ = ["Prefill", "prefill_prompt"]
 
@@ -84,19 +84,13 @@ def prefill_prompt(target: TargetLM, prompt_ids: torch.Tensor, max_len: int | No
     if isinstance(max_len, bool) or not isinstance(max_len, int) or not prompt_ids.numel() <= max_len <= c.max_seq_len:
         raise ValueError(f"max_len must be an int from the prompt's {prompt_ids.numel()} tokens to the target's "
                          f"max_seq_len {c.max_seq_len}, got {max_len!r}")
-    if draft is not None and getattr(getattr(draft, "target", None), "config", c) != c:  # an MTPHead's target
-        raise ValueError("the draft head was built for a target of another config; build it on this target")
-    prompt, dev = prompt_ids.long().clone(), prompt_ids.device  # a copy: the caller may edit theirs in place
-    impl = resolve_impl(impl, dev, target.embed.dtype, c.head_dim, c.n_heads // c.n_kv_heads)
-    tcache = target.new_cache(1, max_len)
-    P = prompt.numel()
-    logits, hidden = target(prompt[None], torch.arange(P, device=dev), tcache, impl)  # (1, P, V), (1, P, d)
-    dcache = None
     if draft is not None:
-        dcache = draft.new_cache(1, max_len)
-        if P > 1:  # NOTE [Shared draft prefill]: each position reads only itself
-            draft(hidden[:, :-1], prompt[None, 1:], torch.arange(P - 1, device=dev), dcache, 0, 1, impl)
-    return Prefill(target, draft, prompt, tcache, dcache, logits[0, -1].clone(), hidden[:, -1:].clone())
+        check_draft(target, draft)
+    prompt = prompt_ids.long().clone()  # a copy: the caller may edit theirs in place
+    impl = resolve_impl(impl, prompt.device, target.embed.dtype, c.head_dim, c.n_heads // c.n_kv_heads)
+    # NOTE [Shared draft prefill]: the head's positions each read only themselves, key set (0, 1)
+    got = _run_prefill(target, draft, prompt, max_len, impl, True, 0, 1)
+    return Prefill(target, draft, prompt, got.target_cache, got.draft_cache, got.logits.clone(), got.hidden.clone())
 
 
 class Start(NamedTuple):
@@ -106,6 +100,21 @@ class Start(NamedTuple):
     draft_cache: KVCache | None
     logits: torch.Tensor  # (V,)
     hidden: torch.Tensor  # (1, 1, d)
+
+
+def _run_prefill(target: TargetLM, draft: MTPHead | None, prompt: torch.Tensor, max_len: int, impl: str, checked: bool,
+                 n_sink: int | None, window: int | None) -> Start:
+    """The prefill into new caches of ``max_len`` positions: the target over the prompt, then the head
+    (if any) over the prompt's true chain, positions 0..P-2 (not part of any decoding step)."""
+    dev, P = prompt.device, prompt.numel()
+    tcache = target.new_cache(1, max_len, checked=checked)
+    logits, hidden = target(prompt[None], torch.arange(P, device=dev), tcache, impl)  # (1, P, V), (1, P, d)
+    dcache = None
+    if draft is not None:
+        dcache = draft.new_cache(1, max_len, checked=checked)
+        if P > 1:
+            draft(hidden[:, :-1], prompt[None, 1:], torch.arange(P - 1, device=dev), dcache, n_sink, window, impl)
+    return Start(tcache, dcache, logits[0, -1], hidden[:, -1:])
 
 
 def start(target: TargetLM, draft: MTPHead | None, prompt_ids: torch.Tensor, *, needed: int, impl: str,
@@ -119,18 +128,8 @@ def start(target: TargetLM, draft: MTPHead | None, prompt_ids: torch.Tensor, *, 
         ValueError: for a ``prefill`` of other models (or of these before a dtype or device
             change), another prompt, or too few positions.
     """
-    dev = prompt_ids.device
     if prefill is None:
-        tcache = target.new_cache(1, needed, checked=checked)
-        P = prompt_ids.numel()
-        logits, hidden = target(prompt_ids[None], torch.arange(P, device=dev), tcache, impl)  # (1, P, V), (1, P, d)
-        dcache = None
-        if draft is not None:
-            dcache = draft.new_cache(1, needed, checked=checked)
-            if P > 1:  # draft prefill: true-chain draft KV for positions 0..P-2 (not part of any step)
-                draft(hidden[:, :-1], prompt_ids[None, 1:], torch.arange(P - 1, device=dev), dcache, n_sink, window,
-                      impl)
-        return Start(tcache, dcache, logits[0, -1], hidden[:, -1:])
+        return _run_prefill(target, draft, prompt_ids, needed, impl, checked, n_sink, window)
     if not isinstance(prefill, Prefill):
         raise ValueError(f"prefill must be a wmtp.Prefill from prefill_prompt, got {type(prefill).__name__}")
     if prefill.target is not target or (draft is not None and prefill.draft is not draft):
@@ -139,7 +138,7 @@ def start(target: TargetLM, draft: MTPHead | None, prompt_ids: torch.Tensor, *, 
     if (k.dtype, k.device) != (target.embed.dtype, target.embed.device):
         raise ValueError(f"prefill's caches are {k.dtype} on {k.device}, the target now {target.embed.dtype} on "
                          f"{target.embed.device}; prefill_prompt again")
-    if prefill.prompt.device != dev or not torch.equal(prefill.prompt, prompt_ids):
+    if prefill.prompt.device != prompt_ids.device or not torch.equal(prefill.prompt, prompt_ids):
         raise ValueError("prefill was made for another prompt; pass the prompt it was made from")
     if prefill.max_len < needed:
         raise ValueError(f"this run writes {needed} cache positions; the prefill's caches hold {prefill.max_len} "

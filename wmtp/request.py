@@ -12,7 +12,7 @@ from .keyset import check_key_set_args, is_integer_tensor
 from .model import TargetLM
 from .mtp import MTPHead
 
-__all__ = ["check_request", "check_spec_request"]
+__all__ = ["check_draft", "check_request", "check_spec_request"]
 
 
 def check_request(target: TargetLM, prompt_ids: torch.Tensor, max_new_tokens: int, extra: int,
@@ -37,14 +37,18 @@ def check_request(target: TargetLM, prompt_ids: torch.Tensor, max_new_tokens: in
     return needed
 
 
+def check_draft(target: TargetLM, draft: MTPHead) -> None:
+    """A draft head built on a target of another config is refused (a wrapper without ``target`` passes)."""
+    if getattr(getattr(draft, "target", None), "config", target.config) != target.config:
+        raise ValueError("the draft head was built for a target of another config; build it on this target")
+
+
 def check_spec_request(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max_new_tokens: int,
                        depth: int, n_sink: int | None, window: int | None, eos_id: int | None) -> int:
     """A speculative request's checks; returns the cache positions it writes."""
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
         raise ValueError(f"depth must be a positive integer, got {depth!r}")
-    built_for = getattr(getattr(draft, "target", None), "config", target.config)  # an MTPHead's target
-    if built_for != target.config:
-        raise ValueError("the draft head was built for a target of another config; build it on this target")
+    check_draft(target, draft)
     check_key_set_args(n_sink, window)
     # a step runs while fewer than max_new_tokens are out, so x sits at n <= P + max_new_tokens - 2 and
     # the verify pass writes n .. n + depth: positions up to P + max_new_tokens + depth - 2; with
