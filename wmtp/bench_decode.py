@@ -32,6 +32,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from . import data
 from .config import Preset
@@ -153,16 +154,24 @@ def bench_decode(preset: Preset, dataset_dir: str | None, device: torch.device, 
         "lossless": "asserted: every arm's tokens equal the same loop's dense greedy tokens (torch.equal)",
         "rows": [], "complete": False,
     }
-    for c in contexts:
-        prompt = prompts[c].to(device)
-        pre, prefill_s = timed_prefill(target, head, prompt, preset)
-        log(f"context {c}: prefilled in {prefill_s:.1f} s")
-        for loop in loops:
-            log(f"context {c}, {loop} loop: dense and {len(preset.spec.keysets)} draft arms")
-            result["rows"].append({**run_context(target, head, prompt, preset, loop, pre), "prefill_s": prefill_s})
-            result["wall_time_s"] = time.perf_counter() - t_start
-            if on_context is not None:
-                on_context(result)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  disable=not progress) as bar:  # a prefill and a (context, loop) row are one unit each
+        task = bar.add_task("bench decode", total=len(contexts) * (1 + len(loops)))
+        for c in contexts:
+            prompt = prompts[c].to(device)
+            bar.update(task, description=f"context {c}: prefill")
+            pre, prefill_s = timed_prefill(target, head, prompt, preset)
+            bar.advance(task)
+            log(f"context {c}: prefilled in {prefill_s:.1f} s")
+            for loop in loops:
+                bar.update(task, description=f"context {c}: {loop} loop, dense and {len(preset.spec.keysets)} arms")
+                row = run_context(target, head, prompt, preset, loop, pre)
+                result["rows"].append({**row, "prefill_s": prefill_s})
+                result["wall_time_s"] = time.perf_counter() - t_start
+                bar.advance(task)
+                log(f"context {c}, {loop} loop: done")
+                if on_context is not None:
+                    on_context(result)
     result["complete"] = True
     return result
 
