@@ -14,6 +14,7 @@ from .kvcache import ring_slot
 from .model import TargetLM
 from .mtp import MTPHead
 from .prefill import Prefill, prefill_prompt
+from .sampling import sample_generate, speculative_sample, verify_rejection
 from .static_decode import static_greedy_generate, static_speculative_generate
 
 __version__ = "0.1.0"
@@ -39,6 +40,7 @@ __all__ = [
     "attention", "paged_attention", "ring_slot", "resolve_impl", "draft_key_indices", "draft_key_mask",
     "draft_key_csr", "TargetLM", "MTPHead", "build_models", "greedy_generate", "speculative_generate", "SpecStats",
     "static_greedy_generate", "static_speculative_generate", "Prefill", "prefill_prompt",
+    "sample_generate", "speculative_sample", "verify_rejection",
     "verify_greedy", "verify_greedy_loop", "PRESETS", "get_preset", "ModelConfig", "MTPConfig",
     "KeySetConfig", "SpecConfig", "TrainConfig", "__version__",
 ]

@@ -134,6 +134,30 @@ def _accepted(a, depth: int) -> int:
     return n
 
 
+class GreedyRule:
+    """How a loop picks tokens: the target's argmax, everywhere (the paper's greedy decoding).
+
+    The decoding loops below take a rule with three methods, so that sampled decoding
+    (wmtp/sampling.py) runs the same loops: ``choose(logits (V,), pos)`` picks the token at
+    position ``pos`` from the logits that predict it; ``propose`` does the same for a draft;
+    ``verify(drafts (K,), logits (K+1, V), pos)``, with ``logits[i]`` predicting position
+    ``pos + i``, returns the number of drafts accepted and the token committed after them.
+    """
+
+    def __init__(self, verifier: Verifier = verify_greedy) -> None:
+        self.verifier = verifier
+
+    def choose(self, logits: torch.Tensor, pos: int) -> torch.Tensor:
+        return logits.argmax()
+
+    propose = choose
+
+    def verify(self, drafts: torch.Tensor, logits: torch.Tensor, pos: int) -> tuple[int, torch.Tensor]:
+        choice = logits.argmax(-1)  # (K+1,) the target's greedy token after each prefix
+        a = _accepted(self.verifier(drafts, choice), drafts.shape[0])
+        return a, choice[a]
+
+
 def _each_prompt(prompts: list | tuple, run: Callable[[torch.Tensor], object]) -> list:
     """Batched generation over ragged prompts: ``run`` on each 1-D prompt in turn, results in order.
 
@@ -178,6 +202,12 @@ def greedy_generate(target: TargetLM, prompt_ids: torch.Tensor | list[torch.Tens
         _one_prompt(prefill)
         return _each_prompt(prompt_ids, lambda p: greedy_generate(target, p, max_new_tokens, eos_id, impl,
                                                                   step_times))
+    return dense_loop(target, prompt_ids, max_new_tokens, eos_id, impl, step_times, prefill, GreedyRule())
+
+
+def dense_loop(target: TargetLM, prompt_ids: torch.Tensor, max_new_tokens: int, eos_id: int | None, impl: str,
+               step_times: list[float] | None, prefill: Prefill | None, rule) -> torch.Tensor:
+    """One prompt's dense decoding, each token picked by ``rule.choose`` (``GreedyRule``: greedy_generate)."""
     # the last token is never fed back: positions 0 .. P + max_new_tokens - 2 are written
     needed = check_request(target, prompt_ids, max_new_tokens, extra=-1, eos_id=eos_id)
     prompt_ids = prompt_ids.long()  # any integer dtype (the embedding takes int64 or int32 only)
@@ -186,9 +216,9 @@ def greedy_generate(target: TargetLM, prompt_ids: torch.Tensor | list[torch.Tens
     cache, _, last, _ = start(target, None, prompt_ids, needed=needed, impl=impl, checked=True, prefill=prefill)
     logits = last.view(1, 1, -1)  # (1, 1, V)
     out: list[int] = []
-    n = prompt_ids.numel()
+    n = prompt_ids.numel()  # the position of the next token
     while max_new_tokens:
-        out.append(int(logits[0, -1].argmax()))
+        out.append(int(rule.choose(logits[0, -1], n)))
         out, stop = _finish(out, max_new_tokens, eos_id)
         if stop:
             break
@@ -201,7 +231,6 @@ def greedy_generate(target: TargetLM, prompt_ids: torch.Tensor | list[torch.Tens
             step_times.append(time.perf_counter() - t0)
         n += 1
     return torch.tensor(out, dtype=torch.long, device=prompt_ids.device)
-
 
 
 @torch.no_grad()
@@ -237,18 +266,27 @@ def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Ten
         return [out for out, _ in runs], [stats for _, stats in runs]
     if not callable(verifier) and verifier not in VERIFIERS:
         raise ValueError(f"unknown verifier {verifier!r}; choose one of {', '.join(VERIFIERS)} or pass a function")
+    verify = verifier if callable(verifier) else {"batched": verify_greedy, "loop": verify_greedy_loop}[verifier]
+    return speculative_loop(target, draft, prompt_ids, max_new_tokens, depth, n_sink, window, impl, eos_id, prefill,
+                            GreedyRule(verify))
+
+
+def speculative_loop(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max_new_tokens: int, depth: int,
+                     n_sink: int | None, window: int | None, impl: str, eos_id: int | None, prefill: Prefill | None,
+                     rule) -> tuple[torch.Tensor, SpecStats]:
+    """One prompt's speculative decoding (the module docstring's four steps); ``rule`` picks the
+    first token, the drafts and what the verify pass accepts (``GreedyRule``: speculative_generate)."""
     needed = check_spec_request(target, draft, prompt_ids, max_new_tokens, depth, n_sink, window, eos_id)
     prompt_ids = prompt_ids.long()  # any integer dtype (the embedding takes int64 or int32 only)
     impl = resolve_impl(impl, prompt_ids.device, target.embed.dtype, target.config.head_dim,
                         target.config.n_heads // target.config.n_kv_heads)
-    verify = verifier if callable(verifier) else {"batched": verify_greedy, "loop": verify_greedy_loop}[verifier]
     dev = prompt_ids.device
     stats = SpecStats(depth=depth)
     # the prefill (wmtp/prefill.py): true-chain draft KV for positions 0..P-2, not part of any step
     tcache, dcache, last_logits, last_hidden = start(target, draft, prompt_ids, needed=needed, impl=impl, checked=True,
                                                      prefill=prefill, n_sink=n_sink, window=window)
     P = prompt_ids.numel()
-    x = last_logits.argmax()  # the target's first new token, at position P
+    x = rule.choose(last_logits, P)  # the target's first new token, at position P
     out, stop = _finish([int(x)], max_new_tokens, eos_id)
     # Positions the head has not consumed yet: their target hidden states and following tokens.
     head_start, h_new, next_tokens = P - 1, last_hidden, x.view(1)
@@ -258,11 +296,11 @@ def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Ten
         t0 = time.perf_counter()
         ext_pos = torch.arange(head_start, n, device=dev)
         dlogits, g = draft(h_new, next_tokens[None], ext_pos, dcache, n_sink, window, impl)
-        drafts = [dlogits[0, -1].argmax()]
+        drafts = [rule.propose(dlogits[0, -1], n + 1)]  # d_1 guesses position n + 1
         for i in range(1, depth):  # recursive drafting: the head's own hidden state feeds it back
             pos_i = torch.tensor([n - 1 + i], device=dev)
             dlogits, g = draft(g[:, -1:], drafts[-1].view(1, 1), pos_i, dcache, n_sink, window, impl)
-            drafts.append(dlogits[0, -1].argmax())
+            drafts.append(rule.propose(dlogits[0, -1], n + 1 + i))
         d = torch.stack(drafts)  # (K,)
         draft_pos = range(head_start, n - 1 + depth)  # the extend's queries, then the recursive ones
         stats.draft_keys_read += sum(key_count(t, n_sink, window) for t in draft_pos)
@@ -271,12 +309,10 @@ def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Ten
         t1 = time.perf_counter()
         vlogits, vhidden = target(torch.cat([x.view(1), d])[None], torch.arange(n, n + depth + 1, device=dev),
                                   tcache, impl)
-        choice = vlogits[0].argmax(-1)  # (K+1,) the target's greedy token after each prefix
-        a = _accepted(verify(d, choice), depth)
+        a, x = rule.verify(d, vlogits[0], n + 1)  # vlogits[0, i] predicts position n + 1 + i
         synchronize(dev)
         t2 = time.perf_counter()
         stats.add_step(a, t1 - t0, t2 - t1)
-        x = choice[a]
         before = len(out)
         out, stop = _finish(out + d[:a].tolist() + [int(x)], max_new_tokens, eos_id)
         stats.committed += len(out) - before

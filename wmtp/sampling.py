@@ -1,0 +1,206 @@
+"""Sampled decoding, and two ways to verify sampled drafts (beyond arXiv 2607.21535, which
+verifies greedily, Sec. 2; the window changes the draft only, Sec. 3, so both work with it).
+
+Every random choice is keyed by the token's absolute position. NOTE [Position-keyed noise]: the
+token at position ``t`` is ``argmax(log p_t + G(seed, t))``, where ``p_t = softmax(logits / T)``
+and ``G(seed, t)`` is a row of Gumbel noise from a ``torch.Generator`` seeded with a hash of
+``(seed, stream, t)`` (the Gumbel-max trick: the argmax is a sample of ``p_t``). A run is then a
+function of the seed alone, on any device and whatever the batching of its passes, and two runs
+that see the same ``p_t`` pick the same token. The noise is drawn in float64 on the CPU.
+
+Verification (``speculative_sample``), ``method=``:
+
+- ``"rejection"`` (speculative sampling: Leviathan et al. 2023, Chen et al. 2023): the draft
+  samples ``d ~ q`` and the target accepts it with probability ``min(1, p(d) / q(d))``; after a
+  rejection it samples from ``max(p - q, 0)``, normalised. Each committed token is distributed
+  as ``p`` exactly: equal to ``sample_generate`` in distribution (per token: ``q(x) min(1, p(x) /
+  q(x)) + max(p(x) - q(x), 0) = p(x)``), and acceptance per draft is ``sum_x min(p(x), q(x))``,
+  the most any verifier of one draft can get.
+- ``"gumbel"``: draft and target both pick ``argmax(log prob + G(seed, t))`` with the same noise,
+  and verification is greedy on those choices. Every committed token is the target's own
+  sampled token, so the output equals ``sample_generate`` with the same seed token for token
+  (tests/test_sampling.py asserts ``torch.equal``), as greedy speculation equals greedy
+  decoding; acceptance is the chance that the two perturbed argmaxes agree, at most the
+  rejection method's.
+
+``temperature=0`` is greedy decoding (``decode.GreedyRule``): no noise is drawn.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .decode import GreedyRule, SpecStats, _each_prompt, _one_prompt, dense_loop, speculative_loop, verify_greedy
+from .model import TargetLM
+from .mtp import MTPHead
+from .prefill import Prefill
+
+__all__ = ["METHODS", "position_uniforms", "sample_positions", "verify_rejection", "sample_generate",
+           "speculative_sample"]
+
+METHODS = ("rejection", "gumbel")
+TOKEN, ACCEPT, RESIDUAL = 0, 1, 2  # noise streams: the token's Gumbel noise, rejection's uniform, its resample
+_MASK = (1 << 64) - 1
+
+
+def _stream_seed(seed: int, stream: int, pos: int) -> int:
+    """A 64-bit generator seed for ``(seed, stream, pos)``: splitmix64's finaliser over a mix of the three."""
+    z = (seed * 0x9E3779B97F4A7C15 + stream * 0xD1B54A32D192ED03 + pos * 0xBF58476D1CE4E5B9 + 1) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
+def position_uniforms(seed: int, stream: int, positions: Sequence[int], n: int) -> torch.Tensor:
+    """``(len(positions), n)`` float64 uniforms in ``[0, 1)`` on the CPU, row ``i`` a function of
+    ``(seed, stream, positions[i])`` only (NOTE [Position-keyed noise])."""
+    rows = [torch.rand(n, generator=torch.Generator().manual_seed(_stream_seed(seed, stream, int(t))),
+                       dtype=torch.float64) for t in positions]
+    return torch.stack(rows)  # (L, n)
+
+
+def sample_positions(probs: torch.Tensor, positions: Sequence[int], seed: int, stream: int = TOKEN) -> torch.Tensor:
+    """One token a row: ``argmax(log probs + G)``, with ``G`` the Gumbel noise of each row's position.
+
+    ``probs`` ``(L, V)`` need not be normalised (a row's weights, all >= 0, not all 0); row ``i``
+    is a sample of ``probs[i] / probs[i].sum()`` at position ``positions[i]``. Returns ``(L,)`` on
+    ``probs``' device.
+    """
+    u = position_uniforms(seed, stream, positions, probs.shape[-1])  # (L, V)
+    gumbel = (-torch.log(-torch.log(u))).to(probs.device, probs.dtype)  # (L, V); u = 0 gives -inf: never chosen
+    return (torch.log(probs) + gumbel).argmax(-1)  # (L,)
+
+
+def verify_rejection(drafts: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor, pos: int,
+                     seed: int) -> tuple[int, torch.Tensor]:
+    """Speculative sampling's verification, token by token: the drafts accepted and the next token.
+
+    Args:
+        drafts: ``(K,)`` the drafted tokens, ``drafts[i]`` sampled from ``draft_probs[i]``, at
+            position ``pos + i``.
+        draft_probs: ``(K, V)`` the draft's distributions ``q``.
+        target_probs: ``(K+1, V)`` the target's distributions ``p``; row ``i`` is the target's
+            next-token distribution after ``i`` accepted drafts, for position ``pos + i``.
+        pos: the position of the first draft.
+        seed: the run's seed (the uniforms and resamples are keyed by position).
+
+    Returns:
+        ``a``, the drafts accepted (each with probability ``min(1, p(d) / q(d))``, until the first
+        rejection), and the token at position ``pos + a``: a sample of ``max(p - q, 0)`` after a
+        rejection, of ``p`` after ``K`` acceptances.
+    """
+    K = drafts.shape[0]
+    u = position_uniforms(seed, ACCEPT, range(pos, pos + K), 1)[:, 0]  # (K,) one uniform a draft
+    for i in range(K):
+        d = int(drafts[i])
+        p, q = float(target_probs[i, d]), float(draft_probs[i, d])
+        if float(u[i]) * q < p:  # accept with probability min(1, p / q)
+            continue
+        residual = (target_probs[i] - draft_probs[i]).clamp_min(0)  # (V,) where p exceeds q
+        if not float(residual.sum()) > 0:  # p == q up to rounding (then a rejection has probability ~0)
+            residual = target_probs[i]
+        return i, sample_positions(residual[None], [pos + i], seed, RESIDUAL)[0]
+    return K, sample_positions(target_probs[K:], [pos + K], seed)[0]
+
+
+def _probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    return F.softmax(logits / temperature, dim=-1)  # (..., V)
+
+
+class GumbelRule:
+    """Sampled tokens and greedy verification of them (``method="gumbel"``): every choice at position
+    ``t`` is ``argmax(log softmax-probs + G(seed, t))``, the draft's and the target's with the same noise."""
+
+    def __init__(self, temperature: float, seed: int) -> None:
+        self.temperature, self.seed = temperature, seed
+
+    def choose(self, logits: torch.Tensor, pos: int) -> torch.Tensor:
+        return sample_positions(_probs(logits, self.temperature)[None], [pos], self.seed)[0]
+
+    propose = choose
+
+    def verify(self, drafts: torch.Tensor, logits: torch.Tensor, pos: int) -> tuple[int, torch.Tensor]:
+        choice = sample_positions(_probs(logits, self.temperature), range(pos, pos + logits.shape[0]), self.seed)
+        a = verify_greedy(drafts, choice)
+        return a, choice[a]
+
+
+class RejectionRule(GumbelRule):
+    """Sampled drafts verified by rejection sampling (``method="rejection"``); it keeps each step's
+    draft distributions from ``propose`` until ``verify``."""
+
+    def __init__(self, temperature: float, seed: int) -> None:
+        super().__init__(temperature, seed)
+        self.draft_probs: list[torch.Tensor] = []
+
+    def propose(self, logits: torch.Tensor, pos: int) -> torch.Tensor:
+        q = _probs(logits, self.temperature)  # (V,)
+        self.draft_probs.append(q)
+        return sample_positions(q[None], [pos], self.seed)[0]
+
+    def verify(self, drafts: torch.Tensor, logits: torch.Tensor, pos: int) -> tuple[int, torch.Tensor]:
+        q, self.draft_probs = torch.stack(self.draft_probs), []  # (K, V)
+        return verify_rejection(drafts, q, _probs(logits, self.temperature), pos, self.seed)
+
+
+def check_sampling(temperature: float, seed: int, method: str = METHODS[0]) -> None:
+    """A sampled request's own arguments, refused with a ``ValueError``."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not (
+            math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {temperature!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= _MASK:
+        raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+
+
+@torch.no_grad()
+def sample_generate(target: TargetLM, prompt_ids: torch.Tensor | list[torch.Tensor], max_new_tokens: int,
+                    temperature: float, seed: int = 0, eos_id: int | None = None, impl: str = "auto",
+                    prefill: Prefill | None = None) -> torch.Tensor | list[torch.Tensor]:
+    """Dense sampled decoding: the token at position ``t`` is a sample of ``softmax(logits / temperature)``
+    drawn with ``seed``'s noise for ``t`` (NOTE [Position-keyed noise]); ``temperature=0`` is
+    ``greedy_generate``. The other arguments and the result are ``greedy_generate``'s."""
+    check_sampling(temperature, seed)
+    if isinstance(prompt_ids, (list, tuple)):
+        _one_prompt(prefill)
+        return _each_prompt(prompt_ids, lambda p: sample_generate(target, p, max_new_tokens, temperature, seed,
+                                                                  eos_id, impl))
+    rule = GumbelRule(temperature, seed) if temperature else GreedyRule()
+    return dense_loop(target, prompt_ids, max_new_tokens, eos_id, impl, None, prefill, rule)
+
+
+@torch.no_grad()
+def speculative_sample(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor | list[torch.Tensor],
+                       max_new_tokens: int, depth: int, n_sink: int | None = None, window: int | None = None, *,
+                       temperature: float, seed: int = 0, method: str = "rejection", impl: str = "auto",
+                       eos_id: int | None = None, prefill: Prefill | None = None
+                       ) -> tuple[torch.Tensor, SpecStats] | tuple[list[torch.Tensor], list[SpecStats]]:
+    """Sampled speculative decoding with an MTP draft head whose attention reads ``(n_sink, window)``.
+
+    Args:
+        temperature: the sampling temperature of draft and target (``0``: greedy, as
+            ``speculative_generate``, whatever ``method``).
+        seed: the noise of every position (NOTE [Position-keyed noise]).
+        method: ``"rejection"`` (the output is distributed as ``sample_generate``'s) or
+            ``"gumbel"`` (the output equals ``sample_generate(..., seed=seed)`` token for token).
+        The others as in ``speculative_generate`` (with its default verifier).
+
+    Returns:
+        The new tokens and the step statistics (a list of each for a list of prompts).
+    """
+    check_sampling(temperature, seed, method)
+    if isinstance(prompt_ids, (list, tuple)):
+        _one_prompt(prefill)
+        runs = _each_prompt(prompt_ids, lambda p: speculative_sample(
+            target, draft, p, max_new_tokens, depth, n_sink, window, temperature=temperature, seed=seed,
+            method=method, impl=impl, eos_id=eos_id))
+        return [out for out, _ in runs], [stats for _, stats in runs]
+    rule = GreedyRule() if not temperature else (RejectionRule if method == "rejection" else GumbelRule)(
+        temperature, seed)
+    return speculative_loop(target, draft, prompt_ids, max_new_tokens, depth, n_sink, window, impl, eos_id, prefill,
+                            rule)
