@@ -182,13 +182,15 @@ def speculative_sample(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tenso
                        ) -> tuple[torch.Tensor, SpecStats] | tuple[list[torch.Tensor], list[SpecStats]]:
     """Sampled speculative decoding with an MTP draft head whose attention reads ``(n_sink, window)``.
 
+    The arguments not listed below are ``speculative_generate``'s (which verifies greedily, with its
+    default verifier).
+
     Args:
         temperature: the sampling temperature of draft and target (``0``: greedy, as
             ``speculative_generate``, whatever ``method``).
         seed: the noise of every position (NOTE [Position-keyed noise]).
         method: ``"rejection"`` (the output is distributed as ``sample_generate``'s) or
             ``"gumbel"`` (the output equals ``sample_generate(..., seed=seed)`` token for token).
-        The others as in ``speculative_generate`` (with its default verifier).
 
     Returns:
         The new tokens and the step statistics (a list of each for a list of prompts).
