@@ -346,6 +346,59 @@ def test_bench_decode_writes_lossless_rows(capsys, wikitext_dir, tmp_path, monke
         assert not (tmp_path / "bad.json").exists()
 
 
+def test_bench_sampling_writes_every_arm_and_method(capsys, wikitext_dir, tmp_path, monkeypatch):
+    import wmtp.bench_decode
+    import wmtp.decode
+
+    prefills, starts = [], []  # every run must start from its context's one prefill
+    monkeypatch.setattr(wmtp.bench_decode, "prefill_prompt",
+                        lambda *a, **k: prefills.append(wmtp.prefill.prefill_prompt(*a, **k)) or prefills[-1])
+    monkeypatch.setattr(wmtp.decode, "start",
+                        lambda *a, **k: starts.append(k["prefill"]) or wmtp.prefill.start(*a, **k))
+    out = tmp_path / "s.json"
+    code, stdout, err = _run(capsys, ["bench", "sampling", "--preset", "tiny", "--dataset-dir", str(wikitext_dir),
+                                      "--device", "cpu", "--seed", "0", "--contexts", "64", "300", "--new-tokens", "9",
+                                      "--temperatures", "0.7", "1.5", "--sample-seeds", "3", "5", "--cache-dir",
+                                      str(tmp_path / "cache"), "--no-progress", "--out", str(out)])
+    assert code == 0, err
+    assert [p.prompt.numel() for p in prefills] == [64, 300]
+    assert starts == [prefills[0]] * 20 + [prefills[1]] * 20  # per temperature and seed: dense, 2 arms x 2 methods
+    m = json.loads(out.read_text())
+    assert m["kind"] == "bench-sampling" and m["complete"] and m["decode_dtype"] == "float64"
+    assert m["sample_seeds"] == [3, 5] and m["config"]["preset"] == "tiny"
+    assert m["command"].startswith("wmtp bench sampling")
+    assert [(r["context"], r["temperature"]) for r in m["rows"]] == [(64, 0.7), (64, 1.5), (300, 0.7), (300, 1.5)]
+    for r in m["rows"]:
+        assert r["new_tokens"] == 9 and list(r["arms"]) == ["native", "sink4+win16"] and r["prefill_s"] > 0
+        for label, arm in r["arms"].items():
+            assert list(arm["methods"]) == ["rejection", "gumbel"]
+            assert arm["methods"]["gumbel"]["lossless"] == "token-equal to dense sampling"
+            for a in arm["methods"].values():
+                assert 0 <= a["acceptance_rate"] <= 1 and 1 <= a["mean_accept_length"] <= 4  # depth 3
+                assert sum(a["accept_length_histogram"]) == a["steps"] > 0 and a["proposed"] == 3 * a["steps"]
+                assert a["accepted"] == round(a["acceptance_rate"] * a["proposed"])
+                per_seed = a["mean_accept_length_per_seed"]  # pooled AL lies between the seeds'
+                assert len(per_seed) == 2 and min(per_seed) - 1e-9 <= a["mean_accept_length"] <= max(per_seed) + 1e-9
+                assert len(a["per_position_acceptance"]) == 3
+                assert (a["mean_accept_length_change_vs_native"] is None) == (label == "native")
+    assert "AL change vs native" in stdout and not list(tmp_path.glob("*.tmp"))
+    assert not out.with_suffix(".png").exists()  # JSON only
+
+
+@pytest.mark.parametrize("bad,match", [(["--temperatures", "-0.5"], "--temperatures must be finite and >= 0"),
+                                       (["--temperatures", "0.7", "nan"], "--temperatures must be finite"),
+                                       (["--temperatures=inf"], "--temperatures must be finite"),
+                                       (["--sample-seeds", "-1"], "seed must be an int"),
+                                       (["--sample-seeds", "2", "2"], "--sample-seeds must be distinct")])
+def test_bench_sampling_bad_temperature_exits_2_before_any_work(capsys, tmp_path, bad, match):
+    out = tmp_path / "s.json"
+    code, stdout, err = _run(capsys, ["bench", "sampling", "--preset", "tiny", "--device", "cpu", "--cache-dir",
+                                      str(tmp_path / "cache"), "--no-progress", "--out", str(out), *bad])
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("wmtp: error:") and match in err, err
+    assert not out.exists() and not (tmp_path / "cache").exists()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the CUDA-graph loop")
 def test_bench_decode_on_cuda_times_both_loops(capsys, tmp_path):
     out = tmp_path / "d.json"

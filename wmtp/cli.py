@@ -3,7 +3,9 @@
 Subcommands: ``reproduce`` (train or load the models, run every arm, assert losslessness, write
 the metrics JSON; arXiv 2607.21535 in miniature), ``bench attention`` (draft-attention time per
 key set and context), ``bench decode`` (end-to-end decoding, eager and CUDA-graph loops;
-wmtp/bench_decode.py), ``grade`` and ``plot``. Bad input exits with status 2 and one line on stderr, no traceback.
+wmtp/bench_decode.py), ``bench sampling`` (acceptance of sampled speculative decoding per key set,
+temperature and method; wmtp/bench_sampling.py), ``grade`` and ``plot``. Bad input exits with
+status 2 and one line on stderr, no traceback.
 """
 
 from __future__ import annotations
@@ -93,6 +95,14 @@ def build_parser(prog: str = "wmtp") -> argparse.ArgumentParser:
                                "long contexts, in the eager loop and (on CUDA) the CUDA-graph loop; assert every arm "
                                "lossless; write per-step draft and verify times, AL and TPOT as JSON.")
     bench_decode.add_arguments(dec)
+    from . import bench_sampling
+
+    samp = bench_sub.add_parser("sampling", help="acceptance of sampled speculative decoding per key set and method",
+                                description="Sample with dense decoding and every draft arm of reproduce's models at "
+                                "each context and temperature, verified by rejection sampling and by shared Gumbel "
+                                "noise; assert every gumbel arm token-equal to dense sampling; write AL, acceptance "
+                                "and accept-length histograms as JSON.")
+    bench_sampling.add_arguments(samp)
     from .grading import ASSIGNMENTS
 
     grade = sub.add_parser("grade", help="grade a course assignment against the library's oracles",
@@ -320,6 +330,10 @@ def main(argv: list[str] | None = None, prog: str = "wmtp") -> int:
             return 0
         if args.bench == "decode":
             from .bench_decode import cli
+
+            return cli(args, prog, argv)
+        if args.bench == "sampling":
+            from .bench_sampling import cli
 
             return cli(args, prog, argv)
         return _bench_attention(args, prog, argv)

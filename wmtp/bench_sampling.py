@@ -1,0 +1,251 @@
+"""``wmtp bench sampling``: acceptance of sampled speculative decoding per draft key set,
+temperature and verification method (beyond arXiv 2607.21535, which verifies greedily, Sec. 2, and
+reports greedy acceptance, Sec. 4; its window changes only the draft, Sec. 3, so it works with
+sampling too: wmtp/sampling.py).
+
+For each context and each temperature: dense sampled decoding (``sample_generate``), then every key
+set of the preset's ``SpecConfig`` (native first) with each method of ``speculative_sample``:
+``"rejection"`` (speculative sampling, equal to dense sampling in distribution) and ``"gumbel"``
+(equal to dense sampling with the same seed token for token). Every gumbel arm's output is asserted
+equal (``torch.equal``) to the dense sample before anything is kept. Every run at a context starts
+from ONE prefill of its prompt (``prefill_prompt``, wmtp/prefill.py). The figures are acceptance,
+not time: AL (tokens per target pass), the acceptance rate, the accept-length histogram and the
+acceptance per draft position, pooled over the runs of several sample seeds (one run of 128 tokens
+is a few dozen steps: a single seed's AL moves by tens of percent), with each seed's AL beside them;
+a windowed arm's pooled AL is compared with the native arm's at the same context, temperature and
+method.
+
+The models and the prompt are ``wmtp bench decode``'s (wmtp/bench_decode.py): reproduce's
+checkpoint with the KV-cache capacity raised to the longest context, and the last ``context``
+tokens of the corpus's splits end to end. Acceptance is this small model's, on this text.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from . import data
+from .bench_decode import long_prompt, timed_prefill, with_capacity
+from .config import Preset
+from .decode import SpecStats
+from .metrics import SCHEMA_VERSION, environment
+from .model import TargetLM
+from .mtp import MTPHead
+from .prefill import Prefill
+from .reproduce import prepare_models
+from .sampling import METHODS, check_sampling, sample_generate, speculative_sample
+
+SAMPLING_KIND = "bench-sampling"  # the "kind" of the JSON `wmtp bench sampling` writes (no plot draws it)
+LOSSLESS = {"rejection": "in distribution (rejection sampling)", "gumbel": "token-equal to dense sampling"}
+
+
+def check_temperatures(temperatures: tuple[float, ...], seeds: tuple[int, ...]) -> None:
+    """Refuse (``ValueError``) a temperature that is negative or not finite, or bad or repeated sample seeds."""
+    if not temperatures or not seeds:
+        raise ValueError("--temperatures and --sample-seeds need at least one value each")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"--sample-seeds must be distinct, got {list(seeds)}")
+    for t in temperatures:
+        if not math.isfinite(t) or t < 0:
+            raise ValueError(f"--temperatures must be finite and >= 0, got {t}")
+        for seed in seeds:
+            check_sampling(t, seed)
+
+
+def pooled(runs: list[SpecStats]) -> SpecStats:
+    """One ``SpecStats`` counting every step of ``runs`` (times left out)."""
+    total = SpecStats(depth=runs[0].depth)
+    for r in runs:
+        for key in ("proposed", "accepted", "committed", "steps"):
+            setattr(total, key, getattr(total, key) + getattr(r, key))
+        total.accept_length_histogram = [a + b for a, b in zip(total.accept_length_histogram,
+                                                                r.accept_length_histogram)]
+        total.per_position_accepted = [a + b for a, b in zip(total.per_position_accepted, r.per_position_accepted)]
+    return total
+
+
+def run_context(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: Preset, temperature: float,
+                seeds: tuple[int, ...], prefill: Prefill, on_run: Callable[[str], object] = lambda what: None) -> dict:
+    """Dense sampling per seed, then every (arm, method) with every seed, each run from ``prefill``;
+    every gumbel run asserted token-equal to the dense sample of its seed before anything is kept.
+    ``on_run`` hears each run's name."""
+    spec = preset.spec
+    dense = {}
+    for seed in seeds:
+        dense[seed] = sample_generate(target, prompt, spec.new_tokens, temperature, seed, prefill=prefill)
+        on_run(f"dense, seed {seed}")
+    row = {"context": prompt.numel(), "temperature": temperature, "new_tokens": spec.new_tokens, "arms": {}}
+    native_al: dict[str, float] = {}
+    for ks in sorted(spec.keysets, key=lambda c: c.window is not None):  # native first: the baseline
+        methods = {}
+        for method in METHODS:
+            runs = []
+            for seed in seeds:
+                out, stats = speculative_sample(target, head, prompt, spec.new_tokens, spec.depth, ks.n_sink,
+                                                ks.window, temperature=temperature, seed=seed, method=method,
+                                                prefill=prefill)
+                if method == "gumbel" and not torch.equal(out, dense[seed]):
+                    raise AssertionError(f"arm {ks.label} (gumbel) at context {prompt.numel()}, temperature "
+                                         f"{temperature}, seed {seed} is not token-equal to dense sampling")
+                runs.append(stats)
+                on_run(f"{ks.label} {method}, seed {seed}")
+            stats = pooled(runs)
+            al = stats.mean_accept_length
+            native_al.setdefault(method, al)  # the native arm runs first
+            methods[method] = {
+                "lossless": LOSSLESS[method], "steps": stats.steps, "proposed": stats.proposed,
+                "accepted": stats.accepted, "acceptance_rate": stats.acceptance_rate, "mean_accept_length": al,
+                "mean_accept_length_per_seed": [r.mean_accept_length for r in runs],
+                "accept_length_histogram": stats.accept_length_histogram,
+                "per_position_acceptance": stats.per_position_acceptance,
+                "mean_accept_length_change_vs_native": None if ks.window is None else al / native_al[method] - 1,
+            }
+        row["arms"][ks.label] = {"n_sink": ks.n_sink, "window": ks.window, "methods": methods}
+    return row
+
+
+def bench_sampling(preset: Preset, dataset_dir: str | None, device: torch.device, seed: int,
+                   contexts: tuple[int, ...], temperatures: tuple[float, ...], sample_seeds: tuple[int, ...],
+                   cache_dir: Path,
+                   command: str, progress: bool = False, log=print,
+                   on_context: Callable[[dict], object] | None = None) -> dict:
+    """Load (or train) reproduce's models, then ``run_context`` for every context and temperature.
+
+    ``seed`` is the models' (as reproduce's); ``sample_seeds`` the sampling noise's, one run each. ``on_context``
+    gets the metrics so far after each (context, temperature), to write a partial file.
+
+    Raises:
+        ValueError: for a bad temperature or sample seed, or a context the corpus cannot fill.
+    """
+    check_temperatures(temperatures, sample_seeds)
+    t_start = time.perf_counter()
+    corpus = data.load_corpus(dataset_dir, max_chars=preset.train.max_train_chars)
+    log(corpus.message)
+    tokens = data.corpus_token_splits(corpus, data.train_tokenizer(corpus, preset.model.vocab_size, cache_dir))
+    prompts = {c: long_prompt(tokens, c) for c in contexts}  # every context checked before the training
+    target, head, train_info = prepare_models(preset, corpus, tokens, seed, device, cache_dir, None, progress, log)
+    dtype = torch.float64 if device.type == "cpu" else torch.float32  # decode.py NOTE [Exactness]
+    capacity = max(contexts) + preset.spec.new_tokens + preset.spec.depth
+    target, head = with_capacity(target.to(dtype), head.to(dtype), capacity)
+    result = {
+        "schema_version": SCHEMA_VERSION, "kind": SAMPLING_KIND, "command": command, "seed": seed,
+        "sample_seeds": list(sample_seeds), "temperatures": list(temperatures), "methods": list(METHODS),
+        "corpus": {"name": corpus.name, "fingerprint": corpus.fingerprint,
+                   "tokens": {k: int(v.numel()) for k, v in tokens.items()}},
+        "config": {"preset": preset.name, "model": asdict(preset.model), "mtp": asdict(preset.mtp),
+                   "spec": asdict(preset.spec), "kv_capacity": capacity},
+        "decode_dtype": str(dtype).removeprefix("torch."), "environment": environment(device),
+        "checkpoint": {k: v for k, v in train_info.items() if not k.endswith("losses")},
+        "lossless": "asserted: every gumbel arm's tokens equal dense sampling's with the same seed (torch.equal); "
+                    "rejection arms are equal to it in distribution",
+        "rows": [], "complete": False,
+    }
+    runs = len(sample_seeds) * (1 + len(preset.spec.keysets) * len(METHODS))  # dense, then every (arm, method)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  disable=not progress) as bar:  # a prefill and a run are one unit each
+        task = bar.add_task("bench sampling", total=len(contexts) * (1 + len(temperatures) * runs))
+        for c in contexts:
+            prompt = prompts[c].to(device)
+            bar.update(task, description=f"context {c}: prefill")
+            pre, prefill_s = timed_prefill(target, head, prompt, preset)
+            bar.advance(task)
+            log(f"context {c}: prefilled in {prefill_s:.1f} s")
+            for temp in temperatures:
+                def on_run(what: str, c=c, temp=temp) -> None:
+                    bar.update(task, advance=1, description=f"context {c}, temperature {temp}: {what} done")
+
+                row = run_context(target, head, prompt, preset, temp, sample_seeds, pre, on_run)
+                result["rows"].append({**row, "prefill_s": prefill_s})
+                result["wall_time_s"] = time.perf_counter() - t_start
+                log(f"context {c}, temperature {temp}: done")
+                if on_context is not None:
+                    on_context(result)
+    result["complete"] = True
+    return result
+
+
+def table(result: dict):
+    """A rich table: one line per (context, temperature, arm, method), native first."""
+    from rich.table import Table
+
+    env = result["environment"]
+    t = Table(title=f"wmtp bench sampling ({env.get('device_name', env['device'])}, {result['decode_dtype']}, "
+                    f"depth {result['config']['spec']['depth']}, sample seeds {result['sample_seeds']} pooled)")
+    for col in ("context", "temperature", "arm", "method", "AL", "AL per seed", "acceptance", "AL change vs native"):
+        t.add_column(col, justify="right")
+    for r in result["rows"]:
+        first = True
+        for label, arm in r["arms"].items():
+            for method, m in arm["methods"].items():
+                change = m["mean_accept_length_change_vs_native"]
+                per_seed = " ".join(f"{al:.2f}" for al in m["mean_accept_length_per_seed"])
+                t.add_row(str(r["context"]) if first else "", f"{r['temperature']:g}" if first else "", label, method,
+                          f"{m['mean_accept_length']:.2f}", per_seed, f"{m['acceptance_rate']:.1%}",
+                          "-" if change is None else f"{change:+.1%}")
+                first = False
+    return t
+
+
+def add_arguments(p) -> None:
+    """``wmtp bench sampling``'s options (wmtp/cli.py builds the parser)."""
+    p.add_argument("--device", default="auto", help="cpu, mps, cuda or auto (default: auto)")
+    p.add_argument("--contexts", type=int, nargs="+", default=[1024, 16384],
+                   help="prompt lengths (default: 1024 16384)")
+    p.add_argument("--temperatures", type=float, nargs="+", default=[0.7, 1.0],
+                   help="sampling temperatures, finite and >= 0 (default: 0.7 1.0)")
+    p.add_argument("--sample-seeds", type=int, nargs="+", default=[0, 1, 2, 3],
+                   help="seeds of the sampling noise, one run each, pooled (default: 0 1 2 3)")
+    p.add_argument("--new-tokens", type=int, default=None, help="tokens generated per run (default: the preset's)")
+    p.add_argument("--preset", default="small", help="named preset (default: small, reproduce's models)")
+    p.add_argument("--dataset-dir", default=None, help="as reproduce's (default: the offline corpus fallback)")
+    p.add_argument("--seed", type=int, default=42, help="the models' seed, as reproduce's (default: 42)")
+    p.add_argument("--cache-dir", type=Path, default=Path(".wmtp-cache"),
+                   help="tokenizer and checkpoint cache, shared with reproduce (default: .wmtp-cache)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="write the JSON here; no plot is drawn "
+                        "(default: metrics/bench-sampling-<h200|cuda|cpu|mps>.json)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def cli(args, prog: str, argv: list[str]) -> int:
+    """Run ``wmtp bench sampling``: check the options, write the JSON after every row, print a table."""
+    import shlex
+
+    from rich.console import Console
+
+    from .config import get_preset
+    from .device import resolve_device
+    from .fileio import check_writable
+    from .metrics import write_json
+
+    device = resolve_device(args.device)
+    if any(c < 2 for c in args.contexts) or (args.new_tokens is not None and args.new_tokens < 2):
+        raise ValueError("--contexts and --new-tokens must be at least 2")
+    check_temperatures(tuple(args.temperatures), tuple(args.sample_seeds))
+    preset = get_preset(args.preset)
+    if args.new_tokens is not None:
+        preset = dataclasses.replace(preset, spec=dataclasses.replace(preset.spec, new_tokens=args.new_tokens))
+    slug = device.type if device.type != "cuda" else (
+        "h200" if "H200" in torch.cuda.get_device_name(device) else "cuda")
+    out = args.out or Path("metrics") / f"bench-sampling-{slug}.json"
+    check_writable(out, "--out")
+    err = Console(stderr=True)
+
+    def log(line: str) -> None:
+        err.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    result = bench_sampling(preset, args.dataset_dir, device, args.seed, tuple(args.contexts), tuple(args.temperatures),
+                            tuple(args.sample_seeds), args.cache_dir, shlex.join([prog, *argv]),
+                            progress=not args.no_progress, log=log, on_context=lambda partial: write_json(out, partial))
+    write_json(out, result)
+    Console(width=200).print(table(result))
+    log(f"wrote {out} in {result['wall_time_s']:.0f} s")
+    return 0
