@@ -8,14 +8,16 @@ import torch
 
 from .attention import attention, paged_attention, resolve_impl
 from .config import PRESETS, KeySetConfig, ModelConfig, MTPConfig, SpecConfig, TrainConfig, get_preset
-from .decode import SpecStats, greedy_generate, speculative_generate, verify_greedy, verify_greedy_loop
+from .decode import greedy_generate, speculative_generate, verify_greedy, verify_greedy_loop
 from .keyset import draft_key_csr, draft_key_indices, draft_key_mask
 from .kvcache import ring_slot
 from .model import TargetLM
 from .mtp import MTPHead
+from .policy import AdaptiveDepth, FixedDepth
 from .prefill import Prefill, prefill_prompt
 from .sampling import sample_generate, speculative_sample, verify_rejection
 from .static_decode import static_greedy_generate, static_speculative_generate
+from .stats import SpecStats
 
 __version__ = "0.1.0"
 
@@ -40,7 +42,7 @@ __all__ = [
     "attention", "paged_attention", "ring_slot", "resolve_impl", "draft_key_indices", "draft_key_mask",
     "draft_key_csr", "TargetLM", "MTPHead", "build_models", "greedy_generate", "speculative_generate", "SpecStats",
     "static_greedy_generate", "static_speculative_generate", "Prefill", "prefill_prompt",
-    "sample_generate", "speculative_sample", "verify_rejection",
+    "sample_generate", "speculative_sample", "verify_rejection", "FixedDepth", "AdaptiveDepth",
     "verify_greedy", "verify_greedy_loop", "PRESETS", "get_preset", "ModelConfig", "MTPConfig",
     "KeySetConfig", "SpecConfig", "TrainConfig", "__version__",
 ]

@@ -196,23 +196,45 @@ def table(result: dict):
     return t
 
 
-def add_arguments(p) -> None:
-    """``wmtp bench decode``'s options (wmtp/cli.py builds the parser)."""
+def add_model_arguments(p) -> None:
+    """The options every bench on reproduce's models shares (bench decode's, bench sampling's)."""
     p.add_argument("--device", default="auto", help="cpu, mps, cuda or auto (default: auto)")
-    p.add_argument("--contexts", type=int, nargs="+", default=[16384, 131072],
-                   help="prompt lengths (default: 16384 131072)")
-    p.add_argument("--loops", nargs="+", choices=LOOPS, default=None,
-                   help="decode loops to time (default: eager and graph on CUDA, eager elsewhere)")
     p.add_argument("--new-tokens", type=int, default=None, help="tokens generated per run (default: the preset's)")
     p.add_argument("--preset", default="small", help="named preset (default: small, reproduce's models)")
     p.add_argument("--dataset-dir", default=None, help="as reproduce's (default: the offline corpus fallback)")
     p.add_argument("--seed", type=int, default=42, help="the models' seed, as reproduce's (default: 42)")
     p.add_argument("--cache-dir", type=Path, default=Path(".wmtp-cache"),
                    help="tokenizer and checkpoint cache, shared with reproduce (default: .wmtp-cache)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def model_options(args) -> tuple[torch.device, Preset, str]:
+    """``add_model_arguments``' options checked: the device, the preset (``--new-tokens`` applied) and
+    the device's name in default file names (``h200``, ``cuda``, ``cpu`` or ``mps``)."""
+    from .config import get_preset
+    from .device import resolve_device
+
+    device = resolve_device(args.device)
+    if any(c < 2 for c in args.contexts) or (args.new_tokens is not None and args.new_tokens < 2):
+        raise ValueError("--contexts and --new-tokens must be at least 2")
+    preset = get_preset(args.preset)
+    if args.new_tokens is not None:
+        preset = dataclasses.replace(preset, spec=dataclasses.replace(preset.spec, new_tokens=args.new_tokens))
+    slug = device.type if device.type != "cuda" else (
+        "h200" if "H200" in torch.cuda.get_device_name(device) else "cuda")
+    return device, preset, slug
+
+
+def add_arguments(p) -> None:
+    """``wmtp bench decode``'s options (wmtp/cli.py builds the parser)."""
+    add_model_arguments(p)
+    p.add_argument("--contexts", type=int, nargs="+", default=[16384, 131072],
+                   help="prompt lengths (default: 16384 131072)")
+    p.add_argument("--loops", nargs="+", choices=LOOPS, default=None,
+                   help="decode loops to time (default: eager and graph on CUDA, eager elsewhere)")
     p.add_argument("--out", type=Path, default=None,
                    help="write the JSON here, its plot beside it as .png "
                         "(default: metrics/bench-decode-<h200|cuda|cpu|mps>.json)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def cli(args, prog: str, argv: list[str]) -> int:
@@ -221,20 +243,11 @@ def cli(args, prog: str, argv: list[str]) -> int:
 
     from rich.console import Console
 
-    from .config import get_preset
-    from .device import resolve_device
     from .fileio import check_distinct, check_writable
     from .metrics import write_json
 
-    device = resolve_device(args.device)
-    if any(c < 2 for c in args.contexts) or (args.new_tokens is not None and args.new_tokens < 2):
-        raise ValueError("--contexts and --new-tokens must be at least 2")
-    preset = get_preset(args.preset)
-    if args.new_tokens is not None:
-        preset = dataclasses.replace(preset, spec=dataclasses.replace(preset.spec, new_tokens=args.new_tokens))
+    device, preset, slug = model_options(args)
     loops = tuple(args.loops or (LOOPS if device.type == "cuda" else ("eager",)))
-    slug = device.type if device.type != "cuda" else (
-        "h200" if "H200" in torch.cuda.get_device_name(device) else "cuda")
     out = args.out or Path("metrics") / f"bench-decode-{slug}.json"
     check_writable(out, "--out")
     check_writable(out.with_suffix(".png"), "--out's plot")

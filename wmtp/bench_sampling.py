@@ -22,7 +22,6 @@ tokens of the corpus's splits end to end. Acceptance is this small model's, on t
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -33,15 +32,15 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from . import data
-from .bench_decode import long_prompt, timed_prefill, with_capacity
+from .bench_decode import add_model_arguments, long_prompt, model_options, timed_prefill, with_capacity
 from .config import Preset
-from .decode import SpecStats
 from .metrics import SCHEMA_VERSION, environment
 from .model import TargetLM
 from .mtp import MTPHead
 from .prefill import Prefill
 from .reproduce import prepare_models
 from .sampling import METHODS, check_sampling, sample_generate, speculative_sample
+from .stats import SpecStats
 
 SAMPLING_KIND = "bench-sampling"  # the "kind" of the JSON `wmtp bench sampling` writes (no plot draws it)
 LOSSLESS = {"rejection": "in distribution (rejection sampling)", "gumbel": "token-equal to dense sampling"}
@@ -196,23 +195,16 @@ def table(result: dict):
 
 def add_arguments(p) -> None:
     """``wmtp bench sampling``'s options (wmtp/cli.py builds the parser)."""
-    p.add_argument("--device", default="auto", help="cpu, mps, cuda or auto (default: auto)")
+    add_model_arguments(p)
     p.add_argument("--contexts", type=int, nargs="+", default=[1024, 16384],
                    help="prompt lengths (default: 1024 16384)")
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.7, 1.0],
                    help="sampling temperatures, finite and >= 0 (default: 0.7 1.0)")
     p.add_argument("--sample-seeds", type=int, nargs="+", default=[0, 1, 2, 3],
                    help="seeds of the sampling noise, one run each, pooled (default: 0 1 2 3)")
-    p.add_argument("--new-tokens", type=int, default=None, help="tokens generated per run (default: the preset's)")
-    p.add_argument("--preset", default="small", help="named preset (default: small, reproduce's models)")
-    p.add_argument("--dataset-dir", default=None, help="as reproduce's (default: the offline corpus fallback)")
-    p.add_argument("--seed", type=int, default=42, help="the models' seed, as reproduce's (default: 42)")
-    p.add_argument("--cache-dir", type=Path, default=Path(".wmtp-cache"),
-                   help="tokenizer and checkpoint cache, shared with reproduce (default: .wmtp-cache)")
     p.add_argument("--out", type=Path, default=None,
                    help="write the JSON here; no plot is drawn "
                         "(default: metrics/bench-sampling-<h200|cuda|cpu|mps>.json)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def cli(args, prog: str, argv: list[str]) -> int:
@@ -221,20 +213,11 @@ def cli(args, prog: str, argv: list[str]) -> int:
 
     from rich.console import Console
 
-    from .config import get_preset
-    from .device import resolve_device
     from .fileio import check_writable
     from .metrics import write_json
 
-    device = resolve_device(args.device)
-    if any(c < 2 for c in args.contexts) or (args.new_tokens is not None and args.new_tokens < 2):
-        raise ValueError("--contexts and --new-tokens must be at least 2")
+    device, preset, slug = model_options(args)
     check_temperatures(tuple(args.temperatures), tuple(args.sample_seeds))
-    preset = get_preset(args.preset)
-    if args.new_tokens is not None:
-        preset = dataclasses.replace(preset, spec=dataclasses.replace(preset.spec, new_tokens=args.new_tokens))
-    slug = device.type if device.type != "cuda" else (
-        "h200" if "H200" in torch.cuda.get_device_name(device) else "cuda")
     out = args.out or Path("metrics") / f"bench-sampling-{slug}.json"
     check_writable(out, "--out")
     err = Console(stderr=True)

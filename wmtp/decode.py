@@ -32,7 +32,6 @@ from __future__ import annotations
 import operator
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
@@ -41,66 +40,13 @@ from .device import synchronize
 from .keyset import key_count
 from .model import TargetLM
 from .mtp import MTPHead
+from .policy import DepthPolicy, as_policy
 from .prefill import Prefill, start
 from .request import check_request, check_spec_request
+from .stats import SpecStats
 
 VERIFIERS = ("batched", "loop")
 Verifier = Callable[[torch.Tensor, torch.Tensor], int]  # (drafts (K,), target choices (K+1,)) -> accepted
-
-
-@dataclass
-class SpecStats:
-    """Counters of one speculative generation. ``accept_length_histogram[a]``: steps accepting ``a`` drafts."""
-
-    depth: int
-    proposed: int = 0
-    accepted: int = 0  # drafts the verifier accepted (a draft past max_new_tokens or eos_id included)
-    committed: int = 0  # tokens the steps added to the output (after its cut at max_new_tokens / eos_id)
-    steps: int = 0
-    accept_length_histogram: list[int] = field(default_factory=list)
-    per_position_accepted: list[int] = field(default_factory=list)
-    draft_keys_read: int = 0  # keys read by draft attention while decoding (prompt prefill excluded)
-    draft_queries: int = 0
-    draft_times_s: list[float] = field(default_factory=list)  # per step: draft extend + recursive drafts
-    verify_times_s: list[float] = field(default_factory=list)  # per step: the target's verify pass
-
-    def __post_init__(self) -> None:
-        self.accept_length_histogram = self.accept_length_histogram or [0] * (self.depth + 1)
-        self.per_position_accepted = self.per_position_accepted or [0] * self.depth
-
-    @property
-    def acceptance_rate(self) -> float:
-        """Accepted drafts over proposed drafts."""
-        return self.accepted / max(self.proposed, 1)
-
-    @property
-    def mean_accept_length(self) -> float:
-        """Tokens committed per target pass (accepted drafts + the target's token): the paper's AL.
-        Counted on the output, so drafts accepted past ``max_new_tokens`` or ``eos_id`` in the last
-        step, which are cut, do not count (TPOT = step time / AL must divide by tokens kept)."""
-        return self.committed / max(self.steps, 1)
-
-    @property
-    def per_position_acceptance(self) -> list[float]:
-        """Fraction of steps in which draft position ``i`` (0-based) was accepted."""
-        return [a / max(self.steps, 1) for a in self.per_position_accepted]
-
-    def add_step(self, accepted: int, draft_s: float, verify_s: float) -> None:
-        """Count one step that accepted ``accepted`` of its ``depth`` drafts, and its two times."""
-        self.draft_times_s.append(draft_s)
-        self.verify_times_s.append(verify_s)
-        self.steps += 1
-        self.proposed += self.depth
-        self.accepted += accepted
-        self.accept_length_histogram[accepted] += 1
-        for i in range(accepted):
-            self.per_position_accepted[i] += 1
-
-    def to_dict(self) -> dict:
-        keys = ("depth", "proposed", "accepted", "committed", "steps", "accept_length_histogram", "draft_keys_read",
-                "draft_queries", "draft_times_s", "verify_times_s", "acceptance_rate",
-                "mean_accept_length", "per_position_acceptance")
-        return {k: getattr(self, k) for k in keys}
 
 
 def verify_greedy(drafts: torch.Tensor, target_choice: torch.Tensor) -> int:
@@ -235,8 +181,9 @@ def dense_loop(target: TargetLM, prompt_ids: torch.Tensor, max_new_tokens: int, 
 
 @torch.no_grad()
 def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor | list[torch.Tensor],
-                         max_new_tokens: int, depth: int, n_sink: int | None = None, window: int | None = None,
-                         impl: str = "auto", eos_id: int | None = None, verifier: str | Verifier = "batched",
+                         max_new_tokens: int, depth: int | DepthPolicy, n_sink: int | None = None,
+                         window: int | None = None, impl: str = "auto", eos_id: int | None = None,
+                         verifier: str | Verifier = "batched",
                          prefill: Prefill | None = None
                          ) -> tuple[torch.Tensor, SpecStats] | tuple[list[torch.Tensor], list[SpecStats]]:
     """Greedy speculative decoding with an MTP draft head whose attention reads ``(n_sink, window)``.
@@ -247,7 +194,8 @@ def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Ten
         prompt_ids: 1-D LongTensor prompt, or a list of them (ragged lengths: each runs as alone,
             ``_each_prompt``; the result is then a list of outputs and a list of statistics).
         max_new_tokens: tokens to generate.
-        depth: draft tokens per step (K).
+        depth: draft tokens per step (K), or a depth policy choosing them step by step
+            (wmtp/policy.py: ``AdaptiveDepth``); the output is the same either way.
         n_sink, window: the draft key set (``window=None``: native MTP, full context).
         impl: attention implementation for draft and target.
         eos_id: stop after this token (included in the output).
@@ -271,11 +219,14 @@ def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Ten
                             GreedyRule(verify))
 
 
-def speculative_loop(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max_new_tokens: int, depth: int,
-                     n_sink: int | None, window: int | None, impl: str, eos_id: int | None, prefill: Prefill | None,
-                     rule) -> tuple[torch.Tensor, SpecStats]:
+def speculative_loop(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max_new_tokens: int,
+                     depth: int | DepthPolicy, n_sink: int | None, window: int | None, impl: str, eos_id: int | None,
+                     prefill: Prefill | None, rule) -> tuple[torch.Tensor, SpecStats]:
     """One prompt's speculative decoding (the module docstring's four steps); ``rule`` picks the
-    first token, the drafts and what the verify pass accepts (``GreedyRule``: speculative_generate)."""
+    first token, the drafts and what the verify pass accepts (``GreedyRule``: speculative_generate);
+    ``depth`` (an int or a policy) how many drafts each step proposes."""
+    policy = as_policy(depth)
+    depth = policy.max_depth  # the caches hold a step of the most drafts
     needed = check_spec_request(target, draft, prompt_ids, max_new_tokens, depth, n_sink, window, eos_id)
     prompt_ids = prompt_ids.long()  # any integer dtype (the embedding takes int64 or int32 only)
     impl = resolve_impl(impl, prompt_ids.device, target.embed.dtype, target.config.head_dim,
@@ -292,27 +243,31 @@ def speculative_loop(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor,
     head_start, h_new, next_tokens = P - 1, last_hidden, x.view(1)
     n = P  # committed positions 0..n-1 are in the target cache; x sits at position n
     while not stop:
+        k = policy.depth(n)
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= depth:
+            raise ValueError(f"the depth policy must draft an int in [1, {depth}] a step, got {k!r}")
         synchronize(dev)
         t0 = time.perf_counter()
         ext_pos = torch.arange(head_start, n, device=dev)
         dlogits, g = draft(h_new, next_tokens[None], ext_pos, dcache, n_sink, window, impl)
         drafts = [rule.propose(dlogits[0, -1], n + 1)]  # d_1 guesses position n + 1
-        for i in range(1, depth):  # recursive drafting: the head's own hidden state feeds it back
+        for i in range(1, k):  # recursive drafting: the head's own hidden state feeds it back
             pos_i = torch.tensor([n - 1 + i], device=dev)
             dlogits, g = draft(g[:, -1:], drafts[-1].view(1, 1), pos_i, dcache, n_sink, window, impl)
             drafts.append(rule.propose(dlogits[0, -1], n + 1 + i))
         d = torch.stack(drafts)  # (K,)
-        draft_pos = range(head_start, n - 1 + depth)  # the extend's queries, then the recursive ones
+        draft_pos = range(head_start, n - 1 + k)  # the extend's queries, then the recursive ones
         stats.draft_keys_read += sum(key_count(t, n_sink, window) for t in draft_pos)
         stats.draft_queries += len(draft_pos)
         synchronize(dev)
         t1 = time.perf_counter()
-        vlogits, vhidden = target(torch.cat([x.view(1), d])[None], torch.arange(n, n + depth + 1, device=dev),
+        vlogits, vhidden = target(torch.cat([x.view(1), d])[None], torch.arange(n, n + k + 1, device=dev),
                                   tcache, impl)
         a, x = rule.verify(d, vlogits[0], n + 1)  # vlogits[0, i] predicts position n + 1 + i
         synchronize(dev)
         t2 = time.perf_counter()
-        stats.add_step(a, t1 - t0, t2 - t1)
+        stats.add_step(a, t1 - t0, t2 - t1, depth=k)
+        policy.update(k, a, t1 - t0, t2 - t1)
         before = len(out)
         out, stop = _finish(out + d[:a].tolist() + [int(x)], max_new_tokens, eos_id)
         stats.committed += len(out) - before

@@ -34,10 +34,11 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from .decode import GreedyRule, SpecStats, _each_prompt, _one_prompt, dense_loop, speculative_loop, verify_greedy
+from .decode import GreedyRule, _each_prompt, _one_prompt, dense_loop, speculative_loop, verify_greedy
 from .model import TargetLM
 from .mtp import MTPHead
 from .prefill import Prefill
+from .stats import SpecStats
 
 __all__ = ["METHODS", "position_uniforms", "sample_positions", "verify_rejection", "sample_generate",
            "speculative_sample"]

@@ -39,13 +39,14 @@ from collections.abc import Callable
 import torch
 
 from .attention import resolve_impl
-from .decode import SpecStats, _each_prompt, _finish, _one_prompt
+from .decode import _each_prompt, _finish, _one_prompt
 from .device import capture_graph, synchronize
 from .keyset import key_count
 from .model import TargetLM
 from .mtp import MTPHead
 from .prefill import Prefill, start
 from .request import check_request, check_spec_request
+from .stats import SpecStats
 
 EOS_CHECK = 16  # greedy: steps between reads of the output when an eos_id can stop it early
 

@@ -1,0 +1,175 @@
+"""Draft-depth policies (wmtp/policy.py): the depth a step drafts never changes the output; the
+adaptive policy's estimates, choices and learning follow its formulas (literal values), and it
+settles on the depth an oracle draft deserves."""
+
+import pytest
+import torch
+from decode_harness import V, random_prompt
+
+import wmtp
+from wmtp import grading
+from wmtp.grading import harness_models
+from wmtp.policy import AdaptiveDepth, FixedDepth, as_policy
+
+CUDA = torch.cuda.is_available()
+KEYSETS = [(0, None), (4, 16), (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def models():
+    return harness_models()
+
+
+class Cycling:
+    """Drafts ``depths[0], depths[1], ...`` in turn, and records what the loop told it."""
+
+    def __init__(self, depths):
+        self.depths, self.max_depth, self.seen = list(depths), max(depths), []
+
+    def depth(self, position):
+        return self.depths[len(self.seen) % len(self.depths)]
+
+    def update(self, depth, accepted, draft_s, verify_s):
+        self.seen.append((depth, accepted))
+
+
+@pytest.mark.parametrize("n_sink,window", KEYSETS)
+def test_every_policy_is_lossless(models, n_sink, window):
+    """Cycling depths 1..5 with an oracle right for j = 0..5 tokens a step, the random head with
+    adaptive policies: greedy output equals dense greedy, gumbel sampling equals dense sampling."""
+    target, head = models
+    prompt = random_prompt(12, seed=3)
+    ref = wmtp.greedy_generate(target, prompt, 40)
+    seq = torch.cat([prompt, ref, torch.zeros(8, dtype=torch.long)])
+    for j in range(6):
+        policy = Cycling([1, 3, 5, 2, 4])
+        out, stats = wmtp.speculative_generate(target, grading.OracleDraft(head, seq, j, V), prompt, 40, policy,
+                                               n_sink, window)
+        assert torch.equal(out, ref), j
+        depths = [d for d, _ in policy.seen]
+        assert depths == [[1, 3, 5, 2, 4][i % 5] for i in range(stats.steps)]
+        assert all(a == min(j, d) for d, a in policy.seen[:-1])  # the oracle's j, cut at the step's depth
+        assert stats.steps_by_depth == [depths.count(k) for k in range(6)]
+        assert stats.proposed == sum(depths) and stats.depth == 5
+    for policy in (AdaptiveDepth(6), AdaptiveDepth(3, draft_cost=0.5, decay=1.0), FixedDepth(4)):
+        out, _ = wmtp.speculative_generate(target, head, prompt, 40, policy, n_sink, window)
+        assert torch.equal(out, ref)
+    dense = wmtp.sample_generate(target, prompt, 40, 0.8, seed=1)
+    out, _ = wmtp.speculative_sample(target, head, prompt, 40, Cycling([2, 1, 4]), n_sink, window, temperature=0.8,
+                                     seed=1, method="gumbel")
+    assert torch.equal(out, dense)
+
+
+def test_fixed_depth_is_the_int():
+    policy = as_policy(3)
+    assert isinstance(policy, FixedDepth) and policy.max_depth == 3 and policy.depth(100) == 3
+
+
+def test_expected_tokens_and_cost_follow_the_formulas():
+    policy = AdaptiveDepth(3, draft_cost=0.1, verify_cost_per_draft=0.05, prior=(1, 1))
+    policy.accepts, policy.tried = [3.0, 1.0, 0.0], [4.0, 3.0, 0.0]
+    # alpha_1 = (1 + 3) / (2 + 4); alpha_2 = (2 alpha_1 + 1) / (2 + 3); alpha_3 = (2 alpha_2 + 0) / (2 + 0)
+    assert policy.acceptance() == pytest.approx([2 / 3, 7 / 15, 7 / 15])
+    assert policy.expected_tokens(1) == pytest.approx(1 + 2 / 3)
+    assert policy.expected_tokens(3) == pytest.approx(1 + 2 / 3 + 2 / 3 * 7 / 15 + 2 / 3 * 7 / 15 * 7 / 15)
+    assert policy.cost(2) == pytest.approx(1.3) and policy.fitted_cost() is None
+    rates = [policy.expected_tokens(k) / policy.cost(k) for k in (1, 2, 3)]
+    assert rates == pytest.approx([(5 / 3) / 1.15, (89 / 45) / 1.3, (1433 / 675) / 1.45])  # 1.449, 1.521, 1.464
+    assert policy.depth(0) == 2
+
+
+def test_update_counts_the_verified_drafts_and_decays():
+    policy = AdaptiveDepth(4, decay=0.5)
+    policy.update(3, 1, 0.0, 0.0)  # draft 1 accepted, draft 2 rejected, draft 3 never verified
+    assert policy.tried == [1, 1, 0, 0] and policy.accepts == [1, 0, 0, 0]
+    policy.update(4, 4, 0.0, 0.0)  # all four accepted: the old counts halve first
+    assert policy.tried == [1.5, 1.5, 1, 1] and policy.accepts == [1.5, 1, 1, 1]
+
+
+def test_depth_follows_acceptance_and_cost():
+    sure = AdaptiveDepth(6, draft_cost=0.05)
+    for _ in range(50):
+        sure.update(6, 6, 0.0, 0.0)  # always everything
+    assert sure.depth(0) == 6
+    costly = AdaptiveDepth(6, draft_cost=2.0)  # a draft dearer than a verify pass: one at a time
+    for _ in range(50):
+        costly.update(6, 6, 0.0, 0.0)
+    assert costly.depth(0) == 1
+    never = AdaptiveDepth(6)
+    for _ in range(50):
+        never.update(1, 0, 0.0, 0.0)
+    assert never.depth(0) == 1
+
+
+def test_learned_cost_is_a_line_through_the_step_times():
+    policy = AdaptiveDepth(4, decay=1.0, learn_costs=True)
+    policy.update(3, 1, 0.3, 0.4)  # one depth seen: no line yet, the configured costs
+    assert policy.fitted_cost() is None and policy.cost(2) == pytest.approx(1.1)
+    policy.update(1, 0, 0.1, 0.2)
+    policy.update(1, 1, 0.2, 0.2)  # depth 1 steps of 0.3 and 0.4 s, a depth 3 step of 0.7 s
+    assert policy.fitted_cost() == pytest.approx((0.175, 0.175))  # least squares: 0.35 + 0.175 (k - 5 / 3)
+    assert policy.cost(4) == pytest.approx(0.875)
+    falling = AdaptiveDepth(4, decay=1.0, learn_costs=True)
+    falling.update(1, 0, 0.5, 0.5)
+    falling.update(3, 0, 0.2, 0.2)  # deeper steps measured faster: the slope is held at 0
+    assert falling.fitted_cost() == pytest.approx((0.7, 0.0))
+    assert AdaptiveDepth(4).fitted_cost() is None
+
+
+@pytest.mark.parametrize("j", [0, 2, 5, 8])
+def test_adaptive_depth_settles_on_what_an_oracle_deserves(models, j):
+    """A draft right for exactly j tokens a step: once the counts have built up (the last third of
+    the steps), most steps draft max(j, 1), the rest one more (always rejected: the policy tries it
+    again as that count fades)."""
+    target, head = models
+    prompt = random_prompt(8)
+    ref = wmtp.greedy_generate(target, prompt, 150)
+    seq = torch.cat([prompt, ref, torch.zeros(10, dtype=torch.long)])
+    policy = AdaptiveDepth(8)
+    seen = []
+    update = policy.update
+    policy.update = lambda d, a, ds, vs: seen.append(d) or update(d, a, ds, vs)
+    out, stats = wmtp.speculative_generate(target, grading.OracleDraft(head, seq, j, V), prompt, 150, policy)
+    assert torch.equal(out, ref) and len(seen) == stats.steps
+    late, deserved = seen[-(len(seen) // 3):], max(j, 1)  # the last third of the steps
+    assert set(late) <= {deserved, deserved + 1} and late.count(deserved) >= 0.6 * len(late), seen
+
+
+@pytest.mark.parametrize("depth, match", [
+    (0, "depth must be a positive integer"), ("3", "depth policy"), (True, "depth policy"),
+    (Cycling([0]), "depth must be a positive integer"), (Cycling([2, 9]), "must draft an int in"),
+])
+def test_bad_depths_raise_value_error(models, depth, match):
+    target, head = models
+    if isinstance(depth, Cycling) and depth.max_depth == 9:
+        depth.max_depth = 3  # claims 3, drafts 9 on its second step
+    with pytest.raises(ValueError, match=match):
+        wmtp.speculative_generate(target, head, random_prompt(5), 12, depth)
+
+
+@pytest.mark.parametrize("kwargs", [{"draft_cost": -1}, {"draft_cost": float("inf")}, {"prior": (0, 1)},
+                                    {"prior": (1,)}, {"decay": 0}, {"decay": 1.5}, {"verify_cost_per_draft": True},
+                                    {"max_depth": 0}])
+def test_bad_adaptive_settings_raise_value_error(kwargs):
+    with pytest.raises(ValueError):
+        AdaptiveDepth(**({"max_depth": 4} | kwargs))
+
+
+def test_static_loops_take_only_a_fixed_depth(models):
+    target, head = models
+    with pytest.raises(ValueError, match="depth"):
+        wmtp.static_speculative_generate(target, head, random_prompt(5), 8, AdaptiveDepth(3))
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_cuda_policies_are_lossless(models, impl):
+    import copy
+
+    target, head = (m.to("cuda") for m in copy.deepcopy(models))
+    prompt = random_prompt(12, seed=4).cuda()
+    ref = wmtp.greedy_generate(target, prompt, 30, impl=impl)
+    for n_sink, window in KEYSETS:
+        for policy in (Cycling([3, 1, 6]), AdaptiveDepth(6, learn_costs=True)):
+            out, _ = wmtp.speculative_generate(target, head, prompt, 30, policy, n_sink, window, impl=impl)
+            assert torch.equal(out, ref)

@@ -1,0 +1,168 @@
+"""Draft-depth policies: how many tokens a speculative step drafts (beyond arXiv 2607.21535, which
+drafts a fixed depth, Sec. 4; its step-cost model, Sec. 2, is what a policy trades against).
+
+A step that drafts ``k`` tokens commits ``1 + a`` of them (``a`` accepted drafts plus the
+target's own token) and costs about ``cost(k) = 1 + (draft_cost + verify_cost_per_draft) * k``
+verify passes. With ``alpha_i`` the chance that draft ``i`` is accepted once drafts ``1 .. i-1``
+were, the expected tokens of a step are
+
+    E[1 + a | k] = 1 + sum_{i=1..k} prod_{j=1..i} alpha_j,
+
+and ``AdaptiveDepth`` drafts the ``k`` that maximises ``E[1 + a | k] / cost(k)``, the expected
+tokens per unit of time, re-estimating each ``alpha_i`` from the steps so far: decaying counts of
+the steps that verified draft ``i``, with the estimate of draft ``i - 1`` as their prior, so a
+position the policy has not drafted lately is believed as good as the one before it (and gets
+drafted again, to check). With ``learn_costs`` the cost is a line fitted to the measured step
+times, ``cost(k) = A + B k`` seconds. A draft whose late guesses are rarely right, or that is
+expensive (the native draft at long context pays the draft-KV tax on every token), is asked for
+fewer tokens.
+
+The depth only decides how many drafts a step proposes; the verification that commits tokens is
+the same, so every policy's output equals dense decoding (tests/test_policy.py asserts
+``torch.equal``). A policy keeps what it learned across the runs it is passed to; pass a fresh
+one for an independent run.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+__all__ = ["DepthPolicy", "FixedDepth", "AdaptiveDepth", "as_policy"]
+
+
+class DepthPolicy(Protocol):
+    """What the speculative loop asks of a policy: ``max_depth``, then per step ``depth(position)``
+    (an int in ``[1, max_depth]``) before drafting and ``update(depth, accepted, draft_s, verify_s)``
+    after verifying."""
+
+    max_depth: int
+
+    def depth(self, position: int) -> int: ...
+
+    def update(self, depth: int, accepted: int, draft_s: float, verify_s: float) -> None: ...
+
+
+class FixedDepth:
+    """Draft ``depth`` tokens every step (the paper's setting)."""
+
+    def __init__(self, depth: int) -> None:
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"depth must be a positive integer, got {depth!r}")
+        self.max_depth = depth
+
+    def depth(self, position: int) -> int:
+        """Drafts for the step whose latest committed token sits at ``position``."""
+        return self.max_depth
+
+    def update(self, depth: int, accepted: int, draft_s: float, verify_s: float) -> None:
+        """Hear how a step went (a fixed depth learns nothing)."""
+
+    def describe(self) -> dict:
+        return {"policy": "fixed", "max_depth": self.max_depth}
+
+
+class AdaptiveDepth:
+    """Draft the depth that maximises expected tokens per unit of step cost (module docstring).
+
+    Args:
+        max_depth: the most drafts a step may propose (the caches are sized for it).
+        draft_cost: one drafted token's time, in verify passes (``learn_costs`` re-estimates it).
+        verify_cost_per_draft: what one more drafted token adds to the verify pass, in verify passes.
+        prior: Beta prior ``(accepts, rejects)`` of ``alpha_1``; each later ``alpha_i`` has the
+            estimate of ``alpha_{i-1}`` as its prior mean, with the same weight ``sum(prior)``.
+        decay: the weight a step's counts keep per later step (``1``: never forget).
+        learn_costs: fit ``cost(k) = A + B k`` (least squares, weighted by ``decay``) to the
+            measured seconds of the steps (draft and verify phases), once steps of two depths have
+            been seen; until then, and without it, the cost is ``draft_cost`` and
+            ``verify_cost_per_draft``'s. The depths, though never the output, then depend on timing.
+    """
+
+    def __init__(self, max_depth: int, draft_cost: float = 0.05, verify_cost_per_draft: float = 0.0,
+                 prior: tuple[float, float] = (1.0, 1.0), decay: float = 0.99, learn_costs: bool = False) -> None:
+        FixedDepth(max_depth)  # the same check of max_depth
+        for name, value in (("draft_cost", draft_cost), ("verify_cost_per_draft", verify_cost_per_draft)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if len(prior) != 2 or not all(isinstance(p, (int, float)) and p > 0 and math.isfinite(p) for p in prior):
+            raise ValueError(f"prior must be two finite numbers > 0 (accepts, rejects), got {prior!r}")
+        if not isinstance(decay, (int, float)) or not 0 < decay <= 1:
+            raise ValueError(f"decay must be in (0, 1], got {decay!r}")
+        self.max_depth, self.draft_cost, self.verify_cost_per_draft = max_depth, float(draft_cost), \
+            float(verify_cost_per_draft)
+        self.prior, self.decay, self.learn_costs = (float(prior[0]), float(prior[1])), float(decay), learn_costs
+        self.accepts = [0.0] * max_depth  # decayed count of steps whose draft i was accepted
+        self.tried = [0.0] * max_depth  # decayed count of steps that verified draft i
+        self.time_sums = [0.0] * 5  # decayed sums over steps of 1, k, k^2, seconds, k * seconds
+
+    def acceptance(self) -> list[float]:
+        """``alpha_i`` for draft positions ``1 .. max_depth``: ``(w m + accepts_i) / (w + tried_i)``
+        with ``w = sum(prior)`` and ``m`` the prior's mean for ``i = 1``, ``alpha_{i-1}`` after."""
+        a, b = self.prior
+        mean, out = a / (a + b), []
+        for acc, tried in zip(self.accepts, self.tried):
+            mean = ((a + b) * mean + acc) / (a + b + tried)
+            out.append(mean)
+        return out
+
+    def expected_tokens(self, k: int) -> float:
+        """``E[1 + a | k]``: tokens a step that drafts ``k`` commits, on average."""
+        total, run = 1.0, 1.0
+        for alpha in self.acceptance()[:k]:
+            run *= alpha
+            total += run
+        return total
+
+    def fitted_cost(self) -> tuple[float, float] | None:
+        """``(A, B)`` of the line ``A + B k`` fitted to the measured step seconds (``B`` at least 0),
+        or ``None``: without ``learn_costs``, or before steps of two depths."""
+        n, sk, skk, st, skt = self.time_sums
+        spread = n * skk - sk * sk
+        if not self.learn_costs or n <= 0 or spread <= 1e-9 * n * n:
+            return None
+        slope = max((n * skt - sk * st) / spread, 0.0)
+        intercept = (st - slope * sk) / n
+        return (intercept, slope) if intercept + slope > 0 else None
+
+    def cost(self, k: int) -> float:
+        """A ``k``-draft step's cost: the fitted line's seconds, else ``1 + (draft_cost +
+        verify_cost_per_draft) k`` verify passes (only ratios between depths matter)."""
+        fit = self.fitted_cost()
+        if fit is not None:
+            return fit[0] + fit[1] * k
+        return 1.0 + (self.draft_cost + self.verify_cost_per_draft) * k
+
+    def depth(self, position: int) -> int:
+        """The ``k`` in ``1 .. max_depth`` with the most expected tokens per unit of cost (the
+        smallest such ``k`` on a tie)."""
+        rates = [self.expected_tokens(k) / self.cost(k) for k in range(1, self.max_depth + 1)]
+        return 1 + rates.index(max(rates))
+
+    def update(self, depth: int, accepted: int, draft_s: float, verify_s: float) -> None:
+        """Count a step that drafted ``depth`` and accepted ``accepted``: drafts ``1 .. accepted``
+        were accepted, draft ``accepted + 1`` (if any) rejected, the later ones never verified."""
+        self.accepts = [c * self.decay for c in self.accepts]
+        self.tried = [c * self.decay for c in self.tried]
+        for i in range(min(accepted + 1, depth)):
+            self.tried[i] += 1.0
+            self.accepts[i] += float(i < accepted)
+        seconds = draft_s + verify_s
+        self.time_sums = [c * self.decay + x for c, x in zip(self.time_sums, (1.0, depth, depth * depth, seconds,
+                                                                               depth * seconds))]
+
+    def describe(self) -> dict:
+        return {"policy": "adaptive", "max_depth": self.max_depth, "draft_cost": self.draft_cost,
+                "verify_cost_per_draft": self.verify_cost_per_draft, "prior": list(self.prior),
+                "decay": self.decay, "learn_costs": self.learn_costs, "fitted_cost": self.fitted_cost()}
+
+
+def as_policy(depth) -> FixedDepth | AdaptiveDepth:
+    """A generator's ``depth`` argument as a policy: an int is ``FixedDepth``; a policy is itself
+    (anything with ``max_depth``, ``depth(position)`` and ``update(...)``)."""
+    if isinstance(depth, int) and not isinstance(depth, bool):
+        return FixedDepth(depth)
+    if not all(hasattr(depth, name) for name in ("max_depth", "depth", "update")):
+        raise ValueError(f"depth must be a positive integer or a depth policy (wmtp.policy), got {depth!r}")
+    FixedDepth(depth.max_depth)  # the same check of max_depth
+    return depth
