@@ -270,7 +270,7 @@ def test_run_arms_warms_up_off_the_cpu_only(monkeypatch, device, untimed_runs):
     CPU, where nothing compiles, never. Decoding is stubbed: this counts calls, on any device."""
     import wmtp.reproduce as rep
     from wmtp.config import get_preset
-    from wmtp.decode import SpecStats
+    from wmtp.stats import SpecStats
 
     calls = {"untimed": 0}
 
@@ -306,15 +306,21 @@ def test_tiny_reproduce_on_cuda(capsys, tmp_path):
     assert all(arm["lossless"] is True for c in m["contexts"] for arm in c["arms"].values())
 
 
-def test_bench_decode_writes_lossless_rows(capsys, wikitext_dir, tmp_path, monkeypatch):
+def record_prefills(monkeypatch) -> tuple[list, list]:
+    """Lists that fill, as a bench runs, with each prefill it makes and the prefill each run starts from."""
     import wmtp.bench_decode
     import wmtp.decode
 
-    prefills, starts = [], []  # every run must start from its context's one prefill
+    prefills, starts = [], []
     monkeypatch.setattr(wmtp.bench_decode, "prefill_prompt",
                         lambda *a, **k: prefills.append(wmtp.prefill.prefill_prompt(*a, **k)) or prefills[-1])
     monkeypatch.setattr(wmtp.decode, "start",
                         lambda *a, **k: starts.append(k["prefill"]) or wmtp.prefill.start(*a, **k))
+    return prefills, starts
+
+
+def test_bench_decode_writes_lossless_rows(capsys, wikitext_dir, tmp_path, monkeypatch):
+    prefills, starts = record_prefills(monkeypatch)  # every run must start from its context's one prefill
     out = tmp_path / "d.json"
     args = ["bench", "decode", "--preset", "tiny", "--dataset-dir", str(wikitext_dir), "--device", "cpu", "--seed",
             "0", "--contexts", "64", "300", "--new-tokens", "9", "--cache-dir", str(tmp_path / "cache"),
@@ -347,14 +353,7 @@ def test_bench_decode_writes_lossless_rows(capsys, wikitext_dir, tmp_path, monke
 
 
 def test_bench_sampling_writes_every_arm_and_method(capsys, wikitext_dir, tmp_path, monkeypatch):
-    import wmtp.bench_decode
-    import wmtp.decode
-
-    prefills, starts = [], []  # every run must start from its context's one prefill
-    monkeypatch.setattr(wmtp.bench_decode, "prefill_prompt",
-                        lambda *a, **k: prefills.append(wmtp.prefill.prefill_prompt(*a, **k)) or prefills[-1])
-    monkeypatch.setattr(wmtp.decode, "start",
-                        lambda *a, **k: starts.append(k["prefill"]) or wmtp.prefill.start(*a, **k))
+    prefills, starts = record_prefills(monkeypatch)  # every run must start from its context's one prefill
     out = tmp_path / "s.json"
     code, stdout, err = _run(capsys, ["bench", "sampling", "--preset", "tiny", "--dataset-dir", str(wikitext_dir),
                                       "--device", "cpu", "--seed", "0", "--contexts", "64", "300", "--new-tokens", "9",
@@ -411,3 +410,64 @@ def test_bench_decode_on_cuda_times_both_loops(capsys, tmp_path):
                                                               (512, "graph")]
     assert all(arm["lossless"] is True for r in m["rows"] for arm in r["arms"].values())
     assert m["rows"][0]["prefill_s"] == m["rows"][1]["prefill_s"] > 0  # one prefill a context, both loops
+
+
+def test_bench_depth_writes_every_arm_and_policy(capsys, wikitext_dir, tmp_path, monkeypatch):
+    prefills, starts = record_prefills(monkeypatch)  # every run must start from its context's one prefill
+    out = tmp_path / "p.json"
+    code, stdout, err = _run(capsys, ["bench", "depth", "--preset", "tiny", "--dataset-dir", str(wikitext_dir),
+                                      "--device", "cpu", "--seed", "0", "--contexts", "64", "300", "--new-tokens", "9",
+                                      "--depths", "1", "3", "--rounds", "2", "--cache-dir", str(tmp_path / "cache"),
+                                      "--no-progress", "--out", str(out)])
+    assert code == 0, err
+    assert [p.prompt.numel() for p in prefills] == [64, 300]
+    assert starts == [prefills[0]] * 14 + [prefills[1]] * 14  # 2 rounds of: dense, then 2 arms x 3 policies
+    m = json.loads(out.read_text())
+    assert m["kind"] == "bench-depth" and m["complete"] and m["decode_dtype"] == "float64" and m["wall_time_s"] > 0
+    assert m["command"].startswith("wmtp bench depth") and m["config"]["preset"] == "tiny" and m["seed"] == 0
+    assert m["depths"] == [1, 3] and m["rounds"] == 2 and "lossless" in m
+    assert m["policies"] == ["fixed-1", "fixed-3", "adaptive"]
+    assert [r["context"] for r in m["rows"]] == [64, 300]
+    for r in m["rows"]:
+        assert r["new_tokens"] == 9 and list(r["arms"]) == ["native", "sink4+win16"] and r["prefill_s"] > 0
+        dense = r["dense"]["tpot_s_rounds"]
+        assert len(dense) == 2 and r["dense"]["tpot_s"] == pytest.approx(sum(dense) / 2) and min(dense) > 0
+        for arm in r["arms"].values():
+            runs = arm["policies"]
+            assert list(runs) == ["fixed-1", "fixed-3", "adaptive"]
+            assert arm["fastest_policy"] == min(runs, key=lambda n: runs[n]["tpot_s"])
+            for name, p in runs.items():
+                assert p["committed"] == 9 - 1  # the first token comes from the prefill's logits
+                assert sum(p["steps_by_depth"]) == p["steps"] > 0  # index: the depth, up to the policy's largest
+                assert len(p["steps_by_depth"]) == p["policy"]["max_depth"] + 1
+                assert p["proposed"] == sum(k * n for k, n in enumerate(p["steps_by_depth"]))
+                assert p["mean_depth"] == pytest.approx(p["proposed"] / p["steps"])
+                assert p["mean_accept_length"] == pytest.approx(p["committed"] / p["steps"])
+                assert len(p["tpot_s_rounds"]) == len(p["mean_depth_rounds"]) == 2 and min(p["tpot_s_rounds"]) > 0
+                assert p["tpot_s"] == pytest.approx(sum(p["tpot_s_rounds"]) / 2)  # the median of two
+                assert p["tpot_s_rounds"][0] == pytest.approx((p["draft_s"] + p["verify_s"]) / p["committed"])
+                assert p["tpot_speedup_vs_dense"] == pytest.approx(r["dense"]["tpot_s"] / p["tpot_s"] - 1)
+            assert runs["fixed-1"]["policy"] == {"policy": "fixed", "max_depth": 1}
+            assert runs["fixed-1"]["steps_by_depth"] == [0, runs["fixed-1"]["steps"]]
+            assert runs["fixed-3"]["mean_depth"] == 3
+            adaptive = runs["adaptive"]
+            assert adaptive["policy"]["policy"] == "adaptive" and adaptive["policy"]["max_depth"] == 3
+            assert adaptive["policy"]["learn_costs"] is True and adaptive["policy"]["fitted_cost"] is None
+            fit, alphas = adaptive["policy_after"]["fitted_cost"], adaptive["policy_after"]["acceptance"]
+            assert fit is None or (len(fit) == 2 and fit[1] >= 0) and len(alphas) == 3
+            assert 1 <= adaptive["mean_depth"] <= 3
+    assert "TPOT speedup vs dense" in stdout and not list(tmp_path.glob("*.tmp"))
+    assert not out.with_suffix(".png").exists()  # JSON only
+
+
+@pytest.mark.parametrize("bad,match", [(["--depths", "0"], "--depths must be in [1, 3]"),
+                                       (["--depths", "1", "4"], "--depths must be in [1, 3]"),
+                                       (["--contexts", "1"], "at least 2"),
+                                       (["--rounds", "0", "--depths", "1"], "--rounds must be a positive integer")])
+def test_bench_depth_bad_input_exits_2_before_any_work(capsys, tmp_path, bad, match):
+    out = tmp_path / "p.json"
+    code, stdout, err = _run(capsys, ["bench", "depth", "--preset", "tiny", "--device", "cpu", "--cache-dir",
+                                      str(tmp_path / "cache"), "--no-progress", "--out", str(out), *bad])
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("wmtp: error:") and match in err, err
+    assert not out.exists() and not (tmp_path / "cache").exists()

@@ -4,7 +4,8 @@ Subcommands: ``reproduce`` (train or load the models, run every arm, assert loss
 the metrics JSON; arXiv 2607.21535 in miniature), ``bench attention`` (draft-attention time per
 key set and context), ``bench decode`` (end-to-end decoding, eager and CUDA-graph loops;
 wmtp/bench_decode.py), ``bench sampling`` (acceptance of sampled speculative decoding per key set,
-temperature and method; wmtp/bench_sampling.py), ``grade`` and ``plot``. Bad input exits with
+temperature and method; wmtp/bench_sampling.py), ``bench depth`` (measured time per token per key
+set and draft-depth policy; wmtp/bench_depth.py), ``grade`` and ``plot``. Bad input exits with
 status 2 and one line on stderr, no traceback.
 """
 
@@ -103,6 +104,14 @@ def build_parser(prog: str = "wmtp") -> argparse.ArgumentParser:
                                 "noise; assert every gumbel arm token-equal to dense sampling; write AL, acceptance "
                                 "and accept-length histograms as JSON.")
     bench_sampling.add_arguments(samp)
+    from . import bench_depth
+
+    dep = bench_sub.add_parser("depth", help="time per token per key set and draft-depth policy",
+                               description="Decode greedily with dense decoding and every draft arm of reproduce's "
+                               "models at each context, drafting fixed depths and the adaptive depth policy; assert "
+                               "every run lossless; write the mean drafted depth, AL and the measured time per token "
+                               "kept (TPOT) as JSON.")
+    bench_depth.add_arguments(dep)
     from .grading import ASSIGNMENTS
 
     grade = sub.add_parser("grade", help="grade a course assignment against the library's oracles",
@@ -334,6 +343,10 @@ def main(argv: list[str] | None = None, prog: str = "wmtp") -> int:
             return cli(args, prog, argv)
         if args.bench == "sampling":
             from .bench_sampling import cli
+
+            return cli(args, prog, argv)
+        if args.bench == "depth":
+            from .bench_depth import cli
 
             return cli(args, prog, argv)
         return _bench_attention(args, prog, argv)

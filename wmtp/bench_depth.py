@@ -1,0 +1,249 @@
+"""``wmtp bench depth``: measured time per token of greedy speculative decoding per draft key set
+and draft-depth policy (beyond arXiv 2607.21535, which drafts a fixed depth, Sec. 4; a policy
+trades the accepted tokens of a step against its cost, the paper's step-cost model of Sec. 2:
+wmtp/policy.py).
+
+For each context: dense greedy decoding, then every key set of the preset's ``SpecConfig`` (native
+first) with each policy: ``FixedDepth(k)`` for every ``k`` of ``--depths`` and ``AdaptiveDepth``
+up to the preset's depth, fitting its cost line to the measured step times (``learn_costs``), a
+fresh policy per run. Every run's output is asserted equal (``torch.equal``) to the dense tokens
+before anything is kept. Every run at a context starts from ONE prefill of its prompt
+(``prefill_prompt``, wmtp/prefill.py).
+
+The figure is ``tpot_s``: the measured time per token kept over the whole decode, prefill excluded,
+``(sum of the steps' draft and verify seconds) / committed tokens`` (eager wall-clock phases with a
+synchronize, wmtp/decode.py). Unlike ``wmtp bench decode``'s median step over AL, it charges every
+step (the first, and any slow one) to the run, as a policy's choices do. Dense TPOT is the same
+for dense decoding: the mean of its one-token steps; ``tpot_speedup_vs_dense = dense TPOT / tpot - 1``. Beside them:
+the steps drafted at each depth, the mean drafted depth and AL (tokens committed per target pass).
+
+The models and the prompt are ``wmtp bench decode``'s (wmtp/bench_decode.py): reproduce's
+checkpoint with the KV-cache capacity raised to the longest context, and the last ``context``
+tokens of the corpus's splits end to end. The depths that pay are this small model's, on this
+text and this machine.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from . import data
+from .bench_decode import add_model_arguments, long_prompt, model_options, timed_prefill, with_capacity
+from .config import Preset
+from .decode import greedy_generate, speculative_generate
+from .metrics import SCHEMA_VERSION, environment, speedup
+from .model import TargetLM
+from .mtp import MTPHead
+from .policy import AdaptiveDepth, FixedDepth
+from .prefill import Prefill
+from .reproduce import prepare_models
+
+DEPTH_KIND = "bench-depth"  # the "kind" of the JSON `wmtp bench depth` writes (no plot draws it)
+TPOT_NOTE = ("measured time per token kept over the whole decode, prefill excluded: (sum of the steps' draft and "
+             "verify seconds) / committed tokens")
+
+
+def check_depths(depths: tuple[int, ...], max_depth: int) -> None:
+    """Refuse (``ValueError``) no depths, repeated ones, or one outside ``[1, max_depth]``."""
+    if not depths or len(set(depths)) != len(depths):
+        raise ValueError(f"--depths needs at least one value, each once, got {list(depths)}")
+    for k in depths:
+        if not 1 <= k <= max_depth:
+            raise ValueError(f"--depths must be in [1, {max_depth}] (the preset's depth), got {k}")
+
+
+def policies(depths: tuple[int, ...], max_depth: int) -> dict[str, Callable[[], FixedDepth | AdaptiveDepth]]:
+    """Each policy's name and a maker of a fresh one (a policy learns across the runs it is passed to)."""
+    makers: dict[str, Callable[[], FixedDepth | AdaptiveDepth]] = {
+        f"fixed-{k}": (lambda k=k: FixedDepth(k)) for k in depths}
+    makers["adaptive"] = lambda: AdaptiveDepth(max_depth, learn_costs=True)
+    return makers
+
+
+def one_run(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: Preset, ks, name: str, policy,
+            dense: torch.Tensor, prefill: Prefill) -> dict:
+    """One (arm, policy) run from ``prefill``, asserted token-equal to ``dense`` before it is kept."""
+    spec = preset.spec
+    described = policy.describe()  # its settings before the run
+    out, stats = speculative_generate(target, head, prompt, spec.new_tokens, policy, ks.n_sink, ks.window,
+                                      prefill=prefill)
+    if not torch.equal(out, dense):
+        raise AssertionError(f"arm {ks.label} with policy {name} at context {prompt.numel()} is not "
+                             f"token-equal to dense greedy decoding")
+    draft_s, verify_s = sum(stats.draft_times_s), sum(stats.verify_times_s)
+    run = {"policy": described, "steps": stats.steps, "committed": stats.committed, "proposed": stats.proposed,
+           "accepted": stats.accepted, "acceptance_rate": stats.acceptance_rate,
+           "mean_accept_length": stats.mean_accept_length, "steps_by_depth": stats.steps_by_depth,
+           "mean_depth": stats.proposed / stats.steps, "draft_s": draft_s, "verify_s": verify_s,
+           "tpot_s": (draft_s + verify_s) / stats.committed}
+    if isinstance(policy, AdaptiveDepth):  # what it learned: the fitted cost line, the acceptances
+        run["policy_after"] = policy.describe() | {"acceptance": policy.acceptance()}
+    return run
+
+
+def run_context(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: Preset, depths: tuple[int, ...],
+                rounds: int, prefill: Prefill, on_run: Callable[[str], object] = lambda what: None) -> dict:
+    """``rounds`` rounds of: dense decoding, then every (arm, policy), each from ``prefill`` and
+    lossless asserted. A round runs every method once, so a drift of the machine's speed touches all
+    alike; each method's ``tpot_s`` is the median of its rounds (every round's beside it), its
+    counts the first round's (the same in every round but for the adaptive policy, whose depths
+    follow the measured times: its mean depth and AL of every round are kept too).
+    ``on_run`` hears each run's name."""
+    spec = preset.spec
+    arms = sorted(spec.keysets, key=lambda c: c.window is not None)  # native first: the baseline
+    dense_tpots: list[float] = []
+    runs: dict = {ks.label: {name: [] for name in policies(depths, spec.depth)} for ks in arms}
+    for r in range(rounds):
+        steps: list[float] = []
+        dense = greedy_generate(target, prompt, spec.new_tokens, step_times=steps, prefill=prefill)
+        dense_tpots.append(statistics.fmean(steps))  # seconds per token its decode passes made, as tpot_s
+        on_run(f"round {r + 1}: dense")
+        for ks in arms:
+            for name, make in policies(depths, spec.depth).items():
+                runs[ks.label][name].append(one_run(target, head, prompt, preset, ks, name, make(), dense, prefill))
+                on_run(f"round {r + 1}: {ks.label} {name}")
+    dense_tpot = statistics.median(dense_tpots)
+    row = {"context": prompt.numel(), "new_tokens": len(dense), "rounds": rounds,
+           "dense": {"tpot_s": dense_tpot, "tpot_s_rounds": dense_tpots}, "arms": {}}
+    for ks in arms:
+        summary = {}
+        for name, rs in runs[ks.label].items():
+            tpot = statistics.median(r["tpot_s"] for r in rs)
+            summary[name] = rs[0] | {"tpot_s": tpot, "tpot_s_rounds": [r["tpot_s"] for r in rs],
+                                     "tpot_speedup_vs_dense": speedup(dense_tpot, tpot),
+                                     "mean_depth_rounds": [r["mean_depth"] for r in rs],
+                                     "mean_accept_length_rounds": [r["mean_accept_length"] for r in rs]}
+        row["arms"][ks.label] = {"n_sink": ks.n_sink, "window": ks.window, "policies": summary,
+                                 "fastest_policy": min(summary, key=lambda n: summary[n]["tpot_s"])}
+    return row
+
+
+def bench_depth(preset: Preset, dataset_dir: str | None, device: torch.device, seed: int, contexts: tuple[int, ...],
+                depths: tuple[int, ...], rounds: int, cache_dir: Path, command: str, progress: bool = False, log=print,
+                on_context: Callable[[dict], object] | None = None) -> dict:
+    """Load (or train) reproduce's models, then ``run_context`` for every context.
+
+    ``on_context`` gets the metrics so far after each context, to write a partial file.
+
+    Raises:
+        ValueError: for a bad depth, or a context the corpus cannot fill.
+    """
+    check_depths(depths, preset.spec.depth)
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"--rounds must be a positive integer, got {rounds!r}")
+    t_start = time.perf_counter()
+    corpus = data.load_corpus(dataset_dir, max_chars=preset.train.max_train_chars)
+    log(corpus.message)
+    tokens = data.corpus_token_splits(corpus, data.train_tokenizer(corpus, preset.model.vocab_size, cache_dir))
+    prompts = {c: long_prompt(tokens, c) for c in contexts}  # every context checked before the training
+    target, head, train_info = prepare_models(preset, corpus, tokens, seed, device, cache_dir, None, progress, log)
+    dtype = torch.float64 if device.type == "cpu" else torch.float32  # decode.py NOTE [Exactness]
+    capacity = max(contexts) + preset.spec.new_tokens + preset.spec.depth
+    target, head = with_capacity(target.to(dtype), head.to(dtype), capacity)
+    names = list(policies(depths, preset.spec.depth))
+    result = {
+        "schema_version": SCHEMA_VERSION, "kind": DEPTH_KIND, "command": command, "seed": seed,
+        "depths": list(depths), "policies": names, "rounds": rounds, "tpot": TPOT_NOTE,
+        "corpus": {"name": corpus.name, "fingerprint": corpus.fingerprint,
+                   "tokens": {k: int(v.numel()) for k, v in tokens.items()}},
+        "config": {"preset": preset.name, "model": asdict(preset.model), "mtp": asdict(preset.mtp),
+                   "spec": asdict(preset.spec), "kv_capacity": capacity},
+        "decode_dtype": str(dtype).removeprefix("torch."), "environment": environment(device),
+        "checkpoint": {k: v for k, v in train_info.items() if not k.endswith("losses")},
+        "lossless": "asserted: every (arm, policy)'s tokens equal dense greedy decoding's (torch.equal)",
+        "rows": [], "complete": False,
+    }
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  disable=not progress) as bar:  # a prefill and a run are one unit each
+        per_round = 1 + len(preset.spec.keysets) * len(names)  # dense, then every (arm, policy)
+        task = bar.add_task("bench depth", total=len(contexts) * (1 + rounds * per_round))
+        for c in contexts:
+            prompt = prompts[c].to(device)
+            bar.update(task, description=f"context {c}: prefill")
+            pre, prefill_s = timed_prefill(target, head, prompt, preset)
+            bar.advance(task)
+            log(f"context {c}: prefilled in {prefill_s:.1f} s")
+
+            def on_run(what: str, c=c) -> None:
+                bar.update(task, advance=1, description=f"context {c}: {what} done")
+
+            row = run_context(target, head, prompt, preset, depths, rounds, pre, on_run)
+            result["rows"].append({**row, "prefill_s": prefill_s})
+            result["wall_time_s"] = time.perf_counter() - t_start
+            log(f"context {c}: done")
+            if on_context is not None:
+                on_context(result)
+    result["complete"] = True
+    return result
+
+
+def table(result: dict):
+    """A rich table: one line per (context, arm, policy), native first, dense TPOT per context."""
+    from rich.table import Table
+
+    env = result["environment"]
+    t = Table(title=f"wmtp bench depth ({env.get('device_name', env['device'])}, {result['decode_dtype']}; "
+                    "TPOT = decode seconds / tokens kept)")
+    for col in ("context", "dense TPOT ms", "arm", "policy", "mean depth", "AL", "TPOT ms", "TPOT speedup vs dense"):
+        t.add_column(col, justify="right")
+    for r in result["rows"]:
+        first = True
+        for label, arm in r["arms"].items():
+            for name, p in arm["policies"].items():
+                mark = " *" if name == arm["fastest_policy"] else ""
+                t.add_row(str(r["context"]) if first else "", f"{r['dense']['tpot_s'] * 1e3:.3f}" if first else "",
+                          label, name + mark, f"{p['mean_depth']:.2f}", f"{p['mean_accept_length']:.2f}",
+                          f"{p['tpot_s'] * 1e3:.3f}", f"{p['tpot_speedup_vs_dense']:+.1%}")
+                first = False
+    t.caption = "* the arm's lowest TPOT"
+    return t
+
+
+def add_arguments(p) -> None:
+    """``wmtp bench depth``'s options (wmtp/cli.py builds the parser)."""
+    add_model_arguments(p)
+    p.add_argument("--contexts", type=int, nargs="+", default=[1024, 16384],
+                   help="prompt lengths (default: 1024 16384)")
+    p.add_argument("--depths", type=int, nargs="+", default=[1, 3, 7],
+                   help="fixed draft depths, each in [1, the preset's depth]; the adaptive policy always runs "
+                        "(default: 1 3 7)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="runs of every method, interleaved; TPOT is their median (default: 3)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="write the JSON here; no plot is drawn (default: metrics/bench-depth-<h200|cuda|cpu|mps>.json)")
+
+
+def cli(args, prog: str, argv: list[str]) -> int:
+    """Run ``wmtp bench depth``: check the options, write the JSON after every context, print a table."""
+    import shlex
+
+    from rich.console import Console
+
+    from .fileio import check_writable
+    from .metrics import write_json
+
+    device, preset, slug = model_options(args)
+    check_depths(tuple(args.depths), preset.spec.depth)
+    if args.rounds < 1:
+        raise ValueError(f"--rounds must be a positive integer, got {args.rounds}")
+    out = args.out or Path("metrics") / f"bench-depth-{slug}.json"
+    check_writable(out, "--out")
+    err = Console(stderr=True)
+
+    def log(line: str) -> None:
+        err.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    result = bench_depth(preset, args.dataset_dir, device, args.seed, tuple(args.contexts), tuple(args.depths),
+                         args.rounds, args.cache_dir, shlex.join([prog, *argv]), progress=not args.no_progress, log=log,
+                         on_context=lambda partial: write_json(out, partial))
+    write_json(out, result)
+    Console(width=200).print(table(result))
+    log(f"wrote {out} in {result['wall_time_s']:.0f} s")
+    return 0
