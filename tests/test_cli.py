@@ -454,7 +454,7 @@ def test_bench_depth_writes_every_arm_and_policy(capsys, wikitext_dir, tmp_path,
             assert adaptive["policy"]["policy"] == "adaptive" and adaptive["policy"]["max_depth"] == 3
             assert adaptive["policy"]["learn_costs"] is True and adaptive["policy"]["fitted_cost"] is None
             fit, alphas = adaptive["policy_after"]["fitted_cost"], adaptive["policy_after"]["acceptance"]
-            assert fit is None or (len(fit) == 2 and fit[1] >= 0) and len(alphas) == 3
+            assert (fit is None or (len(fit) == 2 and fit[1] >= 0)) and len(alphas) == 3
             assert 1 <= adaptive["mean_depth"] <= 3
     assert "TPOT speedup vs dense" in stdout and not list(tmp_path.glob("*.tmp"))
     assert not out.with_suffix(".png").exists()  # JSON only

@@ -51,6 +51,10 @@ def test_every_policy_is_lossless(models, n_sink, window):
         assert all(a == min(j, d) for d, a in policy.seen[:-1])  # the oracle's j, cut at the step's depth
         assert stats.steps_by_depth == [depths.count(k) for k in range(6)]
         assert stats.proposed == sum(depths) and stats.depth == 5
+        # draft queries a step: the extend's rows (the positions committed since the last step: a + 1,
+        # 1 at the first step) and k - 1 recursive ones
+        extends = [1] + [a + 1 for _, a in policy.seen[:-1]]
+        assert stats.draft_queries == sum(e + d - 1 for e, (d, _) in zip(extends, policy.seen))
     for policy in (AdaptiveDepth(6), AdaptiveDepth(3, draft_cost=0.5, decay=1.0), FixedDepth(4)):
         out, _ = wmtp.speculative_generate(target, head, prompt, 40, policy, n_sink, window)
         assert torch.equal(out, ref)
@@ -148,11 +152,18 @@ def test_bad_depths_raise_value_error(models, depth, match):
 
 
 @pytest.mark.parametrize("kwargs", [{"draft_cost": -1}, {"draft_cost": float("inf")}, {"prior": (0, 1)},
-                                    {"prior": (1,)}, {"decay": 0}, {"decay": 1.5}, {"verify_cost_per_draft": True},
+                                    {"prior": (1,)}, {"prior": (True, 1)}, {"decay": 0}, {"decay": 1.5},
+                                    {"decay": True}, {"verify_cost_per_draft": True}, {"learn_costs": 1},
                                     {"max_depth": 0}])
 def test_bad_adaptive_settings_raise_value_error(kwargs):
     with pytest.raises(ValueError):
         AdaptiveDepth(**({"max_depth": 4} | kwargs))
+
+
+@pytest.mark.parametrize("depth, accepted", [(0, 0), (5, 1), (2, 3), (2, -1)])
+def test_update_refuses_an_impossible_step(depth, accepted):
+    with pytest.raises(ValueError, match="a step drafts"):
+        AdaptiveDepth(4).update(depth, accepted, 0.0, 0.0)
 
 
 def test_static_loops_take_only_a_fixed_depth(models):

@@ -95,6 +95,20 @@ def test_rejection_rule_emits_the_target_distribution():
     assert abs(accepted / trials - beta) <= 5 * (beta * (1 - beta) / trials).sqrt()
 
 
+@pytest.mark.parametrize("k, q_rows, p_rows", [(0, 0, 1), (2, 1, 3), (2, 2, 2), (2, 2, 4)])
+def test_rejection_rule_refuses_mismatched_shapes(k, q_rows, p_rows):
+    with pytest.raises(ValueError, match="verify_rejection needs"):
+        verify_rejection(torch.zeros(k, dtype=torch.long), random_probs(q_rows, 5, 0), random_probs(p_rows, 5, 1), 0, 0)
+
+
+def test_the_smallest_temperature_samples(models):
+    """At MIN_TEMPERATURE sampling is all but greedy, and nothing overflows."""
+    target, _ = models
+    prompt = random_prompt(6)
+    out = sample_generate(target, prompt, 8, sampling.MIN_TEMPERATURE, seed=1)
+    assert torch.equal(out, wmtp.greedy_generate(target, prompt, 8))
+
+
 def test_rejection_rule_accepts_a_draft_with_the_targets_distribution():
     p = random_probs(4, 7, seed=2)
     for pos in range(0, 300, 4):
@@ -191,6 +205,7 @@ def test_batches_and_prefills_run_as_alone(models):
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"temperature": -0.5}, "temperature"), ({"temperature": float("nan")}, "temperature"),
+    ({"temperature": 1e-5}, "temperature"), ({"temperature": 1e-300}, "temperature"),
     ({"temperature": True}, "temperature"), ({"temperature": "1"}, "temperature"),
     ({"seed": -1}, "seed"), ({"seed": 2 ** 64}, "seed"), ({"seed": 1.0}, "seed"), ({"seed": True}, "seed"),
     ({"method": "nucleus"}, "method"), ({"depth": 0}, "depth"), ({"max_new_tokens": -1}, "max_new_tokens"),

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -120,6 +121,46 @@ def run_context(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: P
     return row
 
 
+class BenchSetup(NamedTuple):
+    """What a bench on reproduce's models starts from: the models (capacity raised, in the decode
+    dtype), one prompt a context, and the metrics JSON's provenance fields."""
+
+    target: TargetLM
+    head: MTPHead
+    prompts: dict[int, torch.Tensor]
+    header: dict
+
+
+def bench_setup(kind: str, preset: Preset, dataset_dir: str | None, device: torch.device, seed: int,
+                contexts: tuple[int, ...], cache_dir: Path, command: str, progress: bool, log) -> BenchSetup:
+    """Load the corpus, tokenizer and reproduce's models (training them if no checkpoint fits), each
+    context's prompt (checked before any training), and the header every bench JSON begins with."""
+    corpus = data.load_corpus(dataset_dir, max_chars=preset.train.max_train_chars)
+    log(corpus.message)
+    tokens = data.corpus_token_splits(corpus, data.train_tokenizer(corpus, preset.model.vocab_size, cache_dir))
+    prompts = {c: long_prompt(tokens, c) for c in contexts}  # every context checked before the training
+    target, head, train_info = prepare_models(preset, corpus, tokens, seed, device, cache_dir, None, progress, log)
+    dtype = torch.float64 if device.type == "cpu" else torch.float32  # decode.py NOTE [Exactness]
+    capacity = max(contexts) + preset.spec.new_tokens + preset.spec.depth
+    target, head = with_capacity(target.to(dtype), head.to(dtype), capacity)
+    header = {
+        "schema_version": SCHEMA_VERSION, "kind": kind, "command": command, "seed": seed,
+        "corpus": {"name": corpus.name, "fingerprint": corpus.fingerprint,
+                   "tokens": {k: int(v.numel()) for k, v in tokens.items()}},
+        "config": {"preset": preset.name, "model": asdict(preset.model), "mtp": asdict(preset.mtp),
+                   "spec": asdict(preset.spec), "kv_capacity": capacity},
+        "decode_dtype": str(dtype).removeprefix("torch."), "environment": environment(device),
+        "checkpoint": {k: v for k, v in train_info.items() if not k.endswith("losses")},
+    }
+    return BenchSetup(target, head, prompts, header)
+
+
+def progress_bar(enabled: bool) -> Progress:
+    """The benches' rich progress bar (``enabled=False``: silent)."""
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    disable=not enabled)
+
+
 def bench_decode(preset: Preset, dataset_dir: str | None, device: torch.device, seed: int, contexts: tuple[int, ...],
                  loops: tuple[str, ...], cache_dir: Path, command: str, progress: bool = False, log=print,
                  on_context: Callable[[dict], object] | None = None) -> dict:
@@ -135,27 +176,14 @@ def bench_decode(preset: Preset, dataset_dir: str | None, device: torch.device, 
     if "graph" in loops and device.type != "cuda":
         raise ValueError(f"the graph loop captures CUDA graphs; device {device.type} has none (use --loops eager)")
     t_start = time.perf_counter()
-    corpus = data.load_corpus(dataset_dir, max_chars=preset.train.max_train_chars)
-    log(corpus.message)
-    tokens = data.corpus_token_splits(corpus, data.train_tokenizer(corpus, preset.model.vocab_size, cache_dir))
-    prompts = {c: long_prompt(tokens, c) for c in contexts}  # every context checked before the training
-    target, head, train_info = prepare_models(preset, corpus, tokens, seed, device, cache_dir, None, progress, log)
-    dtype = torch.float64 if device.type == "cpu" else torch.float32  # decode.py NOTE [Exactness]
-    capacity = max(contexts) + preset.spec.new_tokens + preset.spec.depth
-    target, head = with_capacity(target.to(dtype), head.to(dtype), capacity)
+    target, head, prompts, header = bench_setup(DECODE_KIND, preset, dataset_dir, device, seed, contexts, cache_dir,
+                                                command, progress, log)
     result = {
-        "schema_version": SCHEMA_VERSION, "kind": DECODE_KIND, "command": command, "seed": seed,
-        "corpus": {"name": corpus.name, "fingerprint": corpus.fingerprint,
-                   "tokens": {k: int(v.numel()) for k, v in tokens.items()}},
-        "config": {"preset": preset.name, "model": asdict(preset.model), "mtp": asdict(preset.mtp),
-                   "spec": asdict(preset.spec), "kv_capacity": capacity},
-        "decode_dtype": str(dtype).removeprefix("torch."), "environment": environment(device),
-        "checkpoint": {k: v for k, v in train_info.items() if not k.endswith("losses")},
+        **header,
         "lossless": "asserted: every arm's tokens equal the same loop's dense greedy tokens (torch.equal)",
         "rows": [], "complete": False,
     }
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  disable=not progress) as bar:  # a prefill and a (context, loop) row are one unit each
+    with progress_bar(progress) as bar:  # a prefill and a (context, loop) row are one unit each
         task = bar.add_task("bench decode", total=len(contexts) * (1 + len(loops)))
         for c in contexts:
             prompt = prompts[c].to(device)

@@ -28,30 +28,28 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from . import data
-from .bench_decode import add_model_arguments, long_prompt, model_options, timed_prefill, with_capacity
+from .bench_decode import add_model_arguments, bench_setup, model_options, progress_bar, timed_prefill
 from .config import Preset
 from .decode import greedy_generate, speculative_generate
-from .metrics import SCHEMA_VERSION, environment, speedup
+from .metrics import speedup
 from .model import TargetLM
 from .mtp import MTPHead
 from .policy import AdaptiveDepth, FixedDepth
 from .prefill import Prefill
-from .reproduce import prepare_models
 
 DEPTH_KIND = "bench-depth"  # the "kind" of the JSON `wmtp bench depth` writes (no plot draws it)
 TPOT_NOTE = ("measured time per token kept over the whole decode, prefill excluded: (sum of the steps' draft and "
              "verify seconds) / committed tokens")
 
 
-def check_depths(depths: tuple[int, ...], max_depth: int) -> None:
-    """Refuse (``ValueError``) no depths, repeated ones, or one outside ``[1, max_depth]``."""
+def check_options(depths: tuple[int, ...], max_depth: int, rounds: int) -> None:
+    """Refuse (``ValueError``) no depths, repeated ones, one outside ``[1, max_depth]``, or ``rounds`` below 1."""
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"--rounds must be a positive integer, got {rounds!r}")
     if not depths or len(set(depths)) != len(depths):
         raise ValueError(f"--depths needs at least one value, each once, got {list(depths)}")
     for k in depths:
@@ -133,35 +131,20 @@ def bench_depth(preset: Preset, dataset_dir: str | None, device: torch.device, s
     ``on_context`` gets the metrics so far after each context, to write a partial file.
 
     Raises:
-        ValueError: for a bad depth, or a context the corpus cannot fill.
+        ValueError: for a bad depth or number of rounds, or a context the corpus cannot fill.
     """
-    check_depths(depths, preset.spec.depth)
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
-        raise ValueError(f"--rounds must be a positive integer, got {rounds!r}")
+    check_options(depths, preset.spec.depth, rounds)
     t_start = time.perf_counter()
-    corpus = data.load_corpus(dataset_dir, max_chars=preset.train.max_train_chars)
-    log(corpus.message)
-    tokens = data.corpus_token_splits(corpus, data.train_tokenizer(corpus, preset.model.vocab_size, cache_dir))
-    prompts = {c: long_prompt(tokens, c) for c in contexts}  # every context checked before the training
-    target, head, train_info = prepare_models(preset, corpus, tokens, seed, device, cache_dir, None, progress, log)
-    dtype = torch.float64 if device.type == "cpu" else torch.float32  # decode.py NOTE [Exactness]
-    capacity = max(contexts) + preset.spec.new_tokens + preset.spec.depth
-    target, head = with_capacity(target.to(dtype), head.to(dtype), capacity)
+    target, head, prompts, header = bench_setup(DEPTH_KIND, preset, dataset_dir, device, seed, contexts, cache_dir,
+                                                command, progress, log)
     names = list(policies(depths, preset.spec.depth))
     result = {
-        "schema_version": SCHEMA_VERSION, "kind": DEPTH_KIND, "command": command, "seed": seed,
+        **header,
         "depths": list(depths), "policies": names, "rounds": rounds, "tpot": TPOT_NOTE,
-        "corpus": {"name": corpus.name, "fingerprint": corpus.fingerprint,
-                   "tokens": {k: int(v.numel()) for k, v in tokens.items()}},
-        "config": {"preset": preset.name, "model": asdict(preset.model), "mtp": asdict(preset.mtp),
-                   "spec": asdict(preset.spec), "kv_capacity": capacity},
-        "decode_dtype": str(dtype).removeprefix("torch."), "environment": environment(device),
-        "checkpoint": {k: v for k, v in train_info.items() if not k.endswith("losses")},
         "lossless": "asserted: every (arm, policy)'s tokens equal dense greedy decoding's (torch.equal)",
         "rows": [], "complete": False,
     }
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  disable=not progress) as bar:  # a prefill and a run are one unit each
+    with progress_bar(progress) as bar:  # a prefill and a run are one unit each
         per_round = 1 + len(preset.spec.keysets) * len(names)  # dense, then every (arm, policy)
         task = bar.add_task("bench depth", total=len(contexts) * (1 + rounds * per_round))
         for c in contexts:
@@ -230,9 +213,7 @@ def cli(args, prog: str, argv: list[str]) -> int:
     from .metrics import write_json
 
     device, preset, slug = model_options(args)
-    check_depths(tuple(args.depths), preset.spec.depth)
-    if args.rounds < 1:
-        raise ValueError(f"--rounds must be a positive integer, got {args.rounds}")
+    check_options(tuple(args.depths), preset.spec.depth, args.rounds)
     out = args.out or Path("metrics") / f"bench-depth-{slug}.json"
     check_writable(out, "--out")
     err = Console(stderr=True)

@@ -25,20 +25,15 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from . import data
-from .bench_decode import add_model_arguments, long_prompt, model_options, timed_prefill, with_capacity
+from .bench_decode import add_model_arguments, bench_setup, model_options, progress_bar, timed_prefill
 from .config import Preset
-from .metrics import SCHEMA_VERSION, environment
 from .model import TargetLM
 from .mtp import MTPHead
 from .prefill import Prefill
-from .reproduce import prepare_models
 from .sampling import METHODS, check_sampling, sample_generate, speculative_sample
 from .stats import SpecStats
 
@@ -126,30 +121,17 @@ def bench_sampling(preset: Preset, dataset_dir: str | None, device: torch.device
     """
     check_temperatures(temperatures, sample_seeds)
     t_start = time.perf_counter()
-    corpus = data.load_corpus(dataset_dir, max_chars=preset.train.max_train_chars)
-    log(corpus.message)
-    tokens = data.corpus_token_splits(corpus, data.train_tokenizer(corpus, preset.model.vocab_size, cache_dir))
-    prompts = {c: long_prompt(tokens, c) for c in contexts}  # every context checked before the training
-    target, head, train_info = prepare_models(preset, corpus, tokens, seed, device, cache_dir, None, progress, log)
-    dtype = torch.float64 if device.type == "cpu" else torch.float32  # decode.py NOTE [Exactness]
-    capacity = max(contexts) + preset.spec.new_tokens + preset.spec.depth
-    target, head = with_capacity(target.to(dtype), head.to(dtype), capacity)
+    target, head, prompts, header = bench_setup(SAMPLING_KIND, preset, dataset_dir, device, seed, contexts, cache_dir,
+                                                command, progress, log)
     result = {
-        "schema_version": SCHEMA_VERSION, "kind": SAMPLING_KIND, "command": command, "seed": seed,
+        **header,
         "sample_seeds": list(sample_seeds), "temperatures": list(temperatures), "methods": list(METHODS),
-        "corpus": {"name": corpus.name, "fingerprint": corpus.fingerprint,
-                   "tokens": {k: int(v.numel()) for k, v in tokens.items()}},
-        "config": {"preset": preset.name, "model": asdict(preset.model), "mtp": asdict(preset.mtp),
-                   "spec": asdict(preset.spec), "kv_capacity": capacity},
-        "decode_dtype": str(dtype).removeprefix("torch."), "environment": environment(device),
-        "checkpoint": {k: v for k, v in train_info.items() if not k.endswith("losses")},
         "lossless": "asserted: every gumbel arm's tokens equal dense sampling's with the same seed (torch.equal); "
                     "rejection arms are equal to it in distribution",
         "rows": [], "complete": False,
     }
     runs = len(sample_seeds) * (1 + len(preset.spec.keysets) * len(METHODS))  # dense, then every (arm, method)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  disable=not progress) as bar:  # a prefill and a run are one unit each
+    with progress_bar(progress) as bar:  # a prefill and a run are one unit each
         task = bar.add_task("bench sampling", total=len(contexts) * (1 + len(temperatures) * runs))
         for c in contexts:
             prompt = prompts[c].to(device)

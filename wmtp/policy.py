@@ -18,9 +18,11 @@ expensive (the native draft at long context pays the draft-KV tax on every token
 fewer tokens.
 
 The depth only decides how many drafts a step proposes; the verification that commits tokens is
-the same, so every policy's output equals dense decoding (tests/test_policy.py asserts
-``torch.equal``). A policy keeps what it learned across the runs it is passed to; pass a fresh
-one for an independent run.
+the same, so under greedy verification (and the gumbel method of wmtp/sampling.py) every
+policy's output equals dense decoding (tests/test_policy.py asserts ``torch.equal``); under
+rejection sampling it has the dense distribution, its tokens depending on the depths drafted.
+A policy keeps what it learned across the runs it is passed to; pass a fresh one for an
+independent run.
 """
 
 from __future__ import annotations
@@ -85,10 +87,13 @@ class AdaptiveDepth:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
                     math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        if len(prior) != 2 or not all(isinstance(p, (int, float)) and p > 0 and math.isfinite(p) for p in prior):
+        if len(prior) != 2 or not all(not isinstance(p, bool) and isinstance(p, (int, float)) and p > 0
+                                      and math.isfinite(p) for p in prior):
             raise ValueError(f"prior must be two finite numbers > 0 (accepts, rejects), got {prior!r}")
-        if not isinstance(decay, (int, float)) or not 0 < decay <= 1:
+        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 < decay <= 1:
             raise ValueError(f"decay must be in (0, 1], got {decay!r}")
+        if not isinstance(learn_costs, bool):
+            raise ValueError(f"learn_costs must be True or False, got {learn_costs!r}")
         self.max_depth, self.draft_cost, self.verify_cost_per_draft = max_depth, float(draft_cost), \
             float(verify_cost_per_draft)
         self.prior, self.decay, self.learn_costs = (float(prior[0]), float(prior[1])), float(decay), learn_costs
@@ -142,6 +147,9 @@ class AdaptiveDepth:
     def update(self, depth: int, accepted: int, draft_s: float, verify_s: float) -> None:
         """Count a step that drafted ``depth`` and accepted ``accepted``: drafts ``1 .. accepted``
         were accepted, draft ``accepted + 1`` (if any) rejected, the later ones never verified."""
+        if not (1 <= depth <= self.max_depth and 0 <= accepted <= depth):
+            raise ValueError(f"a step drafts 1..{self.max_depth} and accepts at most its depth; got depth {depth}, "
+                             f"accepted {accepted}")
         self.accepts = [c * self.decay for c in self.accepts]
         self.tried = [c * self.decay for c in self.tried]
         for i in range(min(accepted + 1, depth)):

@@ -4,9 +4,13 @@ verifies greedily, Sec. 2; the window changes the draft only, Sec. 3, so both wo
 Every random choice is keyed by the token's absolute position. NOTE [Position-keyed noise]: the
 token at position ``t`` is ``argmax(log p_t + G(seed, t))``, where ``p_t = softmax(logits / T)``
 and ``G(seed, t)`` is a row of Gumbel noise from a ``torch.Generator`` seeded with a hash of
-``(seed, stream, t)`` (the Gumbel-max trick: the argmax is a sample of ``p_t``). A run is then a
-function of the seed alone, on any device and whatever the batching of its passes, and two runs
-that see the same ``p_t`` pick the same token. The noise is drawn in float64 on the CPU.
+``(seed, stream, t)`` (the Gumbel-max trick: the argmax is a sample of ``p_t``). The noise is
+drawn in float64 on the CPU, so it is the same on every device and whatever the batching of the
+passes, and two runs that see the same ``p_t`` pick the same token: a run is a function of its
+seed, up to the last bits of the logits (a near-tie of two perturbed scores can flip between
+devices or dtypes, as an argmax can: decode.py NOTE [Exactness]) and, under ``"rejection"``, of the
+depths its steps drafted (a rejection at position ``t`` resamples there with other noise). Each
+prompt of a batch runs as alone, with the same seed: the same prompt twice gives the same tokens.
 
 Verification (``speculative_sample``), ``method=``:
 
@@ -23,7 +27,9 @@ Verification (``speculative_sample``), ``method=``:
   decoding; acceptance is the chance that the two perturbed argmaxes agree, at most the
   rejection method's.
 
-``temperature=0`` is greedy decoding (``decode.GreedyRule``): no noise is drawn.
+``temperature=0`` is greedy decoding (``decode.GreedyRule``): no noise is drawn. A temperature
+above 0 is at least ``MIN_TEMPERATURE``: far below it ``logits / T`` overflows and sampling would
+silently return garbage.
 """
 
 from __future__ import annotations
@@ -37,13 +43,15 @@ import torch.nn.functional as F
 from .decode import GreedyRule, _each_prompt, _one_prompt, dense_loop, speculative_loop, verify_greedy
 from .model import TargetLM
 from .mtp import MTPHead
+from .policy import DepthPolicy
 from .prefill import Prefill
 from .stats import SpecStats
 
-__all__ = ["METHODS", "position_uniforms", "sample_positions", "verify_rejection", "sample_generate",
+__all__ = ["METHODS", "MIN_TEMPERATURE", "position_uniforms", "sample_positions", "verify_rejection", "sample_generate",
            "speculative_sample"]
 
 METHODS = ("rejection", "gumbel")
+MIN_TEMPERATURE = 1e-4  # the smallest temperature above 0 (logits / T must stay finite)
 TOKEN, ACCEPT, RESIDUAL = 0, 1, 2  # noise streams: the token's Gumbel noise, rejection's uniform, its resample
 _MASK = (1 << 64) - 1
 
@@ -95,6 +103,10 @@ def verify_rejection(drafts: torch.Tensor, draft_probs: torch.Tensor, target_pro
         rejection, of ``p`` after ``K`` acceptances.
     """
     K = drafts.shape[0]
+    if drafts.dim() != 1 or K < 1 or draft_probs.shape != (K, target_probs.shape[-1]) or target_probs.shape[0] != K + 1:
+        shapes = ", ".join(str(tuple(t.shape)) for t in (drafts, draft_probs, target_probs))
+        raise ValueError(f"verify_rejection needs drafts (K,) with K >= 1, draft_probs (K, V) and target_probs "
+                         f"(K+1, V); got {shapes}")
     u = position_uniforms(seed, ACCEPT, range(pos, pos + K), 1)[:, 0]  # (K,) one uniform a draft
     for i in range(K):
         d = int(drafts[i])
@@ -109,7 +121,8 @@ def verify_rejection(drafts: torch.Tensor, draft_probs: torch.Tensor, target_pro
 
 
 def _probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    return F.softmax(logits / temperature, dim=-1)  # (..., V)
+    """``softmax(logits / temperature)`` over the last dim; ``(..., V)`` in, ``(..., V)`` out."""
+    return F.softmax(logits / temperature, dim=-1)
 
 
 class GumbelRule:
@@ -120,11 +133,14 @@ class GumbelRule:
         self.temperature, self.seed = temperature, seed
 
     def choose(self, logits: torch.Tensor, pos: int) -> torch.Tensor:
+        """The sampled token at ``pos`` from ``logits`` ``(V,)``: a 0-d tensor."""
         return sample_positions(_probs(logits, self.temperature)[None], [pos], self.seed)[0]
 
     propose = choose
 
     def verify(self, drafts: torch.Tensor, logits: torch.Tensor, pos: int) -> tuple[int, torch.Tensor]:
+        """The target's sampled token at ``pos .. pos + K`` from ``logits`` ``(K+1, V)``, then greedy
+        verification of ``drafts`` ``(K,)`` against them: the drafts accepted and the next token."""
         choice = sample_positions(_probs(logits, self.temperature), range(pos, pos + logits.shape[0]), self.seed)
         a = verify_greedy(drafts, choice)
         return a, choice[a]
@@ -139,11 +155,13 @@ class RejectionRule(GumbelRule):
         self.draft_probs: list[torch.Tensor] = []
 
     def propose(self, logits: torch.Tensor, pos: int) -> torch.Tensor:
+        """The draft's sample at ``pos`` from its ``logits`` ``(V,)``; its distribution is kept for ``verify``."""
         q = _probs(logits, self.temperature)  # (V,)
         self.draft_probs.append(q)
         return sample_positions(q[None], [pos], self.seed)[0]
 
     def verify(self, drafts: torch.Tensor, logits: torch.Tensor, pos: int) -> tuple[int, torch.Tensor]:
+        """``verify_rejection`` of ``drafts`` ``(K,)`` against the target's ``logits`` ``(K+1, V)``."""
         q, self.draft_probs = torch.stack(self.draft_probs), []  # (K, V)
         return verify_rejection(drafts, q, _probs(logits, self.temperature), pos, self.seed)
 
@@ -151,8 +169,8 @@ class RejectionRule(GumbelRule):
 def check_sampling(temperature: float, seed: int, method: str = METHODS[0]) -> None:
     """A sampled request's own arguments, refused with a ``ValueError``."""
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not (
-            math.isfinite(temperature) and temperature >= 0):
-        raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {temperature!r}")
+            math.isfinite(temperature) and (temperature == 0 or temperature >= MIN_TEMPERATURE)):
+        raise ValueError(f"temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE}, got {temperature!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= _MASK:
         raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
     if method not in METHODS:
@@ -177,14 +195,17 @@ def sample_generate(target: TargetLM, prompt_ids: torch.Tensor | list[torch.Tens
 
 @torch.no_grad()
 def speculative_sample(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor | list[torch.Tensor],
-                       max_new_tokens: int, depth: int, n_sink: int | None = None, window: int | None = None, *,
+                       max_new_tokens: int, depth: int | DepthPolicy, n_sink: int | None = None,
+                       window: int | None = None, *,
                        temperature: float, seed: int = 0, method: str = "rejection", impl: str = "auto",
                        eos_id: int | None = None, prefill: Prefill | None = None
                        ) -> tuple[torch.Tensor, SpecStats] | tuple[list[torch.Tensor], list[SpecStats]]:
     """Sampled speculative decoding with an MTP draft head whose attention reads ``(n_sink, window)``.
 
     The arguments not listed below are ``speculative_generate``'s (which verifies greedily, with its
-    default verifier).
+    default verifier); ``depth`` may be a policy (wmtp/policy.py). Under ``"rejection"`` the tokens
+    (never their distribution) depend on the depths the steps drafted, so a policy that learns from
+    measured times makes them vary from run to run; under ``"gumbel"`` they cannot.
 
     Args:
         temperature: the sampling temperature of draft and target (``0``: greedy, as
