@@ -83,5 +83,5 @@ def test_the_library_snippet_prints_what_its_comments_say(page):
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr
     printed = out.stdout.strip().splitlines()
-    assert len(printed) == 2 and all(f"# {line}" in snippet or f"# prints {line}" in snippet for line in printed), \
+    assert len(printed) == 3 and all(f"# {line}" in snippet or f"# prints {line}" in snippet for line in printed), \
         (printed, snippet)
