@@ -46,6 +46,8 @@ from .request import check_request, check_spec_request
 from .stats import SpecStats
 
 VERIFIERS = ("batched", "loop")
+DRAFT_CACHES = ("full", "ring")  # the draft's KV: every position, or a ring of its key set (wmtp/ringcache.py)
+RING_PREFILL = 256  # positions a ring's prefill writes a call: its spare slots are at least this minus one
 Verifier = Callable[[torch.Tensor, torch.Tensor], int]  # (drafts (K,), target choices (K+1,)) -> accepted
 
 
@@ -184,7 +186,7 @@ def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Ten
                          max_new_tokens: int, depth: int | DepthPolicy, n_sink: int | None = None,
                          window: int | None = None, impl: str = "auto", eos_id: int | None = None,
                          verifier: str | Verifier = "batched",
-                         prefill: Prefill | None = None
+                         prefill: Prefill | None = None, draft_cache: str = "full"
                          ) -> tuple[torch.Tensor, SpecStats] | tuple[list[torch.Tensor], list[SpecStats]]:
     """Greedy speculative decoding with an MTP draft head whose attention reads ``(n_sink, window)``.
 
@@ -203,6 +205,9 @@ def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Ten
             with :func:`verify_greedy`'s signature (the course grader plugs a student's in here).
         prefill: ``prefill_prompt`` of this prompt with this target and head: start from copies
             of its caches (any key set: NOTE [Shared draft prefill] in wmtp/prefill.py).
+        draft_cache: ``"full"`` (the draft's KV at every position) or ``"ring"``: only the
+            ``n_sink + window + max(depth, 255)`` slots its key set can read (wmtp/ringcache.py;
+            a windowed draft only). The output is the same either way.
 
     Returns:
         The new tokens (identical to ``greedy_generate``) and the step statistics.
@@ -210,24 +215,40 @@ def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Ten
     if isinstance(prompt_ids, (list, tuple)):
         _one_prompt(prefill)
         runs = _each_prompt(prompt_ids, lambda p: speculative_generate(
-            target, draft, p, max_new_tokens, depth, n_sink, window, impl, eos_id, verifier))
+            target, draft, p, max_new_tokens, depth, n_sink, window, impl, eos_id, verifier, draft_cache=draft_cache))
         return [out for out, _ in runs], [stats for _, stats in runs]
     if not callable(verifier) and verifier not in VERIFIERS:
         raise ValueError(f"unknown verifier {verifier!r}; choose one of {', '.join(VERIFIERS)} or pass a function")
     verify = verifier if callable(verifier) else {"batched": verify_greedy, "loop": verify_greedy_loop}[verifier]
     return speculative_loop(target, draft, prompt_ids, max_new_tokens, depth, n_sink, window, impl, eos_id, prefill,
-                            GreedyRule(verify))
+                            GreedyRule(verify), draft_cache)
+
+
+def draft_ring(draft_cache: str, n_sink: int | None, window: int | None, depth: int) -> tuple[int, int, int] | None:
+    """``draft_cache``'s ring ``(n_sink, window, spare)``, or ``None`` for the full draft KV.
+
+    Raises:
+        ValueError: for an unknown ``draft_cache``, or a ring for the native draft (``window=None``).
+    """
+    if draft_cache not in DRAFT_CACHES:
+        raise ValueError(f"unknown draft_cache {draft_cache!r}; choose one of {', '.join(DRAFT_CACHES)}")
+    if draft_cache == "full":
+        return None
+    if window is None:
+        raise ValueError("draft_cache='ring' keeps a window of keys; the native draft (window=None) reads every key")
+    return n_sink or 0, window, max(depth, RING_PREFILL - 1)
 
 
 def speculative_loop(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max_new_tokens: int,
                      depth: int | DepthPolicy, n_sink: int | None, window: int | None, impl: str, eos_id: int | None,
-                     prefill: Prefill | None, rule) -> tuple[torch.Tensor, SpecStats]:
+                     prefill: Prefill | None, rule, draft_cache: str = "full") -> tuple[torch.Tensor, SpecStats]:
     """One prompt's speculative decoding (the module docstring's four steps); ``rule`` picks the
     first token, the drafts and what the verify pass accepts (``GreedyRule``: speculative_generate);
     ``depth`` (an int or a policy) how many drafts each step proposes."""
     policy = as_policy(depth)
     depth = policy.max_depth  # the caches hold a step of the most drafts
     needed = check_spec_request(target, draft, prompt_ids, max_new_tokens, depth, n_sink, window, eos_id)
+    ring = draft_ring(draft_cache, n_sink, window, depth)
     prompt_ids = prompt_ids.long()  # any integer dtype (the embedding takes int64 or int32 only)
     impl = resolve_impl(impl, prompt_ids.device, target.embed.dtype, target.config.head_dim,
                         target.config.n_heads // target.config.n_kv_heads)
@@ -235,7 +256,8 @@ def speculative_loop(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor,
     stats = SpecStats(depth=depth)
     # the prefill (wmtp/prefill.py): true-chain draft KV for positions 0..P-2, not part of any step
     tcache, dcache, last_logits, last_hidden = start(target, draft, prompt_ids, needed=needed, impl=impl, checked=True,
-                                                     prefill=prefill, n_sink=n_sink, window=window)
+                                                     prefill=prefill, n_sink=n_sink, window=window, ring=ring)
+    stats.draft_kv_bytes = getattr(dcache, "nbytes", 0)
     P = prompt_ids.numel()
     x = rule.choose(last_logits, P)  # the target's first new token, at position P
     out, stop = _finish([int(x)], max_new_tokens, eos_id)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from .attention import attention
 from .keyset import is_integer_tensor
 
 
@@ -36,6 +37,11 @@ class KVCache:
     @property
     def max_len(self) -> int:
         return self.k.shape[3]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of keys and values held."""
+        return self.k.nbytes + self.v.nbytes
 
     def copy(self, checked: bool | None = None) -> KVCache:
         """A new cache holding copies of these keys and values (``checked``: this cache's by default)."""
@@ -71,6 +77,12 @@ class KVCache:
         self.k[layer][:, :, pos] = k.to(self.k.dtype)
         self.v[layer][:, :, pos] = v.to(self.v.dtype)
         return self.k[layer], self.v[layer]  # (B, Hkv, S, D) each
+
+    def attend(self, layer: int, q: torch.Tensor, pos: torch.Tensor, n_sink: int | None, window: int | None,
+               impl: str) -> torch.Tensor:
+        """Attention of queries ``q`` ``(B, Hq, Lq, D)`` at ``pos`` over layer ``layer``'s keys in the
+        key set ``(n_sink, window)``: ``wmtp.attention`` on the position-indexed buffers."""
+        return attention(q, self.k[layer], self.v[layer], pos, n_sink=n_sink, window=window, impl=impl)
 
 
 def ring_slot(p: int, n_sink: int, window: int, depth: int) -> int:

@@ -78,11 +78,13 @@ class Attention(nn.Module):
             acc = torch.promote_types(q.dtype, torch.float32)
             scale = (torch.log(pos.to(acc) + 1) / math.log(c.train_seq_len)).clamp(min=1.0)  # (L,)
             q = q * scale[:, None].to(q.dtype)
-        if cache is not None:
-            k, v = cache.update(layer, pos, k, v)  # (B, Hkv, S, D): the whole position-indexed buffer
+        if cache is not None:  # a KVCache, or the draft's RingKVCache (wmtp/ringcache.py)
+            cache.update(layer, pos, k, v)
+            y = cache.attend(layer, q, pos, n_sink, window, impl)  # (B, Hq, L, D)
         elif int(pos[0]) != 0:
             raise ValueError("a forward pass without a cache must start at position 0")
-        y = attention(q, k, v, pos, n_sink=n_sink, window=window, impl=impl)  # (B, Hq, L, D)
+        else:
+            y = attention(q, k, v, pos, n_sink=n_sink, window=window, impl=impl)  # (B, Hq, L, D)
         return F.linear(y.transpose(1, 2).reshape(B, L, -1), self.wo)
 
 

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from .config import MTPConfig
 from .kvcache import KVCache
 from .model import Block, RMSNorm, TargetLM, init_weights
+from .ringcache import RingKVCache
 
 
 class MTPHead(nn.Module):
@@ -45,10 +46,17 @@ class MTPHead(nn.Module):
         init_weights(self, generator or torch.Generator().manual_seed(1), n_layers=1)
 
     def new_cache(self, batch: int = 1, max_len: int | None = None, *, dtype: torch.dtype | None = None,
-                  device: torch.device | str | None = None, checked: bool = True) -> KVCache:
+                  device: torch.device | str | None = None, checked: bool = True,
+                  ring: tuple[int | None, int, int] | None = None) -> KVCache | RingKVCache:
+        """The draft KV: every position (``KVCache``), or with ``ring=(n_sink, window, spare)`` a ring
+        of ``n_sink + window + spare`` slots (``RingKVCache``, wmtp/ringcache.py) for that key set."""
         mc = self.target.config
-        return KVCache(1, batch, mc.n_kv_heads, max_len or mc.max_seq_len, mc.head_dim,
-                       dtype=dtype or self.proj.dtype, device=device or self.proj.device, checked=checked)
+        kw = dict(dtype=dtype or self.proj.dtype, device=device or self.proj.device, checked=checked)
+        if ring is not None:
+            n_sink, window, spare = ring
+            return RingKVCache(1, batch, mc.n_kv_heads, mc.head_dim, n_sink=n_sink, window=window, spare=spare,
+                               max_len=max_len or mc.max_seq_len, **kw)
+        return KVCache(1, batch, mc.n_kv_heads, max_len or mc.max_seq_len, mc.head_dim, **kw)
 
     def forward(self, hidden: torch.Tensor, next_ids: torch.Tensor, pos: torch.Tensor | None = None,
                 cache: KVCache | None = None, n_sink: int | None = None, window: int | None = None,

@@ -103,33 +103,40 @@ class Start(NamedTuple):
 
 
 def _run_prefill(target: TargetLM, draft: MTPHead | None, prompt: torch.Tensor, max_len: int, impl: str, checked: bool,
-                 n_sink: int | None, window: int | None) -> Start:
+                 n_sink: int | None, window: int | None, ring: tuple[int, int, int] | None = None) -> Start:
     """The prefill into new caches of ``max_len`` positions: the target over the prompt, then the head
-    (if any) over the prompt's true chain, positions 0..P-2 (not part of any decoding step)."""
+    (if any) over the prompt's true chain, positions 0..P-2 (not part of any decoding step). With
+    ``ring=(n_sink, window, spare)`` the head's cache is a ring, filled ``spare + 1`` positions a
+    call (NOTE [Ring writes] in wmtp/ringcache.py)."""
     dev, P = prompt.device, prompt.numel()
     tcache = target.new_cache(1, max_len, checked=checked)
     logits, hidden = target(prompt[None], torch.arange(P, device=dev), tcache, impl)  # (1, P, V), (1, P, d)
     dcache = None
     if draft is not None:
-        dcache = draft.new_cache(1, max_len, checked=checked)
-        if P > 1:
-            draft(hidden[:, :-1], prompt[None, 1:], torch.arange(P - 1, device=dev), dcache, n_sink, window, impl)
+        dcache = draft.new_cache(1, max_len, checked=checked, **({} if ring is None else {"ring": ring}))
+        step = max(P - 1, 1) if ring is None else ring[2] + 1
+        for a in range(0, P - 1, step):  # one call without a ring
+            b = min(a + step, P - 1)
+            draft(hidden[:, a:b], prompt[None, a + 1:b + 1], torch.arange(a, b, device=dev), dcache, n_sink, window,
+                  impl)
     return Start(tcache, dcache, logits[0, -1], hidden[:, -1:])
 
 
 def start(target: TargetLM, draft: MTPHead | None, prompt_ids: torch.Tensor, *, needed: int, impl: str,
-          checked: bool, prefill: Prefill | None, n_sink: int | None = None, window: int | None = None) -> Start:
+          checked: bool, prefill: Prefill | None, n_sink: int | None = None, window: int | None = None,
+          ring: tuple[int, int, int] | None = None) -> Start:
     """A generator's caches and first outputs: its own prefill of ``needed`` positions, or copies of
     ``prefill``'s caches (``prompt_ids`` already checked, ``impl`` resolved). ``checked``: the caches'
     range check (off for the static loops, NOTE in wmtp/kvcache.py); ``n_sink, window``: the key set of
-    the draft's own prefill.
+    the draft's own prefill; ``ring=(n_sink, window, spare)``: the draft's cache is a ring
+    (wmtp/ringcache.py), filled by its own prefill or from ``prefill``'s positions it holds.
 
     Raises:
         ValueError: for a ``prefill`` of other models (or of these before a dtype or device
             change), another prompt, or too few positions.
     """
     if prefill is None:
-        return _run_prefill(target, draft, prompt_ids, needed, impl, checked, n_sink, window)
+        return _run_prefill(target, draft, prompt_ids, needed, impl, checked, n_sink, window, ring)
     if not isinstance(prefill, Prefill):
         raise ValueError(f"prefill must be a wmtp.Prefill from prefill_prompt, got {type(prefill).__name__}")
     if prefill.target is not target or (draft is not None and prefill.draft is not draft):
@@ -143,5 +150,11 @@ def start(target: TargetLM, draft: MTPHead | None, prompt_ids: torch.Tensor, *, 
     if prefill.max_len < needed:
         raise ValueError(f"this run writes {needed} cache positions; the prefill's caches hold {prefill.max_len} "
                          "(prefill_prompt's max_len)")
-    return Start(prefill.target_cache.copy(checked),
-                 None if draft is None else prefill.draft_cache.copy(checked), prefill.logits, prefill.hidden)
+    if draft is None:
+        dcache = None
+    elif ring is None:
+        dcache = prefill.draft_cache.copy(checked)
+    else:  # the positions a ring filled through the prompt's true chain would hold
+        dcache = draft.new_cache(1, prefill.max_len, checked=checked, ring=ring)
+        dcache.fill_from(prefill.draft_cache, prompt_ids.numel() - 1)
+    return Start(prefill.target_cache.copy(checked), dcache, prefill.logits, prefill.hidden)

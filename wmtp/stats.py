@@ -28,6 +28,7 @@ class SpecStats:
     per_position_accepted: list[int] = field(default_factory=list)
     draft_keys_read: int = 0  # keys read by draft attention while decoding (prompt prefill excluded)
     draft_queries: int = 0
+    draft_kv_bytes: int = 0  # keys and values the draft's cache holds (a ring holds its key set only)
     draft_times_s: list[float] = field(default_factory=list)  # per step: draft extend + recursive drafts
     verify_times_s: list[float] = field(default_factory=list)  # per step: the target's verify pass
     steps_by_depth: list[int] = field(default_factory=list)
@@ -70,7 +71,7 @@ class SpecStats:
 
     def to_dict(self) -> dict:
         keys = ("depth", "proposed", "accepted", "committed", "steps", "accept_length_histogram", "steps_by_depth",
-                "draft_keys_read",
+                "draft_keys_read", "draft_kv_bytes",
                 "draft_queries", "draft_times_s", "verify_times_s", "acceptance_rate",
                 "mean_accept_length", "per_position_acceptance")
         return {k: getattr(self, k) for k in keys}

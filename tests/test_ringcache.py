@@ -1,0 +1,187 @@
+"""The draft's ring-buffer KV cache (wmtp/ringcache.py): its slot table is ``ring_slot``'s, a head
+reading it through the decode protocol gets the logits it gets from the full cache (through
+wrap-around, with the fewest spare slots the protocol allows), and decoding with it is lossless."""
+
+import pytest
+import torch
+from decode_harness import V, random_prompt, same_counts
+
+import wmtp
+from wmtp import decode, grading
+from wmtp.grading import harness_models
+from wmtp.kvcache import KVCache, ring_slot
+from wmtp.ringcache import RingKVCache
+
+CUDA = torch.cuda.is_available()
+WINDOWED = [(4, 16), (0, 1), (2, 3), (0, 8)]
+
+
+@pytest.fixture(scope="module")
+def models():
+    return harness_models()
+
+
+def ring(n_sink, window, spare, max_len=64, **kw):
+    return RingKVCache(1, 1, 2, 4, n_sink=n_sink, window=window, spare=spare, max_len=max_len,
+                       dtype=torch.float64, **kw)
+
+
+def test_slots_follow_ring_slot():
+    r = ring(2, 6, 3, max_len=20)
+    assert r.block_table[0].tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    assert r.block_table[0].tolist() == [ring_slot(p, 2, 6, 3) for p in range(20)]
+    two = RingKVCache(1, 2, 2, 4, n_sink=2, window=6, spare=3, max_len=20)
+    assert torch.equal(two.block_table[1], two.block_table[0] + 11)  # the second sequence's own slots
+    assert r.nbytes == 2 * 11 * 2 * 4 * 8  # K and V, 11 slots of (Hkv, D) float64
+
+
+def test_attend_equals_the_full_cache_after_sequential_writes():
+    """Positions written one call at a time (at most spare + 1 a call), then queries at the last
+    positions: the ring's attention equals the full cache's, while the ring holds 11 of 40 rows."""
+    g = torch.Generator().manual_seed(0)
+    full, r = KVCache(1, 1, 2, 40, 4, dtype=torch.float64), ring(2, 6, 3, max_len=40)
+    for a in range(0, 40, 4):  # calls of 4 = spare + 1 positions
+        pos = torch.arange(a, a + 4)
+        k, v = torch.randn(2, 1, 2, 4, 4, generator=g, dtype=torch.float64)
+        full.update(0, pos, k, v)
+        r.update(0, pos, k, v)
+        q = torch.randn(1, 4, 4, 4, generator=g, dtype=torch.float64)  # (B, Hq, L, D): GQA group 2
+        for n_sink, window in [(2, 6), (1, 6), (2, 4), (0, 1)]:
+            torch.testing.assert_close(r.attend(0, q, pos, n_sink, window, "torch"),
+                                       full.attend(0, q, pos, n_sink, window, "torch"), rtol=0, atol=1e-12)
+
+
+def test_fill_from_holds_what_sequential_writes_leave():
+    g = torch.Generator().manual_seed(1)
+    full = KVCache(1, 1, 2, 40, 4, dtype=torch.float64)
+    full.update(0, torch.arange(40), *torch.randn(2, 1, 2, 40, 4, generator=g, dtype=torch.float64))
+    for length in (1, 2, 7, 11, 12, 29):
+        written, filled = ring(2, 6, 3, max_len=40), ring(2, 6, 3, max_len=40)
+        for p in range(length):
+            written.update(0, torch.tensor([p]), full.k[0][:, :, p:p + 1], full.v[0][:, :, p:p + 1])
+        filled.fill_from(full, length)
+        assert torch.equal(filled.k, written.k) and torch.equal(filled.v, written.v), length
+
+
+def test_bad_rings_and_writes_raise():
+    with pytest.raises(ValueError, match="window=None"):
+        ring(2, None, 3)
+    with pytest.raises(ValueError, match="spare"):
+        ring(2, 6, -1)
+    r = ring(2, 6, 3)
+    k = torch.zeros(1, 2, 5, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match="at most 4 positions a write"):
+        r.update(0, torch.arange(5), k, k)
+    with pytest.raises(ValueError, match="do not fit"):
+        r.update(0, torch.tensor([64]), k[:, :, :1], k[:, :, :1])
+    q = torch.zeros(1, 2, 1, 4, dtype=torch.float64)
+    for n_sink, window in [(3, 6), (2, 7), (0, None)]:
+        with pytest.raises(ValueError, match="needs more"):
+            r.attend(0, q, torch.tensor([10]), n_sink, window, "torch")
+    r2 = r.copy()
+    r2.update(0, torch.tensor([3]), k[:, :, :1] + 1, k[:, :, :1] + 1)
+    assert not torch.equal(r2.k, r.k)  # a copy owns its rows
+
+
+def drafts_through_the_protocol(head, cache, hidden, tokens, steps, n_sink, window, chunk, impl="torch"):
+    """The head driven as decode.py drives it: a prefill of the prompt's true chain in calls of
+    ``chunk`` positions, then per step (accepted a, depth k) an extend over the positions committed
+    since the last step and k - 1 recursive drafts. Returns every call's logits."""
+    out, n = [], 10  # a prompt of 11 tokens: positions 0..9 are the head's true chain
+    for a in range(0, n, chunk):
+        b = min(a + chunk, n)
+        out.append(head(hidden[:, a:b], tokens[None, a + 1:b + 1], torch.arange(a, b), cache, n_sink, window, impl)[0])
+    head_start = n - 1 + 1
+    for accepted, depth in steps:
+        logits, g = head(hidden[:, head_start:n + 1], tokens[None, head_start + 1:n + 2],
+                         torch.arange(head_start, n + 1), cache, n_sink, window, impl)
+        out.append(logits)
+        for i in range(1, depth):  # speculative positions n+1 .. n+depth-1, overwritten later
+            logits, g = head(g[:, -1:], torch.tensor([[(7 * i + n) % V]]), torch.tensor([n + i]), cache, n_sink,
+                             window, impl)
+            out.append(logits)
+        head_start, n = n + 1, n + accepted + 1
+    return out
+
+
+@pytest.mark.parametrize("n_sink,window", WINDOWED)
+@pytest.mark.parametrize("depth", [1, 3, 8])
+def test_the_head_reads_the_same_keys_from_a_ring(models, n_sink, window, depth):
+    """Random accept lengths over 60 steps (the context passes the ring many times over, with the
+    fewest spare slots the protocol allows: spare = depth): every head call's logits equal the
+    full cache's, to 1e-12."""
+    target, head = models
+    g = torch.Generator().manual_seed(depth)
+    steps = [(int(torch.randint(0, depth + 1, (1,), generator=g)), depth) for _ in range(60)]
+    N = 11 + sum(a + 1 for a, _ in steps) + depth + 2
+    hidden = torch.randn(1, N, target.config.d_model, generator=g, dtype=torch.float64)
+    tokens = torch.randint(0, V, (N,), generator=g)
+    full = drafts_through_the_protocol(head, head.new_cache(1, N), hidden, tokens, steps, n_sink, window, 10)
+    small = head.new_cache(1, N, ring=(n_sink, window, depth))
+    assert small.slots == n_sink + window + depth < N / 4
+    rung = drafts_through_the_protocol(head, small, hidden, tokens, steps, n_sink, window, depth + 1)
+    for i, (a, b) in enumerate(zip(full[1:], rung[-len(full) + 1:])):  # the steps' calls, the prefill's aside
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-12, msg=f"call {i}")
+
+
+@pytest.mark.parametrize("ring_prefill", [1, decode.RING_PREFILL])
+@pytest.mark.parametrize("n_sink,window", WINDOWED)
+def test_decoding_with_a_ring_is_lossless(models, monkeypatch, ring_prefill, n_sink, window):
+    """Greedy and gumbel-sampled decoding with the ring equal dense decoding and the full-cache run
+    (same accepts), for the random head and an oracle right for 2 tokens a step; RING_PREFILL 1
+    makes the ring's spare the depth, so a 60-token run wraps it."""
+    monkeypatch.setattr(decode, "RING_PREFILL", ring_prefill)
+    target, head = models
+    prompt = random_prompt(21, seed=window)
+    ref = wmtp.greedy_generate(target, prompt, 60)
+    seq = torch.cat([prompt, ref, torch.zeros(10, dtype=torch.long)])
+    for depth in (1, 3):
+        for draft in (head, grading.OracleDraft(head, seq, 2, V)):
+            full, full_stats = wmtp.speculative_generate(target, draft, prompt, 60, depth, n_sink, window)
+            out, stats = wmtp.speculative_generate(target, draft, prompt, 60, depth, n_sink, window,
+                                                   draft_cache="ring")
+            assert torch.equal(out, ref) and torch.equal(full, ref)
+            same_counts(stats, full_stats)
+            assert stats.draft_kv_bytes < full_stats.draft_kv_bytes or ring_prefill > 1
+    sampled = wmtp.sample_generate(target, prompt, 40, 0.9, seed=2)
+    out, _ = wmtp.speculative_sample(target, head, prompt, 40, 3, n_sink, window, temperature=0.9, seed=2,
+                                     method="gumbel", draft_cache="ring")
+    assert torch.equal(out, sampled)
+
+
+def test_a_shared_prefill_fills_the_ring(models, monkeypatch):
+    monkeypatch.setattr(decode, "RING_PREFILL", 1)
+    target, head = models
+    prompt = random_prompt(30, seed=4)
+    pre = wmtp.prefill_prompt(target, prompt, 80, draft=head)
+    for depth in (1, 4):
+        alone, alone_stats = wmtp.speculative_generate(target, head, prompt, 40, depth, 2, 3, draft_cache="ring")
+        shared, shared_stats = wmtp.speculative_generate(target, head, prompt, 40, depth, 2, 3, draft_cache="ring",
+                                                         prefill=pre)
+        assert torch.equal(alone, shared)
+        same_counts(alone_stats, shared_stats)
+
+
+@pytest.mark.parametrize("kwargs, match", [({"draft_cache": "paged"}, "unknown draft_cache"),
+                                           ({"window": None, "draft_cache": "ring"}, "native draft")])
+def test_bad_draft_caches_raise(models, kwargs, match):
+    target, head = models
+    with pytest.raises(ValueError, match=match):
+        wmtp.speculative_generate(target, head, random_prompt(5), 8, 2, **({"n_sink": 2, "window": 4} | kwargs))
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_cuda_ring_is_lossless(models, monkeypatch, impl):
+    import copy
+
+    monkeypatch.setattr(decode, "RING_PREFILL", 1)
+    target, head = (m.to("cuda") for m in copy.deepcopy(models))
+    prompt = random_prompt(21, seed=3).cuda()
+    ref = wmtp.greedy_generate(target, prompt, 50, impl=impl)
+    for n_sink, window in WINDOWED:
+        full, full_stats = wmtp.speculative_generate(target, head, prompt, 50, 3, n_sink, window, impl=impl)
+        out, stats = wmtp.speculative_generate(target, head, prompt, 50, 3, n_sink, window, impl=impl,
+                                               draft_cache="ring")
+        assert torch.equal(out, ref) and torch.equal(full, ref)
+        same_counts(stats, full_stats)

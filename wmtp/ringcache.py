@@ -1,0 +1,150 @@
+"""The draft's compact KV cache: a ring buffer of ``n_sink + window + spare`` slots a layer,
+whatever the context (beyond arXiv 2607.21535, Sec. 3, which keeps the draft's full KV and only
+reads the key set: a windowed draft never reads the rest, so it need not keep it).
+
+Position ``p`` lives in slot ``ring_slot(p, n_sink, window, spare)`` (wmtp/kvcache.py: the sinks
+pinned, the rest rotating). The slots are pages of one row of a paged cache, and a block table of
+``max_len`` entries maps each position to its slot, so the paged attention op reads the key set
+in place (the Triton kernel) or gathers only the key set's ranges (the reference, through
+``RingView``): a draft query never sees the ring's layout.
+
+NOTE [Ring writes]: ``ring_slot``'s no-evicted-read argument holds when at most ``spare``
+positions past a query have been written before it reads. Within one ``update`` the rows are
+written before any of the call's queries read, so a call may write at most ``spare + 1``
+positions (``update`` refuses more); a speculative step writes at most ``depth + 1`` (the
+extend) and the prompt's prefill is cut into calls of ``spare + 1`` positions
+(wmtp/prefill.py). Queries read only through ``attend``, whose key set must fit the ring:
+a window of at most ``window`` keys, no more than ``n_sink`` sinks (``window=None``, the
+native draft's full set, cannot).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .attention import paged_attention, resolve_impl
+from .attention.reference import attention_torch
+from .keyset import check_key_set_args, is_integer_tensor
+
+__all__ = ["RingKVCache", "RingView"]
+
+
+class RingView:
+    """A ``(B, Hkv, max_len, D)`` position-indexed view of one layer's ring, for ``attention_torch``:
+    indexing ``[:, :, a:b]`` gathers positions ``a .. b-1`` from their slots (the reference reads
+    only its key set's ranges, so only those rows are gathered)."""
+
+    def __init__(self, pages: torch.Tensor, block_table: torch.Tensor) -> None:
+        self.pages, self.block_table = pages, block_table  # (B * slots, 1, Hkv, D), (B, max_len)
+        self.shape = (block_table.shape[0], pages.shape[2], block_table.shape[1], pages.shape[3])
+
+    def __getitem__(self, index) -> torch.Tensor:
+        batch, heads, positions = index
+        rows = self.block_table[batch, positions].long()  # (B, L)
+        return self.pages[rows, 0].permute(0, 2, 1, 3)[:, heads]  # (B, L, Hkv, D) -> (B, Hkv, L, D)
+
+
+class RingKVCache:
+    """Keys and values of ``n_layers`` draft layers in ``n_sink + window + spare`` slots each.
+
+    The same interface as ``KVCache`` (wmtp/kvcache.py): ``update`` writes positions, ``attend``
+    runs attention over them, ``copy``; ``nbytes`` is what it holds.
+
+    Raises:
+        ValueError: for a key set a ring cannot hold (``window=None``), ``spare < 0`` or sizes below 1.
+    """
+
+    def __init__(self, n_layers: int, batch: int, n_kv_heads: int, head_dim: int, *, n_sink: int | None,
+                 window: int | None, spare: int, max_len: int, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu", checked: bool = True) -> None:
+        check_key_set_args(n_sink, window)
+        if window is None:
+            raise ValueError("a ring cache holds a window of keys; window=None (every key) needs a KVCache")
+        for name, value, low in (("spare", spare, 0), ("n_layers", n_layers, 1), ("batch", batch, 1),
+                                 ("max_len", max_len, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        self.n_sink, self.window, self.spare, self.checked = n_sink or 0, window, spare, checked
+        self.slots = self.n_sink + window + spare
+        shape = (n_layers, batch * self.slots, 1, n_kv_heads, head_dim)  # pages of one row
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (n_layers, B * slots, 1, Hkv, D)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        p = torch.arange(max_len, device=device)  # (max_len,) ring_slot for every position, vectorised
+        slot = torch.where(p < self.n_sink, p, self.n_sink + (p - self.n_sink) % (window + spare))
+        rows = torch.arange(batch, device=device)[:, None] * self.slots + slot[None]  # (B, max_len)
+        self.block_table = rows.to(torch.int32)
+
+    @property
+    def max_len(self) -> int:
+        return self.block_table.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of keys and values held (the block table aside)."""
+        return self.k.nbytes + self.v.nbytes
+
+    def copy(self, checked: bool | None = None) -> RingKVCache:
+        """A new ring holding copies of these keys and values (the block table shared: never written)."""
+        new = RingKVCache.__new__(RingKVCache)
+        new.__dict__.update(self.__dict__)
+        new.checked = self.checked if checked is None else checked
+        new.k, new.v = self.k.clone(), self.v.clone()
+        return new
+
+    def fill_from(self, cache, length: int) -> None:
+        """Hold what writing positions ``0 .. length-1`` of ``cache`` (a ``KVCache`` of the same layers
+        and heads) one by one would leave: the sinks and the last ``window + spare`` positions."""
+        sinks = min(self.n_sink, length)
+        first = max(sinks, length - self.window - self.spare)
+        keep = torch.cat([torch.arange(sinks), torch.arange(first, length)]).to(self.k.device)  # (kept,)
+        if keep.numel():
+            rows = self.block_table[:, keep].long().flatten()  # (B * kept,) batch-major
+            Hkv, D = self.k.shape[-2:]
+            for layer in range(self.k.shape[0]):  # (B, Hkv, kept, D) -> (B * kept, Hkv, D)
+                self.k[layer][rows, 0] = cache.k[layer][:, :, keep].transpose(1, 2).reshape(-1, Hkv, D)
+                self.v[layer][rows, 0] = cache.v[layer][:, :, keep].transpose(1, 2).reshape(-1, Hkv, D)
+
+    def update(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write ``k, v`` ``(B, Hkv, L, D)`` at positions ``pos`` ``(L,)``, each into its slot.
+
+        Raises:
+            ValueError: for a layer outside the cache, positions that are not a non-empty 1-D integer
+                tensor, more than ``spare + 1`` of them (NOTE [Ring writes]), or (when ``checked``)
+                positions outside ``[0, max_len)``; ``k, v`` of another shape.
+        """
+        n_layers, _, _, Hkv, D = self.k.shape
+        B = self.block_table.shape[0]
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n_layers:
+            raise ValueError(f"layer must be an int in [0, {n_layers}), got {layer!r}")
+        if pos.dim() != 1 or not pos.numel() or not is_integer_tensor(pos):
+            raise ValueError(f"pos must be a non-empty 1-D tensor of integer positions, got {pos.dtype} "
+                             f"{tuple(pos.shape)}")
+        if pos.numel() > self.spare + 1:
+            raise ValueError(f"a ring of {self.spare} spare slots takes at most {self.spare + 1} positions a write, "
+                             f"got {pos.numel()} (NOTE [Ring writes] in wmtp/ringcache.py)")
+        if k.shape != (B, Hkv, pos.numel(), D) or v.shape != k.shape:
+            raise ValueError(f"k, v must be {(B, Hkv, pos.numel(), D)}, got {tuple(k.shape)}, {tuple(v.shape)}")
+        if self.checked:
+            lo, hi = torch.stack(torch.aminmax(pos)).tolist()  # one read of the device
+            if lo < 0 or hi >= self.max_len:
+                raise ValueError(f"positions [{lo}, {hi}] do not fit in a KV cache of {self.max_len} positions")
+        rows = self.block_table[:, pos.long()].long().flatten()  # (B * L,) slot rows, batch-major
+        self.k[layer][rows, 0] = k.transpose(1, 2).reshape(-1, Hkv, D).to(self.k.dtype)  # (B*L, Hkv, D)
+        self.v[layer][rows, 0] = v.transpose(1, 2).reshape(-1, Hkv, D).to(self.v.dtype)
+
+    def attend(self, layer: int, q: torch.Tensor, pos: torch.Tensor, n_sink: int | None, window: int | None,
+               impl: str) -> torch.Tensor:
+        """Attention of queries ``q`` ``(B, Hq, Lq, D)`` at ``pos`` over the key set ``(n_sink, window)``.
+
+        Raises:
+            ValueError: for a key set the ring does not hold (more sinks, a longer window, or none).
+        """
+        check_key_set_args(n_sink, window)
+        if window is None or window > self.window or (n_sink or 0) > self.n_sink:
+            raise ValueError(f"this ring holds {self.n_sink} sinks and a window of {self.window} keys; "
+                             f"the key set ({n_sink}, {window}) needs more")
+        kp, vp = self.k[layer], self.v[layer]  # (B * slots, 1, Hkv, D)
+        if resolve_impl(impl, q.device) == "torch":  # the reference gathers only its key set's ranges
+            return attention_torch(q, RingView(kp, self.block_table), RingView(vp, self.block_table), pos.long(),
+                                   n_sink, window)
+        return paged_attention(q, kp, vp, self.block_table, pos, n_sink, window, impl)
