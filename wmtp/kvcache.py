@@ -60,17 +60,7 @@ class KVCache:
                 of another shape.
         """
         n_layers, B, Hkv, _, D = self.k.shape
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n_layers:
-            raise ValueError(f"layer must be an int in [0, {n_layers}), got {layer!r}")
-        if pos.dim() != 1 or not pos.numel() or not is_integer_tensor(pos):
-            raise ValueError(f"pos must be a non-empty 1-D tensor of integer positions, got {pos.dtype} "
-                             f"{tuple(pos.shape)}")
-        if k.shape != (B, Hkv, pos.numel(), D) or v.shape != k.shape:
-            raise ValueError(f"k, v must be {(B, Hkv, pos.numel(), D)}, got {tuple(k.shape)}, {tuple(v.shape)}")
-        if self.checked:
-            lo, hi = torch.stack(torch.aminmax(pos)).tolist()  # one read of the device
-            if lo < 0 or hi >= self.max_len:
-                raise ValueError(f"positions [{lo}, {hi}] do not fit in a KV cache of {self.max_len} positions")
+        check_write(layer, pos, k, v, (n_layers, B, Hkv, D), self.max_len if self.checked else None)
         pos = pos.long()
         # Indexed assignment (index_put_), not index_copy_: MPS has no index_copy_ before torch 2.8,
         # and its kernel there visits the whole buffer for every write (pytorch/pytorch#185750).
@@ -83,6 +73,25 @@ class KVCache:
         """Attention of queries ``q`` ``(B, Hq, Lq, D)`` at ``pos`` over layer ``layer``'s keys in the
         key set ``(n_sink, window)``: ``wmtp.attention`` on the position-indexed buffers."""
         return attention(q, self.k[layer], self.v[layer], pos, n_sink=n_sink, window=window, impl=impl)
+
+
+def check_write(layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: tuple[int, int, int, int],
+                max_len: int | None) -> None:
+    """A cache write's checks (``KVCache.update``, ``RingKVCache.update``): ``shape`` is the cache's
+    ``(n_layers, B, Hkv, D)``; positions are range-checked against ``max_len`` unless it is ``None``
+    (one read of the device)."""
+    n_layers, B, Hkv, D = shape
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n_layers:
+        raise ValueError(f"layer must be an int in [0, {n_layers}), got {layer!r}")
+    if pos.dim() != 1 or not pos.numel() or not is_integer_tensor(pos):
+        raise ValueError(f"pos must be a non-empty 1-D tensor of integer positions, got {pos.dtype} "
+                         f"{tuple(pos.shape)}")
+    if k.shape != (B, Hkv, pos.numel(), D) or v.shape != k.shape:
+        raise ValueError(f"k, v must be {(B, Hkv, pos.numel(), D)}, got {tuple(k.shape)}, {tuple(v.shape)}")
+    if max_len is not None:
+        lo, hi = torch.stack(torch.aminmax(pos)).tolist()  # one read of the device
+        if lo < 0 or hi >= max_len:
+            raise ValueError(f"positions [{lo}, {hi}] do not fit in a KV cache of {max_len} positions")
 
 
 def ring_slot(p: int, n_sink: int, window: int, depth: int) -> int:

@@ -24,7 +24,8 @@ import torch
 
 from .attention import paged_attention, resolve_impl
 from .attention.reference import attention_torch
-from .keyset import check_key_set_args, is_integer_tensor
+from .keyset import check_key_set_args
+from .kvcache import check_write
 
 __all__ = ["RingKVCache", "RingView"]
 
@@ -113,21 +114,11 @@ class RingKVCache:
                 positions outside ``[0, max_len)``; ``k, v`` of another shape.
         """
         n_layers, _, _, Hkv, D = self.k.shape
-        B = self.block_table.shape[0]
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n_layers:
-            raise ValueError(f"layer must be an int in [0, {n_layers}), got {layer!r}")
-        if pos.dim() != 1 or not pos.numel() or not is_integer_tensor(pos):
-            raise ValueError(f"pos must be a non-empty 1-D tensor of integer positions, got {pos.dtype} "
-                             f"{tuple(pos.shape)}")
+        check_write(layer, pos, k, v, (n_layers, self.block_table.shape[0], Hkv, D),
+                    self.max_len if self.checked else None)
         if pos.numel() > self.spare + 1:
             raise ValueError(f"a ring of {self.spare} spare slots takes at most {self.spare + 1} positions a write, "
                              f"got {pos.numel()} (NOTE [Ring writes] in wmtp/ringcache.py)")
-        if k.shape != (B, Hkv, pos.numel(), D) or v.shape != k.shape:
-            raise ValueError(f"k, v must be {(B, Hkv, pos.numel(), D)}, got {tuple(k.shape)}, {tuple(v.shape)}")
-        if self.checked:
-            lo, hi = torch.stack(torch.aminmax(pos)).tolist()  # one read of the device
-            if lo < 0 or hi >= self.max_len:
-                raise ValueError(f"positions [{lo}, {hi}] do not fit in a KV cache of {self.max_len} positions")
         rows = self.block_table[:, pos.long()].long().flatten()  # (B * L,) slot rows, batch-major
         self.k[layer][rows, 0] = k.transpose(1, 2).reshape(-1, Hkv, D).to(self.k.dtype)  # (B*L, Hkv, D)
         self.v[layer][rows, 0] = v.transpose(1, 2).reshape(-1, Hkv, D).to(self.v.dtype)
