@@ -109,10 +109,20 @@ def ring_slot(p: int, n_sink: int, window: int, depth: int) -> int:
     rotating slots, and no write of a later position has yet reused any of them; the sinks are never
     overwritten. So every key a query reads is still in its slot (tests/test_grading.py simulates it).
 
+    ``p`` may be an int or an integer tensor of positions (the slot of each: wmtp/ringcache.py's
+    block table), by the same expression.
+
     Raises:
         ValueError: if ``p < 0``, ``n_sink < 0``, ``window < 1`` or ``depth < 0``.
     """
-    for name, value, low in (("p", p, 0), ("n_sink", n_sink, 0), ("window", window, 1), ("depth", depth, 0)):
+    checks = (("n_sink", n_sink, 0), ("window", window, 1), ("depth", depth, 0))
+    if isinstance(p, torch.Tensor):
+        if not is_integer_tensor(p) or (p.numel() and int(p.min()) < 0):
+            raise ValueError(f"p must hold integer positions >= 0, got {p.dtype} {tuple(p.shape)}")
+    else:
+        checks = (("p", p, 0), *checks)
+    for name, value, low in checks:
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-    return p if p < n_sink else n_sink + (p - n_sink) % (window + depth)
+    # p for the sinks, else n_sink + (p - n_sink) mod (window + depth): one expression for ints and tensors
+    return p - (p >= n_sink) * ((p - n_sink) - (p - n_sink) % (window + depth))

@@ -25,7 +25,7 @@ import torch
 from .attention import paged_attention, resolve_impl
 from .attention.reference import attention_torch
 from .keyset import check_key_set_args
-from .kvcache import check_write
+from .kvcache import check_write, ring_slot
 
 __all__ = ["RingKVCache", "RingView"]
 
@@ -70,8 +70,7 @@ class RingKVCache:
         shape = (n_layers, batch * self.slots, 1, n_kv_heads, head_dim)  # pages of one row
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # (n_layers, B * slots, 1, Hkv, D)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        p = torch.arange(max_len, device=device)  # (max_len,) ring_slot for every position, vectorised
-        slot = torch.where(p < self.n_sink, p, self.n_sink + (p - self.n_sink) % (window + spare))
+        slot = ring_slot(torch.arange(max_len, device=device), self.n_sink, window, spare)  # (max_len,)
         rows = torch.arange(batch, device=device)[:, None] * self.slots + slot[None]  # (B, max_len)
         self.block_table = rows.to(torch.int32)
 
