@@ -29,7 +29,8 @@ def ring(n_sink, window, spare, max_len=64, **kw):
 def test_slots_follow_ring_slot():
     r = ring(2, 6, 3, max_len=20)
     assert r.block_table[0].tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 2, 3, 4, 5, 6, 7, 8, 9, 10]
-    assert r.block_table[0].tolist() == [ring_slot(p, 2, 6, 3) for p in range(20)]
+    assert [ring_slot(p, 2, 6, 3) for p in range(20)] == r.block_table[0].tolist()  # ints: the same expression
+    assert ring(0, 1, 0, max_len=5).block_table[0].tolist() == [0] * 5  # one slot: every position
     two = RingKVCache(1, 2, 2, 4, n_sink=2, window=6, spare=3, max_len=20)
     assert torch.equal(two.block_table[1], two.block_table[0] + 11)  # the second sequence's own slots
     assert r.nbytes == 2 * 11 * 2 * 4 * 8  # K and V, 11 slots of (Hkv, D) float64
