@@ -150,6 +150,46 @@ def test_decoding_with_a_ring_is_lossless(models, monkeypatch, ring_prefill, n_s
     assert torch.equal(out, sampled)
 
 
+class Recorder:
+    """The head, recording every call's logits (the static loop calls it with device tensors only)."""
+
+    def __init__(self, head):
+        self.head, self.target, self.logits = head, head.target, []
+
+    def new_cache(self, *args, **kwargs):
+        return self.head.new_cache(*args, **kwargs)
+
+    def __call__(self, *args):
+        logits, g = self.head(*args)
+        self.logits.append(logits.clone())
+        return logits, g
+
+
+@pytest.mark.parametrize("n_sink,window", WINDOWED)
+@pytest.mark.parametrize("depth", [1, 3, 8])
+def test_the_static_loop_reads_the_same_keys_from_a_ring(models, monkeypatch, n_sink, window, depth):
+    """The device-resident loop's extend writes depth + 1 rows a step, most of them speculative: with
+    a ring of depth spare slots its head calls get the full cache's logits (1e-12), and the tokens
+    are dense decoding's."""
+    monkeypatch.setattr(decode, "RING_PREFILL", 1)
+    target, head = models
+    prompt = random_prompt(21, seed=depth)
+    ref = wmtp.greedy_generate(target, prompt, 50)
+    runs = {}
+    for cache in ("full", "ring"):
+        rec = Recorder(head)
+        out, stats = wmtp.static_speculative_generate(target, rec, prompt, 50, depth, n_sink, window,
+                                                      draft_cache=cache)
+        assert torch.equal(out, ref)
+        runs[cache] = rec.logits, stats
+    (full, full_stats), (ring_logits, ring_stats) = runs["full"], runs["ring"]
+    same_counts(ring_stats, full_stats)
+    assert ring_stats.draft_kv_bytes < full_stats.draft_kv_bytes
+    steps = len(full) - 1  # the prefill's one call (the ring's is cut into calls of depth + 1)
+    for i, (a, b) in enumerate(zip(full[-steps:], ring_logits[-steps:])):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-12, msg=f"call {i}")
+
+
 def test_a_shared_prefill_fills_the_ring(models, monkeypatch):
     monkeypatch.setattr(decode, "RING_PREFILL", 1)
     target, head = models
@@ -186,3 +226,7 @@ def test_cuda_ring_is_lossless(models, monkeypatch, impl):
                                                draft_cache="ring")
         assert torch.equal(out, ref) and torch.equal(full, ref)
         same_counts(stats, full_stats)
+        for graph in (False, True) if impl == "triton" else (False,):  # the CUDA graphs capture the ring's writes
+            out, stats = wmtp.static_speculative_generate(target, head, prompt, 50, 3, n_sink, window, impl=impl,
+                                                          cuda_graph=graph, draft_cache="ring")
+            assert torch.equal(out, ref), graph

@@ -39,7 +39,7 @@ from collections.abc import Callable
 import torch
 
 from .attention import resolve_impl
-from .decode import _each_prompt, _finish, _one_prompt
+from .decode import _each_prompt, _finish, _one_prompt, draft_ring
 from .device import capture_graph, synchronize
 from .keyset import key_count
 from .model import TargetLM
@@ -178,7 +178,8 @@ def _greedy(target: TargetLM, prompt_ids: torch.Tensor, max_new_tokens: int, eos
 def static_speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor | list[torch.Tensor],
                                 max_new_tokens: int, depth: int, n_sink: int | None = None,
                                 window: int | None = None, impl: str = "auto", eos_id: int | None = None,
-                                cuda_graph: bool | None = None, prefill: Prefill | None = None
+                                cuda_graph: bool | None = None, prefill: Prefill | None = None,
+                                draft_cache: str = "full"
                                 ) -> tuple[torch.Tensor, SpecStats] | tuple[list[torch.Tensor], list[SpecStats]]:
     """Greedy (Windowed-)MTP speculative decoding with device-resident steps.
 
@@ -190,21 +191,25 @@ def static_speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: to
         cuda_graph: capture the draft phase and the verify phase, each in a CUDA graph (``None``:
             when on CUDA with the Triton impl; ``True`` elsewhere is a ``ValueError``).
         prefill: as ``speculative_generate``'s (wmtp/prefill.py).
+        draft_cache: as ``speculative_generate``'s: ``"ring"`` keeps the draft's KV in a ring
+            (wmtp/ringcache.py; the extend's ``depth + 1`` rows are within its spare slots).
     """
     if isinstance(prompt_ids, (list, tuple)):
         _one_prompt(prefill)
         runs = _each_prompt(prompt_ids, lambda p: static_speculative_generate(
-            target, draft, p, max_new_tokens, depth, n_sink, window, impl, eos_id, cuda_graph))
+            target, draft, p, max_new_tokens, depth, n_sink, window, impl, eos_id, cuda_graph,
+            draft_cache=draft_cache))
         return [out for out, _ in runs], [stats for _, stats in runs]
     with _on_device_of(prompt_ids):
         return _speculative(target, draft, prompt_ids, max_new_tokens, depth, n_sink, window, impl, eos_id,
-                            cuda_graph, prefill)
+                            cuda_graph, prefill, draft_cache)
 
 
 def _speculative(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max_new_tokens: int, depth: int,
                  n_sink: int | None, window: int | None, impl: str, eos_id: int | None,
-                 cuda_graph: bool | None, prefill: Prefill | None) -> tuple[torch.Tensor, SpecStats]:
+                 cuda_graph: bool | None, prefill: Prefill | None, draft_cache: str) -> tuple[torch.Tensor, SpecStats]:
     needed = check_spec_request(target, draft, prompt_ids, max_new_tokens, depth, n_sink, window, eos_id)
+    ring = draft_ring(draft_cache, n_sink, window, depth)
     prompt_ids, dev, K = prompt_ids.long(), prompt_ids.device, depth
     impl = resolve_impl(impl, dev, target.embed.dtype, target.config.head_dim,
                         target.config.n_heads // target.config.n_kv_heads)
@@ -213,7 +218,8 @@ def _speculative(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max
     # the extend's rows reach n_prev + K <= n - 1 + K, below the verify pass's n + K: `needed` holds both
     tcache, dcache, last_logits, last_hidden = start(  # the prefill, as the eager loop's
         target, draft, prompt_ids, needed=needed, impl=impl, checked=False, prefill=prefill, n_sink=n_sink,
-        window=window)
+        window=window, ring=ring)
+    stats.draft_kv_bytes = getattr(dcache, "nbytes", 0)
     P = prompt_ids.numel()
     x = last_logits.argmax()
     out, stop = _finish([int(x)], max_new_tokens, eos_id)
