@@ -161,6 +161,35 @@ def progress_bar(enabled: bool) -> Progress:
                     disable=not enabled)
 
 
+def run_contexts(name: str, setup: BenchSetup, preset: Preset, device: torch.device, contexts: tuple[int, ...],
+                 units: int, rows: Callable, result: dict, t_start: float, progress: bool, log,
+                 on_context: Callable[[dict], object] | None) -> dict:
+    """What every bench does per context: ONE timed prefill of its prompt, then the rows
+    ``rows(prompt, prefill, tick)`` yields (``tick(what)`` advances the progress bar by one of the
+    context's ``units``), each kept with ``prefill_s``, the metrics so far handed to ``on_context``
+    after every row (to write a partial file). Returns ``result``, marked complete."""
+    with progress_bar(progress) as bar:  # a prefill and every unit are one step of the bar
+        task = bar.add_task(name, total=len(contexts) * (1 + units))
+        for c in contexts:
+            prompt = setup.prompts[c].to(device)
+            bar.update(task, description=f"context {c}: prefill")
+            pre, prefill_s = timed_prefill(setup.target, setup.head, prompt, preset)
+            bar.advance(task)
+            log(f"context {c}: prefilled in {prefill_s:.1f} s")
+
+            def tick(what: str, c=c) -> None:
+                bar.update(task, advance=1, description=f"context {c}: {what} done")
+
+            for row in rows(prompt, pre, tick):
+                result["rows"].append({**row, "prefill_s": prefill_s})
+                result["wall_time_s"] = time.perf_counter() - t_start
+                log(f"context {c}: row {len(result['rows'])} done")
+                if on_context is not None:
+                    on_context(result)
+    result["complete"] = True
+    return result
+
+
 def bench_decode(preset: Preset, dataset_dir: str | None, device: torch.device, seed: int, contexts: tuple[int, ...],
                  loops: tuple[str, ...], cache_dir: Path, command: str, progress: bool = False, log=print,
                  on_context: Callable[[dict], object] | None = None) -> dict:
@@ -176,32 +205,21 @@ def bench_decode(preset: Preset, dataset_dir: str | None, device: torch.device, 
     if "graph" in loops and device.type != "cuda":
         raise ValueError(f"the graph loop captures CUDA graphs; device {device.type} has none (use --loops eager)")
     t_start = time.perf_counter()
-    target, head, prompts, header = bench_setup(DECODE_KIND, preset, dataset_dir, device, seed, contexts, cache_dir,
-                                                command, progress, log)
+    setup = bench_setup(DECODE_KIND, preset, dataset_dir, device, seed, contexts, cache_dir, command, progress, log)
     result = {
-        **header,
+        **setup.header,
         "lossless": "asserted: every arm's tokens equal the same loop's dense greedy tokens (torch.equal)",
         "rows": [], "complete": False,
     }
-    with progress_bar(progress) as bar:  # a prefill and a (context, loop) row are one unit each
-        task = bar.add_task("bench decode", total=len(contexts) * (1 + len(loops)))
-        for c in contexts:
-            prompt = prompts[c].to(device)
-            bar.update(task, description=f"context {c}: prefill")
-            pre, prefill_s = timed_prefill(target, head, prompt, preset)
-            bar.advance(task)
-            log(f"context {c}: prefilled in {prefill_s:.1f} s")
-            for loop in loops:
-                bar.update(task, description=f"context {c}: {loop} loop, dense and {len(preset.spec.keysets)} arms")
-                row = run_context(target, head, prompt, preset, loop, pre)
-                result["rows"].append({**row, "prefill_s": prefill_s})
-                result["wall_time_s"] = time.perf_counter() - t_start
-                bar.advance(task)
-                log(f"context {c}, {loop} loop: done")
-                if on_context is not None:
-                    on_context(result)
-    result["complete"] = True
-    return result
+
+    def rows(prompt, pre, tick):
+        for loop in loops:
+            row = run_context(setup.target, setup.head, prompt, preset, loop, pre)
+            tick(f"{loop} loop, dense and {len(preset.spec.keysets)} arms")
+            yield row
+
+    return run_contexts("bench decode", setup, preset, device, contexts, len(loops), rows, result, t_start, progress,
+                        log, on_context)
 
 
 def table(result: dict):

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from .bench_decode import add_model_arguments, bench_setup, model_options, progress_bar, timed_prefill
+from .bench_decode import add_model_arguments, bench_setup, model_options, run_contexts
 from .config import Preset
 from .decode import greedy_generate, speculative_generate
 from .metrics import speedup
@@ -135,36 +135,21 @@ def bench_depth(preset: Preset, dataset_dir: str | None, device: torch.device, s
     """
     check_options(depths, preset.spec.depth, rounds)
     t_start = time.perf_counter()
-    target, head, prompts, header = bench_setup(DEPTH_KIND, preset, dataset_dir, device, seed, contexts, cache_dir,
-                                                command, progress, log)
+    setup = bench_setup(DEPTH_KIND, preset, dataset_dir, device, seed, contexts, cache_dir, command, progress, log)
     names = list(policies(depths, preset.spec.depth))
     result = {
-        **header,
+        **setup.header,
         "depths": list(depths), "policies": names, "rounds": rounds, "tpot": TPOT_NOTE,
         "lossless": "asserted: every (arm, policy)'s tokens equal dense greedy decoding's (torch.equal)",
         "rows": [], "complete": False,
     }
-    with progress_bar(progress) as bar:  # a prefill and a run are one unit each
-        per_round = 1 + len(preset.spec.keysets) * len(names)  # dense, then every (arm, policy)
-        task = bar.add_task("bench depth", total=len(contexts) * (1 + rounds * per_round))
-        for c in contexts:
-            prompt = prompts[c].to(device)
-            bar.update(task, description=f"context {c}: prefill")
-            pre, prefill_s = timed_prefill(target, head, prompt, preset)
-            bar.advance(task)
-            log(f"context {c}: prefilled in {prefill_s:.1f} s")
+    per_round = 1 + len(preset.spec.keysets) * len(names)  # dense, then every (arm, policy)
 
-            def on_run(what: str, c=c) -> None:
-                bar.update(task, advance=1, description=f"context {c}: {what} done")
+    def rows(prompt, pre, tick):
+        yield run_context(setup.target, setup.head, prompt, preset, depths, rounds, pre, tick)
 
-            row = run_context(target, head, prompt, preset, depths, rounds, pre, on_run)
-            result["rows"].append({**row, "prefill_s": prefill_s})
-            result["wall_time_s"] = time.perf_counter() - t_start
-            log(f"context {c}: done")
-            if on_context is not None:
-                on_context(result)
-    result["complete"] = True
-    return result
+    return run_contexts("bench depth", setup, preset, device, contexts, rounds * per_round, rows, result, t_start,
+                        progress, log, on_context)
 
 
 def table(result: dict):

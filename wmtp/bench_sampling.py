@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from .bench_decode import add_model_arguments, bench_setup, model_options, progress_bar, timed_prefill
+from .bench_decode import add_model_arguments, bench_setup, model_options, run_contexts
 from .config import Preset
 from .model import TargetLM
 from .mtp import MTPHead
@@ -121,36 +121,23 @@ def bench_sampling(preset: Preset, dataset_dir: str | None, device: torch.device
     """
     check_temperatures(temperatures, sample_seeds)
     t_start = time.perf_counter()
-    target, head, prompts, header = bench_setup(SAMPLING_KIND, preset, dataset_dir, device, seed, contexts, cache_dir,
-                                                command, progress, log)
+    setup = bench_setup(SAMPLING_KIND, preset, dataset_dir, device, seed, contexts, cache_dir, command, progress, log)
     result = {
-        **header,
+        **setup.header,
         "sample_seeds": list(sample_seeds), "temperatures": list(temperatures), "methods": list(METHODS),
         "lossless": "asserted: every gumbel arm's tokens equal dense sampling's with the same seed (torch.equal); "
                     "rejection arms are equal to it in distribution",
         "rows": [], "complete": False,
     }
     runs = len(sample_seeds) * (1 + len(preset.spec.keysets) * len(METHODS))  # dense, then every (arm, method)
-    with progress_bar(progress) as bar:  # a prefill and a run are one unit each
-        task = bar.add_task("bench sampling", total=len(contexts) * (1 + len(temperatures) * runs))
-        for c in contexts:
-            prompt = prompts[c].to(device)
-            bar.update(task, description=f"context {c}: prefill")
-            pre, prefill_s = timed_prefill(target, head, prompt, preset)
-            bar.advance(task)
-            log(f"context {c}: prefilled in {prefill_s:.1f} s")
-            for temp in temperatures:
-                def on_run(what: str, c=c, temp=temp) -> None:
-                    bar.update(task, advance=1, description=f"context {c}, temperature {temp}: {what} done")
 
-                row = run_context(target, head, prompt, preset, temp, sample_seeds, pre, on_run)
-                result["rows"].append({**row, "prefill_s": prefill_s})
-                result["wall_time_s"] = time.perf_counter() - t_start
-                log(f"context {c}, temperature {temp}: done")
-                if on_context is not None:
-                    on_context(result)
-    result["complete"] = True
-    return result
+    def rows(prompt, pre, tick):
+        for temp in temperatures:
+            yield run_context(setup.target, setup.head, prompt, preset, temp, sample_seeds, pre,
+                              lambda what, temp=temp: tick(f"temperature {temp}: {what}"))
+
+    return run_contexts("bench sampling", setup, preset, device, contexts, len(temperatures) * runs, rows, result,
+                        t_start, progress, log, on_context)
 
 
 def table(result: dict):
