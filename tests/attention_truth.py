@@ -52,13 +52,17 @@ def make_inputs(B, Hq, Hkv, Lq, S, D, dtype, seed, q_pos=None, device="cpu"):
     return randn(B, Hq, Lq, D), randn(B, Hkv, S, D), randn(B, Hkv, S, D), q_pos.to(device)
 
 
-def truth(q, k, v, q_pos, n_sink, window):
-    """Dense float64 attention over all S keys, masked by the key set (on the inputs' device)."""
+def truth(q, k, v, q_pos, n_sink, window, q_sink=None):
+    """Dense float64 attention over all S keys, masked by the key set (on the inputs' device);
+    with ``q_sink``, the sink columns (``j < n_sink``) are scored by it (re-indexed positions)."""
     q, k, v = (x.to(torch.float64) for x in (q, k, v))
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1)  # (B, Hq, S, D): query head h reads kv head h // group
     v = v.repeat_interleave(group, dim=1)  # (B, Hq, S, D)
     scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])  # (B, Hq, Lq, S)
+    if q_sink is not None:
+        sinks = min(n_sink or 0, k.shape[2])
+        scores[..., :sinks] = (q_sink.to(torch.float64) @ k[:, :, :sinks].transpose(-1, -2)) / math.sqrt(q.shape[-1])
     allowed = draft_key_mask(q_pos.cpu(), k.shape[2], n_sink, window).to(q.device)  # (Lq, S)
     scores = scores.masked_fill(~allowed, float("-inf"))
     return torch.softmax(scores, dim=-1) @ v  # (B, Hq, Lq, D)
@@ -80,13 +84,13 @@ def assert_reference_close(out, expected, dtype):
     assert rel_rms <= REL_RMS[dtype], f"relative RMS {rel_rms:.3g} > {REL_RMS[dtype]:.3g} ({dtype})"
 
 
-def assert_kernel_close(out, q, k, v, q_pos, n_sink, window):
+def assert_kernel_close(out, q, k, v, q_pos, n_sink, window, q_sink=None):
     """The kernel rule of NOTE [Tolerances]: at most twice the low-precision reference's own error."""
     dtype = q.dtype
     _finite(out, dtype, q.shape)
     assert out.device == q.device
-    expected = truth(q, k, v, q_pos, n_sink, window)
-    ref_err = attention_torch(q, k, v, q_pos, n_sink, window).to(torch.float64) - expected
+    expected = truth(q, k, v, q_pos, n_sink, window, q_sink)
+    ref_err = attention_torch(q, k, v, q_pos, n_sink, window, q_sink).to(torch.float64) - expected
     err = out.to(torch.float64) - expected
     floor = ATOL[dtype] + (torch.finfo(dtype).eps if dtype in (torch.float16, torch.bfloat16) else 0.0)
     bound = ERR_FACTOR * ref_err.abs().max().item() + floor

@@ -471,3 +471,37 @@ def test_bench_depth_bad_input_exits_2_before_any_work(capsys, tmp_path, bad, ma
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert err.startswith("wmtp: error:") and match in err, err
     assert not out.exists() and not (tmp_path / "cache").exists()
+
+
+def test_bench_positions_pairs_absolute_and_reindexed(capsys, wikitext_dir, tmp_path, monkeypatch):
+    prefills, starts = record_prefills(monkeypatch)  # every run must start from its context's one prefill
+    out = tmp_path / "r.json"
+    code, stdout, err = _run(capsys, ["bench", "positions", "--preset", "tiny", "--dataset-dir", str(wikitext_dir),
+                                      "--device", "cpu", "--seed", "0", "--contexts", "64", "300", "--new-tokens", "9",
+                                      "--keysets", "2:8", "4:512", "--temperatures", "0", "1.0", "--sample-seeds",
+                                      "3", "5", "--cache-dir", str(tmp_path / "cache"), "--no-progress",
+                                      "--out", str(out)])
+    assert code == 0, err
+    assert [p.prompt.numel() for p in prefills] == [64, 300]
+    assert starts == [prefills[0]] * 15 + [prefills[1]] * 15  # greedy once, then 2 seeds: dense + 2 sets x 2 positions
+    m = json.loads(out.read_text())
+    assert m["kind"] == "bench-positions" and m["complete"] and m["positions"] == ["absolute", "reindexed"]
+    assert m["keysets"] == [{"n_sink": 2, "window": 8}, {"n_sink": 4, "window": 512}] and m["train_seq_len"] == 64
+    assert [(r["context"], r["temperature"], r["sample_seeds"]) for r in m["rows"]] == [
+        (64, 0.0, [3]), (64, 1.0, [3, 5]), (300, 0.0, [3]), (300, 1.0, [3, 5])]
+    for r in m["rows"]:
+        evicting, kept = r["arms"]["sink2+win8"], r["arms"]["sink4+win512"]
+        assert evicting["evicts"] and not kept["evicts"]
+        assert kept["positions"]["absolute"] == kept["positions"]["reindexed"]  # nothing evicted: the same drafts
+        for arm in (evicting, kept):
+            a, b = (arm["positions"][p] for p in ("absolute", "reindexed"))
+            assert arm["reindexed_al_change"] == pytest.approx(b["mean_accept_length"] / a["mean_accept_length"] - 1)
+            for s in (a, b):
+                assert sum(s["accept_length_histogram"]) == s["steps"] > 0 and s["proposed"] == 3 * s["steps"]
+                assert len(s["mean_accept_length_per_seed"]) == len(r["sample_seeds"])
+    assert "AL re-indexed" in stdout and not list(tmp_path.glob("*.tmp"))
+    for bad, match in ((["--keysets", "4"], "is not SINK:WINDOW"), (["--temperatures", "-1"], "--temperatures")):
+        code, _, err = _run(capsys, ["bench", "positions", "--preset", "tiny", "--device", "cpu", "--no-progress",
+                                     "--cache-dir", str(tmp_path / "none"), "--out", str(tmp_path / "bad.json"), *bad])
+        assert code == 2 and len(err.strip().splitlines()) == 1 and match in err, err
+        assert not (tmp_path / "bad.json").exists() and not (tmp_path / "none").exists()

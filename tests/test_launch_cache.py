@@ -234,17 +234,19 @@ def test_equal_keys_mean_equal_triton_specializations(device0):
             k = rng.choice([torch.empty(B, Hkv, S, D, dtype=dtype),  # (B, Hkv, S, D)
                             torch.empty(B, S, Hkv, D, dtype=dtype).transpose(1, 2)])  # the same, position-major
             table, ps = None, 1
+        qs = torch.empty_like(q) if window is not None and rng.random() < 0.3 else None  # re-indexed sinks
         # one plan (one static key), tensors that differ only where the cache key must tell them apart
-        cases = ((q, k, k, q_pos), (unaligned(q), k, k, q_pos), (q, unaligned(k), k, q_pos),
-                 (q, k, unaligned(k), q_pos), (q, k, k, q_pos.int()), (q, k, k, unaligned(q_pos)))
-        for cq, ck, cv, cpos in cases:
-            def run(q_chunk, pos_chunk, ck=ck, cv=cv):
-                call = plan_call(q_chunk, ck, cv, table, ps, pos_chunk, n_sink, window, tuning, h200)
+        cases = [(q, qs, k, k, q_pos), (unaligned(q), qs, k, k, q_pos), (q, qs, unaligned(k), k, q_pos),
+                 (q, qs, k, unaligned(k), q_pos), (q, qs, k, k, q_pos.int()), (q, qs, k, k, unaligned(q_pos))]
+        cases += [(q, unaligned(qs), k, k, q_pos)] if qs is not None else []
+        for cq, cqs, ck, cv, cpos in cases:
+            def run(q_chunk, pos_chunk, qs_chunk, ck=ck, cv=cv):
+                call = plan_call(q_chunk, ck, cv, table, ps, pos_chunk, n_sink, window, tuning, h200, qs_chunk)
                 record(ta._attention_kernel, call.args, call.kwargs, call.static, ta.KEYED)  # as _launch keys them
                 if call.merge is not None:
                     record(tm._merge_kernel, call.merge.args, call.merge.kwargs, call.merge.static, ta.MERGE_KEYED)
                 return call.out
 
-            by_query_chunks(cq, cpos, group, run)
+            by_query_chunks(cq, cpos, group, run, cqs)
     assert len(seen[ta._attention_kernel]) > 100 and seen[tm._merge_kernel]
     assert len(set(seen[ta._attention_kernel].values())) > 100  # Triton's keys: aligned and not, int32 and not

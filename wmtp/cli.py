@@ -5,13 +5,15 @@ the metrics JSON; arXiv 2607.21535 in miniature), ``bench attention`` (draft-att
 key set and context), ``bench decode`` (end-to-end decoding, eager and CUDA-graph loops;
 wmtp/bench_decode.py), ``bench sampling`` (acceptance of sampled speculative decoding per key set,
 temperature and method; wmtp/bench_sampling.py), ``bench depth`` (measured time per token per key
-set and draft-depth policy; wmtp/bench_depth.py), ``grade`` and ``plot``. Bad input exits with
-status 2 and one line on stderr, no traceback.
+set and draft-depth policy; wmtp/bench_depth.py), ``bench positions`` (acceptance with absolute
+and re-indexed draft key positions; wmtp/bench_positions.py), ``grade`` and ``plot``. Bad input
+exits with status 2 and one line on stderr, no traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import shlex
 import sys
 from pathlib import Path
@@ -24,6 +26,26 @@ from .fileio import check_distinct, check_writable
 DEFAULT_PRESET = "small"  # reproduce's and bench's --preset; its results are the committed metrics files
 
 PAPERS = ("windowed-mtp",)
+
+# `wmtp bench NAME` on reproduce's models: wmtp/bench_NAME.py's add_arguments and cli; (help, description)
+BENCHES = {
+    "decode": ("end-to-end decoding per context: eager and CUDA-graph loops",
+               "Decode with dense greedy and every draft arm of reproduce's models at long contexts, in the eager "
+               "loop and (on CUDA) the CUDA-graph loop; assert every arm lossless; write per-step draft and verify "
+               "times, AL and TPOT as JSON."),
+    "sampling": ("acceptance of sampled speculative decoding per key set and method",
+                 "Sample with dense decoding and every draft arm of reproduce's models at each context and "
+                 "temperature, verified by rejection sampling and by shared Gumbel noise; assert every gumbel arm "
+                 "token-equal to dense sampling; write AL, acceptance and accept-length histograms as JSON."),
+    "depth": ("time per token per key set and draft-depth policy",
+              "Decode greedily with dense decoding and every draft arm of reproduce's models at each context, "
+              "drafting fixed depths and the adaptive depth policy; assert every run lossless; write the mean "
+              "drafted depth, AL and the measured time per token kept (TPOT) as JSON."),
+    "positions": ("acceptance with absolute and with re-indexed draft key positions",
+                  "Decode with every windowed key set of reproduce's models at each context and temperature, its "
+                  "draft keys at their absolute positions and re-indexed (StreamingLLM); assert every run "
+                  "token-equal to dense decoding; write AL and acceptance of both as JSON."),
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -89,29 +111,9 @@ def build_parser(prog: str = "wmtp") -> argparse.ArgumentParser:
                      help="write the JSON here (CUDA default: metrics/bench-attention-<h200|cuda>.json)")
     att.add_argument("--plot", type=Path, default=None, help="(CUDA) write the plot here (default: --out as .png)")
 
-    from . import bench_decode
-
-    dec = bench_sub.add_parser("decode", help="end-to-end decoding per context: eager and CUDA-graph loops",
-                               description="Decode with dense greedy and every draft arm of reproduce's models at "
-                               "long contexts, in the eager loop and (on CUDA) the CUDA-graph loop; assert every arm "
-                               "lossless; write per-step draft and verify times, AL and TPOT as JSON.")
-    bench_decode.add_arguments(dec)
-    from . import bench_sampling
-
-    samp = bench_sub.add_parser("sampling", help="acceptance of sampled speculative decoding per key set and method",
-                                description="Sample with dense decoding and every draft arm of reproduce's models at "
-                                "each context and temperature, verified by rejection sampling and by shared Gumbel "
-                                "noise; assert every gumbel arm token-equal to dense sampling; write AL, acceptance "
-                                "and accept-length histograms as JSON.")
-    bench_sampling.add_arguments(samp)
-    from . import bench_depth
-
-    dep = bench_sub.add_parser("depth", help="time per token per key set and draft-depth policy",
-                               description="Decode greedily with dense decoding and every draft arm of reproduce's "
-                               "models at each context, drafting fixed depths and the adaptive depth policy; assert "
-                               "every run lossless; write the mean drafted depth, AL and the measured time per token "
-                               "kept (TPOT) as JSON.")
-    bench_depth.add_arguments(dep)
+    for name, (help_, description) in BENCHES.items():  # each module's add_arguments and cli
+        importlib.import_module(f".bench_{name}", __package__).add_arguments(
+            bench_sub.add_parser(name, help=help_, description=description))
     from .grading import ASSIGNMENTS
 
     grade = sub.add_parser("grade", help="grade a course assignment against the library's oracles",
@@ -161,22 +163,11 @@ def _print_attention(console: Console, rows: list[dict]) -> None:
     console.print(table)
 
 
-def parse_keyset(text: str):
-    """``"SINK:WINDOW"`` to a ``KeySetConfig`` (``ValueError`` on anything else)."""
-    from .config import KeySetConfig
-
-    try:
-        sink, window = (int(x) for x in text.split(":"))
-    except ValueError:
-        raise ValueError(f"key set {text!r} is not SINK:WINDOW (two integers, e.g. 64:4096)") from None
-    return KeySetConfig(n_sink=sink, window=window)
-
-
 def _preset_with_overrides(args: argparse.Namespace):
     """The named preset with the command line's overrides, validated before any work starts."""
     from dataclasses import replace
 
-    from .config import KeySetConfig, get_preset
+    from .config import KeySetConfig, get_preset, parse_keyset
 
     preset = get_preset(args.preset)
     spec = preset.spec
@@ -337,18 +328,8 @@ def main(argv: list[str] | None = None, prog: str = "wmtp") -> int:
             check_distinct(args.json, args.out or args.json.with_suffix(".png"), "the metrics file", "the plot")
             print(f"wrote {render(args.json, args.out)}")
             return 0
-        if args.bench == "decode":
-            from .bench_decode import cli
-
-            return cli(args, prog, argv)
-        if args.bench == "sampling":
-            from .bench_sampling import cli
-
-            return cli(args, prog, argv)
-        if args.bench == "depth":
-            from .bench_depth import cli
-
-            return cli(args, prog, argv)
+        if args.bench in BENCHES:
+            return importlib.import_module(f".bench_{args.bench}", __package__).cli(args, prog, argv)
         return _bench_attention(args, prog, argv)
     except (ValueError, OSError) as e:  # bad input, or a path that cannot be read or written: one line
         print(f"{prog}: error: {e}", file=sys.stderr)

@@ -67,6 +67,16 @@ class KeySetConfig:
         return "native" if self.window is None else f"sink{self.n_sink}+win{self.window}"
 
 
+def parse_keyset(text: str) -> KeySetConfig:
+    """``"SINK:WINDOW"`` (the command line's form, e.g. ``64:4096``) to a ``KeySetConfig``;
+    ``ValueError`` on anything else."""
+    try:
+        sink, window = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise ValueError(f"key set {text!r} is not SINK:WINDOW (two integers, e.g. 64:4096)") from None
+    return KeySetConfig(n_sink=sink, window=window)
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Optimisation of the target LM and, separately, of the MTP head (target frozen)."""

@@ -29,6 +29,7 @@ pass silently (none did in the committed CUDA run, metrics/python-stdlib-seed42-
 
 from __future__ import annotations
 
+import functools
 import operator
 import time
 from collections.abc import Callable
@@ -37,7 +38,7 @@ import torch
 
 from .attention import resolve_impl
 from .device import synchronize
-from .keyset import key_count
+from .keyset import check_positions, key_count
 from .model import TargetLM
 from .mtp import MTPHead
 from .policy import DepthPolicy, as_policy
@@ -186,7 +187,7 @@ def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Ten
                          max_new_tokens: int, depth: int | DepthPolicy, n_sink: int | None = None,
                          window: int | None = None, impl: str = "auto", eos_id: int | None = None,
                          verifier: str | Verifier = "batched",
-                         prefill: Prefill | None = None, draft_cache: str = "full"
+                         prefill: Prefill | None = None, draft_cache: str = "full", positions: str = "absolute"
                          ) -> tuple[torch.Tensor, SpecStats] | tuple[list[torch.Tensor], list[SpecStats]]:
     """Greedy speculative decoding with an MTP draft head whose attention reads ``(n_sink, window)``.
 
@@ -208,6 +209,9 @@ def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Ten
         draft_cache: ``"full"`` (the draft's KV at every position) or ``"ring"``: only the
             ``n_sink + window + max(depth, 255)`` slots its key set can read (wmtp/ringcache.py;
             a windowed draft only). The output is the same either way.
+        positions: the draft keys' RoPE positions: ``"absolute"`` (the paper's) or ``"reindexed"``
+            (StreamingLLM's, inside the key set: wmtp/keyset.py). Drafts, and so acceptance, may
+            differ; the output is the same either way.
 
     Returns:
         The new tokens (identical to ``greedy_generate``) and the step statistics.
@@ -215,13 +219,14 @@ def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Ten
     if isinstance(prompt_ids, (list, tuple)):
         _one_prompt(prefill)
         runs = _each_prompt(prompt_ids, lambda p: speculative_generate(
-            target, draft, p, max_new_tokens, depth, n_sink, window, impl, eos_id, verifier, draft_cache=draft_cache))
+            target, draft, p, max_new_tokens, depth, n_sink, window, impl, eos_id, verifier, draft_cache=draft_cache,
+            positions=positions))
         return [out for out, _ in runs], [stats for _, stats in runs]
     if not callable(verifier) and verifier not in VERIFIERS:
         raise ValueError(f"unknown verifier {verifier!r}; choose one of {', '.join(VERIFIERS)} or pass a function")
     verify = verifier if callable(verifier) else {"batched": verify_greedy, "loop": verify_greedy_loop}[verifier]
     return speculative_loop(target, draft, prompt_ids, max_new_tokens, depth, n_sink, window, impl, eos_id, prefill,
-                            GreedyRule(verify), draft_cache)
+                            GreedyRule(verify), draft_cache, positions)
 
 
 def draft_ring(draft_cache: str, n_sink: int | None, window: int | None, depth: int) -> tuple[int, int, int] | None:
@@ -239,16 +244,25 @@ def draft_ring(draft_cache: str, n_sink: int | None, window: int | None, depth: 
     return n_sink or 0, window, max(depth, RING_PREFILL - 1)
 
 
+def with_positions(draft: MTPHead, positions: str) -> MTPHead:
+    """``draft`` calling its forward with ``positions`` (``MTPHead.forward``'s argument); ``draft``
+    itself for ``"absolute"``, so a draft callable without that argument runs as before."""
+    if check_positions(positions) == "absolute":
+        return draft
+    return functools.partial(draft, positions=positions)
+
+
 def speculative_loop(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max_new_tokens: int,
                      depth: int | DepthPolicy, n_sink: int | None, window: int | None, impl: str, eos_id: int | None,
-                     prefill: Prefill | None, rule, draft_cache: str = "full") -> tuple[torch.Tensor, SpecStats]:
+                     prefill: Prefill | None, rule, draft_cache: str = "full",
+                     positions: str = "absolute") -> tuple[torch.Tensor, SpecStats]:
     """One prompt's speculative decoding (the module docstring's four steps); ``rule`` picks the
     first token, the drafts and what the verify pass accepts (``GreedyRule``: speculative_generate);
     ``depth`` (an int or a policy) how many drafts each step proposes."""
     policy = as_policy(depth)
     depth = policy.max_depth  # the caches hold a step of the most drafts
     needed = check_spec_request(target, draft, prompt_ids, max_new_tokens, depth, n_sink, window, eos_id)
-    ring = draft_ring(draft_cache, n_sink, window, depth)
+    ring, head = draft_ring(draft_cache, n_sink, window, depth), with_positions(draft, positions)
     prompt_ids = prompt_ids.long()  # any integer dtype (the embedding takes int64 or int32 only)
     impl = resolve_impl(impl, prompt_ids.device, target.embed.dtype, target.config.head_dim,
                         target.config.n_heads // target.config.n_kv_heads)
@@ -271,11 +285,11 @@ def speculative_loop(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor,
         synchronize(dev)
         t0 = time.perf_counter()
         ext_pos = torch.arange(head_start, n, device=dev)
-        dlogits, g = draft(h_new, next_tokens[None], ext_pos, dcache, n_sink, window, impl)
+        dlogits, g = head(h_new, next_tokens[None], ext_pos, dcache, n_sink, window, impl)
         drafts = [rule.propose(dlogits[0, -1], n + 1)]  # d_1 guesses position n + 1
         for i in range(1, k):  # recursive drafting: the head's own hidden state feeds it back
             pos_i = torch.tensor([n - 1 + i], device=dev)
-            dlogits, g = draft(g[:, -1:], drafts[-1].view(1, 1), pos_i, dcache, n_sink, window, impl)
+            dlogits, g = head(g[:, -1:], drafts[-1].view(1, 1), pos_i, dcache, n_sink, window, impl)
             drafts.append(rule.propose(dlogits[0, -1], n + 1 + i))
         d = torch.stack(drafts)  # (K,)
         draft_pos = range(head_start, n - 1 + k)  # the extend's queries, then the recursive ones

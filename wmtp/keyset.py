@@ -14,6 +14,16 @@ window. The target model always verifies with the full causal set.
 ``in_key_set`` below is that formula and nothing else. Every other form — the two key
 ranges a kernel loops over, index lists, boolean masks, the CSR layout for a batch — is
 derived from it here and tested against it with literal index lists (tests/test_keyset.py).
+
+Positions (DESIGN.md): keys carry RoPE of their absolute position by default, as in the paper.
+``positions="reindexed"`` is StreamingLLM's alternative (Xiao et al., 2023, Sec. 3.2): inside
+the key set, key ``i`` (ascending) sits at position ``i`` and the query at the set's last index,
+``reindexed_key_positions``. RoPE scores depend only on the distance between query and key, so
+this needs no second copy of the cache: a recent key moves by the same shift as the query (its
+distance ``t - j`` is unchanged), and only the sinks change, to the distance from
+``sink_query_position(t) = min(t, n_sink + window - 1)``. Re-indexed attention is therefore
+the usual attention with the sink keys scored by the query rotated to that position (the
+attention ops' ``q_sink``; wmtp/model.py rotates it).
 """
 
 from __future__ import annotations
@@ -23,14 +33,20 @@ import operator
 import torch
 
 __all__ = [
+    "POSITIONS",
     "check_key_set_args",
+    "check_positions",
     "in_key_set",
     "key_ranges",
     "key_count",
     "draft_key_indices",
     "draft_key_mask",
     "draft_key_csr",
+    "reindexed_key_positions",
+    "sink_query_position",
 ]
+
+POSITIONS = ("absolute", "reindexed")  # RoPE positions of the draft's keys: the paper's, or StreamingLLM's
 
 
 def check_key_set_args(n_sink: int | None, window: int | None) -> int:
@@ -163,6 +179,38 @@ def draft_key_csr(
     indptr = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
     indices = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)
     return indptr, indices
+
+
+def check_positions(positions: str) -> str:
+    """``positions`` if it names one of ``POSITIONS``, else ``ValueError``."""
+    if positions not in POSITIONS:
+        raise ValueError(f"unknown positions {positions!r}; choose one of {', '.join(POSITIONS)}")
+    return positions
+
+
+def reindexed_key_positions(t: int, n_sink: int | None, window: int | None) -> tuple[torch.Tensor, int]:
+    """StreamingLLM's positions for the key set of ``t``: ``(key positions, query position)``.
+
+    The i-th key of ``draft_key_indices(t, ...)`` sits at position ``i``, the query at the last
+    index. Example: ``t=19, n_sink=2, window=6`` reads keys ``[0, 1, 14, .., 19]`` at positions
+    ``[0, 1, 2, .., 7]`` with the query at 7 (absolute: 19). The definition the attention ops'
+    ``q_sink`` is tested against (tests/test_positions.py); they never build these lists.
+    """
+    count = key_count(t, n_sink, window)
+    return torch.arange(count), count - 1
+
+
+def sink_query_position(t, n_sink: int | None, window: int | None):
+    """The position to rotate a query at ``t`` to when it scores the sinks under re-indexed positions.
+
+    ``min(t, n_sink + window - 1)`` (module docstring); ``t`` itself when there is nothing to
+    re-index (``window=None``, or no sinks). ``t``: an int, or a tensor of positions.
+    """
+    n_sink = check_key_set_args(n_sink, window)
+    if window is None or n_sink == 0:
+        return t
+    last = n_sink + window - 1
+    return t.clamp(max=last) if torch.is_tensor(t) else min(_position(t), last)
 
 
 def render_mask(kv_len: int = 24, n_sink: int = 4, window: int = 6) -> str:

@@ -69,10 +69,11 @@ class KVCache:
         return self.k[layer], self.v[layer]  # (B, Hkv, S, D) each
 
     def attend(self, layer: int, q: torch.Tensor, pos: torch.Tensor, n_sink: int | None, window: int | None,
-               impl: str) -> torch.Tensor:
+               impl: str, q_sink: torch.Tensor | None = None) -> torch.Tensor:
         """Attention of queries ``q`` ``(B, Hq, Lq, D)`` at ``pos`` over layer ``layer``'s keys in the
-        key set ``(n_sink, window)``: ``wmtp.attention`` on the position-indexed buffers."""
-        return attention(q, self.k[layer], self.v[layer], pos, n_sink=n_sink, window=window, impl=impl)
+        key set ``(n_sink, window)``: ``wmtp.attention`` on the position-indexed buffers (``q_sink``:
+        the queries that score the sinks, re-indexed positions)."""
+        return attention(q, self.k[layer], self.v[layer], pos, n_sink=n_sink, window=window, impl=impl, q_sink=q_sink)
 
 
 def check_write(layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: tuple[int, int, int, int],

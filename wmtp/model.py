@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from .attention import attention
 from .config import ModelConfig
+from .keyset import check_positions, sink_query_position
 from .kvcache import KVCache
 
 
@@ -66,25 +67,29 @@ class Attention(nn.Module):
         self.wo = _weight(cfg.d_model, cfg.n_heads * cfg.head_dim)
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache | None, layer: int,
-                n_sink: int | None, window: int | None, impl: str) -> torch.Tensor:
+                n_sink: int | None, window: int | None, impl: str, positions: str = "absolute") -> torch.Tensor:
         B, L, _ = x.shape
         c = self.cfg
         q = F.linear(x, self.wq).view(B, L, c.n_heads, c.head_dim).transpose(1, 2)  # (B, Hq, L, D)
         k = F.linear(x, self.wk).view(B, L, c.n_kv_heads, c.head_dim).transpose(1, 2)  # (B, Hkv, L, D)
         v = F.linear(x, self.wv).view(B, L, c.n_kv_heads, c.head_dim).transpose(1, 2)  # (B, Hkv, L, D)
+        q_sink = None  # re-indexed positions (wmtp/keyset.py): sinks scored from min(t, n_sink + window - 1)
+        if check_positions(positions) == "reindexed" and self.rope and window is not None and n_sink:
+            q_sink = apply_rope(q, sink_query_position(pos, n_sink, window), c.rope_theta)  # (B, Hq, L, D)
         if self.rope:
             q, k = apply_rope(q, pos, c.rope_theta), apply_rope(k, pos, c.rope_theta)
         if self.logn_scale:  # in at least fp32, as RoPE: fp16 rounds positions past 65519 to inf
             acc = torch.promote_types(q.dtype, torch.float32)
             scale = (torch.log(pos.to(acc) + 1) / math.log(c.train_seq_len)).clamp(min=1.0)  # (L,)
             q = q * scale[:, None].to(q.dtype)
+            q_sink = None if q_sink is None else q_sink * scale[:, None].to(q.dtype)
         if cache is not None:  # a KVCache, or the draft's RingKVCache (wmtp/ringcache.py)
             cache.update(layer, pos, k, v)
-            y = cache.attend(layer, q, pos, n_sink, window, impl)  # (B, Hq, L, D)
+            y = cache.attend(layer, q, pos, n_sink, window, impl, q_sink)  # (B, Hq, L, D)
         elif int(pos[0]) != 0:
             raise ValueError("a forward pass without a cache must start at position 0")
         else:
-            y = attention(q, k, v, pos, n_sink=n_sink, window=window, impl=impl)  # (B, Hq, L, D)
+            y = attention(q, k, v, pos, n_sink=n_sink, window=window, impl=impl, q_sink=q_sink)  # (B, Hq, L, D)
         return F.linear(y.transpose(1, 2).reshape(B, L, -1), self.wo)
 
 
@@ -110,8 +115,8 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache | None, layer: int,
-                n_sink: int | None, window: int | None, impl: str) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), pos, cache, layer, n_sink, window, impl)
+                n_sink: int | None, window: int | None, impl: str, positions: str = "absolute") -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), pos, cache, layer, n_sink, window, impl, positions)
         return x + self.mlp(self.mlp_norm(x))
 
 

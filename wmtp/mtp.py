@@ -60,7 +60,7 @@ class MTPHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor, next_ids: torch.Tensor, pos: torch.Tensor | None = None,
                 cache: KVCache | None = None, n_sink: int | None = None, window: int | None = None,
-                impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+                impl: str = "auto", positions: str = "absolute") -> tuple[torch.Tensor, torch.Tensor]:
         """One draft step for positions ``pos``.
 
         Args:
@@ -70,6 +70,9 @@ class MTPHead(nn.Module):
             cache: the draft KV cache (written at ``pos``, read through the key set).
             n_sink, window: the draft key set (``window=None``: full context, the native MTP).
             impl: attention implementation.
+            positions: ``"absolute"`` (RoPE of each key's position, the paper's) or ``"reindexed"``
+                (StreamingLLM's positions inside the key set: wmtp/keyset.py; the same as absolute
+                for the native draft, a pure sliding window or a head without RoPE).
 
         Returns:
             ``logits (B, L, V)`` guessing the token two after each position, and ``g (B, L, d)``.
@@ -78,5 +81,5 @@ class MTPHead(nn.Module):
             pos = torch.arange(hidden.shape[1], device=hidden.device)
         e = F.embedding(next_ids, self.target.embed)  # (B, L, d)
         x = F.linear(torch.cat([self.hidden_norm(hidden), self.embed_norm(e)], dim=-1), self.proj)  # (B, L, d)
-        g = self.block(x, pos, cache, 0, n_sink, window, impl)  # (B, L, d)
+        g = self.block(x, pos, cache, 0, n_sink, window, impl, positions)  # (B, L, d)
         return self.target.logits(g), g

@@ -123,8 +123,9 @@ class RingKVCache:
         self.v[layer][rows, 0] = v.transpose(1, 2).reshape(-1, Hkv, D).to(self.v.dtype)
 
     def attend(self, layer: int, q: torch.Tensor, pos: torch.Tensor, n_sink: int | None, window: int | None,
-               impl: str) -> torch.Tensor:
-        """Attention of queries ``q`` ``(B, Hq, Lq, D)`` at ``pos`` over the key set ``(n_sink, window)``.
+               impl: str, q_sink: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention of queries ``q`` ``(B, Hq, Lq, D)`` at ``pos`` over the key set ``(n_sink, window)``
+        (``q_sink``: the queries that score the sinks, re-indexed positions).
 
         Raises:
             ValueError: for a key set the ring does not hold (more sinks, a longer window, or none).
@@ -136,5 +137,5 @@ class RingKVCache:
         kp, vp = self.k[layer], self.v[layer]  # (B * slots, 1, Hkv, D)
         if resolve_impl(impl, q.device) == "torch":  # the reference gathers only its key set's ranges
             return attention_torch(q, RingView(kp, self.block_table), RingView(vp, self.block_table), pos.long(),
-                                   n_sink, window)
-        return paged_attention(q, kp, vp, self.block_table, pos, n_sink, window, impl)
+                                   n_sink, window, q_sink)
+        return paged_attention(q, kp, vp, self.block_table, pos, n_sink, window, impl, q_sink=q_sink)

@@ -39,7 +39,7 @@ from collections.abc import Callable
 import torch
 
 from .attention import resolve_impl
-from .decode import _each_prompt, _finish, _one_prompt, draft_ring
+from .decode import _each_prompt, _finish, _one_prompt, draft_ring, with_positions
 from .device import capture_graph, synchronize
 from .keyset import key_count
 from .model import TargetLM
@@ -179,7 +179,7 @@ def static_speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: to
                                 max_new_tokens: int, depth: int, n_sink: int | None = None,
                                 window: int | None = None, impl: str = "auto", eos_id: int | None = None,
                                 cuda_graph: bool | None = None, prefill: Prefill | None = None,
-                                draft_cache: str = "full"
+                                draft_cache: str = "full", positions: str = "absolute"
                                 ) -> tuple[torch.Tensor, SpecStats] | tuple[list[torch.Tensor], list[SpecStats]]:
     """Greedy (Windowed-)MTP speculative decoding with device-resident steps.
 
@@ -193,23 +193,25 @@ def static_speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: to
         prefill: as ``speculative_generate``'s (wmtp/prefill.py).
         draft_cache: as ``speculative_generate``'s: ``"ring"`` keeps the draft's KV in a ring
             (wmtp/ringcache.py; the extend's ``depth + 1`` rows are within its spare slots).
+        positions: as ``speculative_generate``'s (``"reindexed"``: StreamingLLM's, wmtp/keyset.py).
     """
     if isinstance(prompt_ids, (list, tuple)):
         _one_prompt(prefill)
         runs = _each_prompt(prompt_ids, lambda p: static_speculative_generate(
             target, draft, p, max_new_tokens, depth, n_sink, window, impl, eos_id, cuda_graph,
-            draft_cache=draft_cache))
+            draft_cache=draft_cache, positions=positions))
         return [out for out, _ in runs], [stats for _, stats in runs]
     with _on_device_of(prompt_ids):
         return _speculative(target, draft, prompt_ids, max_new_tokens, depth, n_sink, window, impl, eos_id,
-                            cuda_graph, prefill, draft_cache)
+                            cuda_graph, prefill, draft_cache, positions)
 
 
 def _speculative(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max_new_tokens: int, depth: int,
                  n_sink: int | None, window: int | None, impl: str, eos_id: int | None,
-                 cuda_graph: bool | None, prefill: Prefill | None, draft_cache: str) -> tuple[torch.Tensor, SpecStats]:
+                 cuda_graph: bool | None, prefill: Prefill | None, draft_cache: str,
+                 positions: str) -> tuple[torch.Tensor, SpecStats]:
     needed = check_spec_request(target, draft, prompt_ids, max_new_tokens, depth, n_sink, window, eos_id)
-    ring = draft_ring(draft_cache, n_sink, window, depth)
+    ring, head = draft_ring(draft_cache, n_sink, window, depth), with_positions(draft, positions)
     prompt_ids, dev, K = prompt_ids.long(), prompt_ids.device, depth
     impl = resolve_impl(impl, dev, target.embed.dtype, target.config.head_dim,
                         target.config.n_heads // target.config.n_kv_heads)
@@ -238,12 +240,12 @@ def _speculative(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max
     report = torch.zeros(K + 2, dtype=torch.long, device=dev)  # (K+2,) accepted count, the K+1 choices
 
     def draft_phase() -> None:  # the extend (NOTE [Static extend]), then K - 1 recursive drafts
-        dlogits, g = draft(h_next, t_next[None], n_prev + rows, dcache, n_sink, window, impl)  # (1, K+1, V)
+        dlogits, g = head(h_next, t_next[None], n_prev + rows, dcache, n_sink, window, impl)  # (1, K+1, V)
         proposals = [dlogits[0].index_select(0, accepted).argmax(-1)]  # (1,) from row `accepted`
         g = g.index_select(1, accepted)  # (1, 1, d)
         at = n_prev + accepted + 1  # (1,)
         for i in range(1, K):
-            dlogits, g = draft(g, proposals[-1].view(1, 1), at + (i - 1), dcache, n_sink, window, impl)
+            dlogits, g = head(g, proposals[-1].view(1, 1), at + (i - 1), dcache, n_sink, window, impl)
             proposals.append(dlogits[0, -1].argmax().view(1))
         drafts.copy_(torch.cat(proposals))
         n.copy_(at)

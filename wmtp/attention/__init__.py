@@ -163,6 +163,24 @@ def _prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos, impl: str
     return resolved, q, q_pos.to(q.device)
 
 
+def _check_q_sink(q: torch.Tensor, q_sink: torch.Tensor | None, window: int | None) -> None:
+    """``q_sink`` must match ``q`` (shape, dtype, device) and needs sinks to score (a window)."""
+    if q_sink is None:
+        return
+    if window is None:
+        raise ValueError("q_sink scores the sink keys of a windowed key set; window=None has none")
+    if q_sink.shape != q.shape or q_sink.dtype != q.dtype or q_sink.device != q.device:
+        raise ValueError(f"q_sink must match q: got {tuple(q_sink.shape)} {q_sink.dtype} on {q_sink.device}, "
+                         f"q is {tuple(q.shape)} {q.dtype} on {q.device}")
+
+
+def _same_layout(q: torch.Tensor, q_sink: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """For the kernel, which offsets both with q's strides: q and q_sink contiguous unless they share them."""
+    if q_sink is None or q_sink.stride() == q.stride():
+        return q, q_sink
+    return q.contiguous(), q_sink.contiguous()
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -171,6 +189,8 @@ def attention(
     n_sink: int | None = None,
     window: int | None = None,
     impl: str = "auto",
+    *,
+    q_sink: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention over the Windowed-MTP key set (``window=None``: the full causal set).
 
@@ -183,17 +203,22 @@ def attention(
         n_sink: sink keys (``None`` = 0).
         window: recent keys including the query's own (``None`` = full causal set).
         impl: ``"auto"``, ``"torch"`` or ``"triton"``.
+        q_sink: ``(B, Hq, Lq, D)``, like ``q``: queries that score the sink keys (``j < n_sink``)
+            in place of ``q``. Re-indexed (StreamingLLM) positions pass ``q`` rotated to
+            ``wmtp.keyset.sink_query_position`` here (wmtp/keyset.py); ``None``: absolute positions.
 
     Returns:
         ``(B, Hq, Lq, D)`` tensor in ``q.dtype``.
     """
     check_key_set_args(n_sink, window)
+    _check_q_sink(q, q_sink, window)
     impl, q, q_pos = _prepare(q, k, v, q_pos, impl)
     if impl == "triton":
         from .triton_attention import attention_triton
 
-        return attention_triton(q, k, v, q_pos, n_sink, window)
-    return attention_torch(q, k, v, q_pos, n_sink, window)
+        q, q_sink = _same_layout(q, q_sink)
+        return attention_triton(q, k, v, q_pos, n_sink, window, q_sink=q_sink)
+    return attention_torch(q, k, v, q_pos, n_sink, window, q_sink)
 
 
 def paged_attention(
@@ -205,6 +230,8 @@ def paged_attention(
     n_sink: int | None = None,
     window: int | None = None,
     impl: str = "auto",
+    *,
+    q_sink: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention over the Windowed-MTP key set, with keys and values in a paged cache.
 
@@ -219,11 +246,13 @@ def paged_attention(
         n_sink: sink keys (``None`` = 0).
         window: recent keys including the query's own (``None`` = full causal set).
         impl: ``"auto"``, ``"torch"`` or ``"triton"``.
+        q_sink: queries that score the sink keys, as in ``attention``.
 
     Returns:
         ``(B, Hq, Lq, D)`` tensor in ``q.dtype``.
     """
     check_key_set_args(n_sink, window)
+    _check_q_sink(q, q_sink, window)
     if k_pages.dim() != 4 or v_pages.shape != k_pages.shape or block_table.dim() != 2:
         raise ValueError(f"expected k_pages, v_pages (num_pages, page_size, Hkv, D) and block_table (B, max_pages); "
                          f"got {tuple(k_pages.shape)}, {tuple(v_pages.shape)}, {tuple(block_table.shape)}")
@@ -240,5 +269,6 @@ def paged_attention(
     if impl == "triton":
         from .triton_attention import paged_attention_triton
 
-        return paged_attention_triton(q, k_pages, v_pages, block_table, q_pos, n_sink, window)
-    return paged_attention_torch(q, k_pages, v_pages, block_table, q_pos, n_sink, window)
+        q, q_sink = _same_layout(q, q_sink)
+        return paged_attention_triton(q, k_pages, v_pages, block_table, q_pos, n_sink, window, q_sink=q_sink)
+    return paged_attention_torch(q, k_pages, v_pages, block_table, q_pos, n_sink, window, q_sink)

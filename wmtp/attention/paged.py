@@ -36,6 +36,7 @@ def paged_attention_torch(
     q_pos: torch.Tensor,
     n_sink: int | None = None,
     window: int | None = None,
+    q_sink: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention over the key set, with keys and values in a paged cache.
 
@@ -46,6 +47,7 @@ def paged_attention_torch(
         q_pos: ``(Lq,)`` absolute query positions, each ``< max_pages * page_size``.
         n_sink: sink keys (``None`` = 0).
         window: recent keys including the query's own (``None`` = full causal set).
+        q_sink: queries that score the sink keys, as in ``attention_torch``.
 
     Returns:
         ``(B, Hq, Lq, D)`` in ``q.dtype``.
@@ -55,7 +57,7 @@ def paged_attention_torch(
     length = int(q_pos.max()) + 1  # positions past the last query are never read
     k = gather_pages(k_pages, block_table, length)  # (B, Hkv, length, D)
     v = gather_pages(v_pages, block_table, length)  # (B, Hkv, length, D)
-    return attention_torch(q, k, v, q_pos, n_sink, window)
+    return attention_torch(q, k, v, q_pos, n_sink, window, q_sink)
 
 
 def paginate(

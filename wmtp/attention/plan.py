@@ -153,8 +153,9 @@ def check_tensors(q, k, v, q_pos) -> None:
     assert k.stride(-1) == 1 and q.stride(-1) == 1, "the head dimension must be contiguous"
 
 
-def by_query_chunks(q, q_pos, group, run):
-    """Call ``run(q_chunk, pos_chunk)`` on blocks of at most ``max_tile_rows(dtype, D) // group`` queries."""
+def by_query_chunks(q, q_pos, group, run, q_sink=None):
+    """Call ``run(q_chunk, pos_chunk, q_sink_chunk)`` on blocks of at most ``max_tile_rows(dtype, D) // group``
+    queries (``q_sink_chunk`` is ``None`` without ``q_sink``)."""
     Lq = q.shape[2]
     if Lq == 0:
         return torch.empty_like(q)
@@ -164,5 +165,6 @@ def by_query_chunks(q, q_pos, group, run):
                          f"({q.dtype}, head_dim {q.shape[-1]}); use impl='torch'")
     chunk = max_rows // group
     if chunk >= Lq:
-        return run(q, q_pos)
-    return torch.cat([run(q[:, :, i : i + chunk], q_pos[i : i + chunk]) for i in range(0, Lq, chunk)], dim=2)
+        return run(q, q_pos, q_sink)
+    return torch.cat([run(q[:, :, i : i + chunk], q_pos[i : i + chunk],
+                          None if q_sink is None else q_sink[:, :, i : i + chunk]) for i in range(0, Lq, chunk)], dim=2)

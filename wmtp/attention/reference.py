@@ -45,6 +45,7 @@ def attention_torch(
     q_pos: torch.Tensor,
     n_sink: int | None = None,
     window: int | None = None,
+    q_sink: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Sink+window (or full causal) attention for queries at absolute positions ``q_pos``.
 
@@ -55,6 +56,8 @@ def attention_torch(
         q_pos: ``(Lq,)`` absolute positions of the queries, each ``< S``.
         n_sink: sink keys (``None`` = 0).
         window: recent keys including the query's own (``None`` = full causal set).
+        q_sink: ``(B, Hq, Lq, D)`` queries that score the sink keys (``j < n_sink``) in place of
+            ``q``: re-indexed positions (wmtp/keyset.py); ``None``: ``q`` scores every key.
 
     Returns:
         ``(B, Hq, Lq, D)`` in ``q.dtype``.
@@ -78,6 +81,9 @@ def attention_torch(
         qb = qb.reshape(B, Hkv, group * len(pos), D)  # GQA: the query heads of one KV head together
         # Scores per range straight from the cache (views, no copy of K or V), then one softmax.
         scores = torch.cat([qb @ k[:, :, a:b].to(acc).transpose(-1, -2) for a, b in keys], -1) * scale
+        if q_sink is not None and sink_end:  # the first sink_end columns are the sinks, in both layouts
+            qs = q_sink[:, :, start:stop].to(acc).reshape(B, Hkv, group * len(pos), D)  # (B, Hkv, group*Lb, D)
+            scores[..., :sink_end] = qs @ k[:, :, :sink_end].to(acc).transpose(-1, -2) * scale
         if len(pos) > 1:  # one query reads exactly its ranges' keys; a block needs the formula
             key_pos = torch.cat([torch.arange(a, b, device=q.device) for a, b in keys])  # (Kn,)
             allowed = in_key_set(pos[:, None], key_pos[None, :], n_sink, window)  # (Lb, Kn)

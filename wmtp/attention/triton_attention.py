@@ -86,6 +86,12 @@ launches keep int64. The output's offsets (``_store_rows``, the merge) stay int3
 ``out`` is a fresh contiguous chunk of at most Hkv x 256 tile rows x 256 head dims a batch, below
 2^31 for any Hkv < 32768; the batch term is int64.
 
+NOTE [Re-indexed sinks]: with ``q_sink`` (``QSINK``) the sink range is scored by those queries
+and the recent range by ``q``: re-indexed (StreamingLLM) positions, which move only the sinks'
+distances (wmtp/keyset.py). The two ranges split the keys at ``n_sink`` exactly (``rec_lo >=
+n_sink`` whenever a sink exists), so no key is scored by the wrong query. Without it ``q_s`` is
+``q`` and ``QS`` is not read.
+
 NOTE [Precision]: ``tl.dot`` accumulates in fp32 (fp64 for fp64 inputs, which the GPU
 losslessness tests use: decode.py NOTE [Exactness]); softmax runs in the log2 domain
 (``qk_scale = log2(e) / sqrt(D)``, computed in the kernel in the accumulator's dtype, ``exp2``).
@@ -208,6 +214,7 @@ def _store_rows(Out, tile, rows, b, kvh, Lq,  # Out: output base pointer; tile (
 @triton.jit
 def _attention_kernel(
     Q,  # (B, Hq, Lq, D) queries, any strides
+    QS,  # (B, Hq, Lq, D) queries that score the sinks, Q's strides (QSINK only; any tensor otherwise)
     K, V,  # contiguous: (B, Hkv, S, D); paged: (num_pages, PAGE_SIZE, Hkv, D); same strides for K and V
     BT,  # (B, max_pages) int32 block table (paged only; any tensor otherwise)
     QPOS,  # (Lq,) absolute query positions (int64)
@@ -224,6 +231,7 @@ def _attention_kernel(
     PRECISION: tl.constexpr, ACC: tl.constexpr,  # ACC: accumulator dtype, float64 for float64 inputs
     OFF: tl.constexpr,  # NOTE [Offsets]: the key loop's row offsets, int32 (a paged pool below 2^31) or int64
     PDL: tl.constexpr,  # NOTE [PDL]: let the merge kernel launch now; it waits for this grid's end
+    QSINK: tl.constexpr,  # NOTE [Re-indexed sinks]: the sink range is scored by QS, not Q
 ):
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
@@ -239,6 +247,11 @@ def _attention_kernel(
     q = tl.load(Q + q_row[:, None] + offs_d[None, :] * stride_qd, mask=(rows < GROUP * Lq)[:, None], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
+    q_s = q
+    if QSINK:  # NOTE [Re-indexed sinks]
+        q_s = tl.load(QS + q_row[:, None] + offs_d[None, :] * stride_qd, mask=(rows < GROUP * Lq)[:, None], other=0.0)
+        if UPCAST:
+            q_s = q_s.to(tl.float32)
     # (BLOCK_M,) padding rows repeat a real query's position. NOTE [Host sync]: positions are not
     # checked on the host; clamped to [0, capacity) (before the int32 cast) so that no read leaves the cache
     t = tl.minimum(tl.maximum(tl.load(QPOS + rows % Lq), 0), capacity - 1).to(tl.int32)
@@ -262,7 +275,7 @@ def _attention_kernel(
     # this split's blocks [start, end) of the concatenation (sink blocks, recent blocks)
     start = pid_s * blocks_per_split
     end = start + blocks_per_split
-    acc, m_i, l_i = _attend_range(acc, m_i, l_i, q, t, k_base, v_base, bt_row, stride_kouter, stride_kpos, stride_kd,
+    acc, m_i, l_i = _attend_range(acc, m_i, l_i, q_s, t, k_base, v_base, bt_row, stride_kouter, stride_kpos, stride_kd,
                                   0, sink_hi, tl.minimum(start, n_blk_sink), tl.minimum(end, n_blk_sink),
                                   0, sink_u2, n_sink, window, qk_scale,
                                   BLOCK_N, HEAD_DIM, PAGE_SIZE, PAGED, UPCAST, PRECISION, OFF)
@@ -284,19 +297,19 @@ def _attention_kernel(
 
 
 _ATTENTION = CachedLaunch(_attention_kernel)  # NOTE [Launch cache] in attention/launch.py
-KEYED = 5  # the launch cache keys the caller's tensors q, k, v, bt, q_pos; out, ws: plan_call's (NOTE [Workspace])
+KEYED = 6  # the launch cache keys the caller's tensors q, qs, k, v, bt, q_pos; out, ws: plan_call's (NOTE [Workspace])
 MERGE_KEYED = 0  # the merge's ws and out are plan_call's; its static key holds their dtypes
 
 
-def _launch(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning):
+def _launch(q, q_sink, k, v, block_table, page_size, q_pos, n_sink, window, tuning):
     """Run the kernels for one block of queries (``plan_call`` plans them for q's device)."""
     if q.device.type == "cuda" and q.device.index != torch.cuda.current_device():
         with torch.cuda.device(q.device):  # Triton launches on the current device (and its stream)
-            return _launch(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning)
+            return _launch(q, q_sink, k, v, block_table, page_size, q_pos, n_sink, window, tuning)
     limits = _gpu_limits(q.device) if q.device.type == "cuda" else None
-    call = plan_call(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning, limits)
+    call = plan_call(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning, limits, q_sink)
     if fast_launches(q.device):
-        _ATTENTION.launch(call.grid, call.args, call.kwargs, call.static, 7, keyed=KEYED)
+        _ATTENTION.launch(call.grid, call.args, call.kwargs, call.static, 8, keyed=KEYED)
     else:
         _attention_kernel[call.grid](*call.args, **call.kwargs)
     if call.merge is not None:
@@ -308,7 +321,7 @@ def attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: t
                      n_sink: int | None = None, window: int | None = None, *,
                      num_splits: int | None = None, block_n: int | None = None,
                      num_warps: int | None = None, num_stages: int | None = None,
-                     pdl: bool | None = None) -> torch.Tensor:
+                     pdl: bool | None = None, q_sink: torch.Tensor | None = None) -> torch.Tensor:
     """Sink+window (or full causal) attention over a contiguous cache; semantics of ``attention_torch``.
 
     Args:
@@ -324,18 +337,20 @@ def attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: t
         num_warps, num_stages: Triton launch options; ``None`` picks (scripts/tune_attention.py tunes them).
         pdl: launch the split merge with programmatic dependent launch (NOTE [PDL]); ``None`` = where
             the GPU has it (compute capability >= 9); ``True`` on a GPU without it is a ``ValueError``.
+        q_sink: queries that score the sink keys (NOTE [Re-indexed sinks]), q's shape, dtype and strides.
 
     Returns:
         ``(B, Hq, Lq, D)`` in ``q.dtype``.
     """
     check_tensors(q, k, v, q_pos)
+    assert q_sink is None or q_sink.stride() == q.stride(), "q_sink: q's strides (the kernel offsets both alike)"
     q_pos = q_pos.contiguous()  # the kernel reads positions as one contiguous row (a no-op when they are)
     tuning = (num_splits, block_n, num_warps, num_stages, pdl)
 
-    def run(q_chunk, pos_chunk):
-        return _launch(q_chunk, k, v, None, 1, pos_chunk, n_sink, window, tuning)
+    def run(q_chunk, pos_chunk, qs_chunk):
+        return _launch(q_chunk, qs_chunk, k, v, None, 1, pos_chunk, n_sink, window, tuning)
 
-    return by_query_chunks(q, q_pos, q.shape[1] // k.shape[1], run)
+    return by_query_chunks(q, q_pos, q.shape[1] // k.shape[1], run, q_sink)
 
 
 def paged_attention_triton(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
@@ -343,7 +358,7 @@ def paged_attention_triton(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
                            n_sink: int | None = None, window: int | None = None, *,
                            num_splits: int | None = None, block_n: int | None = None,
                            num_warps: int | None = None, num_stages: int | None = None,
-                           pdl: bool | None = None) -> torch.Tensor:
+                           pdl: bool | None = None, q_sink: torch.Tensor | None = None) -> torch.Tensor:
     """Sink+window (or full causal) attention over a paged cache, read in place through the block table.
 
     Args:
@@ -353,17 +368,20 @@ def paged_attention_triton(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
         block_table: ``(B, max_pages)`` int32, each page a read key lives on in ``[0, num_pages)``
             (not checked: that needs a host sync; a page id outside it reads outside the pool or, its
             offset wrapped in int32, another page).
-        q_pos, n_sink, window, num_splits, block_n, num_warps, num_stages, pdl: as in ``attention_triton``.
+        q_pos, n_sink, window, num_splits, block_n, num_warps, num_stages, pdl, q_sink: as in
+            ``attention_triton``.
 
     Returns:
         ``(B, Hq, Lq, D)`` in ``q.dtype``.
     """
     check_tensors(q, k_pages, v_pages, q_pos)
+    assert q_sink is None or q_sink.stride() == q.stride(), "q_sink: q's strides (the kernel offsets both alike)"
     assert block_table.dtype == torch.int32 and block_table.device == q.device, "block_table: int32 on q's device"
     q_pos, block_table = q_pos.contiguous(), block_table.contiguous()  # read as contiguous rows by the kernel
     tuning = (num_splits, block_n, num_warps, num_stages, pdl)
 
-    def run(q_chunk, pos_chunk):
-        return _launch(q_chunk, k_pages, v_pages, block_table, k_pages.shape[1], pos_chunk, n_sink, window, tuning)
+    def run(q_chunk, pos_chunk, qs_chunk):
+        return _launch(q_chunk, qs_chunk, k_pages, v_pages, block_table, k_pages.shape[1], pos_chunk, n_sink, window,
+                       tuning)
 
-    return by_query_chunks(q, q_pos, q.shape[1] // k_pages.shape[2], run)
+    return by_query_chunks(q, q_pos, q.shape[1] // k_pages.shape[2], run, q_sink)

@@ -51,7 +51,7 @@ class KernelCall(NamedTuple):
     """One launch of ``_attention_kernel`` as ``_launch`` makes it, and the merge that follows."""
 
     grid: tuple[int, int]
-    args: tuple  # positional arguments: the 7 tensors (q, k, v, bt, q_pos, out, ws), then Python ints
+    args: tuple  # positional arguments: the 8 tensors (q, qs, k, v, bt, q_pos, out, ws), then Python ints
     kwargs: Mapping  # constexprs and the launch options num_warps, num_stages (read-only: cached)
     out: torch.Tensor  # (B, Hq, Lq, D)
     merge: MergeCall | None  # the merge launch, or None with one split (the kernel writes out)
@@ -60,7 +60,7 @@ class KernelCall(NamedTuple):
 
 class _Plan(NamedTuple):
     grid: tuple[int, int]
-    ints: tuple  # the kernel's int arguments, after its 7 tensors
+    ints: tuple  # the kernel's int arguments, after its 8 tensors
     kwargs: Mapping
     ws_numel: int  # split workspace elements: m, l (n each) and acc (n * D); 0 without splits
     merge: tuple | None  # the merge's grid, ints, kwargs and static key (with splits)
@@ -68,7 +68,7 @@ class _Plan(NamedTuple):
 
 @functools.lru_cache(maxsize=1024)
 def _static_plan(q_shape, q_stride, k_shape, k_stride, bt_stride, page_size, paged, capacity, dtype, device_type,
-                 n_sink, window, tuning, limits) -> _Plan:
+                 n_sink, window, tuning, limits, q_sink=False) -> _Plan:
     """Everything of a call that shapes, strides and Python ints fix, computed once per distinct key."""
     B, Hq, Lq, D = q_shape
     Hkv = k_shape[2]  # k is (outer, position, Hkv, D) in both layouts
@@ -90,7 +90,8 @@ def _static_plan(q_shape, q_stride, k_shape, k_stride, bt_stride, page_size, pag
                   PAGED=0 if not paged else 2 if num_stages > 1 else 1, SPLIT=split,  # NOTE [Pages]
                   UPCAST=device_type == "cpu" and dtype == torch.bfloat16,
                   PRECISION="ieee" if dtype in (torch.float32, torch.float64) else "tf32",
-                  ACC=tl.float64 if fp64 else tl.float32, PDL=pdl,  # NOTE [Offsets]: paged row offsets' width
+                  ACC=tl.float64 if fp64 else tl.float32, PDL=pdl, QSINK=q_sink and n_sink > 0,
+                  # NOTE [Offsets]: paged row offsets' width
                   OFF=tl.int32 if paged and max_offset(k_shape, k_stride) < 2**31 else tl.int64,
                   num_warps=num_warps, num_stages=num_stages)
     merge = None
@@ -111,7 +112,7 @@ def ws_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def plan_call(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning, limits) -> KernelCall:
+def plan_call(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning, limits, q_sink=None) -> KernelCall:
     """The kernel call for one block of queries, from shapes and Python ints only (NOTE [Host sync]);
     allocates the output and the split workspace on q's device (a ``meta`` device allocates nothing).
 
@@ -121,7 +122,8 @@ def plan_call(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning, li
     time). ``tuning`` holds the optional overrides
     ``num_splits, block_n, num_warps, num_stages, pdl``; ``limits`` is ``_gpu_limits`` of the GPU to
     plan for, or None for the CPU interpreter. tests/test_kernel_sm90.py plans H200 calls on ``meta``
-    tensors and compiles them offline.
+    tensors and compiles them offline. ``q_sink``: the queries that score the sinks, with q's strides
+    (NOTE [Re-indexed sinks] in attention/triton_attention.py), or None.
     """
     if block_table is None:  # (B, Hkv, S, D) read as (B, S, Hkv, D): strides (batch, position, head, dim)
         bt, (B, H, S, D), (sb, sh, ss, sd) = q_pos, k.shape, k.stride()
@@ -130,7 +132,7 @@ def plan_call(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning, li
         bt, k_shape, k_stride = block_table, tuple(k.shape), k.stride()
         capacity = block_table.shape[1] * page_size  # key positions
     static = (tuple(q.shape), q.stride(), k_shape, k_stride, bt.stride(0), page_size, block_table is not None,
-              capacity, q.dtype, q.device.type, n_sink, window, tuning, limits)
+              capacity, q.dtype, q.device.type, n_sink, window, tuning, limits, q_sink is not None)
     plan = _static_plan(*static)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)  # (B, Hq, Lq, D)
     merge = None
@@ -141,5 +143,5 @@ def plan_call(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning, li
     else:  # the kernel writes `out` itself; the workspace pointer is unused
         ws = out
     assert not (out.data_ptr() | ws.data_ptr()) & 15, "NOTE [Workspace]: the allocator's blocks must be 16-byte aligned"
-    args = (q, k, v, bt, q_pos, out, ws, *plan.ints)
+    args = (q, q if q_sink is None else q_sink, k, v, bt, q_pos, out, ws, *plan.ints)
     return KernelCall(plan.grid, args, plan.kwargs, out, merge, static)
