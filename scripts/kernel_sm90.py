@@ -34,20 +34,25 @@ from wmtp.attention import triton_attention as ta  # (wmtp.attention is also a f
 
 H200 = (132, 232448, True)  # SMs, opt-in shared memory per block (bytes), programmatic dependent launch
 S = 1 << 20  # the benchmark's largest context
-CELLS = {  # (Hq, Hkv, D, Lq, window, paged): the benchmark's draft and verify cells
+CELLS = {  # (Hq, Hkv, D, Lq, window, paged[, dtype, q_sink]): the benchmark's draft and verify cells (bf16), and
+    # re-indexed drafts (a second query tile for the sinks: NOTE [Re-indexed sinks]) in bf16 and in fp32, the
+    # largest tile of the ieee path (64 rows of 256 dims, whose shared memory an H200 run found over the limit)
     "draft-D256": (16, 2, 256, 1, 4096, False), "draft-D128": (32, 8, 128, 1, 4096, False),
     "draft-D256-Lq8": (16, 2, 256, 8, 4096, False), "draft-D128-Lq8-paged": (32, 8, 128, 8, 4096, True),
     "verify-D256": (16, 2, 256, 1, None, False), "verify-D256-Lq8": (16, 2, 256, 8, None, False),
     "verify-D128-Lq8": (32, 8, 128, 8, None, False), "verify-D256-Lq8-paged": (16, 2, 256, 8, None, True),
+    "reindexed-D256-Lq8": (16, 2, 256, 8, 4096, False, torch.bfloat16, True),
+    "reindexed-D256-Lq8-fp32": (16, 2, 256, 8, 4096, False, torch.float32, True),
 }
 TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64",
          torch.int32: "i32", torch.int64: "i64"}
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
-def plan(Hq: int, Hkv: int, D: int, Lq: int, window: int | None, paged: bool) -> ta.KernelCall:
-    """The H200 launch of one cell: bf16, batch 1, queries at the end of S keys, 64 sinks, pages of 16."""
-    meta = dict(device="meta", dtype=torch.bfloat16)
+def plan(Hq: int, Hkv: int, D: int, Lq: int, window: int | None, paged: bool, dtype: torch.dtype = torch.bfloat16,
+         q_sink: bool = False) -> ta.KernelCall:
+    """The H200 launch of one cell: batch 1, queries at the end of S keys, 64 sinks, pages of 16."""
+    meta = dict(device="meta", dtype=dtype)
     q = torch.empty(1, Hq, Lq, D, **meta)  # (B, Hq, Lq, D)
     q_pos = torch.empty(Lq, device="meta", dtype=torch.int64)
     if paged:  # (num_pages, page_size, Hkv, D) and a (B, max_pages) block table
@@ -56,7 +61,7 @@ def plan(Hq: int, Hkv: int, D: int, Lq: int, window: int | None, paged: bool) ->
     else:  # (B, Hkv, S, D)
         k = torch.empty(1, Hkv, S, D, **meta)
         bt, page = None, 1
-    return ta.plan_call(q, k, k, bt, page, q_pos, 64, window, (None,) * 5, H200)
+    return ta.plan_call(q, k, k, bt, page, q_pos, 64, window, (None,) * 5, H200, q if q_sink else None)
 
 
 def compile_sm90(call: ta.KernelCall):

@@ -47,7 +47,8 @@ def test_plan_call_on_meta_tensors_is_the_h200_launch():
 
 def test_every_benchmark_launch_fits_the_h200(compiled):
     assert set(compiled["cells"]) == {"draft-D256", "draft-D128", "draft-D256-Lq8", "draft-D128-Lq8-paged",
-                                      "verify-D256", "verify-D256-Lq8", "verify-D128-Lq8", "verify-D256-Lq8-paged"}
+                                      "verify-D256", "verify-D256-Lq8", "verify-D128-Lq8", "verify-D256-Lq8-paged",
+                                      "reindexed-D256-Lq8", "reindexed-D256-Lq8-fp32"}
     for name, cell in compiled["cells"].items():
         assert 0 < cell["shared"] <= H200[1], (name, cell)
 

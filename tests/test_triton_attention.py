@@ -359,6 +359,19 @@ def test_launch_config_defaults(args, expected):
     assert tuple(launch_config(*args, num_splits=3, block_n=16, num_warps=2, num_stages=1))[1:] == (16, 3, 2, 1)
 
 
+def test_a_second_query_tile_takes_its_shared_memory_from_the_stages():
+    """Re-indexed sinks (q_sink) hold two query tiles: the fp32 D256 draft-extend (64 x 256 rows, 64 KiB a
+    tile) drops from 4 stages of 16-key blocks to 2 (it compiled 1.3 KB over an H200's limit with 4);
+    the bf16 launches of the benchmark keep theirs."""
+    from wmtp.attention.plan import launch_config
+
+    fp32 = (1, 16, 2, 8, 256, F32, M, 64, 4096, 132)
+    assert tuple(launch_config(*fp32)) == (64, 16, 66, 4, 4)
+    assert tuple(launch_config(*fp32, q_tiles=2)) == (64, 16, 66, 4, 2)
+    for args in [(1, 16, 2, 1, 256, BF16, M, 64, 4096, 132), (1, 16, 2, 8, 256, BF16, M, 64, 4096, 132)]:
+        assert launch_config(*args, q_tiles=2) == launch_config(*args)
+
+
 def test_launch_config_rejects_bad_overrides_and_fits_smaller_gpus():
     from wmtp.attention.plan import launch_config
 

@@ -97,12 +97,15 @@ def launch_config(B: int, Hq: int, Hkv: int, Lq: int, D: int, dtype: torch.dtype
                   n_sink: int | None, window: int | None, sm_count: int | None,
                   num_splits: int | None = None, block_n: int | None = None,
                   num_warps: int | None = None, num_stages: int | None = None,
-                  smem_bytes: int = SMEM_H200) -> LaunchConfig:
+                  smem_bytes: int = SMEM_H200, q_tiles: int = 1) -> LaunchConfig:
     """The launch for a query tile over a cache of ``capacity`` positions, from shapes only (no sync).
 
     ``sm_count`` is the GPU's SM count, ``None`` for the CPU interpreter; ``smem_bytes`` its opt-in
     shared memory per block; ``num_splits``, ``block_n``, ``num_warps`` and ``num_stages`` override
-    the defaults of NOTE [Launch] when given.
+    the defaults of NOTE [Launch] when given. ``q_tiles``: query tiles a program holds, 2 with
+    re-indexed sinks' ``q_sink``: the compiled kernel stages the second one in shared memory too
+    (scripts/kernel_sm90.py: +64 KiB at fp32, D256, 64 rows), so both tiles are counted beside the
+    headroom (an H200 run found that launch 1.3 KB over with four stages).
 
     Raises:
         ValueError: for ``num_splits < 1``, a ``block_n`` that is not a power of two >= 16, or an
@@ -115,8 +118,10 @@ def launch_config(B: int, Hq: int, Hkv: int, Lq: int, D: int, dtype: torch.dtype
     if capacity < 1:
         raise ValueError("the cache holds no positions")
     fp64, fma = dtype == torch.float64, dtype in (torch.float32, torch.float64)  # fma: no bf16 tensor cores
-    budget = min(200 * 1024, smem_bytes - SMEM_HEADROOM)  # bytes for pipelined K/V blocks
     block_m = _next_pow2(max(16, Hq // Hkv * Lq))
+    budget = min(200 * 1024, smem_bytes - SMEM_HEADROOM)  # bytes for pipelined K/V blocks (as tuned: one tile)
+    if q_tiles > 1:
+        budget = min(budget, smem_bytes - SMEM_HEADROOM - q_tiles * block_m * D * dtype.itemsize)
     n_keys = capacity if window is None else min(capacity, (n_sink or 0) + window + Lq - 1)  # upper bound
     short = sm_count is not None and not fma and _cdiv(n_keys, 64) * B * Hkv <= 8 * sm_count
     if block_n is None:  # a short range's one block of 64 keys, 32 where shared memory is smaller

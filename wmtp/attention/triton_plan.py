@@ -75,8 +75,9 @@ def _static_plan(q_shape, q_stride, k_shape, k_stride, bt_stride, page_size, pag
     fp64 = dtype == torch.float64
     sms, smem, has_pdl = limits or (None, SMEM_H200, False)
     *tuning, pdl = tuning
+    q_sink = bool(q_sink and n_sink and window is not None)  # NOTE [Re-indexed sinks]: a sink range to score
     BLOCK_M, BLOCK_N, num_splits, num_warps, num_stages = launch_config(
-        B, Hq, Hkv, Lq, D, dtype, capacity, n_sink, window, sms, *tuning, smem_bytes=smem)
+        B, Hq, Hkv, Lq, D, dtype, capacity, n_sink, window, sms, *tuning, smem_bytes=smem, q_tiles=2 if q_sink else 1)
     n_sink = 0 if window is None else min(n_sink or 0, capacity)  # sinks past the cache: the same key set
     window = FULL if window is None else min(window, FULL)  # the same key set for positions < FULL
     split = num_splits > 1
@@ -90,7 +91,7 @@ def _static_plan(q_shape, q_stride, k_shape, k_stride, bt_stride, page_size, pag
                   PAGED=0 if not paged else 2 if num_stages > 1 else 1, SPLIT=split,  # NOTE [Pages]
                   UPCAST=device_type == "cpu" and dtype == torch.bfloat16,
                   PRECISION="ieee" if dtype in (torch.float32, torch.float64) else "tf32",
-                  ACC=tl.float64 if fp64 else tl.float32, PDL=pdl, QSINK=q_sink and n_sink > 0,
+                  ACC=tl.float64 if fp64 else tl.float32, PDL=pdl, QSINK=q_sink,
                   # NOTE [Offsets]: paged row offsets' width
                   OFF=tl.int32 if paged and max_offset(k_shape, k_stride) < 2**31 else tl.int64,
                   num_warps=num_warps, num_stages=num_stages)
