@@ -325,16 +325,24 @@ def test_bench_decode_writes_lossless_rows(capsys, wikitext_dir, tmp_path, monke
     args = ["bench", "decode", "--preset", "tiny", "--dataset-dir", str(wikitext_dir), "--device", "cpu", "--seed",
             "0", "--contexts", "64", "300", "--new-tokens", "9", "--cache-dir", str(tmp_path / "cache"),
             "--no-progress"]
-    code, stdout, err = _run(capsys, args + ["--out", str(out)])
+    code, stdout, err = _run(capsys, args + ["--draft-caches", "full", "ring", "--out", str(out)])
     assert code == 0, err
     assert len(prefills) == 2 and [p.prompt.numel() for p in prefills] == [64, 300]
-    assert starts == [prefills[0]] * 3 + [prefills[1]] * 3  # dense and two arms a context, eager loop
+    assert starts == [prefills[0]] * 4 + [prefills[1]] * 4  # dense and three arms a context, eager loop
     m = json.loads(out.read_text())
     assert m["kind"] == "bench-decode" and m["complete"] and m["decode_dtype"] == "float64"
     assert m["config"]["kv_capacity"] == 300 + 9 + 3  # the longest context, the new tokens, the depth
     assert [(r["context"], r["loop"]) for r in m["rows"]] == [(64, "eager"), (300, "eager")]
+    assert m["draft_caches"] == ["full", "ring"]
     for r in m["rows"]:
-        assert r["new_tokens"] == 9 and set(r["arms"]) == {"native", "sink4+win16"} and r["prefill_s"] > 0
+        assert r["new_tokens"] == 9 and list(r["arms"]) == ["native", "sink4+win16", "sink4+win16 ring"]
+        assert r["prefill_s"] > 0
+        full, ring = r["arms"]["sink4+win16"], r["arms"]["sink4+win16 ring"]
+        assert (full["draft_cache"], ring["draft_cache"]) == ("full", "ring")
+        assert ring["mean_accept_length"] == full["mean_accept_length"] and ring["steps"] == full["steps"]
+        positions = r["context"] + 9 + 3  # the prefill's cache: the context, the new tokens, the depth
+        assert full["draft_kv_bytes"] == 2 * 2 * positions * 16 * 8  # K, V; 2 kv heads; a row a position; D 16; fp64
+        assert ring["draft_kv_bytes"] == 2 * 2 * min(positions, 4 + 16 + 255) * 16 * 8  # the ring's slots
         for arm in r["arms"].values():
             assert arm["lossless"] is True and 0 < arm["draft_share_of_step"] < 1
             assert arm["tpot_s"] == pytest.approx((arm["draft_time_per_step_s"] + arm["verify_time_per_step_s"])
@@ -403,11 +411,12 @@ def test_bench_decode_on_cuda_times_both_loops(capsys, tmp_path):
     out = tmp_path / "d.json"
     code, _, err = _run(capsys, ["bench", "decode", "--preset", "tiny", "--device", "cuda", "--contexts", "64", "512",
                                  "--new-tokens", "12", "--cache-dir", str(tmp_path / "cache"), "--no-progress",
-                                 "--out", str(out)])
+                                 "--draft-caches", "full", "ring", "--out", str(out)])
     assert code == 0, err
     m = json.loads(out.read_text())
     assert [(r["context"], r["loop"]) for r in m["rows"]] == [(64, "eager"), (64, "graph"), (512, "eager"),
                                                               (512, "graph")]
+    assert all(list(r["arms"]) == ["native", "sink4+win16", "sink4+win16 ring"] for r in m["rows"])
     assert all(arm["lossless"] is True for r in m["rows"] for arm in r["arms"].values())
     assert m["rows"][0]["prefill_s"] == m["rows"][1]["prefill_s"] > 0  # one prefill a context, both loops
 

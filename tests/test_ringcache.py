@@ -34,6 +34,8 @@ def test_slots_follow_ring_slot():
     two = RingKVCache(1, 2, 2, 4, n_sink=2, window=6, spare=3, max_len=20)
     assert torch.equal(two.block_table[1], two.block_table[0] + 11)  # the second sequence's own slots
     assert r.nbytes == 2 * 11 * 2 * 4 * 8  # K and V, 11 slots of (Hkv, D) float64
+    short = ring(2, 6, 3, max_len=7)  # fewer positions than slots: one slot each, nothing wraps
+    assert short.slots == 7 and short.block_table[0].tolist() == list(range(7))
 
 
 def test_attend_equals_the_full_cache_after_sequential_writes():

@@ -37,7 +37,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from . import data
 from .config import Preset
-from .decode import greedy_generate, speculative_generate
+from .decode import DRAFT_CACHES, greedy_generate, speculative_generate
 from .device import synchronize
 from .metrics import SCHEMA_VERSION, environment, reduction, speedup, tpot
 from .model import TargetLM
@@ -90,9 +90,10 @@ def timed_prefill(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset:
 
 
 def run_context(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: Preset, loop: str,
-                prefill: Prefill) -> dict:
+                prefill: Prefill, draft_caches: tuple[str, ...] = ("full",)) -> dict:
     """Dense decoding and every draft arm at one context with one loop, each from ``prefill``;
-    lossless asserted first."""
+    lossless asserted first. A windowed key set runs once per draft cache of ``draft_caches`` (the
+    ring's arm is labelled ``"<key set> ring"``; the native draft has no ring)."""
     spec = preset.spec
     greedy, speculative = _runners(loop)
     dense_steps: list[float] = []
@@ -101,16 +102,20 @@ def run_context(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: P
     row = {"context": prompt.numel(), "loop": loop, "new_tokens": len(dense),
            "dense": {"step_median_s": dense_step, "tpot_s": dense_step}, "arms": {}}
     native_draft = None
-    for ks in sorted(spec.keysets, key=lambda c: c.window is not None):  # native first: the baseline
+    arms = [(ks, cache) for ks in sorted(spec.keysets, key=lambda c: c.window is not None)  # native first
+            for cache in draft_caches if ks.window is not None or cache == "full"]
+    for ks, cache in arms:
+        label = ks.label if cache == "full" else f"{ks.label} {cache}"
         out, stats = speculative(target, head, prompt, spec.new_tokens, spec.depth, ks.n_sink, ks.window,
-                                 prefill=prefill)
+                                 prefill=prefill, draft_cache=cache)
         if not torch.equal(out, dense):
-            raise AssertionError(f"arm {ks.label} ({loop} loop) at context {prompt.numel()} is not lossless")
+            raise AssertionError(f"arm {label} ({loop} loop) at context {prompt.numel()} is not lossless")
         draft_step, verify_step = statistics.median(stats.draft_times_s), statistics.median(stats.verify_times_s)
         native_draft = draft_step if ks.window is None else native_draft
         t = tpot(verify_step, draft_step, stats.mean_accept_length)
-        row["arms"][ks.label] = {
-            "lossless": True, "n_sink": ks.n_sink, "window": ks.window, "steps": stats.steps,
+        row["arms"][label] = {
+            "lossless": True, "n_sink": ks.n_sink, "window": ks.window, "draft_cache": cache,
+            "draft_kv_bytes": stats.draft_kv_bytes, "steps": stats.steps,
             "acceptance_rate": stats.acceptance_rate, "mean_accept_length": stats.mean_accept_length,
             "draft_keys_read_per_step": stats.draft_keys_read / stats.steps,
             "draft_time_per_step_s": draft_step, "verify_time_per_step_s": verify_step,
@@ -192,16 +197,20 @@ def run_contexts(name: str, setup: BenchSetup, preset: Preset, device: torch.dev
 
 def bench_decode(preset: Preset, dataset_dir: str | None, device: torch.device, seed: int, contexts: tuple[int, ...],
                  loops: tuple[str, ...], cache_dir: Path, command: str, progress: bool = False, log=print,
-                 on_context: Callable[[dict], object] | None = None) -> dict:
-    """Load (or train) reproduce's models, then ``run_context`` for every context and loop.
+                 on_context: Callable[[dict], object] | None = None, draft_caches: tuple[str, ...] = ("full",)
+                 ) -> dict:
+    """Load (or train) reproduce's models, then ``run_context`` for every context and loop (every
+    windowed arm with each of ``draft_caches``: ``"full"``, ``"ring"``).
 
     ``on_context`` gets the metrics so far after each (context, loop), to write a partial file.
 
     Raises:
-        ValueError: for an unknown loop, a context the corpus cannot fill, or ``graph`` off CUDA.
+        ValueError: for an unknown loop or draft cache, a context the corpus cannot fill, or ``graph`` off CUDA.
     """
     if not loops or any(lp not in LOOPS for lp in loops):
         raise ValueError(f"loops must be some of {', '.join(LOOPS)}, got {list(loops)}")
+    if not draft_caches or not set(draft_caches) <= set(DRAFT_CACHES) or len(set(draft_caches)) < len(draft_caches):
+        raise ValueError(f"draft caches must be distinct ones of {', '.join(DRAFT_CACHES)}, got {list(draft_caches)}")
     if "graph" in loops and device.type != "cuda":
         raise ValueError(f"the graph loop captures CUDA graphs; device {device.type} has none (use --loops eager)")
     t_start = time.perf_counter()
@@ -209,12 +218,12 @@ def bench_decode(preset: Preset, dataset_dir: str | None, device: torch.device, 
     result = {
         **setup.header,
         "lossless": "asserted: every arm's tokens equal the same loop's dense greedy tokens (torch.equal)",
-        "rows": [], "complete": False,
+        "draft_caches": list(draft_caches), "rows": [], "complete": False,
     }
 
     def rows(prompt, pre, tick):
         for loop in loops:
-            row = run_context(setup.target, setup.head, prompt, preset, loop, pre)
+            row = run_context(setup.target, setup.head, prompt, preset, loop, pre, draft_caches)
             tick(f"{loop} loop, dense and {len(preset.spec.keysets)} arms")
             yield row
 
@@ -278,6 +287,8 @@ def add_arguments(p) -> None:
                    help="prompt lengths (default: 16384 131072)")
     p.add_argument("--loops", nargs="+", choices=LOOPS, default=None,
                    help="decode loops to time (default: eager and graph on CUDA, eager elsewhere)")
+    p.add_argument("--draft-caches", nargs="+", choices=DRAFT_CACHES, default=["full"],
+                   help="the windowed arms' draft KV: full, ring, or both (default: full)")
     p.add_argument("--out", type=Path, default=None,
                    help="write the JSON here, its plot beside it as .png "
                         "(default: metrics/bench-decode-<h200|cuda|cpu|mps>.json)")
@@ -305,7 +316,7 @@ def cli(args, prog: str, argv: list[str]) -> int:
 
     result = bench_decode(preset, args.dataset_dir, device, args.seed, tuple(args.contexts), loops, args.cache_dir,
                           shlex.join([prog, *argv]), progress=not args.no_progress, log=log,
-                          on_context=lambda partial: write_json(out, partial))
+                          on_context=lambda partial: write_json(out, partial), draft_caches=tuple(args.draft_caches))
     write_json(out, result)
     from .plots import render
 

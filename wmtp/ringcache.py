@@ -1,5 +1,5 @@
-"""The draft's compact KV cache: a ring buffer of ``n_sink + window + spare`` slots a layer,
-whatever the context (beyond arXiv 2607.21535, Sec. 3, which keeps the draft's full KV and only
+"""The draft's compact KV cache: a ring buffer of ``n_sink + window + spare`` slots a layer
+(``max_len`` if fewer), whatever the context (beyond arXiv 2607.21535, Sec. 3, which keeps the draft's full KV and only
 reads the key set: a windowed draft never reads the rest, so it need not keep it).
 
 Position ``p`` lives in slot ``ring_slot(p, n_sink, window, spare)`` (wmtp/kvcache.py: the sinks
@@ -66,7 +66,8 @@ class RingKVCache:
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
         self.n_sink, self.window, self.spare, self.checked = n_sink or 0, window, spare, checked
-        self.slots = self.n_sink + window + spare
+        # no more slots than positions: below n_sink + window + spare, ring_slot(p) is p (nothing wraps)
+        self.slots = min(self.n_sink + window + spare, max_len)
         shape = (n_layers, batch * self.slots, 1, n_kv_heads, head_dim)  # pages of one row
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # (n_layers, B * slots, 1, Hkv, D)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
