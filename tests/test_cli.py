@@ -352,7 +352,16 @@ def test_bench_decode_writes_lossless_rows(capsys, wikitext_dir, tmp_path, monke
     assert "TPOT speedup vs dense" in stdout and not list(tmp_path.glob("*.tmp"))
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # drawn by plots.plot_decode
     # bad input: one line, exit 2, before any training
-    for extra, match in ((["--loops", "graph"], "graph loop captures CUDA graphs"),
+    paged = tmp_path / "paged.json"  # the same runs from a paged prefill: the same tokens and accepts
+    code, _, err = _run(capsys, args + ["--page-size", "16", "--out", str(paged)])
+    assert code == 0, err
+    p = json.loads(paged.read_text())
+    assert p["page_size"] == 16 and m["page_size"] is None
+    for r, q in zip(m["rows"], p["rows"]):
+        for label, arm in q["arms"].items():
+            assert arm["lossless"] is True and arm["steps"] == r["arms"][label]["steps"]
+            assert arm["mean_accept_length"] == r["arms"][label]["mean_accept_length"]
+    for extra, match in ((["--loops", "graph"], "graph loop captures CUDA graphs"), (["--page-size", "0"], ">= 1"),
                          (["--contexts", "1"], "at least 2"), (["--contexts", "10000000"], "needs more")):
         code, _, err = _run(capsys, args + extra + ["--out", str(tmp_path / "bad.json")])
         last = err.strip().splitlines()[-1]  # after the corpus's line, for the context the corpus cannot fill
@@ -411,9 +420,10 @@ def test_bench_decode_on_cuda_times_both_loops(capsys, tmp_path):
     out = tmp_path / "d.json"
     code, _, err = _run(capsys, ["bench", "decode", "--preset", "tiny", "--device", "cuda", "--contexts", "64", "512",
                                  "--new-tokens", "12", "--cache-dir", str(tmp_path / "cache"), "--no-progress",
-                                 "--draft-caches", "full", "ring", "--out", str(out)])
+                                 "--draft-caches", "full", "ring", "--page-size", "16", "--out", str(out)])
     assert code == 0, err
     m = json.loads(out.read_text())
+    assert m["page_size"] == 16  # paged target and draft caches, in both loops (the graph loop's captures too)
     assert [(r["context"], r["loop"]) for r in m["rows"]] == [(64, "eager"), (64, "graph"), (512, "eager"),
                                                               (512, "graph")]
     assert all(list(r["arms"]) == ["native", "sink4+win16", "sink4+win16 ring"] for r in m["rows"])

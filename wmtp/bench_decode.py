@@ -80,11 +80,14 @@ def _runners(loop: str) -> tuple[Callable, Callable]:
             lambda *a, **k: static_speculative_generate(*a, cuda_graph=True, **k))
 
 
-def timed_prefill(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: Preset) -> tuple[Prefill, float]:
-    """The prompt's one prefill for every run at its context (room for the longest run), and its seconds."""
+def timed_prefill(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: Preset,
+                  page_size: int | None = None) -> tuple[Prefill, float]:
+    """The prompt's one prefill for every run at its context (room for the longest run; paged caches
+    with ``page_size``), and its seconds."""
     synchronize(prompt.device)
     t0 = time.perf_counter()
-    pre = prefill_prompt(target, prompt, prompt.numel() + preset.spec.new_tokens + preset.spec.depth, draft=head)
+    pre = prefill_prompt(target, prompt, prompt.numel() + preset.spec.new_tokens + preset.spec.depth, draft=head,
+                         page_size=page_size)
     synchronize(prompt.device)
     return pre, time.perf_counter() - t0
 
@@ -168,17 +171,18 @@ def progress_bar(enabled: bool) -> Progress:
 
 def run_contexts(name: str, setup: BenchSetup, preset: Preset, device: torch.device, contexts: tuple[int, ...],
                  units: int, rows: Callable, result: dict, t_start: float, progress: bool, log,
-                 on_context: Callable[[dict], object] | None) -> dict:
+                 on_context: Callable[[dict], object] | None, page_size: int | None = None) -> dict:
     """What every bench does per context: ONE timed prefill of its prompt, then the rows
     ``rows(prompt, prefill, tick)`` yields (``tick(what)`` advances the progress bar by one of the
     context's ``units``), each kept with ``prefill_s``, the metrics so far handed to ``on_context``
-    after every row (to write a partial file). Returns ``result``, marked complete."""
+    after every row (to write a partial file); ``page_size``: the prefill's caches paged. Returns
+    ``result``, marked complete."""
     with progress_bar(progress) as bar:  # a prefill and every unit are one step of the bar
         task = bar.add_task(name, total=len(contexts) * (1 + units))
         for c in contexts:
             prompt = setup.prompts[c].to(device)
             bar.update(task, description=f"context {c}: prefill")
-            pre, prefill_s = timed_prefill(setup.target, setup.head, prompt, preset)
+            pre, prefill_s = timed_prefill(setup.target, setup.head, prompt, preset, page_size)
             bar.advance(task)
             log(f"context {c}: prefilled in {prefill_s:.1f} s")
 
@@ -197,10 +201,11 @@ def run_contexts(name: str, setup: BenchSetup, preset: Preset, device: torch.dev
 
 def bench_decode(preset: Preset, dataset_dir: str | None, device: torch.device, seed: int, contexts: tuple[int, ...],
                  loops: tuple[str, ...], cache_dir: Path, command: str, progress: bool = False, log=print,
-                 on_context: Callable[[dict], object] | None = None, draft_caches: tuple[str, ...] = ("full",)
-                 ) -> dict:
+                 on_context: Callable[[dict], object] | None = None, draft_caches: tuple[str, ...] = ("full",),
+                 page_size: int | None = None) -> dict:
     """Load (or train) reproduce's models, then ``run_context`` for every context and loop (every
-    windowed arm with each of ``draft_caches``: ``"full"``, ``"ring"``).
+    windowed arm with each of ``draft_caches``: ``"full"``, ``"ring"``; with ``page_size`` the target's
+    and the full draft's KV are paged, ``PagedKVCache``).
 
     ``on_context`` gets the metrics so far after each (context, loop), to write a partial file.
 
@@ -211,6 +216,8 @@ def bench_decode(preset: Preset, dataset_dir: str | None, device: torch.device, 
         raise ValueError(f"loops must be some of {', '.join(LOOPS)}, got {list(loops)}")
     if not draft_caches or not set(draft_caches) <= set(DRAFT_CACHES) or len(set(draft_caches)) < len(draft_caches):
         raise ValueError(f"draft caches must be distinct ones of {', '.join(DRAFT_CACHES)}, got {list(draft_caches)}")
+    if page_size is not None and (isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1):
+        raise ValueError(f"--page-size must be an integer >= 1, got {page_size!r}")
     if "graph" in loops and device.type != "cuda":
         raise ValueError(f"the graph loop captures CUDA graphs; device {device.type} has none (use --loops eager)")
     t_start = time.perf_counter()
@@ -218,7 +225,7 @@ def bench_decode(preset: Preset, dataset_dir: str | None, device: torch.device, 
     result = {
         **setup.header,
         "lossless": "asserted: every arm's tokens equal the same loop's dense greedy tokens (torch.equal)",
-        "draft_caches": list(draft_caches), "rows": [], "complete": False,
+        "draft_caches": list(draft_caches), "page_size": page_size, "rows": [], "complete": False,
     }
 
     def rows(prompt, pre, tick):
@@ -228,7 +235,7 @@ def bench_decode(preset: Preset, dataset_dir: str | None, device: torch.device, 
             yield row
 
     return run_contexts("bench decode", setup, preset, device, contexts, len(loops), rows, result, t_start, progress,
-                        log, on_context)
+                        log, on_context, page_size)
 
 
 def table(result: dict):
@@ -289,6 +296,8 @@ def add_arguments(p) -> None:
                    help="decode loops to time (default: eager and graph on CUDA, eager elsewhere)")
     p.add_argument("--draft-caches", nargs="+", choices=DRAFT_CACHES, default=["full"],
                    help="the windowed arms' draft KV: full, ring, or both (default: full)")
+    p.add_argument("--page-size", type=int, default=None,
+                   help="keep the KV caches paged, in pages of this many positions (default: contiguous)")
     p.add_argument("--out", type=Path, default=None,
                    help="write the JSON here, its plot beside it as .png "
                         "(default: metrics/bench-decode-<h200|cuda|cpu|mps>.json)")
@@ -316,7 +325,8 @@ def cli(args, prog: str, argv: list[str]) -> int:
 
     result = bench_decode(preset, args.dataset_dir, device, args.seed, tuple(args.contexts), loops, args.cache_dir,
                           shlex.join([prog, *argv]), progress=not args.no_progress, log=log,
-                          on_context=lambda partial: write_json(out, partial), draft_caches=tuple(args.draft_caches))
+                          on_context=lambda partial: write_json(out, partial), draft_caches=tuple(args.draft_caches),
+                          page_size=args.page_size)
     write_json(out, result)
     from .plots import render
 

@@ -68,6 +68,10 @@ class KVCache:
         self.v[layer][:, :, pos] = v.to(self.v.dtype)
         return self.k[layer], self.v[layer]  # (B, Hkv, S, D) each
 
+    def read(self, layer: int, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values ``(B, Hkv, L, D)`` at positions ``pos`` ``(L,)``."""
+        return self.k[layer][:, :, pos], self.v[layer][:, :, pos]
+
     def attend(self, layer: int, q: torch.Tensor, pos: torch.Tensor, n_sink: int | None, window: int | None,
                impl: str, q_sink: torch.Tensor | None = None) -> torch.Tensor:
         """Attention of queries ``q`` ``(B, Hq, Lq, D)`` at ``pos`` over layer ``layer``'s keys in the

@@ -24,6 +24,7 @@ from .attention import attention
 from .config import ModelConfig
 from .keyset import check_positions, sink_query_position
 from .kvcache import KVCache
+from .pagedcache import PagedKVCache
 
 
 def _weight(out_features: int, in_features: int) -> nn.Parameter:
@@ -155,10 +156,16 @@ class TargetLM(nn.Module):
         return (0, None) if i in self.config.global_layers else (0, self.config.local_window)
 
     def new_cache(self, batch: int = 1, max_len: int | None = None, *, dtype: torch.dtype | None = None,
-                  device: torch.device | str | None = None, checked: bool = True) -> KVCache:
+                  device: torch.device | str | None = None, checked: bool = True,
+                  page_size: int | None = None) -> KVCache | PagedKVCache:
+        """A position-indexed KV cache for every layer: contiguous, or with ``page_size`` a
+        ``PagedKVCache`` (wmtp/pagedcache.py) of pages of that many positions."""
         c = self.config
-        return KVCache(c.n_layers, batch, c.n_kv_heads, max_len or c.max_seq_len, c.head_dim,
-                       dtype=dtype or self.embed.dtype, device=device or self.embed.device, checked=checked)
+        kw = dict(dtype=dtype or self.embed.dtype, device=device or self.embed.device, checked=checked)
+        if page_size is not None:
+            return PagedKVCache(c.n_layers, batch, c.n_kv_heads, max_len or c.max_seq_len, c.head_dim,
+                                page_size=page_size, **kw)
+        return KVCache(c.n_layers, batch, c.n_kv_heads, max_len or c.max_seq_len, c.head_dim, **kw)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head (shared, frozen, with the MTP head)."""

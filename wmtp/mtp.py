@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from .config import MTPConfig
 from .kvcache import KVCache
 from .model import Block, RMSNorm, TargetLM, init_weights
+from .pagedcache import PagedKVCache
 from .ringcache import RingKVCache
 
 
@@ -47,11 +48,18 @@ class MTPHead(nn.Module):
 
     def new_cache(self, batch: int = 1, max_len: int | None = None, *, dtype: torch.dtype | None = None,
                   device: torch.device | str | None = None, checked: bool = True,
-                  ring: tuple[int | None, int, int] | None = None) -> KVCache | RingKVCache:
-        """The draft KV: every position (``KVCache``), or with ``ring=(n_sink, window, spare)`` a ring
-        of ``n_sink + window + spare`` slots (``RingKVCache``, wmtp/ringcache.py) for that key set."""
+                  ring: tuple[int | None, int, int] | None = None,
+                  page_size: int | None = None) -> KVCache | RingKVCache | PagedKVCache:
+        """The draft KV: every position (``KVCache``; with ``page_size``, a ``PagedKVCache`` of pages of
+        that many positions, wmtp/pagedcache.py), or with ``ring=(n_sink, window, spare)`` a ring of
+        ``n_sink + window + spare`` slots (``RingKVCache``, wmtp/ringcache.py) for that key set."""
         mc = self.target.config
         kw = dict(dtype=dtype or self.proj.dtype, device=device or self.proj.device, checked=checked)
+        if ring is not None and page_size is not None:
+            raise ValueError("a ring is already paged (pages of one row); pass ring or page_size, not both")
+        if page_size is not None:
+            return PagedKVCache(1, batch, mc.n_kv_heads, max_len or mc.max_seq_len, mc.head_dim, page_size=page_size,
+                                **kw)
         if ring is not None:
             n_sink, window, spare = ring
             return RingKVCache(1, batch, mc.n_kv_heads, mc.head_dim, n_sink=n_sink, window=window, spare=spare,

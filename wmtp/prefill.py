@@ -62,7 +62,7 @@ class Prefill:
 
 @torch.no_grad()
 def prefill_prompt(target: TargetLM, prompt_ids: torch.Tensor, max_len: int | None = None,
-                   draft: MTPHead | None = None, impl: str = "auto") -> Prefill:
+                   draft: MTPHead | None = None, impl: str = "auto", page_size: int | None = None) -> Prefill:
     """Run ``prompt_ids`` through ``target`` (and ``draft``) once, into caches of ``max_len`` positions.
 
     Args:
@@ -72,11 +72,14 @@ def prefill_prompt(target: TargetLM, prompt_ids: torch.Tensor, max_len: int | No
             prefill needs at most this many.
         draft: the MTP head whose cache to fill too (needed by speculative runs).
         impl: attention implementation.
+        page_size: keep both caches paged, in pages of this many positions (``PagedKVCache``,
+            wmtp/pagedcache.py); every run from this prefill then decodes on copies of them.
+            ``None``: contiguous caches.
 
     Raises:
         ValueError: for a prompt that is not a non-empty 1-D integer tensor of ids in the
             vocabulary, a ``max_len`` shorter than the prompt or longer than the target's
-            ``max_seq_len``, or a head built on another target.
+            ``max_seq_len``, a ``page_size`` below 1, or a head built on another target.
     """
     check_request(target, prompt_ids, 0, extra=0, eos_id=None)
     c = target.config
@@ -89,7 +92,7 @@ def prefill_prompt(target: TargetLM, prompt_ids: torch.Tensor, max_len: int | No
     prompt = prompt_ids.long().clone()  # a copy: the caller may edit theirs in place
     impl = resolve_impl(impl, prompt.device, target.embed.dtype, c.head_dim, c.n_heads // c.n_kv_heads)
     # NOTE [Shared draft prefill]: the head's positions each read only themselves, key set (0, 1)
-    got = _run_prefill(target, draft, prompt, max_len, impl, True, 0, 1)
+    got = _run_prefill(target, draft, prompt, max_len, impl, True, 0, 1, page_size=page_size)
     return Prefill(target, draft, prompt, got.target_cache, got.draft_cache, got.logits.clone(), got.hidden.clone())
 
 
@@ -103,17 +106,19 @@ class Start(NamedTuple):
 
 
 def _run_prefill(target: TargetLM, draft: MTPHead | None, prompt: torch.Tensor, max_len: int, impl: str, checked: bool,
-                 n_sink: int | None, window: int | None, ring: tuple[int, int, int] | None = None) -> Start:
+                 n_sink: int | None, window: int | None, ring: tuple[int, int, int] | None = None,
+                 page_size: int | None = None) -> Start:
     """The prefill into new caches of ``max_len`` positions: the target over the prompt, then the head
     (if any) over the prompt's true chain, positions 0..P-2 (not part of any decoding step). With
     ``ring=(n_sink, window, spare)`` the head's cache is a ring, filled ``spare + 1`` positions a
-    call (NOTE [Ring writes] in wmtp/ringcache.py)."""
+    call (NOTE [Ring writes] in wmtp/ringcache.py); with ``page_size`` both caches are paged."""
     dev, P = prompt.device, prompt.numel()
-    tcache = target.new_cache(1, max_len, checked=checked)
+    tcache = target.new_cache(1, max_len, checked=checked, page_size=page_size)
     logits, hidden = target(prompt[None], torch.arange(P, device=dev), tcache, impl)  # (1, P, V), (1, P, d)
     dcache = None
     if draft is not None:
-        dcache = draft.new_cache(1, max_len, checked=checked, **({} if ring is None else {"ring": ring}))
+        layout = {"ring": ring} if ring is not None else {"page_size": page_size} if page_size is not None else {}
+        dcache = draft.new_cache(1, max_len, checked=checked, **layout)  # a draft wrapper may take neither
         step = max(P - 1, 1) if ring is None else ring[2] + 1
         for a in range(0, P - 1, step):  # one call without a ring
             b = min(a + step, P - 1)

@@ -6,7 +6,7 @@ Position ``p`` lives in slot ``ring_slot(p, n_sink, window, spare)`` (wmtp/kvcac
 pinned, the rest rotating). The slots are pages of one row of a paged cache, and a block table of
 ``max_len`` entries maps each position to its slot, so the paged attention op reads the key set
 in place (the Triton kernel) or gathers only the key set's ranges (the reference, through
-``RingView``): a draft query never sees the ring's layout.
+``PagedView``, wmtp/attention/paged.py): a draft query never sees the ring's layout.
 
 NOTE [Ring writes]: ``ring_slot``'s no-evicted-read argument holds when at most ``spare``
 positions past a query have been written before it reads. Within one ``update`` the rows are
@@ -22,27 +22,11 @@ from __future__ import annotations
 
 import torch
 
-from .attention import paged_attention, resolve_impl
-from .attention.reference import attention_torch
+from .attention import paged_attention
 from .keyset import check_key_set_args
 from .kvcache import check_write, ring_slot
 
-__all__ = ["RingKVCache", "RingView"]
-
-
-class RingView:
-    """A ``(B, Hkv, max_len, D)`` position-indexed view of one layer's ring, for ``attention_torch``:
-    indexing ``[:, :, a:b]`` gathers positions ``a .. b-1`` from their slots (the reference reads
-    only its key set's ranges, so only those rows are gathered)."""
-
-    def __init__(self, pages: torch.Tensor, block_table: torch.Tensor) -> None:
-        self.pages, self.block_table = pages, block_table  # (B * slots, 1, Hkv, D), (B, max_len)
-        self.shape = (block_table.shape[0], pages.shape[2], block_table.shape[1], pages.shape[3])
-
-    def __getitem__(self, index) -> torch.Tensor:
-        batch, heads, positions = index
-        rows = self.block_table[batch, positions].long()  # (B, L)
-        return self.pages[rows, 0].permute(0, 2, 1, 3)[:, heads]  # (B, L, Hkv, D) -> (B, Hkv, L, D)
+__all__ = ["RingKVCache"]
 
 
 class RingKVCache:
@@ -93,8 +77,8 @@ class RingKVCache:
         return new
 
     def fill_from(self, cache, length: int) -> None:
-        """Hold what writing positions ``0 .. length-1`` of ``cache`` (a ``KVCache`` of the same layers
-        and heads) one by one would leave: the sinks and the last ``window + spare`` positions."""
+        """Hold what writing positions ``0 .. length-1`` of ``cache`` (a ``KVCache`` or ``PagedKVCache`` of
+        the same layers and heads) one by one would leave: the sinks and the last ``window + spare`` positions."""
         sinks = min(self.n_sink, length)
         first = max(sinks, length - self.window - self.spare)
         keep = torch.cat([torch.arange(sinks), torch.arange(first, length)]).to(self.k.device)  # (kept,)
@@ -102,8 +86,9 @@ class RingKVCache:
             rows = self.block_table[:, keep].long().flatten()  # (B * kept,) batch-major
             Hkv, D = self.k.shape[-2:]
             for layer in range(self.k.shape[0]):  # (B, Hkv, kept, D) -> (B * kept, Hkv, D)
-                self.k[layer][rows, 0] = cache.k[layer][:, :, keep].transpose(1, 2).reshape(-1, Hkv, D)
-                self.v[layer][rows, 0] = cache.v[layer][:, :, keep].transpose(1, 2).reshape(-1, Hkv, D)
+                k, v = cache.read(layer, keep)
+                self.k[layer][rows, 0] = k.transpose(1, 2).reshape(-1, Hkv, D)
+                self.v[layer][rows, 0] = v.transpose(1, 2).reshape(-1, Hkv, D)
 
     def update(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write ``k, v`` ``(B, Hkv, L, D)`` at positions ``pos`` ``(L,)``, each into its slot.
@@ -135,8 +120,5 @@ class RingKVCache:
         if window is None or window > self.window or (n_sink or 0) > self.n_sink:
             raise ValueError(f"this ring holds {self.n_sink} sinks and a window of {self.window} keys; "
                              f"the key set ({n_sink}, {window}) needs more")
-        kp, vp = self.k[layer], self.v[layer]  # (B * slots, 1, Hkv, D)
-        if resolve_impl(impl, q.device) == "torch":  # the reference gathers only its key set's ranges
-            return attention_torch(q, RingView(kp, self.block_table), RingView(vp, self.block_table), pos.long(),
-                                   n_sink, window, q_sink)
+        kp, vp = self.k[layer], self.v[layer]  # (B * slots, 1, Hkv, D): pages of one row
         return paged_attention(q, kp, vp, self.block_table, pos, n_sink, window, impl, q_sink=q_sink)

@@ -5,9 +5,11 @@ A paged cache stores keys and values in fixed-size pages, ``k_pages, v_pages`` o
 position ``p`` of sequence ``b`` to row ``p % page_size`` of page ``block_table[b, p // page_size]``
 (the vLLM layout). The key set is the one of wmtp/keyset.py (arXiv 2607.21535, Sec. 3).
 
-``paged_attention_torch`` gathers positions ``0 .. max(q_pos)`` of every sequence through the
-block table into a contiguous cache and calls ``attention_torch`` on it: simple, and correct by
-construction. ``paginate`` builds a paged cache from a contiguous one, with randomly permuted
+``paged_attention_torch`` hands ``attention_torch`` a ``PagedView`` of the pages: a position-indexed
+``(B, Hkv, S, D)`` view whose slices ``[:, :, a:b]`` gather positions ``a .. b-1`` through the block
+table. The reference reads only its key set's ranges, so only those rows are gathered: a windowed
+draft over a paged cache (or the ring of wmtp/ringcache.py, pages of one row) costs its key set, not
+the context. ``paginate`` builds a paged cache from a contiguous one, with randomly permuted
 pages, for tests and benchmarks.
 """
 
@@ -17,15 +19,22 @@ import torch
 
 from .reference import attention_torch
 
-__all__ = ["paged_attention_torch", "paginate"]
+__all__ = ["PagedView", "paged_attention_torch", "paginate"]
 
 
-def gather_pages(pages: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
-    """Positions ``0 .. length-1`` of every sequence, gathered from ``pages``: ``(B, Hkv, length, D)``."""
-    page_size = pages.shape[1]
-    pos = torch.arange(length, device=pages.device)  # (length,)
-    page = block_table[:, pos // page_size].long()  # (B, length)
-    return pages[page, pos % page_size].permute(0, 2, 1, 3)  # (B, length, Hkv, D) -> (B, Hkv, length, D)
+class PagedView:
+    """Positions ``0 .. length-1`` of a paged cache as ``attention_torch`` reads a ``(B, Hkv, length, D)``
+    cache: ``.shape``, and slices ``[batch, heads, a:b]`` gathered from the pages on demand."""
+
+    def __init__(self, pages: torch.Tensor, block_table: torch.Tensor, length: int) -> None:
+        self.pages, self.block_table = pages, block_table  # (num_pages, page_size, Hkv, D), (B, max_pages)
+        self.shape = (block_table.shape[0], pages.shape[2], length, pages.shape[3])
+
+    def __getitem__(self, index) -> torch.Tensor:
+        batch, heads, positions = index
+        pos = torch.arange(self.shape[2], device=self.pages.device)[positions]  # (L,)
+        page = self.block_table[batch][:, pos // self.pages.shape[1]].long()  # (B, L)
+        return self.pages[page, pos % self.pages.shape[1]].permute(0, 2, 1, 3)[:, heads]  # (B, Hkv, L, D)
 
 
 def paged_attention_torch(
@@ -55,8 +64,7 @@ def paged_attention_torch(
     if q_pos.numel() == 0:
         return torch.empty_like(q)
     length = int(q_pos.max()) + 1  # positions past the last query are never read
-    k = gather_pages(k_pages, block_table, length)  # (B, Hkv, length, D)
-    v = gather_pages(v_pages, block_table, length)  # (B, Hkv, length, D)
+    k, v = PagedView(k_pages, block_table, length), PagedView(v_pages, block_table, length)
     return attention_torch(q, k, v, q_pos, n_sink, window, q_sink)
 
 

@@ -1,0 +1,168 @@
+"""The paged KV cache for decoding (wmtp/pagedcache.py) and the paged reference's view
+(wmtp/attention/paged.py ``PagedView``): where a position lives (literal pages and rows), reads and
+attention equal the contiguous cache's for both impls, and decoding from a paged prefill is lossless
+with the contiguous run's accepts, for every decoder."""
+
+import copy
+import os
+
+import pytest
+import torch
+from decode_harness import V, random_prompt, same_counts
+
+import wmtp
+from wmtp import grading
+from wmtp.attention.paged import PagedView, paginate
+from wmtp.grading import harness_models
+from wmtp.kvcache import KVCache
+from wmtp.pagedcache import PagedKVCache
+from wmtp.prefill import prefill_prompt
+from wmtp.ringcache import RingKVCache
+
+CUDA = torch.cuda.is_available()
+TRITON = CUDA or os.environ.get("TRITON_INTERPRET") == "1"
+IMPLS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not TRITON, reason="needs CUDA or the interpreter"))]
+
+
+def paged(page_size, max_len=10, **kw):
+    return PagedKVCache(1, 1, 2, max_len, 4, page_size=page_size, dtype=torch.float64,
+                        generator=torch.Generator().manual_seed(5), **kw)
+
+
+def test_a_position_lives_at_its_page_and_row():
+    c = paged(4)  # 10 positions: 3 pages
+    assert c.k.shape == (1, 3, 4, 2, 4) and sorted(c.block_table[0].tolist()) == [0, 1, 2]
+    k = torch.arange(10, dtype=torch.float64).view(1, 1, 10, 1).expand(1, 2, 10, 4)  # key p holds p
+    c.update(0, torch.arange(10), k, -k)
+    table = c.block_table[0].tolist()
+    for p in range(10):
+        assert c.k[0, table[p // 4], p % 4].eq(p).all() and c.v[0, table[p // 4], p % 4].eq(-p).all()
+    got_k, got_v = c.read(0, torch.tensor([9, 0, 5]))
+    assert got_k[0, :, :, 0].tolist() == [[9, 0, 5]] * 2 and torch.equal(got_v, -got_k)
+    assert c.nbytes == 2 * 3 * 4 * 2 * 4 * 8
+
+
+def test_paged_view_slices_are_the_contiguous_cache():
+    g = torch.Generator().manual_seed(0)
+    full = torch.randn(2, 3, 37, 8, generator=g, dtype=torch.float64)  # (B, Hkv, S, D)
+    pages, _, table = paginate(full, full, 16, g)
+    view = PagedView(pages, table, 37)
+    assert view.shape == (2, 3, 37, 8)
+    for index in [(slice(None), slice(None), slice(0, 37)), (slice(None), slice(None), slice(5, 21)),
+                  (slice(None), slice(1, 3), slice(30, 37)), (slice(None), slice(None), slice(0, 0))]:
+        assert torch.equal(view[index], full[index])
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_attend_equals_the_contiguous_cache(page_size, impl):
+    g = torch.Generator().manual_seed(page_size)
+    D = 16  # the kernel's smallest head dim
+    c = PagedKVCache(1, 1, 2, 40, D, page_size=page_size, dtype=torch.float64, generator=g)
+    full = KVCache(1, 1, 2, 40, D, dtype=torch.float64)
+    for a in range(0, 40, 8):  # writes of 8 positions, each followed by queries at them
+        pos = torch.arange(a, a + 8)
+        k, v = torch.randn(2, 1, 2, 8, D, generator=g, dtype=torch.float64)
+        c.update(0, pos, k, v)
+        full.update(0, pos, k, v)
+        q = torch.randn(1, 4, 8, D, generator=g, dtype=torch.float64)  # (B, Hq, L, D): GQA group 2
+        for n_sink, window in [(2, 6), (0, 3), (0, None)]:
+            q_sink = q.flip(-1) if window is not None else None  # re-indexed sinks, any queries
+            torch.testing.assert_close(c.attend(0, q, pos, n_sink, window, impl, q_sink),
+                                       full.attend(0, q, pos, n_sink, window, "torch", q_sink), rtol=0, atol=1e-12)
+
+
+def test_copy_ring_fill_and_bad_caches():
+    c = paged(4)
+    c.update(0, torch.arange(10), *torch.ones(2, 1, 2, 10, 4, dtype=torch.float64))
+    twin = c.copy()
+    twin.update(0, torch.tensor([3]), *torch.zeros(2, 1, 2, 1, 4, dtype=torch.float64))
+    assert c.read(0, torch.tensor([3]))[0].eq(1).all() and twin.read(0, torch.tensor([3]))[0].eq(0).all()
+    assert torch.equal(twin.block_table, c.block_table)
+    g = torch.Generator().manual_seed(2)
+    full, pages = KVCache(1, 1, 2, 30, 4, dtype=torch.float64), paged(16, max_len=30)
+    kv = torch.randn(2, 1, 2, 30, 4, generator=g, dtype=torch.float64)
+    full.update(0, torch.arange(30), *kv)
+    pages.update(0, torch.arange(30), *kv)
+    rings = [RingKVCache(1, 1, 2, 4, n_sink=2, window=6, spare=3, max_len=30, dtype=torch.float64) for _ in range(2)]
+    rings[0].fill_from(full, 25)
+    rings[1].fill_from(pages, 25)
+    assert torch.equal(rings[0].k, rings[1].k) and torch.equal(rings[0].v, rings[1].v)
+    for kwargs, match in [(dict(page_size=0), "page_size"), (dict(page_size=True), "page_size")]:
+        with pytest.raises(ValueError, match=match):
+            PagedKVCache(1, 1, 2, 10, 4, **kwargs)
+    with pytest.raises(ValueError, match="do not fit"):
+        c.update(0, torch.tensor([10]), *torch.zeros(2, 1, 2, 1, 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match="ring or page_size"):
+        harness_models()[1].new_cache(max_len=10, ring=(2, 6, 3), page_size=4)
+    with pytest.raises(ValueError, match="page_size"):
+        prefill_prompt(*harness_models()[:1], random_prompt(5), 20, page_size=0)
+
+
+@pytest.fixture(scope="module")
+def models():
+    return harness_models()
+
+
+@pytest.mark.parametrize("positions", ["absolute", "reindexed"])
+def test_the_head_reads_a_paged_cache_as_a_contiguous_one(models, positions):
+    """The head's extends of 8 positions at a time: the same logits from a paged draft KV (1e-12)."""
+    target, head = models
+    prompt = random_prompt(41, seed=9)
+    _, hidden = target(prompt[None])  # (1, 41, d)
+    for n_sink, window in [(4, 8), (0, None), (1, 2)]:
+        runs = []
+        for cache in (head.new_cache(max_len=64), head.new_cache(max_len=64, page_size=16)):
+            runs.append(torch.cat([head(hidden[:, a:a + 8], prompt[None, a + 1:a + 9], torch.arange(a, a + 8), cache,
+                                        n_sink, window, "torch", positions)[0] for a in range(0, 40, 8)], 1))
+        torch.testing.assert_close(runs[1], runs[0], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("n_sink, window", [(0, None), (4, 8), (2, 3)])
+def test_decoding_from_a_paged_prefill_is_lossless(models, n_sink, window, page_size):
+    """Every decoder from a paged prefill: the dense tokens, and the contiguous run's accepts (oracle
+    drafts right for j = 0..3 tokens, so every accept length occurs)."""
+    target, head = models
+    prompt, depth = random_prompt(30, seed=page_size), 3
+    pre = prefill_prompt(target, prompt, 30 + 24 + depth, draft=head, page_size=page_size)
+    assert isinstance(pre.target_cache, PagedKVCache) and isinstance(pre.draft_cache, PagedKVCache)
+    dense = wmtp.greedy_generate(target, prompt, 24)
+    assert torch.equal(wmtp.greedy_generate(target, prompt, 24, prefill=pre), dense)
+    seq = torch.cat([prompt, dense, torch.zeros(depth + 2, dtype=torch.long)])
+    caches = ["full"] + (["ring"] if window is not None else [])
+    for j in range(depth + 1):  # the oracle drafts from the sequence (its cache unread): the target's paging
+        draft = grading.OracleDraft(head, seq, j, V)
+        oracle_pre = prefill_prompt(target, prompt, 30 + 24 + depth, draft=draft, page_size=page_size)
+        for cache in caches:
+            out, stats = wmtp.speculative_generate(target, draft, prompt, 24, depth, n_sink, window,
+                                                   prefill=oracle_pre, draft_cache=cache)
+            ref, ref_stats = wmtp.speculative_generate(target, draft, prompt, 24, depth, n_sink, window,
+                                                       draft_cache=cache)
+            assert torch.equal(out, dense) and torch.equal(ref, dense), (j, cache)
+            same_counts(stats, ref_stats)
+    out, stats = wmtp.speculative_generate(target, head, prompt, 24, depth, n_sink, window, prefill=pre)
+    ref, ref_stats = wmtp.speculative_generate(target, head, prompt, 24, depth, n_sink, window)
+    assert torch.equal(out, dense) and torch.equal(ref, dense)
+    same_counts(stats, ref_stats)  # the head's own paged draft KV: the contiguous run's drafts
+    static, _ = wmtp.static_speculative_generate(target, head, prompt, 24, depth, n_sink, window, prefill=pre)
+    assert torch.equal(static, dense)
+    sampled, _ = wmtp.speculative_sample(target, head, prompt, 24, depth, n_sink, window, temperature=0.9, seed=4,
+                                         method="gumbel", prefill=pre)
+    assert torch.equal(sampled, wmtp.sample_generate(target, prompt, 24, temperature=0.9, seed=4))
+    written = pre.target_cache.k.ne(0).any(-1).sum()  # (page, row, head) rows holding a key, over the layers
+    assert written == 30 * target.config.n_kv_heads * target.config.n_layers  # the prompt's: runs wrote copies
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_cuda_paged_decoding_is_lossless(models, impl):
+    target, head = (m.to("cuda") for m in copy.deepcopy(models))
+    prompt = random_prompt(40, seed=3).cuda()
+    dense = wmtp.greedy_generate(target, prompt, 24, impl=impl)
+    pre = prefill_prompt(target, prompt, 40 + 24 + 3, draft=head, impl=impl, page_size=16)
+    for cache in ("full", "ring"):
+        out, _ = wmtp.speculative_generate(target, head, prompt, 24, 3, 4, 8, impl=impl, prefill=pre, draft_cache=cache)
+        assert torch.equal(out, dense), cache
+    static, _ = wmtp.static_speculative_generate(target, head, prompt, 24, 3, 4, 8, impl=impl, prefill=pre)
+    assert torch.equal(static, dense)
