@@ -98,6 +98,7 @@ CASES = [
     pytest.param(2, 2, [3, 4, 5], 6, 4, 8, id="nothing-evicted"),
     pytest.param(4, 2, [30, 31], 32, 1, 1, id="one-sink-window1"),
     pytest.param(4, 2, [12, 40, 41], 50, 3, 5, id="scattered-queries"),
+    pytest.param(4, 1, list(range(40, 60)), 61, 4, 8, id="chunked-20-queries"),  # 80 tile rows: 2 launches
 ]
 
 
@@ -135,6 +136,39 @@ def test_q_sink_in_low_precision(Hq, Hkv, Lq, S, D, n_sink, window, dtype, layou
     q_sink = make_inputs(1, Hq, Hkv, Lq, 1, D, dtype, seed=D + Lq + 1, device=DEVICE)[0]
     out = run_op(impl, layout, q, k, v, q_pos, n_sink, window, q_sink)
     assert_kernel_close(out, q, k, v, q_pos, n_sink, window, q_sink=q_sink)
+
+
+@pytest.mark.skipif(not TRITON, reason="needs CUDA or the interpreter")
+@pytest.mark.parametrize("layout", ["contiguous", "paged16"])
+@pytest.mark.parametrize("q_pos", [[99], [97, 98, 99]])
+def test_q_sink_over_many_sink_blocks_and_splits(q_pos, layout):
+    """Blocks of 16 keys: 40 sinks are two unmasked blocks and a masked one, split over 3 programs
+    (the interpreter's default is one split and 64-key blocks, which hide an unmasked sink block)."""
+    from wmtp.attention.reference import attention_torch
+    from wmtp.attention.triton_attention import attention_triton, paged_attention_triton
+
+    q, k, v, pos = make_inputs(1, 4, 2, len(q_pos), 100, 32, torch.float64, seed=7, q_pos=q_pos, device=DEVICE)
+    q_sink = make_inputs(1, 4, 2, len(q_pos), 1, 32, torch.float64, seed=8, device=DEVICE)[0]
+    expected = attention_torch(q, k, v, pos, 40, 16, q_sink)
+    if layout == "contiguous":
+        out = attention_triton(q, k, v, pos, 40, 16, block_n=16, num_splits=3, q_sink=q_sink)
+    else:
+        k_pages, v_pages, table = paginate(k, v, 16, torch.Generator(device=DEVICE).manual_seed(1))
+        out = paged_attention_triton(q, k_pages, v_pages, table, pos, 40, 16, block_n=16, num_splits=3, q_sink=q_sink)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
+
+
+def test_q_sink_layouts_and_grads():
+    """A q_sink whose strides differ from q's only on a size-1 dimension, and a q_sink that requires grad."""
+    q, k, v, pos = make_inputs(1, 4, 2, 1, 40, 32, torch.float64, seed=2, device=DEVICE)
+    q_sink = torch.randn(1, 1, 4, 32, dtype=torch.float64, device=DEVICE).transpose(1, 2)  # (1, 4, 1, 32), odd strides
+    assert q_sink.stride() != q.stride()
+    expected = wmtp.attention(q, k, v, pos, 4, 8, "torch", q_sink=q_sink)
+    if TRITON:
+        torch.testing.assert_close(wmtp.attention(q, k, v, pos, 4, 8, "triton", q_sink=q_sink), expected, rtol=0,
+                                   atol=1e-12)
+        with pytest.raises(ValueError, match="require grad"):
+            wmtp.attention(q, k, v, pos, 4, 8, "triton", q_sink=q_sink.clone().requires_grad_())
 
 
 def test_bad_q_sink_raises():
@@ -224,3 +258,41 @@ def test_reindexed_decoding_on_each_backend(models, device, impl, draft_cache):
     assert torch.equal(out, ref)
     _, cpu_stats = wmtp.speculative_generate(*models, prompt, 20, 3, 4, 8, impl="torch", positions="reindexed")
     same_counts(stats, cpu_stats)
+
+
+@pytest.mark.parametrize("generate", ["speculative_generate", "static_speculative_generate", "speculative_sample"])
+@pytest.mark.parametrize("draft_cache", ["full", "ring"])
+def test_every_draft_call_reindexes(models, monkeypatch, generate, draft_cache):
+    """Spy on the draft's attention: with positions='reindexed' every decoding call of the draft (its
+    queries at 29 and later, past the first eviction at n_sink + window = 12) passes q_sink, in the
+    extend and the recursive calls alike; with 'absolute' none does. (The prefill's draft call passes
+    none either way: its outputs are unused, and the keys it writes do not depend on positions.)"""
+    from wmtp.kvcache import KVCache
+    from wmtp.ringcache import RingKVCache
+
+    calls = []
+    for cls in (KVCache, RingKVCache):
+        def spy(self, layer, q, pos, n_sink, window, impl, q_sink=None, real=cls.attend):
+            if (n_sink, window) == (4, 8):  # the draft's key set (the target's layers use n_sink 0)
+                calls.append((int(pos.min()), int(pos.max()), q_sink is not None))
+            return real(self, layer, q, pos, n_sink, window, impl, q_sink)
+        monkeypatch.setattr(cls, "attend", spy)
+    target, head = models
+    kwargs = dict(temperature=0.8, seed=1) if generate == "speculative_sample" else {}
+    for positions in ("absolute", "reindexed"):
+        calls.clear()
+        getattr(wmtp, generate)(target, head, random_prompt(30), 12, 3, 4, 8, draft_cache=draft_cache,
+                                positions=positions, **kwargs)
+        late = [has for lo, hi, has in calls if lo >= 29]  # decoding's calls, not the prefill's (its outputs unused)
+        assert len(late) > 12 and all(late) == (positions == "reindexed") and any(late) == all(late), (positions, calls)
+
+
+def test_a_draft_without_positions_is_refused_before_any_work(models, monkeypatch):
+    from wmtp import grading, prefill
+
+    target, head = models
+    monkeypatch.setattr(prefill, "_run_prefill", lambda *a, **k: pytest.fail("prefilled before refusing"))
+    oracle = grading.OracleDraft(head, random_prompt(60), 2, 512)
+    for generate in (wmtp.speculative_generate, wmtp.static_speculative_generate):
+        with pytest.raises(ValueError, match="needs a draft that takes positions="):
+            generate(target, oracle, random_prompt(20), 8, 2, 4, 8, positions="reindexed")

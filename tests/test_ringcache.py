@@ -50,8 +50,9 @@ def test_attend_equals_the_full_cache_after_sequential_writes():
         r.update(0, pos, k, v)
         q = torch.randn(1, 4, 4, 4, generator=g, dtype=torch.float64)  # (B, Hq, L, D): GQA group 2
         for n_sink, window in [(2, 6), (1, 6), (2, 4), (0, 1)]:
-            torch.testing.assert_close(r.attend(0, q, pos, n_sink, window, "torch"),
-                                       full.attend(0, q, pos, n_sink, window, "torch"), rtol=0, atol=1e-12)
+            for q_sink in (None, q.flip(-1)):  # absolute, and the sinks scored by other queries (re-indexed)
+                torch.testing.assert_close(r.attend(0, q, pos, n_sink, window, "torch", q_sink),
+                                           full.attend(0, q, pos, n_sink, window, "torch", q_sink), rtol=0, atol=1e-12)
 
 
 def test_fill_from_holds_what_sequential_writes_leave():

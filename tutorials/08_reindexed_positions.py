@@ -151,8 +151,8 @@ for ks in mass["keysets"]:
           f"{ks['absolute']['mean']:.1%} absolute, {ks['reindexed']['mean']:.1%} re-indexed")
 
 # %% [markdown]
-# Mostly unchanged, a step or two either way elsewhere: that head gives its sinks about their share of
-# the keys, so where they sit changes few drafts.
+# Mostly unchanged, a step or two either way elsewhere: that head gives a sink somewhat less attention
+# than a recent key, so where the sinks sit changes few drafts.
 
 # %% [markdown]
 # ## Discussion

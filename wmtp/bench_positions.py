@@ -54,7 +54,9 @@ def run_context(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: P
     row = {"context": prompt.numel(), "temperature": temperature, "new_tokens": spec.new_tokens,
            "sample_seeds": list(seeds), "arms": {}}
     for ks in keysets:
-        evicts = prompt.numel() + spec.new_tokens > ks.n_sink + ks.window  # some query's sinks move when re-indexed
+        # can a draft query sit past the first eviction (its sinks moved when re-indexed)? The last step
+        # starts before P + new_tokens - 1 and drafts up to depth - 1 positions past it.
+        evicts = prompt.numel() + spec.new_tokens + spec.depth - 3 >= ks.n_sink + ks.window
         arm = {"n_sink": ks.n_sink, "window": ks.window, "evicts": evicts, "positions": {}}
         for positions in POSITIONS:
             runs = []

@@ -30,6 +30,7 @@ pass silently (none did in the committed CUDA run, metrics/python-stdlib-seed42-
 from __future__ import annotations
 
 import functools
+import inspect
 import operator
 import time
 from collections.abc import Callable
@@ -246,9 +247,18 @@ def draft_ring(draft_cache: str, n_sink: int | None, window: int | None, depth: 
 
 def with_positions(draft: MTPHead, positions: str) -> MTPHead:
     """``draft`` calling its forward with ``positions`` (``MTPHead.forward``'s argument); ``draft``
-    itself for ``"absolute"``, so a draft callable without that argument runs as before."""
+    itself for ``"absolute"``, so a draft callable without that argument runs as before.
+
+    Raises:
+        ValueError: for an unknown ``positions``, or ``"reindexed"`` with a draft that takes no
+            ``positions`` (checked here, before any prefill).
+    """
     if check_positions(positions) == "absolute":
         return draft
+    params = inspect.signature(draft).parameters.values()
+    if not any(p.name == "positions" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        raise ValueError(f"positions={positions!r} needs a draft that takes positions= (MTPHead does); "
+                         f"{type(draft).__name__} does not")
     return functools.partial(draft, positions=positions)
 
 

@@ -207,10 +207,11 @@ def sink_query_position(t, n_sink: int | None, window: int | None):
     re-index (``window=None``, or no sinks). ``t``: an int, or a tensor of positions.
     """
     n_sink = check_key_set_args(n_sink, window)
+    t = t if torch.is_tensor(t) else _position(t)
     if window is None or n_sink == 0:
         return t
     last = n_sink + window - 1
-    return t.clamp(max=last) if torch.is_tensor(t) else min(_position(t), last)
+    return t.clamp(max=last) if torch.is_tensor(t) else min(t, last)
 
 
 def render_mask(kv_len: int = 24, n_sink: int = 4, window: int = 6) -> str:

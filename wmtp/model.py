@@ -83,7 +83,7 @@ class Attention(nn.Module):
             acc = torch.promote_types(q.dtype, torch.float32)
             scale = (torch.log(pos.to(acc) + 1) / math.log(c.train_seq_len)).clamp(min=1.0)  # (L,)
             q = q * scale[:, None].to(q.dtype)
-            q_sink = None if q_sink is None else q_sink * scale[:, None].to(q.dtype)
+            q_sink = None if q_sink is None else q_sink * scale[:, None].to(q.dtype)  # (no model has both today)
         if cache is not None:  # a KVCache, or the draft's RingKVCache (wmtp/ringcache.py)
             cache.update(layer, pos, k, v)
             y = cache.attend(layer, q, pos, n_sink, window, impl, q_sink)  # (B, Hq, L, D)

@@ -125,20 +125,22 @@ def _check_pages(impl: str, block_table: torch.Tensor, q_pos: torch.Tensor, num_
                              f"[0, {num_pages}), got [{lo}, {hi}]")
 
 
-def _triton_refuses(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
+def _triton_refuses(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_sink: torch.Tensor | None) -> str | None:
     """What the Triton kernels cannot take beyond dtype and shape, or ``None``: they read k and v in
     place (one layout, a contiguous head dim), in q's dtype, and have no backward."""
     if not q.dtype == k.dtype == v.dtype:
         return f"q, k, v of different dtypes ({q.dtype}, {k.dtype}, {v.dtype})"
     if k.stride(-1) != 1 or k.stride() != v.stride():
         return f"k and v of two layouts or a strided head dim (strides {k.stride()}, {v.stride()})"
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    grads = q.requires_grad or k.requires_grad or v.requires_grad or (q_sink is not None and q_sink.requires_grad)
+    if torch.is_grad_enabled() and grads:
         return "tensors that require grad (the kernels have no backward)"
     return None
 
 
 def _prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos, impl: str,
-             logical: torch.Tensor | None = None) -> tuple[str, torch.Tensor, torch.Tensor]:
+             logical: torch.Tensor | None = None, q_sink: torch.Tensor | None = None
+             ) -> tuple[str, torch.Tensor, torch.Tensor]:
     """Shared by both ops: check shapes against the ``(B, Hkv, S, D)`` cache (``logical`` for pages),
     devices and dtypes, resolve ``impl`` once, check positions where that costs no sync, and move
     them to ``q``'s device. Returns ``impl``, ``q`` (contiguous in its head dim for Triton), positions."""
@@ -152,7 +154,7 @@ def _prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos, impl: str
     if not (q.is_floating_point() and k.is_floating_point() and v.is_floating_point()):
         raise ValueError(f"q, k, v must be floating point, got {q.dtype}, {k.dtype}, {v.dtype}")
     resolved = resolve_impl(impl, q.device, q.dtype, q.shape[-1], group)
-    refused = _triton_refuses(q, k, v) if resolved == "triton" else None
+    refused = _triton_refuses(q, k, v, q_sink) if resolved == "triton" else None
     if refused is not None and impl == "auto":  # as for a head_dim the kernel lacks: the reference
         resolved = "torch"
     elif refused is not None:
@@ -175,10 +177,12 @@ def _check_q_sink(q: torch.Tensor, q_sink: torch.Tensor | None, window: int | No
 
 
 def _same_layout(q: torch.Tensor, q_sink: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """For the kernel, which offsets both with q's strides: q and q_sink contiguous unless they share them."""
+    """For the kernel, which offsets both with q's strides: unless they share them, copies of both
+    with the canonical contiguous strides (``.contiguous()`` keeps a size-1 dimension's odd stride)."""
     if q_sink is None or q_sink.stride() == q.stride():
         return q, q_sink
-    return q.contiguous(), q_sink.contiguous()
+    return (torch.empty(q.shape, dtype=q.dtype, device=q.device).copy_(q),
+            torch.empty(q.shape, dtype=q.dtype, device=q.device).copy_(q_sink))
 
 
 def attention(
@@ -212,7 +216,7 @@ def attention(
     """
     check_key_set_args(n_sink, window)
     _check_q_sink(q, q_sink, window)
-    impl, q, q_pos = _prepare(q, k, v, q_pos, impl)
+    impl, q, q_pos = _prepare(q, k, v, q_pos, impl, q_sink=q_sink)
     if impl == "triton":
         from .triton_attention import attention_triton
 
@@ -264,7 +268,7 @@ def paged_attention(
     capacity = block_table.shape[1] * k_pages.shape[1]  # positions the block table can address
     # The logical (B, Hkv, capacity, D) shape the contiguous checks apply to.
     logical = torch.empty(B, Hkv, capacity, k_pages.shape[3], device="meta")
-    impl, q, q_pos = _prepare(q, k_pages, v_pages, q_pos, impl, logical)
+    impl, q, q_pos = _prepare(q, k_pages, v_pages, q_pos, impl, logical, q_sink)
     _check_pages(impl, block_table, q_pos, k_pages.shape[0], k_pages.shape[1])
     if impl == "triton":
         from .triton_attention import paged_attention_triton
