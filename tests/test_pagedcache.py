@@ -57,15 +57,15 @@ def test_paged_view_slices_are_the_contiguous_cache():
 @pytest.mark.parametrize("page_size", [1, 4, 16])
 def test_attend_equals_the_contiguous_cache(page_size, impl):
     g = torch.Generator().manual_seed(page_size)
-    D = 16  # the kernel's smallest head dim
-    c = PagedKVCache(1, 1, 2, 40, D, page_size=page_size, dtype=torch.float64, generator=g)
-    full = KVCache(1, 1, 2, 40, D, dtype=torch.float64)
+    D, dev = 16, "cuda" if CUDA else "cpu"  # the kernel's smallest head dim; the kernel's device
+    c = PagedKVCache(1, 1, 2, 40, D, page_size=page_size, dtype=torch.float64, generator=g, device=dev)
+    full = KVCache(1, 1, 2, 40, D, dtype=torch.float64, device=dev)
     for a in range(0, 40, 8):  # writes of 8 positions, each followed by queries at them
-        pos = torch.arange(a, a + 8)
-        k, v = torch.randn(2, 1, 2, 8, D, generator=g, dtype=torch.float64)
+        pos = torch.arange(a, a + 8, device=dev)
+        k, v = torch.randn(2, 1, 2, 8, D, generator=g, dtype=torch.float64).to(dev)
         c.update(0, pos, k, v)
         full.update(0, pos, k, v)
-        q = torch.randn(1, 4, 8, D, generator=g, dtype=torch.float64)  # (B, Hq, L, D): GQA group 2
+        q = torch.randn(1, 4, 8, D, generator=g, dtype=torch.float64).to(dev)  # (B, Hq, L, D): GQA group 2
         for n_sink, window in [(2, 6), (0, 3), (0, None)]:
             q_sink = q.flip(-1) if window is not None else None  # re-indexed sinks, any queries
             torch.testing.assert_close(c.attend(0, q, pos, n_sink, window, impl, q_sink),
