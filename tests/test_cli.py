@@ -308,11 +308,11 @@ def test_tiny_reproduce_on_cuda(capsys, tmp_path):
 
 def record_prefills(monkeypatch) -> tuple[list, list]:
     """Lists that fill, as a bench runs, with each prefill it makes and the prefill each run starts from."""
-    import wmtp.bench_decode
+    import wmtp.bench_common
     import wmtp.decode
 
     prefills, starts = [], []
-    monkeypatch.setattr(wmtp.bench_decode, "prefill_prompt",
+    monkeypatch.setattr(wmtp.bench_common, "prefill_prompt",
                         lambda *a, **k: prefills.append(wmtp.prefill.prefill_prompt(*a, **k)) or prefills[-1])
     monkeypatch.setattr(wmtp.decode, "start",
                         lambda *a, **k: starts.append(k["prefill"]) or wmtp.prefill.start(*a, **k))

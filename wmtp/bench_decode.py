@@ -24,51 +24,31 @@ lengths is this small model's, on this text, and says nothing general.
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from . import data
+from .bench_common import (
+    add_model_arguments,
+    bench_cli,
+    bench_setup,
+    model_options,
+    run_contexts,
+    with_capacity,  # noqa: F401  (experiments 17 and 18 import it from here)
+)
 from .config import Preset
 from .decode import DRAFT_CACHES, greedy_generate, speculative_generate
-from .device import synchronize
-from .metrics import SCHEMA_VERSION, environment, reduction, speedup, tpot
+from .metrics import reduction, speedup, tpot
 from .model import TargetLM
 from .mtp import MTPHead
 from .plots import DECODE_KIND
-from .prefill import Prefill, prefill_prompt
-from .reproduce import prepare_models
+from .prefill import Prefill
 from .static_decode import static_greedy_generate, static_speculative_generate
 
 LOOPS = ("eager", "graph")
-
-
-def with_capacity(target: TargetLM, head: MTPHead, max_len: int) -> tuple[TargetLM, MTPHead]:
-    """Copies of ``target`` and ``head`` whose config holds ``max_len`` cache positions, same weights."""
-    big = TargetLM(dataclasses.replace(target.config, max_seq_len=max_len)).to(target.embed)
-    big.load_state_dict(target.state_dict())
-    big_head = MTPHead(head.config, big).to(head.proj)
-    big_head.load_state_dict(head.state_dict())
-    return big.eval(), big_head.eval()
-
-
-def long_prompt(tokens: dict[str, torch.Tensor], context: int) -> torch.Tensor:
-    """The last ``context`` tokens of the train, valid and test splits end to end.
-
-    Raises:
-        ValueError: if the splits hold fewer tokens.
-    """
-    text = torch.cat([tokens["train"], tokens["valid"], tokens["test"]])
-    if text.numel() < context:
-        raise ValueError(f"the corpus has {text.numel()} tokens; context {context} needs more")
-    return text[-context:]
 
 
 def _runners(loop: str) -> tuple[Callable, Callable]:
@@ -78,18 +58,6 @@ def _runners(loop: str) -> tuple[Callable, Callable]:
         return greedy_generate, speculative_generate
     return (lambda *a, **k: static_greedy_generate(*a, cuda_graph=True, **k),
             lambda *a, **k: static_speculative_generate(*a, cuda_graph=True, **k))
-
-
-def timed_prefill(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: Preset,
-                  page_size: int | None = None) -> tuple[Prefill, float]:
-    """The prompt's one prefill for every run at its context (room for the longest run; paged caches
-    with ``page_size``), and its seconds."""
-    synchronize(prompt.device)
-    t0 = time.perf_counter()
-    pre = prefill_prompt(target, prompt, prompt.numel() + preset.spec.new_tokens + preset.spec.depth, draft=head,
-                         page_size=page_size)
-    synchronize(prompt.device)
-    return pre, time.perf_counter() - t0
 
 
 def run_context(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: Preset, loop: str,
@@ -127,76 +95,6 @@ def run_context(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: P
             "draft_time_reduction_vs_native": None if native_draft is None else reduction(native_draft, draft_step),
         }
     return row
-
-
-class BenchSetup(NamedTuple):
-    """What a bench on reproduce's models starts from: the models (capacity raised, in the decode
-    dtype), one prompt a context, and the metrics JSON's provenance fields."""
-
-    target: TargetLM
-    head: MTPHead
-    prompts: dict[int, torch.Tensor]
-    header: dict
-
-
-def bench_setup(kind: str, preset: Preset, dataset_dir: str | None, device: torch.device, seed: int,
-                contexts: tuple[int, ...], cache_dir: Path, command: str, progress: bool, log) -> BenchSetup:
-    """Load the corpus, tokenizer and reproduce's models (training them if no checkpoint fits), each
-    context's prompt (checked before any training), and the header every bench JSON begins with."""
-    corpus = data.load_corpus(dataset_dir, max_chars=preset.train.max_train_chars)
-    log(corpus.message)
-    tokens = data.corpus_token_splits(corpus, data.train_tokenizer(corpus, preset.model.vocab_size, cache_dir))
-    prompts = {c: long_prompt(tokens, c) for c in contexts}  # every context checked before the training
-    target, head, train_info = prepare_models(preset, corpus, tokens, seed, device, cache_dir, None, progress, log)
-    dtype = torch.float64 if device.type == "cpu" else torch.float32  # decode.py NOTE [Exactness]
-    capacity = max(contexts) + preset.spec.new_tokens + preset.spec.depth
-    target, head = with_capacity(target.to(dtype), head.to(dtype), capacity)
-    header = {
-        "schema_version": SCHEMA_VERSION, "kind": kind, "command": command, "seed": seed,
-        "corpus": {"name": corpus.name, "fingerprint": corpus.fingerprint,
-                   "tokens": {k: int(v.numel()) for k, v in tokens.items()}},
-        "config": {"preset": preset.name, "model": asdict(preset.model), "mtp": asdict(preset.mtp),
-                   "spec": asdict(preset.spec), "kv_capacity": capacity},
-        "decode_dtype": str(dtype).removeprefix("torch."), "environment": environment(device),
-        "checkpoint": {k: v for k, v in train_info.items() if not k.endswith("losses")},
-    }
-    return BenchSetup(target, head, prompts, header)
-
-
-def progress_bar(enabled: bool) -> Progress:
-    """The benches' rich progress bar (``enabled=False``: silent)."""
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    disable=not enabled)
-
-
-def run_contexts(name: str, setup: BenchSetup, preset: Preset, device: torch.device, contexts: tuple[int, ...],
-                 units: int, rows: Callable, result: dict, t_start: float, progress: bool, log,
-                 on_context: Callable[[dict], object] | None, page_size: int | None = None) -> dict:
-    """What every bench does per context: ONE timed prefill of its prompt, then the rows
-    ``rows(prompt, prefill, tick)`` yields (``tick(what)`` advances the progress bar by one of the
-    context's ``units``), each kept with ``prefill_s``, the metrics so far handed to ``on_context``
-    after every row (to write a partial file); ``page_size``: the prefill's caches paged. Returns
-    ``result``, marked complete."""
-    with progress_bar(progress) as bar:  # a prefill and every unit are one step of the bar
-        task = bar.add_task(name, total=len(contexts) * (1 + units))
-        for c in contexts:
-            prompt = setup.prompts[c].to(device)
-            bar.update(task, description=f"context {c}: prefill")
-            pre, prefill_s = timed_prefill(setup.target, setup.head, prompt, preset, page_size)
-            bar.advance(task)
-            log(f"context {c}: prefilled in {prefill_s:.1f} s")
-
-            def tick(what: str, c=c) -> None:
-                bar.update(task, advance=1, description=f"context {c}: {what} done")
-
-            for row in rows(prompt, pre, tick):
-                result["rows"].append({**row, "prefill_s": prefill_s})
-                result["wall_time_s"] = time.perf_counter() - t_start
-                log(f"context {c}: row {len(result['rows'])} done")
-                if on_context is not None:
-                    on_context(result)
-    result["complete"] = True
-    return result
 
 
 def bench_decode(preset: Preset, dataset_dir: str | None, device: torch.device, seed: int, contexts: tuple[int, ...],
@@ -258,35 +156,6 @@ def table(result: dict):
     return t
 
 
-def add_model_arguments(p) -> None:
-    """The options every bench on reproduce's models shares (bench decode's, bench sampling's)."""
-    p.add_argument("--device", default="auto", help="cpu, mps, cuda or auto (default: auto)")
-    p.add_argument("--new-tokens", type=int, default=None, help="tokens generated per run (default: the preset's)")
-    p.add_argument("--preset", default="small", help="named preset (default: small, reproduce's models)")
-    p.add_argument("--dataset-dir", default=None, help="as reproduce's (default: the offline corpus fallback)")
-    p.add_argument("--seed", type=int, default=42, help="the models' seed, as reproduce's (default: 42)")
-    p.add_argument("--cache-dir", type=Path, default=Path(".wmtp-cache"),
-                   help="tokenizer and checkpoint cache, shared with reproduce (default: .wmtp-cache)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-
-
-def model_options(args) -> tuple[torch.device, Preset, str]:
-    """``add_model_arguments``' options checked: the device, the preset (``--new-tokens`` applied) and
-    the device's name in default file names (``h200``, ``cuda``, ``cpu`` or ``mps``)."""
-    from .config import get_preset
-    from .device import resolve_device
-
-    device = resolve_device(args.device)
-    if any(c < 2 for c in args.contexts) or (args.new_tokens is not None and args.new_tokens < 2):
-        raise ValueError("--contexts and --new-tokens must be at least 2")
-    preset = get_preset(args.preset)
-    if args.new_tokens is not None:
-        preset = dataclasses.replace(preset, spec=dataclasses.replace(preset.spec, new_tokens=args.new_tokens))
-    slug = device.type if device.type != "cuda" else (
-        "h200" if "H200" in torch.cuda.get_device_name(device) else "cuda")
-    return device, preset, slug
-
-
 def add_arguments(p) -> None:
     """``wmtp bench decode``'s options (wmtp/cli.py builds the parser)."""
     add_model_arguments(p)
@@ -305,32 +174,9 @@ def add_arguments(p) -> None:
 
 def cli(args, prog: str, argv: list[str]) -> int:
     """Run ``wmtp bench decode``: check the options, write the JSON after every context, print a table."""
-    import shlex
-
-    from rich.console import Console
-
-    from .fileio import check_distinct, check_writable
-    from .metrics import write_json
-
     device, preset, slug = model_options(args)
     loops = tuple(args.loops or (LOOPS if device.type == "cuda" else ("eager",)))
-    out = args.out or Path("metrics") / f"bench-decode-{slug}.json"
-    check_writable(out, "--out")
-    check_writable(out.with_suffix(".png"), "--out's plot")
-    check_distinct(out, out.with_suffix(".png"), "--out", "its plot")
-    err = Console(stderr=True)
-
-    def log(line: str) -> None:
-        err.print(line, markup=False, highlight=False, soft_wrap=True)
-
-    result = bench_decode(preset, args.dataset_dir, device, args.seed, tuple(args.contexts), loops, args.cache_dir,
-                          shlex.join([prog, *argv]), progress=not args.no_progress, log=log,
-                          on_context=lambda partial: write_json(out, partial), draft_caches=tuple(args.draft_caches),
-                          page_size=args.page_size)
-    write_json(out, result)
-    from .plots import render
-
-    png = render(out)
-    Console(width=200).print(table(result))
-    log(f"wrote {out} and {png} in {result['wall_time_s']:.0f} s")
-    return 0
+    return bench_cli(args, prog, argv, "decode", slug, lambda command, log, on_context: bench_decode(
+        preset, args.dataset_dir, device, args.seed, tuple(args.contexts), loops, args.cache_dir, command,
+        progress=not args.no_progress, log=log, on_context=on_context, draft_caches=tuple(args.draft_caches),
+        page_size=args.page_size), table, plot=True)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from .bench_decode import add_model_arguments, bench_setup, model_options, run_contexts
+from .bench_common import add_model_arguments, bench_cli, bench_setup, model_options, run_contexts
 from .config import Preset
 from .decode import greedy_generate, speculative_generate
 from .metrics import speedup
@@ -190,26 +190,8 @@ def add_arguments(p) -> None:
 
 def cli(args, prog: str, argv: list[str]) -> int:
     """Run ``wmtp bench depth``: check the options, write the JSON after every context, print a table."""
-    import shlex
-
-    from rich.console import Console
-
-    from .fileio import check_writable
-    from .metrics import write_json
-
     device, preset, slug = model_options(args)
     check_options(tuple(args.depths), preset.spec.depth, args.rounds)
-    out = args.out or Path("metrics") / f"bench-depth-{slug}.json"
-    check_writable(out, "--out")
-    err = Console(stderr=True)
-
-    def log(line: str) -> None:
-        err.print(line, markup=False, highlight=False, soft_wrap=True)
-
-    result = bench_depth(preset, args.dataset_dir, device, args.seed, tuple(args.contexts), tuple(args.depths),
-                         args.rounds, args.cache_dir, shlex.join([prog, *argv]), progress=not args.no_progress, log=log,
-                         on_context=lambda partial: write_json(out, partial))
-    write_json(out, result)
-    Console(width=200).print(table(result))
-    log(f"wrote {out} in {result['wall_time_s']:.0f} s")
-    return 0
+    return bench_cli(args, prog, argv, "depth", slug, lambda command, log, on_context: bench_depth(
+        preset, args.dataset_dir, device, args.seed, tuple(args.contexts), tuple(args.depths), args.rounds,
+        args.cache_dir, command, progress=not args.no_progress, log=log, on_context=on_context), table)

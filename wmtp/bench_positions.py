@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from .bench_decode import add_model_arguments, bench_setup, model_options, run_contexts
+from .bench_common import add_model_arguments, bench_cli, bench_setup, model_options, run_contexts
 from .bench_sampling import check_temperatures, pooled
 from .config import KeySetConfig, Preset, parse_keyset
 from .keyset import POSITIONS
@@ -156,29 +156,11 @@ def add_arguments(p) -> None:
 
 def cli(args, prog: str, argv: list[str]) -> int:
     """Run ``wmtp bench positions``: check the options, write the JSON after every row, print a table."""
-    import shlex
-
-    from rich.console import Console
-
-    from .fileio import check_writable
-    from .metrics import write_json
-
     device, preset, slug = model_options(args)
     keysets = tuple(parse_keyset(k) for k in args.keysets) if args.keysets else tuple(
         ks for ks in preset.spec.keysets if ks.window is not None)
     check_temperatures(tuple(args.temperatures), tuple(args.sample_seeds))
-    out = args.out or Path("metrics") / f"bench-positions-{slug}.json"
-    check_writable(out, "--out")
-    err = Console(stderr=True)
-
-    def log(line: str) -> None:
-        err.print(line, markup=False, highlight=False, soft_wrap=True)
-
-    result = bench_positions(preset, args.dataset_dir, device, args.seed, tuple(args.contexts), keysets,
-                             tuple(args.temperatures), tuple(args.sample_seeds), args.cache_dir,
-                             shlex.join([prog, *argv]), progress=not args.no_progress, log=log,
-                             on_context=lambda partial: write_json(out, partial))
-    write_json(out, result)
-    Console(width=200).print(table(result))
-    log(f"wrote {out} in {result['wall_time_s']:.0f} s")
-    return 0
+    return bench_cli(args, prog, argv, "positions", slug, lambda command, log, on_context: bench_positions(
+        preset, args.dataset_dir, device, args.seed, tuple(args.contexts), keysets, tuple(args.temperatures),
+        tuple(args.sample_seeds), args.cache_dir, command, progress=not args.no_progress, log=log,
+        on_context=on_context), table)

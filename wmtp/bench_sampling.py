@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from .bench_decode import add_model_arguments, bench_setup, model_options, run_contexts
+from .bench_common import add_model_arguments, bench_cli, bench_setup, model_options, run_contexts
 from .config import Preset
 from .model import TargetLM
 from .mtp import MTPHead
@@ -178,26 +178,9 @@ def add_arguments(p) -> None:
 
 def cli(args, prog: str, argv: list[str]) -> int:
     """Run ``wmtp bench sampling``: check the options, write the JSON after every row, print a table."""
-    import shlex
-
-    from rich.console import Console
-
-    from .fileio import check_writable
-    from .metrics import write_json
-
     device, preset, slug = model_options(args)
     check_temperatures(tuple(args.temperatures), tuple(args.sample_seeds))
-    out = args.out or Path("metrics") / f"bench-sampling-{slug}.json"
-    check_writable(out, "--out")
-    err = Console(stderr=True)
-
-    def log(line: str) -> None:
-        err.print(line, markup=False, highlight=False, soft_wrap=True)
-
-    result = bench_sampling(preset, args.dataset_dir, device, args.seed, tuple(args.contexts), tuple(args.temperatures),
-                            tuple(args.sample_seeds), args.cache_dir, shlex.join([prog, *argv]),
-                            progress=not args.no_progress, log=log, on_context=lambda partial: write_json(out, partial))
-    write_json(out, result)
-    Console(width=200).print(table(result))
-    log(f"wrote {out} in {result['wall_time_s']:.0f} s")
-    return 0
+    return bench_cli(args, prog, argv, "sampling", slug, lambda command, log, on_context: bench_sampling(
+        preset, args.dataset_dir, device, args.seed, tuple(args.contexts), tuple(args.temperatures),
+        tuple(args.sample_seeds), args.cache_dir, command, progress=not args.no_progress, log=log,
+        on_context=on_context), table)

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from wmtp.bench_decode import bench_setup
+from wmtp.bench_common import bench_setup
 from wmtp.config import get_preset
 from wmtp.keyset import draft_key_indices, sink_query_position
 from wmtp.metrics import environment
