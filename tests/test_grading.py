@@ -11,12 +11,12 @@ import torch
 from wmtp import decode, grading
 from wmtp.cli import main
 from wmtp.decode import verify_greedy
-from wmtp.keyset import draft_key_indices
+from wmtp.keyset import draft_key_indices, sink_query_position
 from wmtp.kvcache import ring_slot
 
 ASSIGNMENTS = Path(__file__).resolve().parents[1] / "tutorials" / "assignments"
 FILES = {"keyset": "01_keyset.py", "ring_slot": "02_ring_slot.py", "greedy_verify": "03_greedy_verify.py",
-         "splitk_merge": "04_splitk_merge.py"}
+         "splitk_merge": "04_splitk_merge.py", "reindexed": "05_reindexed_positions.py"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -52,6 +52,7 @@ LIBRARY = {  # the library's own definitions, in the students' signatures
     "keyset": lambda t, n_sink, window: draft_key_indices(t, n_sink, window).tolist(),
     "ring_slot": ring_slot,
     "greedy_verify": lambda drafts, choice: verify_greedy(torch.tensor(drafts), torch.tensor(choice)),
+    "reindexed": sink_query_position,
 }
 
 
@@ -107,6 +108,14 @@ def merge_splits(m, l, acc):
     w = l * torch.exp(m - m.max())
     return (w[:, None] * (acc / l[:, None])).sum(0) / w.sum()
 """, ["split into runs of [0, 2, 1] keys", "m=[-inf, 2.0, -0.7]", "got [nan, nan]", "empty split"]),
+    "re-indexed query one past the key set": ("reindexed", """
+def sink_query_position(t, n_sink, window):
+    return t if window is None or n_sink == 0 else min(t, n_sink + window)
+""", ["sink_query_position(t=19, n_sink=2, window=6)", "expected 7, got 8", "LAST index"]),
+    "re-indexing a sliding window without sinks": ("reindexed", """
+def sink_query_position(t, n_sink, window):
+    return t if window is None else min(t, n_sink + window - 1)
+""", ["sink_query_position(t=100, n_sink=0, window=6)", "expected 100, got 5", "nothing is re-indexed"]),
     "merge that overflows on large scores": ("splitk_merge", """
 def merge_splits(m, l, acc):
     return (torch.exp(m)[:, None] * acc).sum(0) / (torch.exp(m) * l).sum()

@@ -1,13 +1,15 @@
 """The course grader: check a student's function against the library's oracles (``wmtp grade``).
 
-Four assignments (tutorials/assignments/), each a core piece of Windowed-MTP (arXiv 2607.21535):
+Five assignments (tutorials/assignments/), each a core piece of Windowed-MTP (arXiv 2607.21535):
 
 - ``keyset``, ``draft_key_indices``: literal key sets, then ``wmtp.keyset`` on fuzzed cases;
 - ``ring_slot``, ``ring_slot``: literal slots, ``wmtp.kvcache.ring_slot`` on fuzzed cases, and a
   simulation proving no read lands on an overwritten slot;
 - ``greedy_verify``, ``accept_count``: literal cases, ``wmtp.decode.verify_greedy`` on fuzzed cases,
   and the oracle-draft lossless harness (speculative output == dense greedy output);
-- ``splitk_merge``, ``merge_splits``: ``softmax(s) @ v`` over all keys, in float64.
+- ``splitk_merge``, ``merge_splits``: ``softmax(s) @ v`` over all keys, in float64;
+- ``reindexed``, ``sink_query_position``: literal positions, ``wmtp.keyset`` on fuzzed cases, and
+  attention against the compact re-indexed cache (wmtp/grading_reindex.py).
 
 Checks run in order (literal cases first, so the first failure is a readable one) and stop at the
 first failure, which the report names: the call, what was expected and what came back. ``grade``
@@ -33,11 +35,12 @@ import torch
 
 from . import decode, grading_process
 from .decode import verify_greedy
+from .grading_reindex import reindex_checks
 from .keyset import draft_key_indices
 from .kvcache import ring_slot
 
 ASSIGNMENTS = {"keyset": "draft_key_indices", "ring_slot": "ring_slot", "greedy_verify": "accept_count",
-               "splitk_merge": "merge_splits"}
+               "splitk_merge": "merge_splits", "reindexed": "sink_query_position"}
 N_FUZZ = 300  # fuzzed cases per assignment (seeded: every student gets the same cases)
 # The merge is a few exps and sums in float64 (rounding ~1e-15); a missed rescale is wrong by O(1).
 MERGE_RTOL, MERGE_ATOL = 1e-9, 1e-12
@@ -365,4 +368,5 @@ def _merge_checks(fn) -> Iterator[Check]:
 
 CHECKS: dict[str, Callable[[Callable], Iterator[Check]]] = {"keyset": _keyset_checks, "ring_slot": _ring_checks,
                                                              "greedy_verify": _verify_checks,
-                                                             "splitk_merge": _merge_checks}
+                                                             "splitk_merge": _merge_checks,
+                                                             "reindexed": lambda fn: reindex_checks(fn, N_FUZZ)}
