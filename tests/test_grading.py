@@ -171,7 +171,7 @@ def test_a_correct_file_may_use_dataclasses_and_a_helper_beside_it(tmp_path):
 @pytest.mark.parametrize("body, why", [
     ("import os\nos._exit(0)\n", "ended the grading process (exit status 0)"),  # not a silent pass
     ("while True:\n    pass\n", "took longer than 20 s"),
-    ("import wmtp.grading as g\ng.N_FUZZ = 0\ng.KEYSET_LITERAL.clear()\n", "of the 310 checks ran"),
+    ("import wmtp.grading_checks as g\ng.N_FUZZ = 0\ng.KEYSET_LITERAL.clear()\n", "of the 310 checks ran"),
 ])
 def test_a_file_that_exits_loops_or_edits_the_grader_fails(tmp_path, body, why):
     report = grading.grade("keyset", _write(tmp_path, KEYS + body), timeout_s=20)
