@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from .attention import paged_attention
+from .attention.paged import page_rows
 from .kvcache import check_write
 
 __all__ = ["PagedKVCache"]
@@ -64,11 +65,6 @@ class PagedKVCache:
         new.k, new.v = self.k.clone(), self.v.clone()
         return new
 
-    def _rows(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Page ``(B, L)`` and row ``(L,)`` of positions ``pos``."""
-        pos = pos.long()
-        return self.block_table[:, pos // self.page_size].long(), pos % self.page_size
-
     def update(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write ``k, v`` ``(B, Hkv, L, D)`` at positions ``pos`` ``(L,)``.
 
@@ -78,13 +74,13 @@ class PagedKVCache:
         n_layers, _, _, Hkv, D = self.k.shape
         check_write(layer, pos, k, v, (n_layers, self.block_table.shape[0], Hkv, D),
                     self.max_len if self.checked else None)
-        page, row = self._rows(pos)
+        page, row = page_rows(self.block_table, self.page_size, pos)  # (B, L), (L,)
         self.k[layer][page, row] = k.transpose(1, 2).to(self.k.dtype)  # (B, L, Hkv, D) into (B, L) rows
         self.v[layer][page, row] = v.transpose(1, 2).to(self.v.dtype)
 
     def read(self, layer: int, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values ``(B, Hkv, L, D)`` at positions ``pos`` ``(L,)`` (a gathered copy)."""
-        page, row = self._rows(pos)
+        page, row = page_rows(self.block_table, self.page_size, pos)  # (B, L), (L,)
         return self.k[layer][page, row].transpose(1, 2), self.v[layer][page, row].transpose(1, 2)
 
     def attend(self, layer: int, q: torch.Tensor, pos: torch.Tensor, n_sink: int | None, window: int | None,

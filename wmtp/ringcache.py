@@ -1,6 +1,7 @@
 """The draft's compact KV cache: a ring buffer of ``n_sink + window + spare`` slots a layer
-(``max_len`` if fewer), whatever the context (beyond arXiv 2607.21535, Sec. 3, which keeps the draft's full KV and only
-reads the key set: a windowed draft never reads the rest, so it need not keep it).
+(``max_len`` if fewer), whatever the context (beyond arXiv 2607.21535, Sec. 3, which keeps the
+draft's full KV and only reads the key set: a windowed draft never reads the rest, so it need not
+keep it).
 
 Position ``p`` lives in slot ``ring_slot(p, n_sink, window, spare)`` (wmtp/kvcache.py: the sinks
 pinned, the rest rotating). The slots are pages of one row of a paged cache, and a block table of

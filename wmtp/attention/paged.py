@@ -19,7 +19,14 @@ import torch
 
 from .reference import attention_torch
 
-__all__ = ["PagedView", "paged_attention_torch", "paginate"]
+__all__ = ["PagedView", "page_rows", "paged_attention_torch", "paginate"]
+
+
+def page_rows(block_table: torch.Tensor, page_size: int, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """THE paged address of positions ``pos`` ``(L,)``: page ``(B, L)`` and row ``(L,)``, position ``p``
+    of sequence ``b`` being row ``p % page_size`` of page ``block_table[b, p // page_size]``."""
+    pos = pos.long()
+    return block_table[:, pos // page_size].long(), pos % page_size
 
 
 class PagedView:
@@ -33,8 +40,8 @@ class PagedView:
     def __getitem__(self, index) -> torch.Tensor:
         batch, heads, positions = index
         pos = torch.arange(self.shape[2], device=self.pages.device)[positions]  # (L,)
-        page = self.block_table[batch][:, pos // self.pages.shape[1]].long()  # (B, L)
-        return self.pages[page, pos % self.pages.shape[1]].permute(0, 2, 1, 3)[:, heads]  # (B, Hkv, L, D)
+        page, row = page_rows(self.block_table[batch], self.pages.shape[1], pos)  # (B, L), (L,)
+        return self.pages[page, row].permute(0, 2, 1, 3)[:, heads]  # (B, L, Hkv, D) -> (B, Hkv, L, D)
 
 
 def paged_attention_torch(
