@@ -1,6 +1,6 @@
 """What the decoding tests share (tests/test_lossless.py, test_static_decode.py, test_prefill.py):
-the vocabulary of ``wmtp.grading.harness_models``, a seeded random prompt, and the counts that two
-runs of one request must agree on."""
+the vocabulary of ``wmtp.grading.harness_models``, a seeded random prompt, the counts that two
+runs of one request must agree on, and a scripted depth policy."""
 
 import torch
 
@@ -18,3 +18,16 @@ def same_counts(a: wmtp.SpecStats, b: wmtp.SpecStats) -> None:
     """Assert two runs took the same steps and accepted the same drafts (times may differ)."""
     for key in ("steps", "proposed", "accepted", "committed", "accept_length_histogram", "per_position_accepted"):
         assert getattr(a, key) == getattr(b, key), key
+
+
+class Cycling:
+    """A depth policy drafting ``depths[0], depths[1], ...`` in turn; it records what the loop told it."""
+
+    def __init__(self, depths):
+        self.depths, self.max_depth, self.seen = list(depths), max(depths), []
+
+    def depth(self, position):
+        return self.depths[len(self.seen) % len(self.depths)]
+
+    def update(self, depth, accepted, draft_s, verify_s):
+        self.seen.append((depth, accepted))

@@ -444,9 +444,9 @@ def test_bench_depth_writes_every_arm_and_policy(capsys, wikitext_dir, tmp_path,
     m = json.loads(out.read_text())
     assert m["kind"] == "bench-depth" and m["complete"] and m["decode_dtype"] == "float64" and m["wall_time_s"] > 0
     assert m["command"].startswith("wmtp bench depth") and m["config"]["preset"] == "tiny" and m["seed"] == 0
-    assert m["depths"] == [1, 3] and m["rounds"] == 2 and "lossless" in m
+    assert m["depths"] == [1, 3] and m["rounds"] == 2 and "lossless" in m and m["loop"] == "eager"
     assert m["policies"] == ["fixed-1", "fixed-3", "adaptive"]
-    assert [r["context"] for r in m["rows"]] == [64, 300]
+    assert [(r["context"], r["loop"]) for r in m["rows"]] == [(64, "eager"), (300, "eager")]
     for r in m["rows"]:
         assert r["new_tokens"] == 9 and list(r["arms"]) == ["native", "sink4+win16"] and r["prefill_s"] > 0
         dense = r["dense"]["tpot_s_rounds"]
@@ -482,7 +482,8 @@ def test_bench_depth_writes_every_arm_and_policy(capsys, wikitext_dir, tmp_path,
 @pytest.mark.parametrize("bad,match", [(["--depths", "0"], "--depths must be in [1, 3]"),
                                        (["--depths", "1", "4"], "--depths must be in [1, 3]"),
                                        (["--contexts", "1"], "at least 2"),
-                                       (["--rounds", "0", "--depths", "1"], "--rounds must be a positive integer")])
+                                       (["--rounds", "0", "--depths", "1"], "--rounds must be a positive integer"),
+                                       (["--loop", "graph"], "graph loop captures CUDA graphs")])
 def test_bench_depth_bad_input_exits_2_before_any_work(capsys, tmp_path, bad, match):
     out = tmp_path / "p.json"
     code, stdout, err = _run(capsys, ["bench", "depth", "--preset", "tiny", "--device", "cpu", "--cache-dir",
@@ -490,6 +491,22 @@ def test_bench_depth_bad_input_exits_2_before_any_work(capsys, tmp_path, bad, ma
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert err.startswith("wmtp: error:") and match in err, err
     assert not out.exists() and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the CUDA-graph loop")
+def test_bench_depth_on_cuda_in_the_graph_loop(capsys, tmp_path):
+    out = tmp_path / "g.json"
+    code, _, err = _run(capsys, ["bench", "depth", "--preset", "tiny", "--device", "cuda", "--contexts", "64", "512",
+                                 "--new-tokens", "24", "--depths", "1", "3", "--rounds", "1", "--loop", "graph",
+                                 "--cache-dir", str(tmp_path / "cache"), "--no-progress", "--out", str(out)])
+    assert code == 0, err
+    m = json.loads(out.read_text())
+    assert m["loop"] == "graph" and m["decode_dtype"] == "float32" and m["complete"]
+    for r in m["rows"]:
+        assert r["loop"] == "graph" and r["dense"]["tpot_s"] > 0
+        for arm in r["arms"].values():
+            assert arm["policies"]["fixed-3"]["steps_by_depth"][3] == arm["policies"]["fixed-3"]["steps"] > 0
+            assert arm["policies"]["adaptive"]["tpot_s"] > 0
 
 
 def test_bench_positions_pairs_absolute_and_reindexed(capsys, wikitext_dir, tmp_path, monkeypatch):

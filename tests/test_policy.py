@@ -4,7 +4,7 @@ settles on the depth an oracle draft deserves."""
 
 import pytest
 import torch
-from decode_harness import V, random_prompt
+from decode_harness import Cycling, V, random_prompt
 
 import wmtp
 from wmtp import grading
@@ -18,19 +18,6 @@ KEYSETS = [(0, None), (4, 16), (0, 1)]
 @pytest.fixture(scope="module")
 def models():
     return harness_models()
-
-
-class Cycling:
-    """Drafts ``depths[0], depths[1], ...`` in turn, and records what the loop told it."""
-
-    def __init__(self, depths):
-        self.depths, self.max_depth, self.seen = list(depths), max(depths), []
-
-    def depth(self, position):
-        return self.depths[len(self.seen) % len(self.depths)]
-
-    def update(self, depth, accepted, draft_s, verify_s):
-        self.seen.append((depth, accepted))
 
 
 @pytest.mark.parametrize("n_sink,window", KEYSETS)
@@ -139,16 +126,19 @@ def test_adaptive_depth_settles_on_what_an_oracle_deserves(models, j):
     assert set(late) <= {deserved, deserved + 1} and late.count(deserved) >= 0.6 * len(late), seen
 
 
-@pytest.mark.parametrize("depth, match", [
-    (0, "depth must be a positive integer"), ("3", "depth policy"), (True, "depth policy"),
-    (Cycling([0]), "depth must be a positive integer"), (Cycling([2, 9]), "must draft an int in"),
+@pytest.mark.parametrize("make, match", [
+    (lambda: 0, "depth must be a positive integer"), (lambda: "3", "depth policy"), (lambda: True, "depth policy"),
+    (lambda: Cycling([0]), "depth must be a positive integer"), (lambda: Cycling([2, 9]), "must draft an int in"),
+    (lambda: Cycling([2, 2.0]), "must draft an int in"),
 ])
-def test_bad_depths_raise_value_error(models, depth, match):
+@pytest.mark.parametrize("generate", [wmtp.speculative_generate, wmtp.static_speculative_generate])
+def test_bad_depths_raise_value_error(models, make, match, generate):
     target, head = models
-    if isinstance(depth, Cycling) and depth.max_depth == 9:
+    depth = make()
+    if isinstance(depth, Cycling) and depth.max_depth > 2:
         depth.max_depth = 3  # claims 3, drafts 9 on its second step
     with pytest.raises(ValueError, match=match):
-        wmtp.speculative_generate(target, head, random_prompt(5), 12, depth)
+        generate(target, head, random_prompt(5), 12, depth)
 
 
 @pytest.mark.parametrize("kwargs", [{"draft_cost": -1}, {"draft_cost": float("inf")}, {"prior": (0, 1)},
@@ -164,12 +154,6 @@ def test_bad_adaptive_settings_raise_value_error(kwargs):
 def test_update_refuses_an_impossible_step(depth, accepted):
     with pytest.raises(ValueError, match="a step drafts"):
         AdaptiveDepth(4).update(depth, accepted, 0.0, 0.0)
-
-
-def test_static_loops_take_only_a_fixed_depth(models):
-    target, head = models
-    with pytest.raises(ValueError, match="depth"):
-        wmtp.static_speculative_generate(target, head, random_prompt(5), 8, AdaptiveDepth(3))
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")

@@ -11,11 +11,13 @@ import os
 
 import pytest
 import torch
-from decode_harness import V, random_prompt, same_counts
+from decode_harness import Cycling, V, random_prompt, same_counts
 
 import wmtp
+from wmtp import static_decode
 from wmtp.grading import harness_models
 from wmtp.kvcache import KVCache
+from wmtp.policy import AdaptiveDepth
 from wmtp.static_decode import EOS_CHECK, static_greedy_generate, static_speculative_generate
 
 CUDA = torch.cuda.is_available()
@@ -137,6 +139,35 @@ def test_random_head_is_lossless_and_drafts_as_the_eager_loop(models, depth, n_s
     assert torch.equal(out, ref)
     same_counts(stats, wmtp.speculative_generate(target, head, prompt, 24, depth, n_sink, window)[1])
     assert len(stats.draft_times_s) == len(stats.verify_times_s) == stats.steps
+
+
+@pytest.mark.parametrize("n_sink,window", KEYSETS)
+def test_depth_policies_draft_as_the_eager_loop(models, n_sink, window, monkeypatch):
+    """Cycling depths (NOTE [Static depths]) with every accept length: the eager loop's depths,
+    accepts and counts, dense greedy's output; each depth's two phases are built once."""
+    target, head = models
+    prompt = random_prompt(11, seed=5)
+    ref = wmtp.greedy_generate(target, prompt, 40)
+    seq = torch.cat([prompt, ref, torch.zeros(8, dtype=torch.long)])
+    built = []
+    runner = static_decode._runner
+    monkeypatch.setattr(static_decode, "_runner", lambda step, state, graph: built.append(state) or runner(
+        step, state, graph))
+    for j in range(6):
+        oracle, static, eager = DeviceOracle(head, seq, j), Cycling([1, 5, 3, 5, 2]), Cycling([1, 5, 3, 5, 2])
+        built.clear()
+        out, stats = static_speculative_generate(target, oracle, prompt, 40, static, n_sink, window)
+        eager_out, eager_stats = wmtp.speculative_generate(target, oracle, prompt, 40, eager, n_sink, window)
+        assert torch.equal(out, ref) and torch.equal(eager_out, ref), f"j={j}"
+        assert static.seen == eager.seen and len(static.seen) == stats.steps, f"j={j}"
+        assert all(a == min(j, d) for d, a in static.seen[:-1]), f"j={j}"  # the oracle's j, cut at the depth
+        same_counts(stats, eager_stats)
+        assert stats.steps_by_depth == eager_stats.steps_by_depth and stats.depth == 5
+        # the extend's K + 1 = 6 rows and k - 1 recursive drafts a step
+        assert stats.draft_queries == sum(6 + d - 1 for d, _ in static.seen), f"j={j}"
+        assert len(built) == 2 * len({d for d, _ in static.seen}), f"j={j}: phases built {len(built)} times"
+    out, _ = static_speculative_generate(target, head, prompt, 40, AdaptiveDepth(6, learn_costs=True), n_sink, window)
+    assert torch.equal(out, ref)
 
 
 def test_eos_and_cuts_at_every_accept_length(models):
@@ -273,3 +304,11 @@ def test_cuda_is_lossless(cuda_models, impl, graph, depth, n_sink, window):
         if j is not None:
             assert stats.accept_length_histogram[j] >= stats.steps - 1, f"j={j}"
         assert all(t > 0 for t in stats.draft_times_s + stats.verify_times_s)
+    if depth > 1:  # NOTE [Static depths]: a pair of graphs per depth the policy drafts
+        for j, draft in [(None, head), (depth - 1, DeviceOracle(head, seq, depth - 1))]:
+            policy = Cycling([depth, 1, depth - 1])
+            out, stats = static_speculative_generate(target, draft, prompt, 33, policy, n_sink, window, impl=impl,
+                                                     cuda_graph=graph)
+            assert torch.equal(out, ref) and len(policy.seen) == stats.steps, f"policy, j={j}"
+            if j is not None:
+                assert all(a == min(j, d) for d, a in policy.seen[:-1]), f"policy, j={j}"

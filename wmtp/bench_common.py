@@ -20,12 +20,25 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from . import data
 from .config import Preset
+from .decode import greedy_generate, speculative_generate
 from .device import synchronize
 from .metrics import SCHEMA_VERSION, environment
 from .model import TargetLM
 from .mtp import MTPHead
 from .prefill import Prefill, prefill_prompt
 from .reproduce import prepare_models
+from .static_decode import static_greedy_generate, static_speculative_generate
+
+LOOPS = ("eager", "graph")  # wmtp/decode.py's loops; wmtp/static_decode.py's, in CUDA graphs
+
+
+def loop_generators(loop: str) -> tuple[Callable, Callable]:
+    """The loop's greedy and speculative generators; ``graph`` insists on CUDA graphs (a ValueError
+    where they cannot be captured, never rows labelled ``graph`` that ran without them)."""
+    if loop == "eager":
+        return greedy_generate, speculative_generate
+    return (lambda *a, **k: static_greedy_generate(*a, cuda_graph=True, **k),
+            lambda *a, **k: static_speculative_generate(*a, cuda_graph=True, **k))
 
 
 def with_capacity(target: TargetLM, head: MTPHead, max_len: int) -> tuple[TargetLM, MTPHead]:

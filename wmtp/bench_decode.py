@@ -32,32 +32,22 @@ from pathlib import Path
 import torch
 
 from .bench_common import (
+    LOOPS,
     add_model_arguments,
     bench_cli,
     bench_setup,
+    loop_generators,
     model_options,
     run_contexts,
     with_capacity,  # noqa: F401  (experiments 17 and 18 import it from here)
 )
 from .config import Preset
-from .decode import DRAFT_CACHES, greedy_generate, speculative_generate
+from .decode import DRAFT_CACHES
 from .metrics import reduction, speedup, tpot
 from .model import TargetLM
 from .mtp import MTPHead
 from .plots import DECODE_KIND
 from .prefill import Prefill
-from .static_decode import static_greedy_generate, static_speculative_generate
-
-LOOPS = ("eager", "graph")
-
-
-def _runners(loop: str) -> tuple[Callable, Callable]:
-    """The loop's two generators; ``graph`` insists on CUDA graphs (a ValueError where they cannot be
-    captured, never rows labelled ``graph`` that ran without them)."""
-    if loop == "eager":
-        return greedy_generate, speculative_generate
-    return (lambda *a, **k: static_greedy_generate(*a, cuda_graph=True, **k),
-            lambda *a, **k: static_speculative_generate(*a, cuda_graph=True, **k))
 
 
 def run_context(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: Preset, loop: str,
@@ -66,7 +56,7 @@ def run_context(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: P
     lossless asserted first. A windowed key set runs once per draft cache of ``draft_caches`` (the
     ring's arm is labelled ``"<key set> ring"``; the native draft has no ring)."""
     spec = preset.spec
-    greedy, speculative = _runners(loop)
+    greedy, speculative = loop_generators(loop)
     dense_steps: list[float] = []
     dense = greedy(target, prompt, spec.new_tokens, step_times=dense_steps, prefill=prefill)
     dense_step = statistics.median(dense_steps)

@@ -8,14 +8,17 @@ first) with each policy: ``FixedDepth(k)`` for every ``k`` of ``--depths`` and `
 up to the preset's depth, fitting its cost line to the measured step times (``learn_costs``), a
 fresh policy per run. Every run's output is asserted equal (``torch.equal``) to the dense tokens
 before anything is kept. Every run at a context starts from ONE prefill of its prompt
-(``prefill_prompt``, wmtp/prefill.py).
+(``prefill_prompt``, wmtp/prefill.py). ``loop="eager"`` decodes with wmtp/decode.py's loops,
+``loop="graph"`` with wmtp/static_decode.py's CUDA graphs (a pair per depth drafted: NOTE [Static
+depths]), whose phase times are device times: the adaptive policy then fits its cost line to them.
 
 The figure is ``tpot_s``: the measured time per token kept over the whole decode, prefill excluded,
-``(sum of the steps' draft and verify seconds) / committed tokens`` (eager wall-clock phases with a
-synchronize, wmtp/decode.py). Unlike ``wmtp bench decode``'s median step over AL, it charges every
-step (the first, and any slow one) to the run, as a policy's choices do. Dense TPOT is the same
-for dense decoding: the mean of its one-token steps; ``tpot_speedup_vs_dense = dense TPOT / tpot - 1``. Beside them:
-the steps drafted at each depth, the mean drafted depth and AL (tokens committed per target pass).
+``(sum of the steps' draft and verify seconds) / committed tokens`` (eager: wall-clock phases with a
+synchronize, wmtp/decode.py; graph: CUDA events around each replay). Unlike ``wmtp bench decode``'s
+median step over AL, it charges every step (the first, and any slow one) to the run, as a policy's
+choices do. Dense TPOT is the same for dense decoding: the mean of its one-token steps;
+``tpot_speedup_vs_dense = dense TPOT / tpot - 1``. Beside them: the steps drafted at each depth,
+the mean drafted depth and AL (tokens committed per target pass).
 
 The models and the prompt are ``wmtp bench decode``'s (wmtp/bench_decode.py): reproduce's
 checkpoint with the KV-cache capacity raised to the longest context, and the last ``context``
@@ -32,9 +35,16 @@ from pathlib import Path
 
 import torch
 
-from .bench_common import add_model_arguments, bench_cli, bench_setup, model_options, run_contexts
+from .bench_common import (
+    LOOPS,
+    add_model_arguments,
+    bench_cli,
+    bench_setup,
+    loop_generators,
+    model_options,
+    run_contexts,
+)
 from .config import Preset
-from .decode import greedy_generate, speculative_generate
 from .metrics import speedup
 from .model import TargetLM
 from .mtp import MTPHead
@@ -46,8 +56,14 @@ TPOT_NOTE = ("measured time per token kept over the whole decode, prefill exclud
              "verify seconds) / committed tokens")
 
 
-def check_options(depths: tuple[int, ...], max_depth: int, rounds: int) -> None:
-    """Refuse (``ValueError``) no depths, repeated ones, one outside ``[1, max_depth]``, or ``rounds`` below 1."""
+def check_options(depths: tuple[int, ...], max_depth: int, rounds: int, loop: str = "eager",
+                  device: torch.device | None = None) -> None:
+    """Refuse (``ValueError``) no depths, repeated ones, one outside ``[1, max_depth]``, ``rounds``
+    below 1, an unknown loop, or the graph loop off CUDA."""
+    if loop not in LOOPS:
+        raise ValueError(f"--loop must be one of {', '.join(LOOPS)}, got {loop!r}")
+    if loop == "graph" and device is not None and device.type != "cuda":
+        raise ValueError(f"the graph loop captures CUDA graphs; device {device.type} has none (use --loop eager)")
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"--rounds must be a positive integer, got {rounds!r}")
     if not depths or len(set(depths)) != len(depths):
@@ -66,12 +82,12 @@ def policies(depths: tuple[int, ...], max_depth: int) -> dict[str, Callable[[], 
 
 
 def one_run(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: Preset, ks, name: str, policy,
-            dense: torch.Tensor, prefill: Prefill) -> dict:
-    """One (arm, policy) run from ``prefill``, asserted token-equal to ``dense`` before it is kept."""
+            dense: torch.Tensor, prefill: Prefill, loop: str = "eager") -> dict:
+    """One (arm, policy) run from ``prefill`` in ``loop``, asserted token-equal to ``dense`` before it is kept."""
     spec = preset.spec
     described = policy.describe()  # its settings before the run
-    out, stats = speculative_generate(target, head, prompt, spec.new_tokens, policy, ks.n_sink, ks.window,
-                                      prefill=prefill)
+    out, stats = loop_generators(loop)[1](target, head, prompt, spec.new_tokens, policy, ks.n_sink, ks.window,
+                                   prefill=prefill)
     if not torch.equal(out, dense):
         raise AssertionError(f"arm {ks.label} with policy {name} at context {prompt.numel()} is not "
                              f"token-equal to dense greedy decoding")
@@ -87,7 +103,8 @@ def one_run(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: Prese
 
 
 def run_context(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: Preset, depths: tuple[int, ...],
-                rounds: int, prefill: Prefill, on_run: Callable[[str], object] = lambda what: None) -> dict:
+                rounds: int, prefill: Prefill, on_run: Callable[[str], object] = lambda what: None,
+                loop: str = "eager") -> dict:
     """``rounds`` rounds of: dense decoding, then every (arm, policy), each from ``prefill`` and
     lossless asserted. A round runs every method once, so a drift of the machine's speed touches all
     alike; each method's ``tpot_s`` is the median of its rounds (every round's beside it), its
@@ -100,15 +117,16 @@ def run_context(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: P
     runs: dict = {ks.label: {name: [] for name in policies(depths, spec.depth)} for ks in arms}
     for r in range(rounds):
         steps: list[float] = []
-        dense = greedy_generate(target, prompt, spec.new_tokens, step_times=steps, prefill=prefill)
+        dense = loop_generators(loop)[0](target, prompt, spec.new_tokens, step_times=steps, prefill=prefill)
         dense_tpots.append(statistics.fmean(steps))  # seconds per token its decode passes made, as tpot_s
         on_run(f"round {r + 1}: dense")
         for ks in arms:
             for name, make in policies(depths, spec.depth).items():
-                runs[ks.label][name].append(one_run(target, head, prompt, preset, ks, name, make(), dense, prefill))
+                runs[ks.label][name].append(one_run(target, head, prompt, preset, ks, name, make(), dense, prefill,
+                                                    loop))
                 on_run(f"round {r + 1}: {ks.label} {name}")
     dense_tpot = statistics.median(dense_tpots)
-    row = {"context": prompt.numel(), "new_tokens": len(dense), "rounds": rounds,
+    row = {"context": prompt.numel(), "loop": loop, "new_tokens": len(dense), "rounds": rounds,
            "dense": {"tpot_s": dense_tpot, "tpot_s_rounds": dense_tpots}, "arms": {}}
     for ks in arms:
         summary = {}
@@ -125,28 +143,28 @@ def run_context(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: P
 
 def bench_depth(preset: Preset, dataset_dir: str | None, device: torch.device, seed: int, contexts: tuple[int, ...],
                 depths: tuple[int, ...], rounds: int, cache_dir: Path, command: str, progress: bool = False, log=print,
-                on_context: Callable[[dict], object] | None = None) -> dict:
+                on_context: Callable[[dict], object] | None = None, loop: str = "eager") -> dict:
     """Load (or train) reproduce's models, then ``run_context`` for every context.
 
     ``on_context`` gets the metrics so far after each context, to write a partial file.
 
     Raises:
-        ValueError: for a bad depth or number of rounds, or a context the corpus cannot fill.
+        ValueError: for a bad depth, number of rounds or loop, or a context the corpus cannot fill.
     """
-    check_options(depths, preset.spec.depth, rounds)
+    check_options(depths, preset.spec.depth, rounds, loop, device)
     t_start = time.perf_counter()
     setup = bench_setup(DEPTH_KIND, preset, dataset_dir, device, seed, contexts, cache_dir, command, progress, log)
     names = list(policies(depths, preset.spec.depth))
     result = {
         **setup.header,
-        "depths": list(depths), "policies": names, "rounds": rounds, "tpot": TPOT_NOTE,
+        "depths": list(depths), "policies": names, "rounds": rounds, "loop": loop, "tpot": TPOT_NOTE,
         "lossless": "asserted: every (arm, policy)'s tokens equal dense greedy decoding's (torch.equal)",
         "rows": [], "complete": False,
     }
     per_round = 1 + len(preset.spec.keysets) * len(names)  # dense, then every (arm, policy)
 
     def rows(prompt, pre, tick):
-        yield run_context(setup.target, setup.head, prompt, preset, depths, rounds, pre, tick)
+        yield run_context(setup.target, setup.head, prompt, preset, depths, rounds, pre, tick, loop)
 
     return run_contexts("bench depth", setup, preset, device, contexts, rounds * per_round, rows, result, t_start,
                         progress, log, on_context)
@@ -157,7 +175,8 @@ def table(result: dict):
     from rich.table import Table
 
     env = result["environment"]
-    t = Table(title=f"wmtp bench depth ({env.get('device_name', env['device'])}, {result['decode_dtype']}; "
+    t = Table(title=f"wmtp bench depth ({env.get('device_name', env['device'])}, {result['decode_dtype']}, "
+                    f"{result.get('loop', 'eager')} loop; "
                     "TPOT = decode seconds / tokens kept)")
     for col in ("context", "dense TPOT ms", "arm", "policy", "mean depth", "AL", "TPOT ms", "TPOT speedup vs dense"):
         t.add_column(col, justify="right")
@@ -184,6 +203,9 @@ def add_arguments(p) -> None:
                         "(default: 1 3 7)")
     p.add_argument("--rounds", type=int, default=3,
                    help="runs of every method, interleaved; TPOT is their median (default: 3)")
+    p.add_argument("--loop", choices=LOOPS, default="eager",
+                   help="eager: wmtp/decode.py's loops; graph: wmtp/static_decode.py's CUDA graphs, CUDA only "
+                        "(default: eager)")
     p.add_argument("--out", type=Path, default=None,
                    help="write the JSON here; no plot is drawn (default: metrics/bench-depth-<h200|cuda|cpu|mps>.json)")
 
@@ -191,7 +213,7 @@ def add_arguments(p) -> None:
 def cli(args, prog: str, argv: list[str]) -> int:
     """Run ``wmtp bench depth``: check the options, write the JSON after every context, print a table."""
     device, preset, slug = model_options(args)
-    check_options(tuple(args.depths), preset.spec.depth, args.rounds)
+    check_options(tuple(args.depths), preset.spec.depth, args.rounds, args.loop, device)
     return bench_cli(args, prog, argv, "depth", slug, lambda command, log, on_context: bench_depth(
         preset, args.dataset_dir, device, args.seed, tuple(args.contexts), tuple(args.depths), args.rounds,
-        args.cache_dir, command, progress=not args.no_progress, log=log, on_context=on_context), table)
+        args.cache_dir, command, progress=not args.no_progress, log=log, on_context=on_context, loop=args.loop), table)

@@ -42,7 +42,7 @@ from .device import synchronize
 from .keyset import check_positions, key_count
 from .model import TargetLM
 from .mtp import MTPHead
-from .policy import DepthPolicy, as_policy
+from .policy import DepthPolicy, as_policy, next_depth
 from .prefill import Prefill, start
 from .request import check_request, check_spec_request
 from .stats import SpecStats
@@ -289,9 +289,7 @@ def speculative_loop(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor,
     head_start, h_new, next_tokens = P - 1, last_hidden, x.view(1)
     n = P  # committed positions 0..n-1 are in the target cache; x sits at position n
     while not stop:
-        k = policy.depth(n)
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= depth:
-            raise ValueError(f"the depth policy must draft an int in [1, {depth}] a step, got {k!r}")
+        k = next_depth(policy, n)
         synchronize(dev)
         t0 = time.perf_counter()
         ext_pos = torch.arange(head_start, n, device=dev)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
-__all__ = ["DepthPolicy", "FixedDepth", "AdaptiveDepth", "as_policy"]
+__all__ = ["DepthPolicy", "FixedDepth", "AdaptiveDepth", "as_policy", "next_depth"]
 
 
 class DepthPolicy(Protocol):
@@ -174,3 +174,16 @@ def as_policy(depth) -> FixedDepth | AdaptiveDepth:
         raise ValueError(f"depth must be a positive integer or a depth policy (wmtp.policy), got {depth!r}")
     FixedDepth(depth.max_depth)  # the same check of max_depth
     return depth
+
+
+def next_depth(policy: DepthPolicy, position: int) -> int:
+    """``policy.depth(position)``, checked: an int in ``[1, policy.max_depth]`` (what every loop's
+    caches and, in the CUDA-graph loop, captured phases are sized for).
+
+    Raises:
+        ValueError: for anything else.
+    """
+    k = policy.depth(position)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= policy.max_depth:
+        raise ValueError(f"the depth policy must draft an int in [1, {policy.max_depth}] a step, got {k!r}")
+    return k

@@ -22,12 +22,18 @@ call, whatever the number of keys), and no key set can change that. Here:
   hidden states are the verify pass's and its tokens are the target's choices, all ``depth + 1``.
 - The host reads one small tensor per step (the accepted count and the target's ``depth + 1``
   choices), keeps the statistics and decides when to stop, exactly as the eager loop.
+- NOTE [Static depths]: a depth policy (wmtp/policy.py) picks each step's depth ``k`` on the host,
+  before the step, from what the host read after the last one. The state is sized for the
+  policy's ``max_depth`` ``K``: the extend always runs ``K + 1`` rows (a step accepts at most its
+  ``k <= K`` drafts, so row ``a`` is real), and a depth-``k`` step drafts ``k`` tokens and verifies
+  ``k + 1``. Each depth has its own two phases, captured at the first step that drafts it: at most
+  ``2 K`` CUDA graphs, and the output stays dense greedy's whatever the depths.
 
 The output is the target's greedy output token for token (tests/test_static_decode.py asserts
 ``torch.equal`` against wmtp/decode.py's ``greedy_generate``, on every device and impl). With
-``cuda_graph`` the draft phase and the verify phase are each one CUDA graph, timed by CUDA events:
-``SpecStats.draft_times_s`` and ``verify_times_s`` are then device times. Verification is the
-batched greedy rule (``verify_greedy``); a custom verifier needs the eager loop.
+``cuda_graph`` the draft phase and the verify phase are each one CUDA graph (a pair per depth),
+timed by CUDA events: ``SpecStats.draft_times_s`` and ``verify_times_s`` are then device times.
+Verification is the batched greedy rule (``verify_greedy``); a custom verifier needs the eager loop.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from .device import capture_graph, synchronize
 from .keyset import key_count
 from .model import TargetLM
 from .mtp import MTPHead
+from .policy import DepthPolicy, as_policy, next_depth
 from .prefill import Prefill, start
 from .request import check_request, check_spec_request
 from .stats import SpecStats
@@ -176,7 +183,7 @@ def _greedy(target: TargetLM, prompt_ids: torch.Tensor, max_new_tokens: int, eos
 
 @torch.no_grad()
 def static_speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor | list[torch.Tensor],
-                                max_new_tokens: int, depth: int, n_sink: int | None = None,
+                                max_new_tokens: int, depth: int | DepthPolicy, n_sink: int | None = None,
                                 window: int | None = None, impl: str = "auto", eos_id: int | None = None,
                                 cuda_graph: bool | None = None, prefill: Prefill | None = None,
                                 draft_cache: str = "full", positions: str = "absolute"
@@ -188,6 +195,8 @@ def static_speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: to
     count the extend's ``depth + 1`` rows (NOTE [Static extend]).
 
     Args:
+        depth: draft tokens per step, or a depth policy (wmtp/policy.py) asked before each step,
+            as in ``speculative_generate`` (NOTE [Static depths]).
         cuda_graph: capture the draft phase and the verify phase, each in a CUDA graph (``None``:
             when on CUDA with the Triton impl; ``True`` elsewhere is a ``ValueError``).
         prefill: as ``speculative_generate``'s (wmtp/prefill.py).
@@ -210,6 +219,8 @@ def _speculative(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max
                  n_sink: int | None, window: int | None, impl: str, eos_id: int | None,
                  cuda_graph: bool | None, prefill: Prefill | None, draft_cache: str,
                  positions: str) -> tuple[torch.Tensor, SpecStats]:
+    policy = as_policy(depth)
+    depth = policy.max_depth  # the state and the caches hold a step of the most drafts
     needed = check_spec_request(target, draft, prompt_ids, max_new_tokens, depth, n_sink, window, eos_id)
     ring, head = draft_ring(draft_cache, n_sink, window, depth), with_positions(draft, positions)
     prompt_ids, dev, K = prompt_ids.long(), prompt_ids.device, depth
@@ -239,32 +250,37 @@ def _speculative(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max
     n = torch.zeros(1, dtype=torch.long, device=dev)  # (1,) position of the target's latest token
     report = torch.zeros(K + 2, dtype=torch.long, device=dev)  # (K+2,) accepted count, the K+1 choices
 
-    def draft_phase() -> None:  # the extend (NOTE [Static extend]), then K - 1 recursive drafts
+    def draft_phase(k: int) -> None:  # the extend (NOTE [Static extend]), then k - 1 recursive drafts
         dlogits, g = head(h_next, t_next[None], n_prev + rows, dcache, n_sink, window, impl)  # (1, K+1, V)
         proposals = [dlogits[0].index_select(0, accepted).argmax(-1)]  # (1,) from row `accepted`
         g = g.index_select(1, accepted)  # (1, 1, d)
         at = n_prev + accepted + 1  # (1,)
-        for i in range(1, K):
+        for i in range(1, k):
             dlogits, g = head(g, proposals[-1].view(1, 1), at + (i - 1), dcache, n_sink, window, impl)
             proposals.append(dlogits[0, -1].argmax().view(1))
-        drafts.copy_(torch.cat(proposals))
+        drafts[:k].copy_(torch.cat(proposals))
         n.copy_(at)
 
-    def verify_phase() -> None:  # the target over [x, d_1 .. d_K], the greedy rule, the next state
+    def verify_phase(k: int) -> None:  # the target over [x, d_1 .. d_k], the greedy rule, the next state
         x = t_next.index_select(0, accepted)  # (1,)
-        vlogits, vhidden = target(torch.cat([x, drafts])[None], n + rows, tcache, impl)  # (1, K+1, V)
-        choice = vlogits[0].argmax(-1)  # (K+1,)
-        a = (drafts == choice[:K]).long().cumprod(0).sum().view(1)  # (1,) verify_greedy on the device
-        report.copy_(torch.cat([a, choice]))
+        vlogits, vhidden = target(torch.cat([x, drafts[:k]])[None], n + rows[: k + 1], tcache, impl)  # (1, k+1, V)
+        choice = vlogits[0].argmax(-1)  # (k+1,)
+        a = (drafts[:k] == choice[:k]).long().cumprod(0).sum().view(1)  # (1,) verify_greedy on the device
+        report[: k + 2].copy_(torch.cat([a, choice]))
         n_prev.copy_(n)
         accepted.copy_(a)
-        h_next.copy_(vhidden)
-        t_next.copy_(choice)
+        h_next[:, : k + 1].copy_(vhidden)
+        t_next[: k + 1].copy_(choice)
 
     state = (h_next, t_next, n_prev, accepted)
-    run_draft, run_verify = _runner(draft_phase, (), graph), _runner(verify_phase, state, graph)
+    phases: dict[int, tuple[Callable[[], None], Callable[[], None]]] = {}
     clock, head_start, pos = _Clock(dev), P - 1, P
     while not stop:
+        k = next_depth(policy, pos)
+        if k not in phases:  # NOTE [Static depths]: a depth's two phases are captured at its first step
+            phases[k] = (_runner(lambda k=k: draft_phase(k), (), graph),
+                         _runner(lambda k=k: verify_phase(k), state, graph))
+        run_draft, run_verify = phases[k]
         clock.mark()
         run_draft()
         clock.mark()
@@ -272,10 +288,11 @@ def _speculative(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max
         clock.mark()
         a, *choice = report.tolist()  # the step's one read of the device
         draft_s, verify_s = clock.spans()
-        draft_pos = [*range(head_start, head_start + K + 1), *range(pos, pos + K - 1)]
+        draft_pos = [*range(head_start, head_start + K + 1), *range(pos, pos + k - 1)]
         stats.draft_keys_read += sum(key_count(t, n_sink, window) for t in draft_pos)
         stats.draft_queries += len(draft_pos)
-        stats.add_step(a, draft_s, verify_s)
+        stats.add_step(a, draft_s, verify_s, depth=k)
+        policy.update(k, a, draft_s, verify_s)
         before = len(out)
         out, stop = _finish(out + choice[: a + 1], max_new_tokens, eos_id)
         stats.committed += len(out) - before
