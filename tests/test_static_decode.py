@@ -100,7 +100,8 @@ def test_every_accept_length_matches_the_eager_loop(models, depth, n_sink, windo
         assert torch.equal(out, ref) and torch.equal(eager_out, ref), f"j={j}"
         same_counts(stats, eager)
         assert stats.accept_length_histogram[j] >= stats.steps - 1  # the oracle's j, every whole step
-        assert stats.draft_queries == 2 * depth * stats.steps  # depth + 1 extend rows, depth - 1 recursive
+        # depth + 1 extend rows (1 at the first step), depth - 1 recursive drafts
+        assert stats.draft_queries == 2 * depth * stats.steps - depth
 
 
 @pytest.mark.parametrize("depth", [3, 8])
@@ -163,9 +164,13 @@ def test_depth_policies_draft_as_the_eager_loop(models, n_sink, window, monkeypa
         assert all(a == min(j, d) for d, a in static.seen[:-1]), f"j={j}"  # the oracle's j, cut at the depth
         same_counts(stats, eager_stats)
         assert stats.steps_by_depth == eager_stats.steps_by_depth and stats.depth == 5
-        # the extend's K + 1 = 6 rows and k - 1 recursive drafts a step
-        assert stats.draft_queries == sum(6 + d - 1 for d, _ in static.seen), f"j={j}"
-        assert len(built) == 2 * len({d for d, _ in static.seen}), f"j={j}: phases built {len(built)} times"
+        # the extend's rows (the last step's depth + 1; 1 at the first step) and k - 1 recursive drafts a step
+        depths = [d for d, _ in static.seen]
+        extends = [1] + [d + 1 for d in depths[:-1]]
+        assert stats.draft_queries == sum(e + d - 1 for e, d in zip(extends, depths)), f"j={j}"
+        # a draft phase per (extend rows, depth) pair, a verify phase per depth (state: what it restores)
+        assert sorted(len(state) for state in built) == [0] * len(set(zip(extends, depths))) + [4] * len(
+            set(depths)), f"j={j}: phases built {len(built)} times"
     out, _ = static_speculative_generate(target, head, prompt, 40, AdaptiveDepth(6, learn_costs=True), n_sink, window)
     assert torch.equal(out, ref)
 

@@ -12,8 +12,9 @@ call, whatever the number of keys), and no key set can change that. Here:
   n_prev + depth`` and the tokens that follow them. Every position is computed on the device.
 - NOTE [Static extend]: the eager draft extend consumes the ``a + 1`` positions committed by the
   last step (``a`` accepted drafts and the target's own token). Its count varies, so here the
-  extend always runs ``depth + 1`` rows, of which rows ``0 .. a`` are real, and picks row ``a`` on
-  the device. The other rows write draft-KV entries at positions ``>= n`` (``n``: the position of
+  extend runs the last step's ``depth + 1`` rows (the most it can commit; at the first step one
+  row, the prompt's last position), of which rows ``0 .. a`` are real, and picks row ``a`` on the
+  device. The other rows write draft-KV entries at positions ``>= n`` (``n``: the position of
   the target's latest token), which nobody reads before the recursive drafts and the next step's
   extend rewrite them: the caches are position-indexed (NOTE [No rollback], wmtp/kvcache.py), and a
   query only reads keys at or before its own position. A real row reads the same keys as in the
@@ -24,10 +25,12 @@ call, whatever the number of keys), and no key set can change that. Here:
   choices), keeps the statistics and decides when to stop, exactly as the eager loop.
 - NOTE [Static depths]: a depth policy (wmtp/policy.py) picks each step's depth ``k`` on the host,
   before the step, from what the host read after the last one. The state is sized for the
-  policy's ``max_depth`` ``K``: the extend always runs ``K + 1`` rows (a step accepts at most its
-  ``k <= K`` drafts, so row ``a`` is real), and a depth-``k`` step drafts ``k`` tokens and verifies
-  ``k + 1``. Each depth has its own two phases, captured at the first step that drafts it: at most
-  ``2 K`` CUDA graphs, and the output stays dense greedy's whatever the depths.
+  policy's ``max_depth`` ``K``; a step after a depth-``j`` step extends ``j + 1`` rows, drafts its
+  ``k`` tokens and verifies ``k + 1``. The draft phase is captured once per (extend rows, depth)
+  pair met and the verify phase once per depth, each at the first step that needs it; the output
+  stays dense greedy's whatever the depths. (An extend of ``K + 1`` rows every step would need one
+  draft graph per depth, but it cost the adaptive policy's mostly depth-1 steps 0.23 ms each on
+  the H200 at 16384 tokens: metrics/experiments/bench-depth-h200-graph-8bf32c8.json.)
 
 The output is the target's greedy output token for token (tests/test_static_decode.py asserts
 ``torch.equal`` against wmtp/decode.py's ``greedy_generate``, on every device and impl). With
@@ -192,7 +195,7 @@ def static_speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: to
 
     The arguments and the output are ``speculative_generate``'s (without ``verifier``), and the
     statistics count the same steps, drafts and accepts; ``draft_queries`` and ``draft_keys_read``
-    count the extend's ``depth + 1`` rows (NOTE [Static extend]).
+    count the extend's rows, the last step's ``depth + 1`` (NOTE [Static extend]).
 
     Args:
         depth: draft tokens per step, or a depth policy (wmtp/policy.py) asked before each step,
@@ -250,8 +253,8 @@ def _speculative(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max
     n = torch.zeros(1, dtype=torch.long, device=dev)  # (1,) position of the target's latest token
     report = torch.zeros(K + 2, dtype=torch.long, device=dev)  # (K+2,) accepted count, the K+1 choices
 
-    def draft_phase(k: int) -> None:  # the extend (NOTE [Static extend]), then k - 1 recursive drafts
-        dlogits, g = head(h_next, t_next[None], n_prev + rows, dcache, n_sink, window, impl)  # (1, K+1, V)
+    def draft_phase(e: int, k: int) -> None:  # the extend of e rows (NOTE [Static extend]), k - 1 recursive drafts
+        dlogits, g = head(h_next[:, :e], t_next[None, :e], n_prev + rows[:e], dcache, n_sink, window, impl)  # (1, e, V)
         proposals = [dlogits[0].index_select(0, accepted).argmax(-1)]  # (1,) from row `accepted`
         g = g.index_select(1, accepted)  # (1, 1, d)
         at = n_prev + accepted + 1  # (1,)
@@ -273,22 +276,23 @@ def _speculative(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max
         t_next[: k + 1].copy_(choice)
 
     state = (h_next, t_next, n_prev, accepted)
-    phases: dict[int, tuple[Callable[[], None], Callable[[], None]]] = {}
-    clock, head_start, pos = _Clock(dev), P - 1, P
+    draft_runs: dict[tuple[int, int], Callable[[], None]] = {}  # NOTE [Static depths]: by (extend rows, depth)
+    verify_runs: dict[int, Callable[[], None]] = {}  # by depth
+    clock, head_start, pos, e = _Clock(dev), P - 1, P, 1
     while not stop:
         k = next_depth(policy, pos)
-        if k not in phases:  # NOTE [Static depths]: a depth's two phases are captured at its first step
-            phases[k] = (_runner(lambda k=k: draft_phase(k), (), graph),
-                         _runner(lambda k=k: verify_phase(k), state, graph))
-        run_draft, run_verify = phases[k]
+        if (e, k) not in draft_runs:
+            draft_runs[e, k] = _runner(lambda e=e, k=k: draft_phase(e, k), (), graph)
+        if k not in verify_runs:
+            verify_runs[k] = _runner(lambda k=k: verify_phase(k), state, graph)
         clock.mark()
-        run_draft()
+        draft_runs[e, k]()
         clock.mark()
-        run_verify()
+        verify_runs[k]()
         clock.mark()
         a, *choice = report.tolist()  # the step's one read of the device
         draft_s, verify_s = clock.spans()
-        draft_pos = [*range(head_start, head_start + K + 1), *range(pos, pos + k - 1)]
+        draft_pos = [*range(head_start, head_start + e), *range(pos, pos + k - 1)]
         stats.draft_keys_read += sum(key_count(t, n_sink, window) for t in draft_pos)
         stats.draft_queries += len(draft_pos)
         stats.add_step(a, draft_s, verify_s, depth=k)
@@ -296,5 +300,5 @@ def _speculative(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max
         before = len(out)
         out, stop = _finish(out + choice[: a + 1], max_new_tokens, eos_id)
         stats.committed += len(out) - before
-        head_start, pos = pos, pos + a + 1
+        head_start, pos, e = pos, pos + a + 1, k + 1
     return torch.tensor(out, dtype=torch.long, device=dev), stats
