@@ -29,8 +29,8 @@ call, whatever the number of keys), and no key set can change that. Here:
   ``k`` tokens and verifies ``k + 1``. The draft phase is captured once per (extend rows, depth)
   pair met and the verify phase once per depth, each at the first step that needs it; the output
   stays dense greedy's whatever the depths. (An extend of ``K + 1`` rows every step would need one
-  draft graph per depth, but it cost the adaptive policy's mostly depth-1 steps 0.23 ms each on
-  the H200 at 16384 tokens: metrics/experiments/bench-depth-h200-graph-8bf32c8.json.)
+  draft graph per depth, but it cost the adaptive policy's mostly depth-1 steps about 0.2 ms
+  each on the H200 at 16384 tokens: 0.552 ms a token, 0.444 with this extend; docs/results/depth-gpu.md.)
 
 The output is the target's greedy output token for token (tests/test_static_decode.py asserts
 ``torch.equal`` against wmtp/decode.py's ``greedy_generate``, on every device and impl). With
