@@ -11,13 +11,14 @@ import torch
 from wmtp import decode, grading
 from wmtp.cli import main
 from wmtp.decode import verify_greedy
+from wmtp.grading_paged import library_addresses
 from wmtp.keyset import draft_key_indices, sink_query_position
 from wmtp.kvcache import ring_slot
 
 ASSIGNMENTS = Path(__file__).resolve().parents[1] / "tutorials" / "assignments"
 FILES = {"keyset": "01_keyset.py", "ring_slot": "02_ring_slot.py", "greedy_verify": "03_greedy_verify.py",
          "splitk_merge": "04_splitk_merge.py", "reindexed": "05_reindexed_positions.py",
-         "rejection": "06_rejection_sampling.py"}
+         "rejection": "06_rejection_sampling.py", "paged": "07_paged_keys.py"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -55,6 +56,7 @@ LIBRARY = {  # the library's own definitions, in the students' signatures
     "ring_slot": ring_slot,
     "greedy_verify": lambda drafts, choice: verify_greedy(torch.tensor(drafts), torch.tensor(choice)),
     "reindexed": sink_query_position,
+    "paged": library_addresses,
 }
 
 
@@ -143,6 +145,25 @@ def verify_one(p, q, draft, u, r):
     return draft
 """, ["verify_one(p=[0.2, 0.8], q=[0.6, 0.4], draft=0, u=0.5, r=0.5)", "expected 1, got 0",
       "a rejected draft is never committed"]),
+    "paged keys at their logical pages": ("paged", """
+def key_addresses(block_table, page_size, t, n_sink, window):
+    start = 0 if window is None else max(0, t - window + 1)
+    keys = sorted(set(range(min(n_sink, t + 1))) | set(range(start, t + 1)))
+    return [(p // page_size, p % page_size) for p in keys]
+""", ["key_addresses(block_table=[5, 2, 7, 0], page_size=4, t=13, n_sink=2, window=4)",
+      "expected [(5, 0), (5, 1), (7, 2)", "got [(0, 0), (0, 1), (2, 2)", "look p // page_size up in the block table"]),
+    "paged keys addressed (row, page)": ("paged", """
+def key_addresses(block_table, page_size, t, n_sink, window):
+    start = 0 if window is None else max(0, t - window + 1)
+    keys = sorted(set(range(min(n_sink, t + 1))) | set(range(start, t + 1)))
+    return [(p % page_size, block_table[p // page_size]) for p in keys]
+""", ["got [(0, 5), (1, 5)", "(page, row), in that order"]),
+    "paged keys with the window one key short": ("paged", """
+def key_addresses(block_table, page_size, t, n_sink, window):
+    start = 0 if window is None else max(0, t - window + 2)
+    keys = sorted(set(range(min(n_sink, t + 1))) | set(range(start, t + 1)))
+    return [(block_table[p // page_size], p % page_size) for p in keys]
+""", ["t=13, n_sink=2, window=4)", "6 keys in the key set, 5 addresses"]),
     "merge that overflows on large scores": ("splitk_merge", """
 def merge_splits(m, l, acc):
     return (torch.exp(m)[:, None] * acc).sum(0) / (torch.exp(m) * l).sum()
