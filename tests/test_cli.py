@@ -440,12 +440,12 @@ def test_bench_depth_writes_every_arm_and_policy(capsys, wikitext_dir, tmp_path,
                                       "--no-progress", "--out", str(out)])
     assert code == 0, err
     assert [p.prompt.numel() for p in prefills] == [64, 300]
-    assert starts == [prefills[0]] * 14 + [prefills[1]] * 14  # 2 rounds of: dense, then 2 arms x 3 policies
+    assert starts == [prefills[0]] * 18 + [prefills[1]] * 18  # 2 rounds of: dense, then 2 arms x 4 policies
     m = json.loads(out.read_text())
     assert m["kind"] == "bench-depth" and m["complete"] and m["decode_dtype"] == "float64" and m["wall_time_s"] > 0
     assert m["command"].startswith("wmtp bench depth") and m["config"]["preset"] == "tiny" and m["seed"] == 0
     assert m["depths"] == [1, 3] and m["rounds"] == 2 and "lossless" in m and m["loop"] == "eager"
-    assert m["policies"] == ["fixed-1", "fixed-3", "adaptive"]
+    assert m["policies"] == ["fixed-1", "fixed-3", "adaptive", "adaptive-per-depth"]
     assert [(r["context"], r["loop"]) for r in m["rows"]] == [(64, "eager"), (300, "eager")]
     for r in m["rows"]:
         assert r["new_tokens"] == 9 and list(r["arms"]) == ["native", "sink4+win16"] and r["prefill_s"] > 0
@@ -453,7 +453,7 @@ def test_bench_depth_writes_every_arm_and_policy(capsys, wikitext_dir, tmp_path,
         assert len(dense) == 2 and r["dense"]["tpot_s"] == pytest.approx(sum(dense) / 2) and min(dense) > 0
         for arm in r["arms"].values():
             runs = arm["policies"]
-            assert list(runs) == ["fixed-1", "fixed-3", "adaptive"]
+            assert list(runs) == ["fixed-1", "fixed-3", "adaptive", "adaptive-per-depth"]
             assert arm["fastest_policy"] == min(runs, key=lambda n: runs[n]["tpot_s"])
             for name, p in runs.items():
                 assert p["committed"] == 9 - 1  # the first token comes from the prefill's logits
@@ -475,6 +475,11 @@ def test_bench_depth_writes_every_arm_and_policy(capsys, wikitext_dir, tmp_path,
             fit, alphas = adaptive["policy_after"]["fitted_cost"], adaptive["policy_after"]["acceptance"]
             assert (fit is None or (len(fit) == 2 and fit[1] >= 0)) and len(alphas) == 3
             assert 1 <= adaptive["mean_depth"] <= 3
+            per_depth = runs["adaptive-per-depth"]
+            assert per_depth["policy"]["cost_model"] == "per-depth" and adaptive["policy"]["cost_model"] == "line"
+            measured = per_depth["policy_after"]["measured_costs"]
+            assert len(measured) == 3 and all(c is None or c > 0 for c in measured)
+            assert [c is not None for c in measured] == [n > 0 for n in per_depth["steps_by_depth"][1:]]
     assert "TPOT speedup vs dense" in stdout and not list(tmp_path.glob("*.tmp"))
     assert not out.with_suffix(".png").exists()  # JSON only
 

@@ -107,6 +107,29 @@ def test_learned_cost_is_a_line_through_the_step_times():
     assert AdaptiveDepth(4).fitted_cost() is None
 
 
+def test_per_depth_costs_where_measured_the_line_elsewhere():
+    """Steps not linear in the depth (1.0, 1.1 and 2.6 s at depths 1, 3, 7; every draft accepted):
+    the line through them prefers depth 7, each depth's own mean depth 3."""
+    line = AdaptiveDepth(7, decay=1.0, learn_costs=True, prior=(50, 1))
+    table = AdaptiveDepth(7, decay=1.0, learn_costs=True, prior=(50, 1), cost_model="per-depth")
+    for policy in (line, table):
+        for k, seconds in ((1, 1.0), (3, 1.1), (7, 2.6)):
+            policy.update(k, k, seconds, 0.0)
+    # least squares through (1, 1.0), (3, 1.1), (7, 2.6): slope 79 / 280, intercept 149 / 280
+    assert line.fitted_cost() == table.fitted_cost() == pytest.approx((149 / 280, 79 / 280))
+    assert table.measured_costs() == pytest.approx([1.0, None, 1.1, None, None, None, 2.6])
+    assert table.cost(3) == pytest.approx(1.1) and table.cost(5) == pytest.approx((149 + 5 * 79) / 280)
+    assert line.cost(3) == pytest.approx((149 + 3 * 79) / 280)
+    assert line.depth(0) == 7 and table.depth(0) == 3
+    table.update(3, 3, 1.3, 0.0)  # a second depth-3 step: the mean of the two
+    assert table.measured_costs()[2] == pytest.approx(1.2)
+    decaying = AdaptiveDepth(3, decay=0.5, learn_costs=True, cost_model="per-depth")
+    decaying.update(2, 0, 1.0, 0.0)
+    decaying.update(2, 0, 3.0, 0.0)  # weights 0.5 and 1: (0.5 + 3) / 1.5
+    assert decaying.measured_costs() == pytest.approx([None, 3.5 / 1.5, None])
+    assert decaying.describe()["cost_model"] == "per-depth"
+
+
 @pytest.mark.parametrize("j", [0, 2, 5, 8])
 def test_adaptive_depth_settles_on_what_an_oracle_deserves(models, j):
     """A draft right for exactly j tokens a step: once the counts have built up (the last third of
@@ -144,6 +167,7 @@ def test_bad_depths_raise_value_error(models, make, match, generate):
 @pytest.mark.parametrize("kwargs", [{"draft_cost": -1}, {"draft_cost": float("inf")}, {"prior": (0, 1)},
                                     {"prior": (1,)}, {"prior": (True, 1)}, {"decay": 0}, {"decay": 1.5},
                                     {"decay": True}, {"verify_cost_per_draft": True}, {"learn_costs": 1},
+                                    {"cost_model": "table", "learn_costs": True}, {"cost_model": "per-depth"},
                                     {"max_depth": 0}])
 def test_bad_adaptive_settings_raise_value_error(kwargs):
     with pytest.raises(ValueError):

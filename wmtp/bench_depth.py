@@ -5,12 +5,13 @@ wmtp/policy.py).
 
 For each context: dense greedy decoding, then every key set of the preset's ``SpecConfig`` (native
 first) with each policy: ``FixedDepth(k)`` for every ``k`` of ``--depths`` and ``AdaptiveDepth``
-up to the preset's depth, fitting its cost line to the measured step times (``learn_costs``), a
-fresh policy per run. Every run's output is asserted equal (``torch.equal``) to the dense tokens
-before anything is kept. Every run at a context starts from ONE prefill of its prompt
-(``prefill_prompt``, wmtp/prefill.py). ``loop="eager"`` decodes with wmtp/decode.py's loops,
-``loop="graph"`` with wmtp/static_decode.py's CUDA graphs (a pair per depth drafted: NOTE [Static
-depths]), whose phase times are device times: the adaptive policy then fits its cost line to them.
+up to the preset's depth, learning its step costs from the measured step times (``learn_costs``)
+as a line (``adaptive``) or per depth (``adaptive-per-depth``), a fresh policy per run. Every
+run's output is asserted equal (``torch.equal``) to the dense tokens before anything is kept.
+Every run at a context starts from ONE prefill of its prompt (``prefill_prompt``,
+wmtp/prefill.py). ``loop="eager"`` decodes with wmtp/decode.py's loops, ``loop="graph"`` with
+wmtp/static_decode.py's CUDA graphs (captured per depth drafted: NOTE [Static depths]), whose
+phase times are device times: the adaptive policies then learn their costs from them.
 
 The figure is ``tpot_s``: the measured time per token kept over the whole decode, prefill excluded,
 ``(sum of the steps' draft and verify seconds) / committed tokens`` (eager: wall-clock phases with a
@@ -78,6 +79,7 @@ def policies(depths: tuple[int, ...], max_depth: int) -> dict[str, Callable[[], 
     makers: dict[str, Callable[[], FixedDepth | AdaptiveDepth]] = {
         f"fixed-{k}": (lambda k=k: FixedDepth(k)) for k in depths}
     makers["adaptive"] = lambda: AdaptiveDepth(max_depth, learn_costs=True)
+    makers["adaptive-per-depth"] = lambda: AdaptiveDepth(max_depth, learn_costs=True, cost_model="per-depth")
     return makers
 
 

@@ -13,9 +13,11 @@ tokens per unit of time, re-estimating each ``alpha_i`` from the steps so far: d
 the steps that verified draft ``i``, with the estimate of draft ``i - 1`` as their prior, so a
 position the policy has not drafted lately is believed as good as the one before it (and gets
 drafted again, to check). With ``learn_costs`` the cost is a line fitted to the measured step
-times, ``cost(k) = A + B k`` seconds. A draft whose late guesses are rarely right, or that is
-expensive (the native draft at long context pays the draft-KV tax on every token), is asked for
-fewer tokens.
+times, ``cost(k) = A + B k`` seconds, or (``cost_model="per-depth"``) each depth's own mean step
+time where it has been measured and the line elsewhere: a GPU's steps need not be linear in the
+depth (docs/results/depth-gpu.md: an 8-row verify pass costs twice a 4-row one there). A draft
+whose late guesses are rarely right, or that is expensive (the native draft at long context pays
+the draft-KV tax on every token), is asked for fewer tokens.
 
 The depth only decides how many drafts a step proposes; the verification that commits tokens is
 the same, so under greedy verification (and the gumbel method of wmtp/sampling.py) every
@@ -31,6 +33,8 @@ import math
 from typing import Protocol
 
 __all__ = ["DepthPolicy", "FixedDepth", "AdaptiveDepth", "as_policy", "next_depth"]
+
+COST_MODELS = ("line", "per-depth")  # AdaptiveDepth's learned step costs
 
 
 class DepthPolicy(Protocol):
@@ -78,10 +82,13 @@ class AdaptiveDepth:
             measured seconds of the steps (draft and verify phases), once steps of two depths have
             been seen; until then, and without it, the cost is ``draft_cost`` and
             ``verify_cost_per_draft``'s. The depths, though never the output, then depend on timing.
+        cost_model: with ``learn_costs``, ``"line"`` (the fitted line for every depth) or
+            ``"per-depth"`` (a measured depth's decayed mean step seconds, the line for the others).
     """
 
     def __init__(self, max_depth: int, draft_cost: float = 0.05, verify_cost_per_draft: float = 0.0,
-                 prior: tuple[float, float] = (1.0, 1.0), decay: float = 0.99, learn_costs: bool = False) -> None:
+                 prior: tuple[float, float] = (1.0, 1.0), decay: float = 0.99, learn_costs: bool = False,
+                 cost_model: str = "line") -> None:
         FixedDepth(max_depth)  # the same check of max_depth
         for name, value in (("draft_cost", draft_cost), ("verify_cost_per_draft", verify_cost_per_draft)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
@@ -94,12 +101,19 @@ class AdaptiveDepth:
             raise ValueError(f"decay must be in (0, 1], got {decay!r}")
         if not isinstance(learn_costs, bool):
             raise ValueError(f"learn_costs must be True or False, got {learn_costs!r}")
+        if cost_model not in COST_MODELS:
+            raise ValueError(f"cost_model must be one of {', '.join(COST_MODELS)}, got {cost_model!r}")
+        if cost_model != "line" and not learn_costs:
+            raise ValueError(f"cost_model={cost_model!r} measures the steps: it needs learn_costs=True")
         self.max_depth, self.draft_cost, self.verify_cost_per_draft = max_depth, float(draft_cost), \
             float(verify_cost_per_draft)
         self.prior, self.decay, self.learn_costs = (float(prior[0]), float(prior[1])), float(decay), learn_costs
+        self.cost_model = cost_model
         self.accepts = [0.0] * max_depth  # decayed count of steps whose draft i was accepted
         self.tried = [0.0] * max_depth  # decayed count of steps that verified draft i
         self.time_sums = [0.0] * 5  # decayed sums over steps of 1, k, k^2, seconds, k * seconds
+        self.depth_steps = [0.0] * max_depth  # decayed count of the steps at each depth
+        self.depth_seconds = [0.0] * max_depth  # decayed sum of their seconds
 
     def acceptance(self) -> list[float]:
         """``alpha_i`` for draft positions ``1 .. max_depth``: ``(w m + accepts_i) / (w + tried_i)``
@@ -130,13 +144,21 @@ class AdaptiveDepth:
         intercept = (st - slope * sk) / n
         return (intercept, slope) if intercept + slope > 0 else None
 
+    def measured_costs(self) -> list[float | None]:
+        """Each depth's decayed mean step seconds, ``None`` where no step drafted it."""
+        return [s / n if n > 0 else None for n, s in zip(self.depth_steps, self.depth_seconds)]
+
     def cost(self, k: int) -> float:
-        """A ``k``-draft step's cost: the fitted line's seconds, else ``1 + (draft_cost +
+        """A ``k``-draft step's cost: once the line is fitted, its seconds (``"per-depth"``: the
+        depth's own measured mean, where there is one), else ``1 + (draft_cost +
         verify_cost_per_draft) k`` verify passes (only ratios between depths matter)."""
         fit = self.fitted_cost()
-        if fit is not None:
-            return fit[0] + fit[1] * k
-        return 1.0 + (self.draft_cost + self.verify_cost_per_draft) * k
+        if fit is None:
+            return 1.0 + (self.draft_cost + self.verify_cost_per_draft) * k
+        measured = self.measured_costs()[k - 1]
+        if self.cost_model == "per-depth" and measured is not None:
+            return measured
+        return fit[0] + fit[1] * k
 
     def depth(self, position: int) -> int:
         """The ``k`` in ``1 .. max_depth`` with the most expected tokens per unit of cost (the
@@ -158,11 +180,14 @@ class AdaptiveDepth:
         seconds = draft_s + verify_s
         self.time_sums = [c * self.decay + x for c, x in zip(self.time_sums, (1.0, depth, depth * depth, seconds,
                                                                                depth * seconds))]
+        self.depth_steps = [c * self.decay + (i == depth - 1) for i, c in enumerate(self.depth_steps)]
+        self.depth_seconds = [c * self.decay + seconds * (i == depth - 1) for i, c in enumerate(self.depth_seconds)]
 
     def describe(self) -> dict:
         return {"policy": "adaptive", "max_depth": self.max_depth, "draft_cost": self.draft_cost,
                 "verify_cost_per_draft": self.verify_cost_per_draft, "prior": list(self.prior),
-                "decay": self.decay, "learn_costs": self.learn_costs, "fitted_cost": self.fitted_cost()}
+                "decay": self.decay, "learn_costs": self.learn_costs, "cost_model": self.cost_model,
+                "fitted_cost": self.fitted_cost(), "measured_costs": self.measured_costs()}
 
 
 def as_policy(depth) -> FixedDepth | AdaptiveDepth:
