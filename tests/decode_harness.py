@@ -21,13 +21,17 @@ def same_counts(a: wmtp.SpecStats, b: wmtp.SpecStats) -> None:
 
 
 class Cycling:
-    """A depth policy drafting ``depths[0], depths[1], ...`` in turn; it records what the loop told it."""
+    """A depth policy drafting ``depths[0], depths[1], ...`` in turn; it records what the loop told it:
+    ``seen`` the (depth, accepted) of each step, ``positions`` the position it was asked at, ``times``
+    the (draft, verify) seconds."""
 
     def __init__(self, depths):
-        self.depths, self.max_depth, self.seen = list(depths), max(depths), []
+        self.depths, self.max_depth, self.seen, self.positions, self.times = list(depths), max(depths), [], [], []
 
     def depth(self, position):
+        self.positions.append(position)
         return self.depths[len(self.seen) % len(self.depths)]
 
     def update(self, depth, accepted, draft_s, verify_s):
         self.seen.append((depth, accepted))
+        self.times.append((draft_s, verify_s))

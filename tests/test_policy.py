@@ -149,10 +149,23 @@ def test_adaptive_depth_settles_on_what_an_oracle_deserves(models, j):
     assert set(late) <= {deserved, deserved + 1} and late.count(deserved) >= 0.6 * len(late), seen
 
 
+class Growing(Cycling):
+    """Claims a max_depth of 2, raises it to 4 after two steps, then drafts 4: past what the loop sized for."""
+
+    def __init__(self):
+        super().__init__([2, 2, 4])
+        self.max_depth = 2
+
+    def update(self, depth, accepted, draft_s, verify_s):
+        super().update(depth, accepted, draft_s, verify_s)
+        self.max_depth = 4 if len(self.seen) >= 2 else 2
+
+
 @pytest.mark.parametrize("make, match", [
     (lambda: 0, "depth must be a positive integer"), (lambda: "3", "depth policy"), (lambda: True, "depth policy"),
     (lambda: Cycling([0]), "depth must be a positive integer"), (lambda: Cycling([2, 9]), "must draft an int in"),
-    (lambda: Cycling([2, 2.0]), "must draft an int in"),
+    (lambda: Cycling([2, 2.0]), "must draft an int in"), (lambda: Cycling([2, True]), "must draft an int in"),
+    (lambda: Growing(), "must draft an int in \\[1, 2\\]"),
 ])
 @pytest.mark.parametrize("generate", [wmtp.speculative_generate, wmtp.static_speculative_generate])
 def test_bad_depths_raise_value_error(models, make, match, generate):

@@ -16,6 +16,7 @@ from decode_harness import Cycling, V, random_prompt, same_counts
 import wmtp
 from wmtp import static_decode
 from wmtp.grading import harness_models
+from wmtp.keyset import key_count
 from wmtp.kvcache import KVCache
 from wmtp.policy import AdaptiveDepth
 from wmtp.static_decode import EOS_CHECK, static_greedy_generate, static_speculative_generate
@@ -164,15 +165,41 @@ def test_depth_policies_draft_as_the_eager_loop(models, n_sink, window, monkeypa
         assert all(a == min(j, d) for d, a in static.seen[:-1]), f"j={j}"  # the oracle's j, cut at the depth
         same_counts(stats, eager_stats)
         assert stats.steps_by_depth == eager_stats.steps_by_depth and stats.depth == 5
-        # the extend's rows (the last step's depth + 1; 1 at the first step) and k - 1 recursive drafts a step
+        assert static.positions == eager.positions, f"j={j}"  # asked at the target's latest token's position
+        assert static.times == list(zip(stats.draft_times_s, stats.verify_times_s)), f"j={j}"
+        # the extend's rows (the last step's depth + 1; 1 at the first step) from the last step's position,
+        # then k - 1 recursive drafts from this step's
         depths = [d for d, _ in static.seen]
         extends = [1] + [d + 1 for d in depths[:-1]]
-        assert stats.draft_queries == sum(e + d - 1 for e, d in zip(extends, depths)), f"j={j}"
+        starts = [prompt.numel() - 1] + static.positions[:-1]
+        queries = [[*range(h, h + e), *range(p, p + d - 1)] for h, e, p, d in zip(starts, extends, static.positions,
+                                                                                  depths)]
+        assert stats.draft_queries == sum(map(len, queries)) == sum(e + d - 1 for e, d in zip(extends, depths))
+        assert stats.draft_keys_read == sum(key_count(t, n_sink, window) for q in queries for t in q), f"j={j}"
         # a draft phase per (extend rows, depth) pair, a verify phase per depth (state: what it restores)
         assert sorted(len(state) for state in built) == [0] * len(set(zip(extends, depths))) + [4] * len(
             set(depths)), f"j={j}: phases built {len(built)} times"
     out, _ = static_speculative_generate(target, head, prompt, 40, AdaptiveDepth(6, learn_costs=True), n_sink, window)
     assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("draft_cache,positions", [("full", "reindexed"), ("ring", "absolute"), ("ring", "reindexed")])
+@pytest.mark.parametrize("n_sink,window", [(4, 16), (2, 3)])
+def test_depth_policies_with_rings_positions_and_eos(models, draft_cache, positions, n_sink, window):
+    """The real head with cycling depths: the eager loop's depths and accepts, dense greedy's output,
+    with a ring draft KV, re-indexed positions, and an eos that stops the run."""
+    target, head = models
+    prompt = random_prompt(15, seed=8)
+    ref = wmtp.greedy_generate(target, prompt, 40)
+    eos = int(ref[23])
+    for eos_id, dense in ((None, ref), (eos, wmtp.greedy_generate(target, prompt, 40, eos_id=eos))):
+        static, eager = Cycling([2, 6, 1, 4]), Cycling([2, 6, 1, 4])
+        kwargs = {"draft_cache": draft_cache, "positions": positions, "eos_id": eos_id}
+        out, stats = static_speculative_generate(target, head, prompt, 40, static, n_sink, window, **kwargs)
+        eager_out, eager_stats = wmtp.speculative_generate(target, head, prompt, 40, eager, n_sink, window, **kwargs)
+        assert torch.equal(out, dense) and torch.equal(eager_out, dense), f"eos {eos_id}"
+        assert static.seen == eager.seen and static.positions == eager.positions, f"eos {eos_id}"
+        same_counts(stats, eager_stats)
 
 
 def test_eos_and_cuts_at_every_accept_length(models):

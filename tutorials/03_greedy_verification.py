@@ -180,10 +180,11 @@ fig.tight_layout()
 # draft head consumes next (`a + 1`), and the host builds the next step's positions from it. On a GPU
 # each read waits for all queued work, and each Python call launches its kernels one by one: for a small
 # model the host, not the GPU, sets the pace. `wmtp.static_speculative_generate` decodes the same way
-# with steps whose shapes never change, so that a step can be captured once in a CUDA graph and replayed:
+# with steps whose shapes do not depend on what the device computed, so that a step can be captured
+# once in a CUDA graph and replayed:
 #
-# - the draft extend always consumes `K + 1` positions, those of the last verify pass, of which rows
-#   `0 .. a` are real, and picks row `a` on the device. The rows past `a` write draft-KV entries at
+# - the draft extend consumes `K + 1` positions, those of the last verify pass (one at the first
+#   step), of which rows `0 .. a` are real, and picks row `a` on the device. The rows past `a` write draft-KV entries at
 #   positions that the next drafts rewrite before anything reads them: the caches are position-indexed,
 #   and a query only reads keys at or before its own position (NOTE [Static extend] in
 #   `wmtp/static_decode.py`);
@@ -222,7 +223,7 @@ for j in range(K + 1):
 
 # %% [markdown]
 # The same outputs and the same accepts. The price is work on rows that are thrown away: the extend
-# always runs `K + 1` queries where the eager loop runs `a + 1`. On the CPU these steps are plain calls;
+# runs `K + 1` queries (after the first step) where the eager loop runs `a + 1`. On the CPU these steps are plain calls;
 # on a GPU with the Triton kernels each phase, draft and verify, is one CUDA graph. There the draft-KV
 # tax finally shows: on an H200 at 131072 tokens the native draft phase takes 3.6 ms a step and a
 # windowed one 1.3 ms, where the eager loop spends about 10 ms a draft phase on launches whatever the

@@ -12,8 +12,8 @@ their share, and TPOT ``= (t_draft + t_verify) / AL`` (wmtp/metrics.py). Under `
 the phases are CUDA graphs timed by CUDA events (wmtp/static_decode.py); under ``loop="eager"``
 they are wall-clock times with a synchronize (wmtp/decode.py), the host's launches included.
 ``draft_keys_read_per_step`` counts the keys of every draft query run: the graph loop's extend runs
-``depth + 1`` rows (NOTE [Static extend]), the eager loop's only the ``a + 1`` committed positions,
-so the two loops' counts differ.
+``depth + 1`` rows (one at the first step; NOTE [Static extend]), the eager loop's only the
+``a + 1`` committed positions, so the two loops' counts differ.
 
 The models are reproduce's (the same checkpoint: wmtp/reproduce.py ``prepare_models``), with the
 KV-cache capacity raised to the longest context (their weights do not depend on it). The prompt is

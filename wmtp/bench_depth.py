@@ -10,7 +10,7 @@ as a line (``adaptive``) or per depth (``adaptive-per-depth``), a fresh policy p
 run's output is asserted equal (``torch.equal``) to the dense tokens before anything is kept.
 Every run at a context starts from ONE prefill of its prompt (``prefill_prompt``,
 wmtp/prefill.py). ``loop="eager"`` decodes with wmtp/decode.py's loops, ``loop="graph"`` with
-wmtp/static_decode.py's CUDA graphs (captured per depth drafted: NOTE [Static depths]), whose
+wmtp/static_decode.py's CUDA graphs (one per phase shape met: NOTE [Static depths]), whose
 phase times are device times: the adaptive policies then learn their costs from them.
 
 The figure is ``tpot_s``: the measured time per token kept over the whole decode, prefill excluded,

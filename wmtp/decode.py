@@ -289,7 +289,7 @@ def speculative_loop(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor,
     head_start, h_new, next_tokens = P - 1, last_hidden, x.view(1)
     n = P  # committed positions 0..n-1 are in the target cache; x sits at position n
     while not stop:
-        k = next_depth(policy, n)
+        k = next_depth(policy, n, depth)
         synchronize(dev)
         t0 = time.perf_counter()
         ext_pos = torch.arange(head_start, n, device=dev)

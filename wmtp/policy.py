@@ -201,14 +201,14 @@ def as_policy(depth) -> FixedDepth | AdaptiveDepth:
     return depth
 
 
-def next_depth(policy: DepthPolicy, position: int) -> int:
-    """``policy.depth(position)``, checked: an int in ``[1, policy.max_depth]`` (what every loop's
-    caches and, in the CUDA-graph loop, captured phases are sized for).
+def next_depth(policy: DepthPolicy, position: int, max_depth: int) -> int:
+    """``policy.depth(position)``, checked: an int in ``[1, max_depth]``, the ``max_depth`` the
+    policy had when the loop sized its caches (and, in the CUDA-graph loop, its state) for it.
 
     Raises:
         ValueError: for anything else.
     """
     k = policy.depth(position)
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= policy.max_depth:
-        raise ValueError(f"the depth policy must draft an int in [1, {policy.max_depth}] a step, got {k!r}")
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= max_depth:
+        raise ValueError(f"the depth policy must draft an int in [1, {max_depth}] a step, got {k!r}")
     return k

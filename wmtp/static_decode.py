@@ -20,8 +20,9 @@ call, whatever the number of keys), and no key set can change that. Here:
   query only reads keys at or before its own position. A real row reads the same keys as in the
   eager extend, so it computes the same draft, up to the last bits of matrices of another shape.
 - The accepted drafts equal the target's choices, so after the verify pass the next extend's
-  hidden states are the verify pass's and its tokens are the target's choices, all ``depth + 1``.
-- The host reads one small tensor per step (the accepted count and the target's ``depth + 1``
+  hidden states are the verify pass's and its tokens are the target's choices, all ``k + 1`` of a
+  step that drafted ``k``.
+- The host reads one small tensor per step (the accepted count and the target's ``k + 1``
   choices), keeps the statistics and decides when to stop, exactly as the eager loop.
 - NOTE [Static depths]: a depth policy (wmtp/policy.py) picks each step's depth ``k`` on the host,
   before the step, from what the host read after the last one. The state is sized for the
@@ -34,7 +35,7 @@ call, whatever the number of keys), and no key set can change that. Here:
 
 The output is the target's greedy output token for token (tests/test_static_decode.py asserts
 ``torch.equal`` against wmtp/decode.py's ``greedy_generate``, on every device and impl). With
-``cuda_graph`` the draft phase and the verify phase are each one CUDA graph (a pair per depth),
+``cuda_graph`` the draft phase and the verify phase are each one CUDA graph (NOTE [Static depths]),
 timed by CUDA events: ``SpecStats.draft_times_s`` and ``verify_times_s`` are then device times.
 Verification is the batched greedy rule (``verify_greedy``); a custom verifier needs the eager loop.
 """
@@ -204,7 +205,7 @@ def static_speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: to
             when on CUDA with the Triton impl; ``True`` elsewhere is a ``ValueError``).
         prefill: as ``speculative_generate``'s (wmtp/prefill.py).
         draft_cache: as ``speculative_generate``'s: ``"ring"`` keeps the draft's KV in a ring
-            (wmtp/ringcache.py; the extend's ``depth + 1`` rows are within its spare slots).
+            (wmtp/ringcache.py; the extend's at most ``depth + 1`` rows are within its spare slots).
         positions: as ``speculative_generate``'s (``"reindexed"``: StreamingLLM's, wmtp/keyset.py).
     """
     if isinstance(prompt_ids, (list, tuple)):
@@ -280,7 +281,7 @@ def _speculative(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max
     verify_runs: dict[int, Callable[[], None]] = {}  # by depth
     clock, head_start, pos, e = _Clock(dev), P - 1, P, 1
     while not stop:
-        k = next_depth(policy, pos)
+        k = next_depth(policy, pos, K)
         if (e, k) not in draft_runs:
             draft_runs[e, k] = _runner(lambda e=e, k=k: draft_phase(e, k), (), graph)
         if k not in verify_runs:
