@@ -1,4 +1,4 @@
-"""Tests of wmtp.data: WikiText-2 layouts, the offline fallbacks, the BPE tokenizer and encoding."""
+"""Tests of wmtp.data: WikiText-2 layouts and the offline fallbacks (the tokenizer: tests/test_tokenizer.py)."""
 
 import os
 
@@ -16,9 +16,6 @@ from pathlib import Path
 
 import datasets
 import pytest
-import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from wmtp import data
 
@@ -303,76 +300,3 @@ def test_max_chars_cuts_each_split_at_a_line_boundary(stdlib):
         assert full.startswith(cut) and full[len(cut)] == "\n"
     assert "max_chars=5000" in small.message
     assert small.fingerprint != stdlib.fingerprint
-
-
-# --- tokenizer and encoding ---------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def small_corpus() -> data.Corpus:
-    return data.load_corpus(max_chars=100_000)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(small_corpus, tmp_path_factory):
-    return data.train_tokenizer(small_corpus, 300, tmp_path_factory.mktemp("tok"))
-
-
-def test_tokenizer_vocab_and_eos(tokenizer):
-    assert tokenizer.get_vocab_size() == 300
-    assert data.eos_id(tokenizer) == 0 and tokenizer.id_to_token(0) == data.EOS
-
-
-@settings(max_examples=50, deadline=None)
-@given(text=st.text(max_size=200))
-def test_decode_of_encode_is_exact_for_any_text(tokenizer, text):
-    assert data.decode(tokenizer, data.encode(tokenizer, text)) == text
-
-
-def test_encode_is_chunk_by_chunk(tokenizer, small_corpus):
-    text = small_corpus.valid + "\r\nnaïve — 日本語 🙂\t" + data.EOS + "\n\n"
-    ids = data.encode(tokenizer, text, lines_per_chunk=7)
-    assert ids.dtype == torch.long and ids.dim() == 1
-    lines = text.splitlines(keepends=True)
-    chunks = ["".join(lines[k:k + 7]) for k in range(0, len(lines), 7)]
-    expected = [i for chunk in chunks for i in tokenizer.encode(chunk).ids]
-    assert ids.tolist() == expected
-    assert data.decode(tokenizer, ids) == text
-    assert data.eos_id(tokenizer) in ids.tolist()
-    assert data.encode(tokenizer, "").shape == (0,)
-
-
-def test_corpus_token_splits(tokenizer, small_corpus):
-    splits = data.corpus_token_splits(small_corpus, tokenizer)
-    assert sorted(splits) == ["test", "train", "valid"]
-    for split, ids in splits.items():
-        assert torch.equal(ids, data.encode(tokenizer, getattr(small_corpus, split)))
-        assert data.decode(tokenizer, ids) == getattr(small_corpus, split)
-
-
-def test_tokenizer_cache_hit_does_not_retrain(small_corpus, tmp_path, monkeypatch):
-    first = data.train_tokenizer(small_corpus, 300, tmp_path)
-    path = tmp_path / f"tokenizer-python-stdlib-{small_corpus.fingerprint}-v300.json"
-    assert os.listdir(tmp_path) == [path.name]  # no temp file left beside it
-    mtime = path.stat().st_mtime_ns
-    monkeypatch.setattr(data, "_train_bpe", fail_if_called)
-    again = data.train_tokenizer(small_corpus, 300, tmp_path)
-    assert again.get_vocab() == first.get_vocab()
-    assert path.stat().st_mtime_ns == mtime
-
-
-def test_failed_tokenizer_write_leaves_no_file(small_corpus, tmp_path, monkeypatch):
-    class HalfWritten:
-        def save(self, path):
-            Path(path).write_text('{"half": ')
-            raise OSError("disk full")
-
-    monkeypatch.setattr(data, "_train_bpe", lambda text, vocab_size: HalfWritten())
-    with pytest.raises(OSError, match="disk full"):
-        data.train_tokenizer(small_corpus, 300, tmp_path / "cache")
-    assert os.listdir(tmp_path / "cache") == []
-
-
-def test_tokenizer_rejects_a_vocab_smaller_than_the_bytes(small_corpus, tmp_path):
-    with pytest.raises(ValueError, match="vocab_size must be >= 257"):
-        data.train_tokenizer(small_corpus, 256, tmp_path)

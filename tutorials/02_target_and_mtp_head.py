@@ -189,5 +189,5 @@ for n_sink, window in [(0, None), (4, 16), (0, 2), (0, 1)]:
 #   and fewer drafts are accepted, yet every run returns the dense output token for token. Windowing
 #   costs acceptance, never correctness: notebook 03 shows why.
 #
-# Try: train on real text (`wmtp.data.load_corpus(None, max_chars=200_000)`, `wmtp.data.train_tokenizer`,
-# `wmtp.data.corpus_token_splits`) and watch accuracy fall with the draft position.
+# Try: train on real text (`wmtp.data.load_corpus(None, max_chars=200_000)`, `wmtp.tokenizer.train_tokenizer`,
+# `wmtp.tokenizer.corpus_token_splits`) and watch accuracy fall with the draft position.

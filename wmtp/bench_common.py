@@ -18,7 +18,7 @@ from typing import NamedTuple
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from . import data
+from . import data, tokenizer
 from .config import Preset
 from .decode import greedy_generate, speculative_generate
 from .device import synchronize
@@ -90,7 +90,8 @@ def bench_setup(kind: str, preset: Preset, dataset_dir: str | None, device: torc
     context's prompt (checked before any training), and the header every bench JSON begins with."""
     corpus = data.load_corpus(dataset_dir, max_chars=preset.train.max_train_chars)
     log(corpus.message)
-    tokens = data.corpus_token_splits(corpus, data.train_tokenizer(corpus, preset.model.vocab_size, cache_dir))
+    tokens = tokenizer.corpus_token_splits(corpus, tokenizer.train_tokenizer(corpus, preset.model.vocab_size,
+                                                                         cache_dir))
     prompts = {c: long_prompt(tokens, c) for c in contexts}  # every context checked before the training
     target, head, train_info = prepare_models(preset, corpus, tokens, seed, device, cache_dir, None, progress, log)
     dtype = torch.float64 if device.type == "cpu" else torch.float32  # decode.py NOTE [Exactness]

@@ -1,4 +1,4 @@
-"""Text corpora and the byte-level BPE tokenizer that wmtp trains on.
+"""Text corpora that wmtp trains on (the tokenizer is wmtp/tokenizer.py).
 
 `load_corpus` finds WikiText-2 (Merity et al., 2016), the corpus of the Windowed-MTP experiments,
 in this order, and says in `Corpus.message` what it loaded and what it substituted:
@@ -7,9 +7,6 @@ in this order, and says in `Corpus.message` what it loaded and what it substitut
 2. the HuggingFace hub (`wikitext-2-raw-v1`), only when huggingface.co answers quickly;
 3. offline default `python-stdlib`: the standard-library source of the running Python, which
    every machine has, split 90/5/5 into train/valid/test by a stable hash of each file's path.
-
-`train_tokenizer` trains (or loads from its cache) a byte-level BPE through `tokenizers`; `encode`
-and `decode` turn text into a 1-D LongTensor of token ids and back, exactly.
 """
 
 from __future__ import annotations
@@ -24,15 +21,6 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 
-import numpy as np
-import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-from .fileio import atomic_path
-
-EOS = "<|endoftext|>"  # the one special token; id 0
-TOKENIZER_TRAIN_CHARS = 8_000_000  # BPE trains on at most this many leading chars of train
-LINES_PER_CHUNK = 200  # encode() tokenizes text in chunks of this many lines
 HUB_HOST, HUB_REPO, HUB_CONFIG = "huggingface.co", "Salesforce/wikitext", "wikitext-2-raw-v1"
 SPLITS = ("train", "valid", "test")
 
@@ -285,7 +273,7 @@ def _stdlib_files(root: Path) -> list[str]:
     return sorted(found)
 
 
-def _truncate(text: str, max_chars: int) -> str:
+def leading_lines(text: str, max_chars: int) -> str:
     """At most `max_chars` leading characters of `text`, ending at a line boundary if possible."""
     if len(text) <= max_chars:
         return text
@@ -297,96 +285,7 @@ def _truncate_corpus(corpus: Corpus, max_chars: int) -> Corpus:
     if max_chars < 1:
         raise ValueError(f"max_chars must be >= 1, got {max_chars}")
     small = max(max_chars // 10, 1)
-    return replace(corpus, train=_truncate(corpus.train, max_chars),
-                   valid=_truncate(corpus.valid, small), test=_truncate(corpus.test, small),
+    return replace(corpus, train=leading_lines(corpus.train, max_chars),
+                   valid=leading_lines(corpus.valid, small), test=leading_lines(corpus.test, small),
                    message=f"{corpus.message}; cut to max_chars={max_chars} "
                            f"(valid and test to {small})")
-
-
-def train_tokenizer(corpus: Corpus, vocab_size: int, cache_dir: str | Path) -> Tokenizer:
-    """A byte-level BPE trained on `corpus.train`, loaded from `cache_dir` when already trained.
-
-    Byte-level means every string encodes and decodes back exactly, with no unknown token. The
-    only special token is `<|endoftext|>`, id 0. Training reads at most the first
-    TOKENIZER_TRAIN_CHARS (8M) characters of train, at a line boundary, which bounds its time
-    and memory (the stdlib corpus, 11M characters, trains in seconds on 2 CPU cores). The file
-    is `cache_dir/tokenizer-{name}-{fingerprint}-v{vocab_size}.json`, written atomically.
-
-    Args:
-        corpus: the corpus; only its train split is read.
-        vocab_size: size of the vocabulary including the 256 bytes and `<|endoftext|>` (>= 257).
-        cache_dir: directory of tokenizer files; created if missing.
-
-    Returns:
-        The tokenizer.
-    """
-    if vocab_size < 257:
-        raise ValueError(f"vocab_size must be >= 257 (256 bytes + {EOS}), got {vocab_size}")
-    path = Path(cache_dir) / f"tokenizer-{corpus.name}-{corpus.fingerprint}-v{vocab_size}.json"
-    if path.is_file():
-        return Tokenizer.from_file(str(path))
-    tokenizer = _train_bpe(_truncate(corpus.train, TOKENIZER_TRAIN_CHARS), vocab_size)
-    with atomic_path(path) as tmp:  # a reader never sees half a file
-        tokenizer.save(str(tmp))
-    return tokenizer
-
-
-def _train_bpe(text: str, vocab_size: int) -> Tokenizer:
-    """Train a byte-level BPE with `<|endoftext|>` as id 0 on `text`."""
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator(_line_chunks(text, LINES_PER_CHUNK), trainer=trainer)
-    return tokenizer
-
-
-def eos_id(tokenizer: Tokenizer) -> int:
-    """The id of `<|endoftext|>` (0 for tokenizers made by `train_tokenizer`)."""
-    token_id = tokenizer.token_to_id(EOS)
-    if token_id is None:
-        raise ValueError(f"tokenizer has no {EOS} token")
-    return token_id
-
-
-def _line_chunks(text: str, lines_per_chunk: int) -> list[str]:
-    """`text` cut after every `lines_per_chunk` lines; the chunks join back to `text` exactly."""
-    lines = text.splitlines(keepends=True)
-    return ["".join(lines[i:i + lines_per_chunk]) for i in range(0, len(lines), lines_per_chunk)]
-
-
-def encode(tokenizer: Tokenizer, text: str, *,
-           lines_per_chunk: int = LINES_PER_CHUNK) -> torch.Tensor:
-    """Token ids of `text` as a 1-D LongTensor, encoded in parallel chunks of lines.
-
-    Each chunk of `lines_per_chunk` lines is encoded on its own (`encode_batch` runs them on all
-    cores), so no token straddles a chunk boundary: the ids equal those of encoding chunk by
-    chunk, which can differ slightly from encoding the whole text at once (about 0.05% more
-    tokens on the stdlib corpus). For training a language model that is harmless, and it is
-    several times faster.
-
-    Args:
-        tokenizer: a tokenizer from `train_tokenizer`.
-        text: the text; any string.
-        lines_per_chunk: lines per chunk.
-
-    Returns:
-        LongTensor (N,) of token ids; `decode` gives `text` back exactly.
-    """
-    ids: list[np.ndarray] = []
-    chunks = _line_chunks(text, lines_per_chunk)
-    for start in range(0, len(chunks), 256):  # 256 chunks at a time bounds the Encoding objects
-        batch = tokenizer.encode_batch(chunks[start:start + 256], add_special_tokens=False)
-        ids += [np.asarray(e.ids, dtype=np.int64) for e in batch]
-    return torch.from_numpy(np.concatenate(ids)) if ids else torch.empty(0, dtype=torch.long)
-
-
-def decode(tokenizer: Tokenizer, ids: torch.Tensor | list[int]) -> str:
-    """The text of token ids (a 1-D tensor or a list), special tokens included."""
-    return tokenizer.decode(torch.as_tensor(ids).tolist(), skip_special_tokens=False)
-
-
-def corpus_token_splits(corpus: Corpus, tokenizer: Tokenizer) -> dict[str, torch.Tensor]:
-    """{"train", "valid", "test"}: each split of `corpus` encoded by `encode`."""
-    return {split: encode(tokenizer, getattr(corpus, split)) for split in SPLITS}

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from . import data
+from . import data, tokenizer
 from .bench import bench_draft_attention
 from .config import Preset
 from .decode import greedy_generate, speculative_generate
@@ -147,8 +147,8 @@ def reproduce(preset: Preset, dataset_dir: str | None, device: torch.device, see
     t_start = time.perf_counter()
     corpus = data.load_corpus(dataset_dir, max_chars=preset.train.max_train_chars)
     log(corpus.message)
-    tok = data.train_tokenizer(corpus, preset.model.vocab_size, cache_dir)
-    tokens = data.corpus_token_splits(corpus, tok)
+    tok = tokenizer.train_tokenizer(corpus, preset.model.vocab_size, cache_dir)
+    tokens = tokenizer.corpus_token_splits(corpus, tok)
     ppl_tokens = perplexity_tokens(tokens["valid"].numel(), preset.spec.ppl_contexts)  # before the training
     target, head, train_info = prepare_models(preset, corpus, tokens, seed, device, cache_dir, checkpoint, progress,
                                               log)
