@@ -14,11 +14,12 @@ from wmtp.decode import verify_greedy
 from wmtp.grading_paged import library_addresses
 from wmtp.keyset import draft_key_indices, sink_query_position
 from wmtp.kvcache import ring_slot
+from wmtp.policy import best_depth
 
 ASSIGNMENTS = Path(__file__).resolve().parents[1] / "tutorials" / "assignments"
 FILES = {"keyset": "01_keyset.py", "ring_slot": "02_ring_slot.py", "greedy_verify": "03_greedy_verify.py",
          "splitk_merge": "04_splitk_merge.py", "reindexed": "05_reindexed_positions.py",
-         "rejection": "06_rejection_sampling.py", "paged": "07_paged_keys.py"}
+         "rejection": "06_rejection_sampling.py", "paged": "07_paged_keys.py", "depth": "08_draft_depth.py"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -57,6 +58,7 @@ LIBRARY = {  # the library's own definitions, in the students' signatures
     "greedy_verify": lambda drafts, choice: verify_greedy(torch.tensor(drafts), torch.tensor(choice)),
     "reindexed": sink_query_position,
     "paged": library_addresses,
+    "depth": best_depth,
 }
 
 
@@ -164,6 +166,31 @@ def key_addresses(block_table, page_size, t, n_sink, window):
     keys = sorted(set(range(min(n_sink, t + 1))) | set(range(start, t + 1)))
     return [(block_table[p // page_size], p % page_size) for p in keys]
 """, ["t=13, n_sink=2, window=4)", "6 keys in the key set, 5 addresses"]),
+    "depth without the target's own token": ("depth", """
+def best_depth(alphas, costs):
+    rates = []
+    for k in range(1, len(costs) + 1):
+        run, total = 1.0, 0.0
+        for a in alphas[:k]:
+            run *= a
+            total += run
+        rates.append(total / costs[k - 1])
+    return 1 + rates.index(max(rates))
+""", ["best_depth(alphas=[1.0, 1.0], costs=[1.0, 1.5])", "expected 1, got 2", "the target's own token"]),
+    "depth that adds the alphas": ("depth", """
+def best_depth(alphas, costs):
+    rates = [(1 + sum(alphas[:k])) / costs[k - 1] for k in range(1, len(costs) + 1)]
+    return 1 + rates.index(max(rates))
+""", ["best_depth(alphas=[0.0, 0.9], costs=[1.0, 1.1])", "expected 1, got 2", "multiply the alphas"]),
+    "depth as an index": ("depth", """
+def best_depth(alphas, costs):
+    rates, run, total = [], 1.0, 1.0
+    for k in range(1, len(costs) + 1):
+        run *= alphas[k - 1]
+        total += run
+        rates.append(total / costs[k - 1])
+    return rates.index(max(rates))
+""", ["best_depth(alphas=[0.9, 0.9, 0.9], costs=[1.0, 1.0, 1.0])", "expected 3, got 2", "depths count from 1"]),
     "merge that overflows on large scores": ("splitk_merge", """
 def merge_splits(m, l, acc):
     return (torch.exp(m)[:, None] * acc).sum(0) / (torch.exp(m) * l).sum()

@@ -180,3 +180,5 @@ for name in ("bench-depth-cpu.json", "bench-depth-h200-graph.json"):
 # - A policy that learns from measured times makes its depths, never its output, depend on the machine's
 #   timing; its rounds vary more than a fixed depth's. A cost model is only as good as its shape: a
 #   line is fine where step time grows steadily with `k`, per-depth means where it jumps.
+# - The course's assignment 08 (`wmtp grade depth`) asks for `best_depth`, the choice at the heart of
+#   the adaptive policy.

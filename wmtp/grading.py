@@ -1,6 +1,6 @@
 """The course grader: check a student's function against the library's oracles (``wmtp grade``).
 
-Seven assignments (tutorials/assignments/), each a core piece of Windowed-MTP (arXiv 2607.21535):
+Eight assignments (tutorials/assignments/), each a core piece of Windowed-MTP (arXiv 2607.21535):
 
 - ``keyset``, ``draft_key_indices``: literal key sets, then ``wmtp.keyset`` on fuzzed cases;
 - ``ring_slot``, ``ring_slot``: literal slots, ``wmtp.kvcache.ring_slot`` on fuzzed cases, and a
@@ -13,14 +13,16 @@ Seven assignments (tutorials/assignments/), each a core piece of Windowed-MTP (a
 - ``rejection``, ``verify_one``: speculative sampling's rule for one draft, literal cases and the
   committed tokens' distribution against ``p`` over seeded trials (wmtp/grading_rejection.py);
 - ``paged``, ``key_addresses``: the (page, row) of every key of the key set in a paged cache,
-  literal and fuzzed cases, and attention over the keys read there (wmtp/grading_paged.py).
+  literal and fuzzed cases, and attention over the keys read there (wmtp/grading_paged.py);
+- ``depth``, ``best_depth``: the draft depth with the most expected tokens per unit of cost,
+  literal and fuzzed cases, and simulated steps at every depth (wmtp/grading_depth.py).
 
 The checks live in wmtp/grading_checks.py (01-04), grading_reindex.py (05),
-grading_rejection.py (06) and grading_paged.py (07); this module registers and runs them. Checks
-run in order (literal cases first, so the first failure is a readable one) and stop at the first
-failure, which the report names: the call, what was expected and what came back. ``grade`` runs
-them on a student's file in a child process with a time limit (wmtp/grading_process.py);
-``grade_function`` runs them on a function in this one.
+grading_rejection.py (06), grading_paged.py (07) and grading_depth.py (08); this module registers
+and runs them. Checks run in order (literal cases first, so the first failure is a readable one)
+and stop at the first failure, which the report names: the call, what was expected and what came
+back. ``grade`` runs them on a student's file in a child process with a time limit
+(wmtp/grading_process.py); ``grade_function`` runs them on a function in this one.
 
 The lossless harness passes the student's ``accept_count`` to ``speculative_generate`` as its
 ``verifier`` (a function with ``verify_greedy``'s signature), wrapped to count calls and to check
@@ -49,13 +51,14 @@ from .grading_checks import (  # noqa: F401  (OracleDraft, harness_models, ...: 
     ring_no_evicted_read,
     verify_checks,
 )
+from .grading_depth import depth_checks
 from .grading_paged import paged_checks
 from .grading_reindex import reindex_checks
 from .grading_rejection import rejection_checks
 
 ASSIGNMENTS = {"keyset": "draft_key_indices", "ring_slot": "ring_slot", "greedy_verify": "accept_count",
                "splitk_merge": "merge_splits", "reindexed": "sink_query_position", "rejection": "verify_one",
-               "paged": "key_addresses"}
+               "paged": "key_addresses", "depth": "best_depth"}
 TIMEOUT_S = 300.0  # a whole assignment's checks take seconds; a student's endless loop must not hang the grader
 
 
@@ -134,4 +137,5 @@ CHECKS: dict[str, Callable[[Callable], Iterator[Check]]] = {"keyset": keyset_che
                                                              "splitk_merge": merge_checks,
                                                              "reindexed": lambda fn: reindex_checks(fn, N_FUZZ),
                                                              "rejection": rejection_checks,
-                                                             "paged": lambda fn: paged_checks(fn, N_FUZZ)}
+                                                             "paged": lambda fn: paged_checks(fn, N_FUZZ),
+                                                             "depth": lambda fn: depth_checks(fn, N_FUZZ)}

@@ -32,9 +32,27 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
-__all__ = ["DepthPolicy", "FixedDepth", "AdaptiveDepth", "as_policy", "next_depth"]
+__all__ = ["DepthPolicy", "FixedDepth", "AdaptiveDepth", "as_policy", "best_depth", "expected_tokens", "next_depth"]
 
 COST_MODELS = ("line", "per-depth")  # AdaptiveDepth's learned step costs
+
+
+def expected_tokens(alphas: list[float], k: int) -> float:
+    """``E[1 + a | k] = 1 + sum_{i=1..k} prod_{j=1..i} alpha_j``: the tokens a step that drafts ``k``
+    commits on average, ``alphas[i - 1]`` the chance that draft ``i`` is accepted once drafts
+    ``1 .. i-1`` were."""
+    total, run = 1.0, 1.0
+    for alpha in alphas[:k]:
+        run *= alpha
+        total += run
+    return total
+
+
+def best_depth(alphas: list[float], costs: list[float]) -> int:
+    """The ``k`` in ``1 .. len(costs)`` with the most expected tokens per unit of cost,
+    ``expected_tokens(alphas, k) / costs[k - 1]`` (the smallest such ``k`` on a tie)."""
+    rates = [expected_tokens(alphas, k) / costs[k - 1] for k in range(1, len(costs) + 1)]
+    return 1 + rates.index(max(rates))
 
 
 class DepthPolicy(Protocol):
@@ -127,11 +145,7 @@ class AdaptiveDepth:
 
     def expected_tokens(self, k: int) -> float:
         """``E[1 + a | k]``: tokens a step that drafts ``k`` commits, on average."""
-        total, run = 1.0, 1.0
-        for alpha in self.acceptance()[:k]:
-            run *= alpha
-            total += run
-        return total
+        return expected_tokens(self.acceptance(), k)
 
     def fitted_cost(self) -> tuple[float, float] | None:
         """``(A, B)`` of the line ``A + B k`` fitted to the measured step seconds (``B`` at least 0),
@@ -161,10 +175,8 @@ class AdaptiveDepth:
         return fit[0] + fit[1] * k
 
     def depth(self, position: int) -> int:
-        """The ``k`` in ``1 .. max_depth`` with the most expected tokens per unit of cost (the
-        smallest such ``k`` on a tie)."""
-        rates = [self.expected_tokens(k) / self.cost(k) for k in range(1, self.max_depth + 1)]
-        return 1 + rates.index(max(rates))
+        """``best_depth`` of the estimated acceptances and costs."""
+        return best_depth(self.acceptance(), [self.cost(k) for k in range(1, self.max_depth + 1)])
 
     def update(self, depth: int, accepted: int, draft_s: float, verify_s: float) -> None:
         """Count a step that drafted ``depth`` and accepted ``accepted``: drafts ``1 .. accepted``
