@@ -166,6 +166,12 @@ def key_addresses(block_table, page_size, t, n_sink, window):
     keys = sorted(set(range(min(n_sink, t + 1))) | set(range(start, t + 1)))
     return [(block_table[p // page_size], p % page_size) for p in keys]
 """, ["t=13, n_sink=2, window=4)", "6 keys in the key set, 5 addresses"]),
+    "paged addresses as floats": ("paged", """
+def key_addresses(block_table, page_size, t, n_sink, window):
+    start = 0 if window is None else max(0, t - window + 1)
+    keys = sorted(set(range(min(n_sink, t + 1))) | set(range(start, t + 1)))
+    return [(block_table[p // page_size] + 0.9, p % page_size + 0.5) for p in keys]
+""", ["key_addresses(block_table=[5, 2, 7, 0], page_size=4, t=13, n_sink=2, window=4)", "pairs of ints"]),
     "depth without the target's own token": ("depth", """
 def best_depth(alphas, costs):
     rates = []
@@ -176,7 +182,7 @@ def best_depth(alphas, costs):
             total += run
         rates.append(total / costs[k - 1])
     return 1 + rates.index(max(rates))
-""", ["best_depth(alphas=[1.0, 1.0], costs=[1.0, 1.5])", "expected 1, got 2", "the target's own token"]),
+""", ["best_depth(alphas=[0.5, 0.5], costs=[1.0, 1.4])", "expected 1, got 2", "the target's own token"]),
     "depth that adds the alphas": ("depth", """
 def best_depth(alphas, costs):
     rates = [(1 + sum(alphas[:k])) / costs[k - 1] for k in range(1, len(costs) + 1)]

@@ -9,7 +9,7 @@ from decode_harness import Cycling, V, random_prompt
 import wmtp
 from wmtp import grading
 from wmtp.grading import harness_models
-from wmtp.policy import AdaptiveDepth, FixedDepth, as_policy
+from wmtp.policy import LINE_WEIGHT, AdaptiveDepth, FixedDepth, as_policy
 
 CUDA = torch.cuda.is_available()
 KEYSETS = [(0, None), (4, 16), (0, 1)]
@@ -107,9 +107,10 @@ def test_learned_cost_is_a_line_through_the_step_times():
     assert AdaptiveDepth(4).fitted_cost() is None
 
 
-def test_per_depth_costs_where_measured_the_line_elsewhere():
+def test_per_depth_costs_weigh_each_depth_against_the_line():
     """Steps not linear in the depth (1.0, 1.1 and 2.6 s at depths 1, 3, 7; every draft accepted):
-    the line through them prefers depth 7, each depth's own mean depth 3."""
+    the line through them prefers depth 7; each depth's own mean, weighed against the line one step
+    to ``n_k``, depth 3. A depth not drafted lately drifts back to the line's price."""
     line = AdaptiveDepth(7, decay=1.0, learn_costs=True, prior=(50, 1))
     table = AdaptiveDepth(7, decay=1.0, learn_costs=True, prior=(50, 1), cost_model="per-depth")
     for policy in (line, table):
@@ -118,16 +119,30 @@ def test_per_depth_costs_where_measured_the_line_elsewhere():
     # least squares through (1, 1.0), (3, 1.1), (7, 2.6): slope 79 / 280, intercept 149 / 280
     assert line.fitted_cost() == table.fitted_cost() == pytest.approx((149 / 280, 79 / 280))
     assert table.measured_costs() == pytest.approx([1.0, None, 1.1, None, None, None, 2.6])
-    assert table.cost(3) == pytest.approx(1.1) and table.cost(5) == pytest.approx((149 + 5 * 79) / 280)
+    assert LINE_WEIGHT == 1.0
+    assert table.cost(3) == pytest.approx((1.1 + (149 + 3 * 79) / 280) / 2)  # one step of its own, the line
+    assert table.cost(5) == pytest.approx((149 + 5 * 79) / 280)  # never drafted: the line
     assert line.cost(3) == pytest.approx((149 + 3 * 79) / 280)
     assert line.depth(0) == 7 and table.depth(0) == 3
-    table.update(3, 3, 1.3, 0.0)  # a second depth-3 step: the mean of the two
+    table.update(3, 3, 1.3, 0.0)  # a second depth-3 step: the mean of the two, weighed 2 : 1
+    fit = table.fitted_cost()
     assert table.measured_costs()[2] == pytest.approx(1.2)
+    assert table.cost(3) == pytest.approx((2 * 1.2 + fit[0] + 3 * fit[1]) / 3)
     decaying = AdaptiveDepth(3, decay=0.5, learn_costs=True, cost_model="per-depth")
     decaying.update(2, 0, 1.0, 0.0)
     decaying.update(2, 0, 3.0, 0.0)  # weights 0.5 and 1: (0.5 + 3) / 1.5
     assert decaying.measured_costs() == pytest.approx([None, 3.5 / 1.5, None])
     assert decaying.describe()["cost_model"] == "per-depth"
+    drifting = AdaptiveDepth(7, decay=0.9, learn_costs=True, prior=(50, 1), cost_model="per-depth")
+    drifting.update(1, 1, 1.0, 0.0)
+    drifting.update(3, 3, 3.0, 0.0)  # one slow depth-3 step
+    drifting.update(7, 7, 2.6, 0.0)
+    assert drifting.depth(0) != 3
+    for i in range(60):  # steps at depths 1 and 7 only
+        k = 1 if i % 2 else 7
+        drifting.update(k, k, 1.0 if k == 1 else 2.6, 0.0)
+    fit = drifting.fitted_cost()
+    assert drifting.cost(3) == pytest.approx(fit[0] + 3 * fit[1], rel=0.01)  # back at the line's price
 
 
 @pytest.mark.parametrize("j", [0, 2, 5, 8])

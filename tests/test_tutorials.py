@@ -1,7 +1,7 @@
 """Tutorial notebooks: each .ipynb executes on CPU, carries no outputs, and matches its .py twin.
 
 The notebooks are edited as jupytext percent-format ``.py`` files and converted with
-``jupytext --to ipynb tutorials/0*.py``; the ``.ipynb`` is what Jupyter opens. Each is executed
+``jupytext --to ipynb tutorials/[0-9][0-9]_*.py``; the ``.ipynb`` is what Jupyter opens. Each is executed
 with nbclient in a ``python3`` kernel, in the repository root, with ``HF_DATASETS_OFFLINE=1`` and,
 without CUDA, ``TRITON_INTERPRET=1`` in the kernel's environment (the kernel inherits it).
 """

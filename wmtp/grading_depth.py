@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import random
 from collections.abc import Callable, Iterator
 
@@ -23,6 +24,7 @@ __all__ = ["DEPTH_LITERAL", "depth_checks"]
 DEPTH_LITERAL = [  # (alphas, costs) -> depth; the rates E[AL | k] / cost(k) worked by hand in the comment
     (([0.9, 0.9, 0.9], [1.0, 1.0, 1.0]), 3),  # free drafts, as deep as allowed: 1.9, 2.71, 3.439
     (([0.5, 0.5, 0.5], [1.0, 2.0, 3.0]), 1),  # cost k: 1.5, 0.875, 0.625
+    (([0.5, 0.5], [1.0, 1.4]), 1),  # 1.5, 1.25 (without the target's token: 0.5, 0.536)
     (([0.8, 0.8, 0.8, 0.8], [1.1, 1.2, 1.3, 1.4]), 4),  # 1.636, 2.033, 2.271, 2.401
     (([0.8, 0.5, 0.1], [1.0, 1.1, 1.2]), 2),  # E = 1.8, 2.2, 2.24: rates 1.8, 2.0, 1.867
     (([0.0, 0.9], [1.0, 1.1]), 1),  # draft 2 never counts when draft 1 is always rejected: 1.0, 0.909
@@ -34,24 +36,28 @@ TRIALS = 20000  # simulated steps at each depth
 
 def _hint(fn_out: int, expected: int, alphas: list[float], costs: list[float]) -> str:
     K = len(costs)
-    if fn_out == expected - 1 and 0 <= fn_out < K:
-        return " (depths count from 1: return k, not its index k - 1)"
+    rates = [expected_tokens(alphas, k) / costs[k - 1] for k in range(1, K + 1)]
+    if 1 <= fn_out <= K and rates[fn_out - 1] == max(rates):
+        return " (a tie: return the smallest such depth)"
     no_target = [sum(math.prod(alphas[:i]) for i in range(1, k + 1)) / costs[k - 1] for k in range(1, K + 1)]
     if fn_out == 1 + no_target.index(max(no_target)):
         return " (a step also commits the target's own token: E[AL | k] = 1 + alpha_1 + alpha_1 alpha_2 + ...)"
     no_product = [(1 + sum(alphas[:k])) / costs[k - 1] for k in range(1, K + 1)]
     if fn_out == 1 + no_product.index(max(no_product)):
         return " (draft i counts only if drafts 1 .. i-1 were accepted: multiply the alphas, do not add them)"
-    rates = [expected_tokens(alphas, k) / costs[k - 1] for k in range(1, K + 1)]
-    if 1 <= fn_out <= K and rates[fn_out - 1] == max(rates):
-        return " (a tie: return the smallest such depth)"
+    if fn_out == expected - 1:
+        return " (if you return an index: depths count from 1, return k, not k - 1)"
     return ""
 
 
 def _depth_case(fn, alphas: list[float], costs: list[float], expected: int) -> str | None:
-    got = fn(list(alphas), list(costs))
-    if isinstance(got, bool) or not isinstance(got, int):
-        return f"expected the int {expected}, got {got!r}"
+    answer = fn(list(alphas), list(costs))
+    try:
+        got = None if isinstance(answer, bool) else operator.index(answer)  # an int, numpy's included
+    except TypeError:
+        got = None
+    if got is None:
+        return f"expected the int {expected}, got {answer!r}"
     if got == expected:
         return None
     return f"expected {expected}, got {got}" + _hint(got, expected, alphas, costs)
@@ -71,9 +77,13 @@ def _simulated_rate(alphas: list[float], k: int, cost: float, rng: random.Random
 
 
 def _simulation_case(fn, alphas: list[float], costs: list[float], seed: int) -> str | None:
-    k = fn(list(alphas), list(costs))
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= len(costs):
-        return f"expected a depth in 1 .. {len(costs)}, got {k!r}"
+    answer = fn(list(alphas), list(costs))
+    try:
+        k = None if isinstance(answer, bool) else operator.index(answer)
+    except TypeError:
+        k = None
+    if k is None or not 1 <= k <= len(costs):
+        return f"expected a depth in 1 .. {len(costs)}, got {answer!r}"
     rng = random.Random(seed)
     rates = [_simulated_rate(alphas, d, costs[d - 1], rng) for d in range(1, len(costs) + 1)]
     best = max(range(len(rates)), key=lambda i: rates[i][0])

@@ -14,8 +14,10 @@ the steps that verified draft ``i``, with the estimate of draft ``i - 1`` as the
 position the policy has not drafted lately is believed as good as the one before it (and gets
 drafted again, to check). With ``learn_costs`` the cost is a line fitted to the measured step
 times, ``cost(k) = A + B k`` seconds, or (``cost_model="per-depth"``) each depth's own mean step
-time where it has been measured and the line elsewhere: a GPU's steps need not be linear in the
-depth (docs/results/depth-gpu.md: an 8-row verify pass costs twice a 4-row one there). A draft
+time, weighed against the line by how many (decayed) steps measured it: a GPU's steps need not be
+linear in the depth (docs/results/depth-gpu.md: an 8-row verify pass costs twice a 4-row one
+there), and a depth not drafted lately drifts back to the line's price, so one slow step cannot
+keep it from being tried again. A draft
 whose late guesses are rarely right, or that is expensive (the native draft at long context pays
 the draft-KV tax on every token), is asked for fewer tokens.
 
@@ -35,6 +37,7 @@ from typing import Protocol
 __all__ = ["DepthPolicy", "FixedDepth", "AdaptiveDepth", "as_policy", "best_depth", "expected_tokens", "next_depth"]
 
 COST_MODELS = ("line", "per-depth")  # AdaptiveDepth's learned step costs
+LINE_WEIGHT = 1.0  # "per-depth": the fitted line counts as this many steps of a depth's own
 
 
 def expected_tokens(alphas: list[float], k: int) -> float:
@@ -101,7 +104,8 @@ class AdaptiveDepth:
             been seen; until then, and without it, the cost is ``draft_cost`` and
             ``verify_cost_per_draft``'s. The depths, though never the output, then depend on timing.
         cost_model: with ``learn_costs``, ``"line"`` (the fitted line for every depth) or
-            ``"per-depth"`` (a measured depth's decayed mean step seconds, the line for the others).
+            ``"per-depth"`` (each depth's decayed mean step seconds and the line, weighted
+            ``n_k : LINE_WEIGHT``, ``n_k`` the depth's decayed count of steps).
     """
 
     def __init__(self, max_depth: int, draft_cost: float = 0.05, verify_cost_per_draft: float = 0.0,
@@ -163,16 +167,17 @@ class AdaptiveDepth:
         return [s / n if n > 0 else None for n, s in zip(self.depth_steps, self.depth_seconds)]
 
     def cost(self, k: int) -> float:
-        """A ``k``-draft step's cost: once the line is fitted, its seconds (``"per-depth"``: the
-        depth's own measured mean, where there is one), else ``1 + (draft_cost +
+        """A ``k``-draft step's cost: once the line is fitted, its seconds (``"per-depth"``:
+        ``(n_k mean_k + LINE_WEIGHT line(k)) / (n_k + LINE_WEIGHT)``), else ``1 + (draft_cost +
         verify_cost_per_draft) k`` verify passes (only ratios between depths matter)."""
         fit = self.fitted_cost()
         if fit is None:
             return 1.0 + (self.draft_cost + self.verify_cost_per_draft) * k
-        measured = self.measured_costs()[k - 1]
-        if self.cost_model == "per-depth" and measured is not None:
-            return measured
-        return fit[0] + fit[1] * k
+        line = fit[0] + fit[1] * k
+        if self.cost_model == "line":
+            return line
+        n, seconds = self.depth_steps[k - 1], self.depth_seconds[k - 1]
+        return (seconds + LINE_WEIGHT * line) / (n + LINE_WEIGHT)
 
     def depth(self, position: int) -> int:
         """``best_depth`` of the estimated acceptances and costs."""
