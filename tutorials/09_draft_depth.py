@@ -144,8 +144,11 @@ for name, policy in (("line", line), ("per-depth", per_depth)):
           f"drafts {policy.depth(0)}")
 
 # %% [markdown]
-# The line smooths the jump away and prefers depth 7; each depth's own mean says depth 3 delivers more
-# tokens a second. Depths it has not measured are still priced by the line.
+# The line smooths the jump away and prefers depth 7. The per-depth model prices a measured depth by
+# its own mean step time weighed against the line (one step of the line to each of its own:
+# `LINE_WEIGHT`), and says depth 3 delivers more tokens a second. Depths it has not measured are priced
+# by the line, and a depth it stops drafting drifts back to the line's price, so one slow step cannot
+# keep a good depth from being tried again.
 #
 # `wmtp bench depth` times both, beside fixed depths, on reproduce's models, every run asserted
 # token-equal to dense decoding. The committed results (TPOT in ms, median of three rounds):
@@ -164,10 +167,11 @@ for name in ("bench-depth-cpu.json", "bench-depth-h200-graph.json"):
             print(f"{row['context']:>8} {label:>15} " + " ".join(cells))
 
 # %% [markdown]
-# On the CPU the per-depth policy is the fastest in three of six arms and takes 15–23 % less time a token
-# than the line's at 16384 tokens (`docs/results/depth.md`). On the H200 (run before the per-depth
-# model existed) fixed depth 1 wins where the head rarely gets past its first draft, and the line's
-# policy finds it within 2 %; with 8 + 64 at a million tokens the adaptive policy is the fastest of all.
+# On the CPU fixed depth 3 is the fastest in five of six arms, and at 16384 tokens the per-depth policy
+# takes 8.4–16.5 % less time a token than the line's (`docs/results/depth.md`; the CPU's rounds vary by
+# tens of percent). On the H200 (run before the per-depth model existed) fixed depth 1 wins where the
+# head rarely gets past its first draft, and the line's policy finds it within 2 %; with 8 + 64 at a
+# million tokens the adaptive policy is the fastest of all.
 
 # %% [markdown]
 # ## Discussion
