@@ -17,9 +17,8 @@ times, ``cost(k) = A + B k`` seconds, or (``cost_model="per-depth"``) each depth
 time, weighed against the line by how many (decayed) steps measured it: a GPU's steps need not be
 linear in the depth (docs/results/depth-gpu.md: an 8-row verify pass costs twice a 4-row one
 there), and a depth not drafted lately drifts back to the line's price, so one slow step cannot
-keep it from being tried again. A draft
-whose late guesses are rarely right, or that is expensive (the native draft at long context pays
-the draft-KV tax on every token), is asked for fewer tokens.
+keep it from being tried again. A draft whose late guesses are rarely right, or that is expensive
+(the native draft at long context pays the draft-KV tax on every token), is asked for fewer tokens.
 
 The depth only decides how many drafts a step proposes; the verification that commits tokens is
 the same, so under greedy verification (and the gumbel method of wmtp/sampling.py) every
