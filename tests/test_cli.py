@@ -481,7 +481,11 @@ def test_bench_depth_writes_every_arm_and_policy(capsys, wikitext_dir, tmp_path,
             assert len(measured) == 3 and all(c is None or c > 0 for c in measured)
             assert [c is not None for c in measured] == [n > 0 for n in per_depth["steps_by_depth"][1:]]
     assert "TPOT speedup vs dense" in stdout and not list(tmp_path.glob("*.tmp"))
-    assert not out.with_suffix(".png").exists()  # JSON only
+    assert out.with_suffix(".png").stat().st_size > 0  # the plot beside it, drawn by wmtp/plots.py
+    partial = tmp_path / "partial.json"  # a bench-depth file without its rows: a clear error, not a traceback
+    partial.write_text(json.dumps({**m, "rows": []}))
+    code, _, err = _run(capsys, ["plot", str(partial)])
+    assert code == 2 and "incomplete 'wmtp bench depth' metrics file" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("bad,match", [(["--depths", "0"], "--depths must be in [1, 3]"),

@@ -49,10 +49,10 @@ from .config import Preset
 from .metrics import speedup
 from .model import TargetLM
 from .mtp import MTPHead
+from .plots import DEPTH_KIND
 from .policy import AdaptiveDepth, FixedDepth
 from .prefill import Prefill
 
-DEPTH_KIND = "bench-depth"  # the "kind" of the JSON `wmtp bench depth` writes (no plot draws it)
 TPOT_NOTE = ("measured time per token kept over the whole decode, prefill excluded: (sum of the steps' draft and "
              "verify seconds) / committed tokens")
 
@@ -209,7 +209,8 @@ def add_arguments(p) -> None:
                    help="eager: wmtp/decode.py's loops; graph: wmtp/static_decode.py's CUDA graphs, CUDA only "
                         "(default: eager)")
     p.add_argument("--out", type=Path, default=None,
-                   help="write the JSON here; no plot is drawn (default: metrics/bench-depth-<h200|cuda|cpu|mps>.json)")
+                   help="write the JSON here and its plot beside it "
+                        "(default: metrics/bench-depth-<h200|cuda|cpu|mps>.json)")
 
 
 def cli(args, prog: str, argv: list[str]) -> int:
@@ -218,4 +219,5 @@ def cli(args, prog: str, argv: list[str]) -> int:
     check_options(tuple(args.depths), preset.spec.depth, args.rounds, args.loop, device)
     return bench_cli(args, prog, argv, "depth", slug, lambda command, log, on_context: bench_depth(
         preset, args.dataset_dir, device, args.seed, tuple(args.contexts), tuple(args.depths), args.rounds,
-        args.cache_dir, command, progress=not args.no_progress, log=log, on_context=on_context, loop=args.loop), table)
+        args.cache_dir, command, progress=not args.no_progress, log=log, on_context=on_context, loop=args.loop), table,
+        plot=True)

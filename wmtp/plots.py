@@ -1,10 +1,12 @@
-"""Plots of the metrics JSON that ``wmtp reproduce``, ``wmtp bench attention`` and ``bench decode`` write.
+"""Plots of the metrics JSON that ``wmtp reproduce``, ``wmtp bench attention``, ``bench decode`` and
+``bench depth`` write.
 
 ``render(json_path, png_path)`` draws any such file: the reproduction (arXiv 2607.21535's draft-KV
 tax in miniature: draft-attention cost against context per key set, and the per-step draft and
 verify time behind the step-cost equation ``step = t_verify + t_draft``), the GPU kernel sweep
 (wmtp/bench_attention.py), the draft-attention benchmark off CUDA (its first panel alone) or the
-end-to-end decoding benchmark (wmtp/bench_decode.py: per-step draft and verify time per loop).
+end-to-end decoding benchmark (wmtp/bench_decode.py: per-step draft and verify time per loop) or
+the draft-depth benchmark (wmtp/bench_depth.py: time per token of each policy, per arm and context).
 matplotlib's object API is used (no pyplot, no global state), and the PNG is written atomically.
 """
 
@@ -17,6 +19,7 @@ from .fileio import atomic_path
 
 DRAFT_ATTENTION_KIND = "draft-attention"  # the "kind" of the JSON `wmtp bench attention` writes off CUDA
 DECODE_KIND = "bench-decode"  # the "kind" of the JSON `wmtp bench decode` writes
+DEPTH_KIND = "bench-depth"  # the "kind" of the JSON `wmtp bench depth` writes
 
 
 def _draft_attention_panel(ax, rows: list[dict]) -> None:
@@ -104,6 +107,29 @@ def plot_decode(m: dict, png_path: str | Path) -> None:
             f"{env['versions']['torch']}, decode {m['decode_dtype']}, depth {m['config']['spec']['depth']})", png_path)
 
 
+def plot_depth(m: dict, png_path: str | Path) -> None:
+    """One panel per context: each arm's TPOT per depth policy as bars, dense TPOT as a dashed line."""
+    from matplotlib.figure import Figure
+
+    rows, policies = m["rows"], m["policies"]
+    if not rows:
+        raise IndexError("no rows")  # render(): an incomplete file
+    fig = Figure(figsize=(5.5 * len(rows), 4.6), layout="constrained")
+    axes = fig.subplots(1, len(rows), squeeze=False)[0]
+    width = 0.8 / len(policies)
+    for ax, row in zip(axes, rows):
+        arms = list(row["arms"])
+        for i, name in enumerate(policies):
+            tpot = [row["arms"][arm]["policies"][name]["tpot_s"] * 1e3 for arm in arms]
+            ax.bar([a + (i - (len(policies) - 1) / 2) * width for a in range(len(arms))], tpot, width, label=name)
+        ax.axhline(row["dense"]["tpot_s"] * 1e3, color="black", linestyle="--", label="dense")
+        ax.set_xticks(range(len(arms)), arms)
+        ax.set(ylabel="ms per token kept (median of rounds)", title=f"{row['context']} tokens, {row['loop']} loop")
+    env = m["environment"]
+    _finish(fig, axes, f"wmtp bench depth ({env.get('device_name', env['device'])}, torch "
+            f"{env['versions']['torch']}, decode {m['decode_dtype']}; every run lossless)", png_path)
+
+
 def render(json_path: str | Path, png_path: str | Path | None = None) -> Path:
     """Draw the metrics file ``json_path`` to ``png_path`` (default: the same name with ``.png``).
 
@@ -126,9 +152,11 @@ def render(json_path: str | Path, png_path: str | Path | None = None) -> Path:
         draw, kind = plot_draft_attention, "'wmtp bench attention' (off CUDA)"
     elif isinstance(m, dict) and m.get("kind") == DECODE_KIND:
         draw, kind = plot_decode, "'wmtp bench decode'"
+    elif isinstance(m, dict) and m.get("kind") == DEPTH_KIND:
+        draw, kind = plot_depth, "'wmtp bench depth'"
     else:
-        raise ValueError(f"{json_path} is not a metrics file of 'wmtp reproduce', 'wmtp bench attention' or "
-                         "'wmtp bench decode'")
+        raise ValueError(f"{json_path} is not a metrics file of 'wmtp reproduce', 'wmtp bench attention', "
+                         "'wmtp bench decode' or 'wmtp bench depth'")
     try:
         draw(m, png_path)
     except (KeyError, IndexError, TypeError, AttributeError) as e:  # the right kind, but not whole
