@@ -249,6 +249,28 @@ def test_a_correct_file_may_use_dataclasses_and_a_helper_beside_it(tmp_path):
     assert report.passed, report
 
 
+@pytest.mark.parametrize("assignment, source", [
+    ("depth", """
+import numpy as np
+
+def best_depth(alphas, costs):
+    expected = 1 + np.cumsum(np.cumprod(alphas[: len(costs)]))
+    return np.argmax(expected / np.asarray(costs)) + 1  # a numpy int: an int all the same
+"""),
+    ("paged", """
+import numpy as np
+
+def key_addresses(block_table, page_size, t, n_sink, window):
+    start = 0 if window is None else max(0, t - window + 1)
+    keys = np.array(sorted(set(range(min(n_sink, t + 1))) | set(range(start, t + 1))), dtype=np.int64)
+    return list(zip(np.asarray(block_table)[keys // page_size], keys % page_size))
+"""),
+])
+def test_numpy_integers_are_integers(tmp_path, assignment, source):
+    report = grading.grade(assignment, _write(tmp_path, source))
+    assert report.passed, report
+
+
 @pytest.mark.parametrize("body, why", [
     ("import os\nos._exit(0)\n", "ended the grading process (exit status 0)"),  # not a silent pass
     ("while True:\n    pass\n", "took longer than 20 s"),
