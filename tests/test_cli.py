@@ -398,7 +398,7 @@ def test_bench_sampling_writes_every_arm_and_method(capsys, wikitext_dir, tmp_pa
                 assert len(a["per_position_acceptance"]) == 3
                 assert (a["mean_accept_length_change_vs_native"] is None) == (label == "native")
     assert "AL change vs native" in stdout and not list(tmp_path.glob("*.tmp"))
-    assert not out.with_suffix(".png").exists()  # JSON only
+    assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # drawn by plots.plot_acceptance
 
 
 @pytest.mark.parametrize("bad,match", [(["--temperatures", "-0.5"], "--temperatures must be finite and >= 0"),
@@ -545,6 +545,7 @@ def test_bench_positions_pairs_absolute_and_reindexed(capsys, wikitext_dir, tmp_
                 assert sum(s["accept_length_histogram"]) == s["steps"] > 0 and s["proposed"] == 3 * s["steps"]
                 assert len(s["mean_accept_length_per_seed"]) == len(r["sample_seeds"])
     assert "AL re-indexed" in stdout and not list(tmp_path.glob("*.tmp"))
+    assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # drawn by plots.plot_acceptance
     for bad, match in ((["--keysets", "4"], "is not SINK:WINDOW"), (["--temperatures", "-1"], "--temperatures")):
         code, _, err = _run(capsys, ["bench", "positions", "--preset", "tiny", "--device", "cpu", "--no-progress",
                                      "--cache-dir", str(tmp_path / "none"), "--out", str(tmp_path / "bad.json"), *bad])

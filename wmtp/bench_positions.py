@@ -34,10 +34,9 @@ from .config import KeySetConfig, Preset, parse_keyset
 from .keyset import POSITIONS
 from .model import TargetLM
 from .mtp import MTPHead
+from .plots import POSITIONS_KIND
 from .prefill import Prefill
 from .sampling import sample_generate, speculative_sample
-
-POSITIONS_KIND = "bench-positions"  # the "kind" of the JSON `wmtp bench positions` writes (no plot draws it)
 
 
 def run_context(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: Preset,
@@ -151,7 +150,8 @@ def add_arguments(p) -> None:
     p.add_argument("--sample-seeds", type=int, nargs="+", default=[0, 1, 2, 3],
                    help="seeds of the sampling noise, one run each, pooled (default: 0 1 2 3)")
     p.add_argument("--out", type=Path, default=None,
-                   help="write the JSON here (default: metrics/bench-positions-<h200|cuda|cpu|mps>.json)")
+                   help="write the JSON here and its plot beside it "
+                        "(default: metrics/bench-positions-<h200|cuda|cpu|mps>.json)")
 
 
 def cli(args, prog: str, argv: list[str]) -> int:
@@ -163,4 +163,4 @@ def cli(args, prog: str, argv: list[str]) -> int:
     return bench_cli(args, prog, argv, "positions", slug, lambda command, log, on_context: bench_positions(
         preset, args.dataset_dir, device, args.seed, tuple(args.contexts), keysets, tuple(args.temperatures),
         tuple(args.sample_seeds), args.cache_dir, command, progress=not args.no_progress, log=log,
-        on_context=on_context), table)
+        on_context=on_context), table, plot=True)

@@ -33,11 +33,11 @@ from .bench_common import add_model_arguments, bench_cli, bench_setup, model_opt
 from .config import Preset
 from .model import TargetLM
 from .mtp import MTPHead
+from .plots import SAMPLING_KIND
 from .prefill import Prefill
 from .sampling import METHODS, check_sampling, sample_generate, speculative_sample
 from .stats import SpecStats
 
-SAMPLING_KIND = "bench-sampling"  # the "kind" of the JSON `wmtp bench sampling` writes (no plot draws it)
 LOSSLESS = {"rejection": "in distribution (rejection sampling)", "gumbel": "token-equal to dense sampling"}
 
 
@@ -172,7 +172,7 @@ def add_arguments(p) -> None:
     p.add_argument("--sample-seeds", type=int, nargs="+", default=[0, 1, 2, 3],
                    help="seeds of the sampling noise, one run each, pooled (default: 0 1 2 3)")
     p.add_argument("--out", type=Path, default=None,
-                   help="write the JSON here; no plot is drawn "
+                   help="write the JSON here and its plot beside it "
                         "(default: metrics/bench-sampling-<h200|cuda|cpu|mps>.json)")
 
 
@@ -183,4 +183,4 @@ def cli(args, prog: str, argv: list[str]) -> int:
     return bench_cli(args, prog, argv, "sampling", slug, lambda command, log, on_context: bench_sampling(
         preset, args.dataset_dir, device, args.seed, tuple(args.contexts), tuple(args.temperatures),
         tuple(args.sample_seeds), args.cache_dir, command, progress=not args.no_progress, log=log,
-        on_context=on_context), table)
+        on_context=on_context), table, plot=True)

@@ -1,12 +1,13 @@
-"""Plots of the metrics JSON that ``wmtp reproduce``, ``wmtp bench attention``, ``bench decode`` and
-``bench depth`` write.
+"""Plots of the metrics JSON that ``wmtp reproduce`` and ``wmtp bench`` (attention, decode, depth,
+sampling, positions) write.
 
 ``render(json_path, png_path)`` draws any such file: the reproduction (arXiv 2607.21535's draft-KV
 tax in miniature: draft-attention cost against context per key set, and the per-step draft and
 verify time behind the step-cost equation ``step = t_verify + t_draft``), the GPU kernel sweep
 (wmtp/bench_attention.py), the draft-attention benchmark off CUDA (its first panel alone) or the
 end-to-end decoding benchmark (wmtp/bench_decode.py: per-step draft and verify time per loop) or
-the draft-depth benchmark (wmtp/bench_depth.py: time per token of each policy, per arm and context).
+the draft-depth benchmark (wmtp/bench_depth.py: time per token of each policy, per arm and context),
+or the acceptance benchmarks (wmtp/bench_sampling.py, bench_positions.py: AL per arm and variant).
 matplotlib's object API is used (no pyplot, no global state), and the PNG is written atomically.
 """
 
@@ -20,6 +21,8 @@ from .fileio import atomic_path
 DRAFT_ATTENTION_KIND = "draft-attention"  # the "kind" of the JSON `wmtp bench attention` writes off CUDA
 DECODE_KIND = "bench-decode"  # the "kind" of the JSON `wmtp bench decode` writes
 DEPTH_KIND = "bench-depth"  # the "kind" of the JSON `wmtp bench depth` writes
+SAMPLING_KIND = "bench-sampling"  # ... `wmtp bench sampling` writes: AL per arm and verify method
+POSITIONS_KIND = "bench-positions"  # ... `wmtp bench positions` writes: AL per arm and key positions
 
 
 def _draft_attention_panel(ax, rows: list[dict]) -> None:
@@ -130,6 +133,41 @@ def plot_depth(m: dict, png_path: str | Path) -> None:
             f"{env['versions']['torch']}, decode {m['decode_dtype']}; every run lossless)", png_path)
 
 
+def plot_acceptance(m: dict, png_path: str | Path) -> None:
+    """A panel per (temperature, context), in a grid: each arm's mean accept length per variant (the
+    sampling bench's verify methods, the positions bench's key positions) as bars, the seeds' range
+    as whiskers."""
+    from matplotlib.figure import Figure
+
+    variant_key = "methods" if m["kind"] == SAMPLING_KIND else "positions"
+    rows = m["rows"]
+    if not rows:
+        raise IndexError("no rows")  # render(): an incomplete file
+    contexts = list(dict.fromkeys(r["context"] for r in rows))  # columns
+    temperatures = list(dict.fromkeys(r["temperature"] for r in rows))  # rows of panels
+    fig = Figure(figsize=(5.5 * len(contexts), 4.2 * len(temperatures)), layout="constrained")
+    grid = fig.subplots(len(temperatures), len(contexts), squeeze=False)
+    axes = [grid[temperatures.index(r["temperature"])][contexts.index(r["context"])] for r in rows]
+    for ax, row in zip(axes, rows):
+        arms = list(row["arms"])
+        variants = list(row["arms"][arms[0]][variant_key])
+        width = 0.8 / len(variants)
+        for i, name in enumerate(variants):
+            runs = [row["arms"][arm][variant_key][name] for arm in arms]
+            al = [r["mean_accept_length"] for r in runs]
+            spread = [[a - min(r["mean_accept_length_per_seed"]) for a, r in zip(al, runs)],
+                      [max(r["mean_accept_length_per_seed"]) - a for a, r in zip(al, runs)]]
+            ax.bar([a + (i - (len(variants) - 1) / 2) * width for a in range(len(arms))], al, width, yerr=spread,
+                   capsize=3, label=name)
+        ax.set_xticks(range(len(arms)), arms)
+        ax.set(ylabel="mean accept length (seeds pooled)", ylim=(0, None),
+               title=f"{row['context']} tokens, temperature {row['temperature']:g}")
+    env = m["environment"]
+    bench = "sampling" if m["kind"] == SAMPLING_KIND else "positions"
+    _finish(fig, axes, f"wmtp bench {bench} ({env.get('device_name', env['device'])}, torch "
+            f"{env['versions']['torch']}, decode {m['decode_dtype']}; whiskers: the seeds' range)", png_path)
+
+
 def render(json_path: str | Path, png_path: str | Path | None = None) -> Path:
     """Draw the metrics file ``json_path`` to ``png_path`` (default: the same name with ``.png``).
 
@@ -142,21 +180,21 @@ def render(json_path: str | Path, png_path: str | Path | None = None) -> Path:
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"cannot read metrics file {json_path}: {type(e).__name__}") from None
     png_path = Path(png_path) if png_path else json_path.with_suffix(".png")
-    if isinstance(m, dict) and "contexts" in m and "draft_attention" in m:
+    kinds = {DRAFT_ATTENTION_KIND: (plot_draft_attention, "'wmtp bench attention' (off CUDA)"),
+             DECODE_KIND: (plot_decode, "'wmtp bench decode'"), DEPTH_KIND: (plot_depth, "'wmtp bench depth'"),
+             SAMPLING_KIND: (plot_acceptance, "'wmtp bench sampling'"),
+             POSITIONS_KIND: (plot_acceptance, "'wmtp bench positions'")}
+    if isinstance(m, dict) and m.get("kind") in kinds:  # a file that names its kind first
+        draw, kind = kinds[m["kind"]]
+    elif isinstance(m, dict) and "contexts" in m and "draft_attention" in m:
         draw, kind = plot_reproduction, "'wmtp reproduce'"
     elif isinstance(m, dict) and "rows" in m and "methods" in m:
         from .bench_report import plot as draw
 
         kind = "'wmtp bench attention --device cuda'"
-    elif isinstance(m, dict) and m.get("kind") == DRAFT_ATTENTION_KIND:
-        draw, kind = plot_draft_attention, "'wmtp bench attention' (off CUDA)"
-    elif isinstance(m, dict) and m.get("kind") == DECODE_KIND:
-        draw, kind = plot_decode, "'wmtp bench decode'"
-    elif isinstance(m, dict) and m.get("kind") == DEPTH_KIND:
-        draw, kind = plot_depth, "'wmtp bench depth'"
     else:
-        raise ValueError(f"{json_path} is not a metrics file of 'wmtp reproduce', 'wmtp bench attention', "
-                         "'wmtp bench decode' or 'wmtp bench depth'")
+        raise ValueError(f"{json_path} is not a metrics file of 'wmtp reproduce' or 'wmtp bench' (attention, "
+                         "decode, depth, sampling, positions)")
     try:
         draw(m, png_path)
     except (KeyError, IndexError, TypeError, AttributeError) as e:  # the right kind, but not whole
