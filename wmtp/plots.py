@@ -110,6 +110,16 @@ def plot_decode(m: dict, png_path: str | Path) -> None:
             f"{env['versions']['torch']}, decode {m['decode_dtype']}, depth {m['config']['spec']['depth']})", png_path)
 
 
+def _grouped_bars(ax, arms: list[str], series: dict[str, list[float]],
+                  whiskers: dict[str, list[list[float]]] | None = None) -> None:
+    """One group of bars per arm, one bar per series in each (``whiskers``: a series' (below, above))."""
+    width = 0.8 / len(series)
+    for i, (name, heights) in enumerate(series.items()):
+        x = [a + (i - (len(series) - 1) / 2) * width for a in range(len(arms))]
+        ax.bar(x, heights, width, label=name, **({"yerr": whiskers[name], "capsize": 3} if whiskers else {}))
+    ax.set_xticks(range(len(arms)), arms)
+
+
 def plot_depth(m: dict, png_path: str | Path) -> None:
     """One panel per context: each arm's TPOT per depth policy as bars, dense TPOT as a dashed line."""
     from matplotlib.figure import Figure
@@ -119,14 +129,11 @@ def plot_depth(m: dict, png_path: str | Path) -> None:
         raise IndexError("no rows")  # render(): an incomplete file
     fig = Figure(figsize=(5.5 * len(rows), 4.6), layout="constrained")
     axes = fig.subplots(1, len(rows), squeeze=False)[0]
-    width = 0.8 / len(policies)
     for ax, row in zip(axes, rows):
         arms = list(row["arms"])
-        for i, name in enumerate(policies):
-            tpot = [row["arms"][arm]["policies"][name]["tpot_s"] * 1e3 for arm in arms]
-            ax.bar([a + (i - (len(policies) - 1) / 2) * width for a in range(len(arms))], tpot, width, label=name)
+        _grouped_bars(ax, arms, {name: [row["arms"][arm]["policies"][name]["tpot_s"] * 1e3 for arm in arms]
+                                 for name in policies})
         ax.axhline(row["dense"]["tpot_s"] * 1e3, color="black", linestyle="--", label="dense")
-        ax.set_xticks(range(len(arms)), arms)
         ax.set(ylabel="ms per token kept (median of rounds)", title=f"{row['context']} tokens, {row['loop']} loop")
     env = m["environment"]
     _finish(fig, axes, f"wmtp bench depth ({env.get('device_name', env['device'])}, torch "
@@ -150,16 +157,13 @@ def plot_acceptance(m: dict, png_path: str | Path) -> None:
     axes = [grid[temperatures.index(r["temperature"])][contexts.index(r["context"])] for r in rows]
     for ax, row in zip(axes, rows):
         arms = list(row["arms"])
-        variants = list(row["arms"][arms[0]][variant_key])
-        width = 0.8 / len(variants)
-        for i, name in enumerate(variants):
-            runs = [row["arms"][arm][variant_key][name] for arm in arms]
-            al = [r["mean_accept_length"] for r in runs]
-            spread = [[a - min(r["mean_accept_length_per_seed"]) for a, r in zip(al, runs)],
-                      [max(r["mean_accept_length_per_seed"]) - a for a, r in zip(al, runs)]]
-            ax.bar([a + (i - (len(variants) - 1) / 2) * width for a in range(len(arms))], al, width, yerr=spread,
-                   capsize=3, label=name)
-        ax.set_xticks(range(len(arms)), arms)
+        variants = row["arms"][arms[0]][variant_key]
+        runs = {name: [row["arms"][arm][variant_key][name] for arm in arms] for name in variants}
+        al = {name: [r["mean_accept_length"] for r in rs] for name, rs in runs.items()}
+        spread = {name: [[a - min(r["mean_accept_length_per_seed"]) for a, r in zip(al[name], rs)],
+                         [max(r["mean_accept_length_per_seed"]) - a for a, r in zip(al[name], rs)]]
+                  for name, rs in runs.items()}
+        _grouped_bars(ax, arms, al, spread)
         ax.set(ylabel="mean accept length (seeds pooled)", ylim=(0, None),
                title=f"{row['context']} tokens, temperature {row['temperature']:g}")
     env = m["environment"]
