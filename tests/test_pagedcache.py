@@ -30,8 +30,8 @@ def paged(page_size, max_len=10, **kw):
 
 
 def test_a_position_lives_at_its_page_and_row():
-    c = paged(4)  # 10 positions: 3 pages
-    assert c.k.shape == (1, 3, 4, 2, 4) and sorted(c.block_table[0].tolist()) == [0, 1, 2]
+    c = paged(4)  # 10 positions: 3 pages, a spare and a scratch page (NOTE [Forks])
+    assert c.k.shape == (1, 5, 4, 2, 4) and len(set(c.block_table[0].tolist()) & set(range(5))) == 3
     k = torch.arange(10, dtype=torch.float64).view(1, 1, 10, 1).expand(1, 2, 10, 4)  # key p holds p
     c.update(0, torch.arange(10), k, -k)
     table = c.block_table[0].tolist()
@@ -99,6 +99,42 @@ def test_copy_ring_fill_and_bad_caches():
         prefill_prompt(*harness_models()[:1], random_prompt(5), 20, page_size=0)
 
 
+def test_a_fork_shares_the_pages_below_filled_and_writes_its_own():
+    """NOTE [Forks], literal pages: 12 positions in pages of 4, positions 0..5 filled."""
+    c = paged(4, max_len=12)  # 3 pages, a spare, a scratch
+    kv = torch.arange(12, dtype=torch.float64).view(1, 1, 12, 1).expand(2, 1, 2, 12, 4)  # position p holds p
+    c.update(0, torch.arange(6), *kv[:, :, :, :6])
+    before = (c.k.clone(), c.block_table.clone())
+    f = c.fork(6, 10)  # page 0 shared, page 1 copied (rows 4, 5 kept), page 2 its own
+    table, parent = f.block_table[0].tolist(), c.block_table[0].tolist()
+    assert table[0] == parent[0] and set(table[1:]) == set(range(5)) - {*parent[:2], c._free.scratch}
+    assert (f.nbytes, f.shared_nbytes) == (3 * 2 * 4 * 2 * 4 * 8, 1 * 2 * 4 * 2 * 4 * 8)
+    assert f.read(0, torch.arange(6))[0][0, 0, :, 0].tolist() == [0, 1, 2, 3, 4, 5]
+    f.update(0, torch.arange(6, 10), *-kv[:, :, :, 6:10])
+    assert f.read(0, torch.arange(10))[0][0, 0, :, 0].tolist() == [0, 1, 2, 3, 4, 5, -6, -7, -8, -9]
+    assert torch.equal(c.read(0, torch.arange(6))[0], kv[0, :, :, :6])  # the parent's rows, untouched
+    assert torch.equal(c.k[:, [parent[0], parent[1]]], before[0][:, [parent[0], parent[1]]])
+    for pos, match in [([5], "writable positions \\[6, 10\\)"), ([10], "do not fit")]:  # its own positions only
+        with pytest.raises(ValueError, match=match):
+            f.update(0, torch.tensor(pos), *torch.zeros(2, 1, 2, 1, 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match="read-only"):  # the first fork froze the parent
+        c.update(0, torch.tensor([7]), *torch.zeros(2, 1, 2, 1, 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match="free pages"):  # page 2 of the parent and the spare: f took both
+        c.fork(6, 10)
+    del f  # collected: its pages are free again
+    short = c.fork(6, 7)  # page 1 copied, page 2 past `needed`: the scratch page
+    assert short.block_table[0, 2] == c._free.scratch and short.block_table[0, 1] not in parent[:2]
+    assert c.k[:, c._free.scratch].eq(0).all() and c.block_table.equal(before[1])
+    for args, match in [((5, 10), "frozen at 6"), ((6, 13), "needed <= max_len"), ((7, 6), "filled <= needed"),
+                        ((6.0, 10), "int"), ((True, 10), "int")]:
+        with pytest.raises(ValueError, match=match):
+            c.fork(*args)
+    with pytest.raises(ValueError, match="not the fork"):
+        short.fork(6, 7)
+    twin = short.copy()  # a copy of a fork: a cache of its own, which forks afresh
+    assert twin.read(0, torch.arange(6))[0].equal(c.read(0, torch.arange(6))[0]) and twin.fork(0, 3).shared_nbytes == 0
+
+
 @pytest.fixture(scope="module")
 def models():
     return harness_models()
@@ -125,8 +161,11 @@ def test_decoding_from_a_paged_prefill_is_lossless(models, n_sink, window, page_
     drafts right for j = 0..3 tokens, so every accept length occurs)."""
     target, head = models
     prompt, depth = random_prompt(30, seed=page_size), 3
-    pre = prefill_prompt(target, prompt, 30 + 24 + depth, draft=head, page_size=page_size)
+    max_len = 30 + 24 + depth + 16  # room past every run's `needed`: its forks address the scratch page there
+    pre = prefill_prompt(target, prompt, max_len, draft=head, page_size=page_size)
     assert isinstance(pre.target_cache, PagedKVCache) and isinstance(pre.draft_cache, PagedKVCache)
+    prompt_keys = {id(c): c.read(0, torch.arange(n))[0].clone() for c, n in ((pre.target_cache, 30),
+                                                                             (pre.draft_cache, 29))}
     dense = wmtp.greedy_generate(target, prompt, 24)
     assert torch.equal(wmtp.greedy_generate(target, prompt, 24, prefill=pre), dense)
     seq = torch.cat([prompt, dense, torch.zeros(depth + 2, dtype=torch.long)])
@@ -150,8 +189,11 @@ def test_decoding_from_a_paged_prefill_is_lossless(models, n_sink, window, page_
     sampled, _ = wmtp.speculative_sample(target, head, prompt, 24, depth, n_sink, window, temperature=0.9, seed=4,
                                          method="gumbel", prefill=pre)
     assert torch.equal(sampled, wmtp.sample_generate(target, prompt, 24, temperature=0.9, seed=4))
-    written = pre.target_cache.k.ne(0).any(-1).sum()  # (page, row, head) rows holding a key, over the layers
-    assert written == 30 * target.config.n_kv_heads * target.config.n_layers  # the prompt's: runs wrote copies
+    for cache, filled in ((pre.target_cache, 30), (pre.draft_cache, 29)):  # NOTE [Forks]: runs wrote their own pages
+        assert torch.equal(cache.read(0, torch.arange(filled))[0], prompt_keys[id(cache)])
+        assert cache.k[:, cache._free.scratch].eq(0).all()  # no run wrote past its `needed` positions
+        pages = -(-max_len // page_size)  # every fork gave its pages back: those past `filled`, a spare
+        assert len(cache._free.ids) == pages - -(-filled // page_size) + 1
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
@@ -160,9 +202,11 @@ def test_cuda_paged_decoding_is_lossless(models, impl):
     target, head = (m.to("cuda") for m in copy.deepcopy(models))
     prompt = random_prompt(40, seed=3).cuda()
     dense = wmtp.greedy_generate(target, prompt, 24, impl=impl)
-    pre = prefill_prompt(target, prompt, 40 + 24 + 3, draft=head, impl=impl, page_size=16)
+    pre = prefill_prompt(target, prompt, 40 + 24 + 3 + 32, draft=head, impl=impl, page_size=16)
     for cache in ("full", "ring"):
         out, _ = wmtp.speculative_generate(target, head, prompt, 24, 3, 4, 8, impl=impl, prefill=pre, draft_cache=cache)
         assert torch.equal(out, dense), cache
     static, _ = wmtp.static_speculative_generate(target, head, prompt, 24, 3, 4, 8, impl=impl, prefill=pre)
     assert torch.equal(static, dense)
+    for c in (pre.target_cache, pre.draft_cache):  # NOTE [Forks]: captured steps wrote nothing past `needed`
+        assert c.k[:, c._free.scratch].eq(0).all()

@@ -116,7 +116,8 @@ for page_size in (1, 16):
 # %% [markdown]
 # Decoding from paged caches: `prefill_prompt(..., page_size=16)` keeps the target's and the draft's KV
 # in `PagedKVCache`s (pages drawn from one pool in a random order), and every run from that prefill
-# decodes on copies of them. The output is still the target's, token for token:
+# decodes on a fork of them: the prompt's pages shared, its own tokens in pages of its own (next
+# cell). The output is still the target's, token for token:
 
 # %%
 target, head = harness_models()
@@ -128,6 +129,23 @@ for n_sink, window in ((0, None), (4, 16)):
     out, stats = wmtp.speculative_generate(target, head, prompt, 24, 3, n_sink, window, prefill=pre)
     print(f"key set {n_sink} + {window}: output == dense: {torch.equal(out, dense_out)}")
     assert torch.equal(out, dense_out)
+
+# %% [markdown]
+# Each of those runs decoded on a **fork** of the prefill's caches (`PagedKVCache.fork`, NOTE [Forks]
+# in `wmtp/pagedcache.py`), as vLLM shares a prompt's blocks among the sequences that continue it.
+# The fork's block table keeps the prefill's pages wholly below the prompt's end (shared, never
+# written again) and takes pages of its own from the pool's free ones for the positions it writes;
+# the page holding the prompt's end is copied first (copy on write). When a run is over its pages
+# go back to the pool. At a million tokens a run adds its new tokens' pages, not a copy of the prompt's:
+
+# %%
+P = prompt.numel()
+run = pre.target_cache.fork(P, P + 24)  # a run that writes positions P .. P+23
+print("the prefill's block table:", pre.target_cache.block_table.tolist())
+print("a fork's block table:     ", run.block_table.tolist())
+print(f"the fork addresses {run.nbytes} bytes of KV, {run.shared_nbytes} of them in the prompt's shared pages")
+assert torch.equal(run.read(0, torch.arange(P))[0], pre.target_cache.read(0, torch.arange(P))[0])
+assert run.block_table[0, 0] == pre.target_cache.block_table[0, 0]  # positions 0..15: one page, shared
 
 # %% [markdown]
 # A ring buffer (notebook 06) is a paged cache whose pages hold one row each: its slots are the pages,

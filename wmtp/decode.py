@@ -140,7 +140,7 @@ def greedy_generate(target: TargetLM, prompt_ids: torch.Tensor | list[torch.Tens
 
     If ``step_times`` is a list, the wall-clock seconds of each one-token decode pass (prefill
     excluded) are appended to it. With ``prefill`` (``prefill_prompt`` of this prompt, wmtp/prefill.py)
-    the run starts from copies of its caches instead of prefilling.
+    the run starts from copies of its caches (forks of paged ones) instead of prefilling.
 
     ``prompt_ids`` may also be a list of 1-D prompts of any lengths (batched generation): each is
     decoded as alone and a list of outputs is returned (``_each_prompt``).

@@ -81,10 +81,11 @@ class KVCache:
 
 
 def check_write(layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: tuple[int, int, int, int],
-                max_len: int | None) -> None:
-    """A cache write's checks (``KVCache.update``, ``RingKVCache.update``): ``shape`` is the cache's
-    ``(n_layers, B, Hkv, D)``; positions are range-checked against ``max_len`` unless it is ``None``
-    (one read of the device)."""
+                max_len: int | tuple[int, int] | None) -> None:
+    """A cache write's checks (``KVCache.update``, ``RingKVCache.update``, ``PagedKVCache.update``):
+    ``shape`` is the cache's ``(n_layers, B, Hkv, D)``; positions are range-checked against
+    ``[0, max_len)``, or ``[a, b)`` for ``max_len=(a, b)`` (a fork's, wmtp/pagedcache.py), unless it
+    is ``None`` (one read of the device)."""
     n_layers, B, Hkv, D = shape
     if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n_layers:
         raise ValueError(f"layer must be an int in [0, {n_layers}), got {layer!r}")
@@ -94,9 +95,11 @@ def check_write(layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if k.shape != (B, Hkv, pos.numel(), D) or v.shape != k.shape:
         raise ValueError(f"k, v must be {(B, Hkv, pos.numel(), D)}, got {tuple(k.shape)}, {tuple(v.shape)}")
     if max_len is not None:
+        a, b = (0, max_len) if isinstance(max_len, int) else max_len
         lo, hi = torch.stack(torch.aminmax(pos)).tolist()  # one read of the device
-        if lo < 0 or hi >= max_len:
-            raise ValueError(f"positions [{lo}, {hi}] do not fit in a KV cache of {max_len} positions")
+        if lo < a or hi >= b:
+            where = f"a KV cache of {b} positions" if isinstance(max_len, int) else f"the writable positions [{a}, {b})"
+            raise ValueError(f"positions [{lo}, {hi}] do not fit in {where}")
 
 
 def ring_slot(p: int, n_sink: int, window: int, depth: int) -> int:

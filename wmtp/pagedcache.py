@@ -9,11 +9,27 @@ nothing downstream can lean on them being contiguous. The interface is ``KVCache
 (wmtp/kvcache.py): ``update`` writes positions, ``attend`` runs attention over them, ``read``
 returns positions, ``copy``, ``nbytes``; the same position-indexed protocol, so rejected drafts need
 no rollback (NOTE [No rollback] there). ``prefill_prompt(..., page_size=...)`` (wmtp/prefill.py)
-builds the target's and the draft's caches this way, and every run from that prefill decodes on
-copies of them.
+builds the target's and the draft's caches this way, and every run from that prefill decodes on a
+fork of them.
+
+NOTE [Forks]: ``fork(filled, needed)`` is a cache for one more run from these positions ``0 ..
+filled-1``, as vLLM shares a prompt's blocks among the sequences that continue it. The fork's block
+table addresses this cache's pages wholly below ``filled`` (shared, never written again: a run
+writes only positions ``>= filled``, NOTE [No rollback]) and pages of its own for the positions
+``filled .. needed-1`` it writes; the page holding ``filled`` is copied first when ``filled`` is
+not a page boundary (copy on write). Its own pages come from the pool's free pages: the pages
+this cache's block table addresses past ``filled`` and one spare page a sequence (the pool holds
+them for that copy). They return to the free pages when the fork is garbage collected, so runs
+one after another take the same few pages, and at a million tokens a run adds its new tokens'
+pages instead of a second copy of the cache. Its table's entries past ``needed`` address one
+scratch page that no correct run writes (tests check it stays zero). The first fork freezes this
+cache at ``filled``: it is read-only from then on, as a ``Prefill``'s caches are.
 """
 
 from __future__ import annotations
+
+import gc
+import weakref
 
 import torch
 
@@ -34,6 +50,9 @@ class PagedKVCache:
         generator: orders the pool's pages among the sequences (default: seeded with 0).
         dtype, device, checked: as ``KVCache``'s.
 
+    The pool holds the ``batch * ceil(max_len / page_size)`` pages the block table addresses, one
+    spare page a sequence and a scratch page (NOTE [Forks]); ``nbytes`` counts the addressed ones.
+
     Raises:
         ValueError: for a size below 1.
     """
@@ -46,23 +65,78 @@ class PagedKVCache:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         self.checked, self.max_len, self.page_size = checked, max_len, page_size
         pages = -(-max_len // page_size)  # a sequence's pages
-        shape = (n_layers, batch * pages, page_size, n_kv_heads, head_dim)
+        shape = (n_layers, batch * pages + batch + 1, page_size, n_kv_heads, head_dim)  # spares: NOTE [Forks]
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # (n_layers, num_pages, page_size, Hkv, D)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        order = torch.randperm(batch * pages, generator=generator or torch.Generator().manual_seed(0))
-        self.block_table = order.view(batch, pages).to(device=device, dtype=torch.int32)  # (B, pages)
+        order = torch.randperm(shape[1], generator=generator or torch.Generator().manual_seed(0))
+        self.block_table = order[:batch * pages].view(batch, pages).to(device=device, dtype=torch.int32)  # (B, pages)
+        self._order = order.tolist()  # the pool's pages in their random order: a fork's free pages keep it
+        self._writable = (0, max_len)  # positions a write may touch: a fork's own (NOTE [Forks])
+        self._free: _FreePages | None = None  # set when forked: this cache is then read-only
+        self._addressed = batch * pages  # distinct pages the block table addresses
 
     @property
     def nbytes(self) -> int:
-        """Bytes of keys and values held (the block table aside)."""
-        return self.k.nbytes + self.v.nbytes
+        """Bytes of the keys and values of the pages the block table addresses (a fork's shared pages
+        included; ``shared_nbytes`` says how many of them are)."""
+        return self._addressed * (self.k[0, 0].nbytes + self.v[0, 0].nbytes) * self.k.shape[0]
+
+    @property
+    def shared_nbytes(self) -> int:
+        """Bytes of ``nbytes`` in pages shared with the cache this one was forked from (0 if none)."""
+        return self._shared * (self.k[0, 0].nbytes + self.v[0, 0].nbytes) * self.k.shape[0]
+
+    _shared, _is_fork = 0, False  # a fork's (NOTE [Forks])
 
     def copy(self, checked: bool | None = None) -> PagedKVCache:
-        """A new cache holding copies of these pages (the block table shared: never written)."""
+        """A new cache holding copies of the whole pool (the block table shared: never written); a
+        fork's copy shares nothing with the fork's parent, and is no fork."""
         new = PagedKVCache.__new__(PagedKVCache)
         new.__dict__.update(self.__dict__)
         new.checked = self.checked if checked is None else checked
         new.k, new.v = self.k.clone(), self.v.clone()
+        new._writable, new._free, new._shared, new._is_fork = (0, self.max_len), None, 0, False
+        return new
+
+    def fork(self, filled: int, needed: int, checked: bool | None = None) -> PagedKVCache:
+        """A cache sharing this one's positions ``0 .. filled-1`` and writing ``filled .. needed-1``
+        in pages of its own (NOTE [Forks]); this cache is read-only from the first fork on.
+
+        Raises:
+            ValueError: for ``filled`` or ``needed`` not ints with ``0 <= filled <= needed <=
+                max_len``, a fork of a fork, a ``filled`` other than the first fork's, or too few
+                free pages (forks alive at once share them).
+        """
+        for name, value in (("filled", filled), ("needed", needed)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an int, got {value!r}")
+        if not 0 <= filled <= needed <= self.max_len:
+            raise ValueError(f"fork needs 0 <= filled <= needed <= max_len {self.max_len}, got {filled}, {needed}")
+        if self._is_fork:
+            raise ValueError("fork the cache this fork was forked from, not the fork")
+        ps, B = self.page_size, self.block_table.shape[0]
+        first = filled // ps  # the first page a fork writes (a copy of this cache's when filled % ps)
+        if self._free is None:  # freeze: every page not addressed below `filled` is free
+            kept = set(self.block_table[:, :-(-filled // ps)].flatten().tolist())
+            free = [p for p in self._order if p not in kept]
+            self._free, self._frozen = _FreePages(free[:-1], free[-1]), filled  # the last: a spare, never written
+        elif filled != self._frozen:
+            raise ValueError(f"this cache was frozen at {self._frozen} positions by its first fork; got {filled}")
+        own = max(-(-needed // ps), first + 1) - first  # pages a sequence writes (at least the copied one)
+        ids = self._free.take(B * own)  # (B * own) page ids
+        table = self.block_table.clone()  # (B, pages)
+        mine = torch.tensor(ids, dtype=table.dtype).view(B, own).to(table.device)  # (B, own)
+        table[:, first:first + own] = mine
+        table[:, first + own:] = self._free.scratch
+        if filled % ps:  # copy on write: the page holding `filled` keeps this cache's rows below it
+            src, dst = self.block_table[:, first].long(), mine[:, 0].long()  # (B,), (B,)
+            self.k[:, dst], self.v[:, dst] = self.k[:, src], self.v[:, src]
+        new = PagedKVCache.__new__(PagedKVCache)
+        new.__dict__.update(self.__dict__)
+        new.checked = self.checked if checked is None else checked
+        new.block_table, new._writable, new._free = table, (filled, needed), None
+        new._shared, new._addressed, new._is_fork = B * first, B * (first + own), True
+        weakref.finalize(new, self._free.give, ids)
         return new
 
     def update(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -71,9 +145,11 @@ class PagedKVCache:
         Raises:
             ValueError: as ``KVCache.update``.
         """
+        if self._free is not None:
+            raise ValueError("this cache has been forked (NOTE [Forks] in wmtp/pagedcache.py): it is read-only")
         n_layers, _, _, Hkv, D = self.k.shape
         check_write(layer, pos, k, v, (n_layers, self.block_table.shape[0], Hkv, D),
-                    self.max_len if self.checked else None)
+                    self._writable if self.checked else None)
         page, row = page_rows(self.block_table, self.page_size, pos)  # (B, L), (L,)
         self.k[layer][page, row] = k.transpose(1, 2).to(self.k.dtype)  # (B, L, Hkv, D) into (B, L) rows
         self.v[layer][page, row] = v.transpose(1, 2).to(self.v.dtype)
@@ -89,3 +165,23 @@ class PagedKVCache:
         read in place through the block table (``paged_attention``)."""
         return paged_attention(q, self.k[layer], self.v[layer], self.block_table, pos, n_sink, window, impl,
                                q_sink=q_sink)
+
+
+class _FreePages:
+    """A pool's pages no cache addresses (NOTE [Forks]): ``take`` some, ``give`` them back; ``scratch``
+    is the page every fork's table addresses past its last written position."""
+
+    def __init__(self, ids: list[int], scratch: int) -> None:
+        self.ids, self.scratch = ids, scratch
+
+    def take(self, n: int) -> list[int]:
+        if n > len(self.ids):
+            gc.collect()  # a finished run's fork in a reference cycle still holds its pages
+        if n > len(self.ids):
+            raise ValueError(f"a fork needs {n} free pages and the pool has {len(self.ids)}: forks alive at once "
+                             "share the pages past the frozen positions (give a larger max_len, or let one go)")
+        taken, self.ids = self.ids[:n], self.ids[n:]
+        return taken
+
+    def give(self, ids: list[int]) -> None:
+        self.ids.extend(ids)

@@ -5,8 +5,8 @@ At a million tokens the prefill is most of a run's time: the target's global lay
 earlier key for every prompt token. ``prefill_prompt`` runs it once: the target over the prompt
 (its KV cache, the last position's logits and hidden state) and, with a ``draft`` head, the head
 over the prompt's true chain (its KV cache). Every generator in wmtp/decode.py and
-wmtp/static_decode.py takes it as ``prefill=`` and starts from copies of its caches, so one
-``Prefill`` serves any number of runs, in any order, with any draft key set.
+wmtp/static_decode.py takes it as ``prefill=`` and starts from copies of its caches (forks of paged
+ones, below), so one ``Prefill`` serves any number of runs, in any order, with any draft key set.
 
 NOTE [Shared draft prefill]: the draft head is ONE block, so the keys and values it writes at a
 position are projections of that position's input alone (``x_t`` in wmtp/mtp.py); its attention
@@ -18,8 +18,11 @@ its key set, as one block does: ``prefill_prompt`` cannot check that.
 
 A ``Prefill`` holds the caches of the weights it was made with: change them in place and prefill
 again (a change of dtype or device is refused; a change of values cannot be seen). Each run copies
-the caches (no run writes positions the prefill filled, NOTE [No rollback] in wmtp/kvcache.py, but a
-copy keeps the ``Prefill`` safe from any run): at a million tokens the copies double the KV memory.
+contiguous caches (no run writes positions the prefill filled, NOTE [No rollback] in
+wmtp/kvcache.py, but a copy keeps the ``Prefill`` safe from any run): at a million tokens the copies
+double the KV memory. Paged caches (``page_size``) are forked instead: a run shares the prompt's
+pages and writes its own tokens' pages from the prefill's free ones (NOTE [Forks] in
+wmtp/pagedcache.py), so it adds its new tokens' KV, not a second prompt's.
 
 A run from a ``Prefill`` decodes with caches of the prefill's capacity (``max_len``), which may
 choose other kernel launches than a run's own ``needed``-sized caches: its output equals the same
@@ -38,6 +41,7 @@ from .attention import resolve_impl
 from .kvcache import KVCache
 from .model import TargetLM
 from .mtp import MTPHead
+from .pagedcache import PagedKVCache
 from .request import check_draft, check_request
 
 __all__ = ["Prefill", "prefill_prompt"]
@@ -73,7 +77,9 @@ def prefill_prompt(target: TargetLM, prompt_ids: torch.Tensor, max_len: int | No
         draft: the MTP head whose cache to fill too (needed by speculative runs).
         impl: attention implementation.
         page_size: keep both caches paged, in pages of this many positions (``PagedKVCache``,
-            wmtp/pagedcache.py); every run from this prefill then decodes on copies of them.
+            wmtp/pagedcache.py); every run from this prefill then decodes on forks of them, which
+            share the prompt's pages (NOTE [Forks] there). Runs alive at once share the pages
+            past the prompt: ``max_len - len(prompt)`` positions' worth, and one page.
             ``None``: contiguous caches.
 
     Raises:
@@ -130,8 +136,8 @@ def _run_prefill(target: TargetLM, draft: MTPHead | None, prompt: torch.Tensor, 
 def start(target: TargetLM, draft: MTPHead | None, prompt_ids: torch.Tensor, *, needed: int, impl: str,
           checked: bool, prefill: Prefill | None, n_sink: int | None = None, window: int | None = None,
           ring: tuple[int, int, int] | None = None) -> Start:
-    """A generator's caches and first outputs: its own prefill of ``needed`` positions, or copies of
-    ``prefill``'s caches (``prompt_ids`` already checked, ``impl`` resolved). ``checked``: the caches'
+    """A generator's caches and first outputs: its own prefill of ``needed`` positions, or copies (forks
+    of paged ones) of ``prefill``'s caches (``prompt_ids`` already checked, ``impl`` resolved). ``checked``: the caches'
     range check (off for the static loops, NOTE in wmtp/kvcache.py); ``n_sink, window``: the key set of
     the draft's own prefill; ``ring=(n_sink, window, spare)``: the draft's cache is a ring
     (wmtp/ringcache.py), filled by its own prefill or from ``prefill``'s positions it holds.
@@ -155,11 +161,18 @@ def start(target: TargetLM, draft: MTPHead | None, prompt_ids: torch.Tensor, *, 
     if prefill.max_len < needed:
         raise ValueError(f"this run writes {needed} cache positions; the prefill's caches hold {prefill.max_len} "
                          "(prefill_prompt's max_len)")
+    P = prompt_ids.numel()
     if draft is None:
         dcache = None
     elif ring is None:
-        dcache = prefill.draft_cache.copy(checked)
+        dcache = _run_cache(prefill.draft_cache, P - 1, needed, checked)
     else:  # the positions a ring filled through the prompt's true chain would hold
         dcache = draft.new_cache(1, prefill.max_len, checked=checked, ring=ring)
-        dcache.fill_from(prefill.draft_cache, prompt_ids.numel() - 1)
-    return Start(prefill.target_cache.copy(checked), dcache, prefill.logits, prefill.hidden)
+        dcache.fill_from(prefill.draft_cache, P - 1)
+    return Start(_run_cache(prefill.target_cache, P, needed, checked), dcache, prefill.logits, prefill.hidden)
+
+
+def _run_cache(cache: KVCache | PagedKVCache, filled: int, needed: int, checked: bool) -> KVCache | PagedKVCache:
+    """A run's cache from a prefill's, which holds positions ``0 .. filled-1``: a paged one's fork
+    (its pages shared, NOTE [Forks] in wmtp/pagedcache.py), else a copy."""
+    return cache.fork(filled, needed, checked) if isinstance(cache, PagedKVCache) else cache.copy(checked)
