@@ -152,9 +152,9 @@ def test_depth_policies_draft_as_the_eager_loop(models, n_sink, window, monkeypa
     ref = wmtp.greedy_generate(target, prompt, 40)
     seq = torch.cat([prompt, ref, torch.zeros(8, dtype=torch.long)])
     built = []
-    runner = static_decode._runner
-    monkeypatch.setattr(static_decode, "_runner", lambda step, state, graph: built.append(state) or runner(
-        step, state, graph))
+    runner = static_decode.runner
+    monkeypatch.setattr(static_decode, "runner", lambda step, state, graph, pool=None: built.append(state) or runner(
+        step, state, graph, pool))
     for j in range(6):
         oracle, static, eager = DeviceOracle(head, seq, j), Cycling([1, 5, 3, 5, 2]), Cycling([1, 5, 3, 5, 2])
         built.clear()
@@ -344,3 +344,23 @@ def test_cuda_is_lossless(cuda_models, impl, graph, depth, n_sink, window):
             assert torch.equal(out, ref) and len(policy.seen) == stats.steps, f"policy, j={j}"
             if j is not None:
                 assert all(a == min(j, d) for d, a in policy.seen[:-1]), f"policy, j={j}"
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_cuda_graphs_of_a_run_share_one_pool_and_replay_in_any_order(cuda_models, monkeypatch):
+    """NOTE [One graph pool] (wmtp/graphs.py): every capture of a run goes to one pool, and the graphs,
+    replayed in an order other than their captures', still give dense greedy's tokens."""
+    target, head = cuda_models
+    prompt = random_prompt(30, seed=11).cuda()
+    ref = wmtp.greedy_generate(target, prompt, 60, impl="triton")
+    seq = torch.cat([prompt, ref, torch.zeros(6, dtype=torch.long, device="cuda")])
+    pools, runner = [], static_decode.runner
+    monkeypatch.setattr(static_decode, "runner", lambda step, state, graph, pool=None: pools.append(pool) or runner(
+        step, state, graph, pool))
+    for j, draft in [(None, head), (1, DeviceOracle(head, seq, 1)), (4, DeviceOracle(head, seq, 4))]:
+        pools.clear()
+        policy = Cycling([3, 1, 4, 2, 4, 1, 1, 3, 2, 2, 4, 3])  # 12 (extend rows, depth) pairs, then replays
+        out, stats = static_speculative_generate(target, draft, prompt, 60, policy, 4, 16, impl="triton",
+                                                 cuda_graph=True)
+        assert torch.equal(out, ref), f"j={j}"
+        assert len(pools) > 8 and pools[0] is not None and all(p == pools[0] for p in pools), f"j={j}"

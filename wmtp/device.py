@@ -48,15 +48,17 @@ def mps_available() -> bool:
     return getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
 
 
-def capture_graph(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
-    """``fn`` run once on a side stream (compiles, allocator warm-up), then captured in a CUDA graph."""
+def capture_graph(fn: Callable[[], object], pool=None) -> torch.cuda.CUDAGraph:
+    """``fn`` run once on a side stream (compiles, allocator warm-up), then captured in a CUDA graph
+    whose allocations come from memory pool ``pool`` (``torch.cuda.graph_pool_handle()``; ``None``:
+    a pool of its own)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm up off the default stream, as capture requires
         fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, pool=pool):
         fn()
     return graph
 

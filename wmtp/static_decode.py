@@ -36,21 +36,20 @@ call, whatever the number of keys), and no key set can change that. Here:
 The output is the target's greedy output token for token (tests/test_static_decode.py asserts
 ``torch.equal`` against wmtp/decode.py's ``greedy_generate``, on every device and impl). With
 ``cuda_graph`` the draft phase and the verify phase are each one CUDA graph (NOTE [Static depths]),
-timed by CUDA events: ``SpecStats.draft_times_s`` and ``verify_times_s`` are then device times.
+all of a run's graphs in one memory pool (NOTE [One graph pool] in wmtp/graphs.py), timed by CUDA
+events: ``SpecStats.draft_times_s`` and ``verify_times_s`` are then device times.
 Verification is the batched greedy rule (``verify_greedy``); a custom verifier needs the eager loop.
 """
 
 from __future__ import annotations
 
-import contextlib
-import time
 from collections.abc import Callable
 
 import torch
 
 from .attention import resolve_impl
 from .decode import _each_prompt, _finish, _one_prompt, draft_ring, with_positions
-from .device import capture_graph, synchronize
+from .graphs import Clock, graph_pool, on_device_of, runner, use_graph
 from .keyset import key_count
 from .model import TargetLM
 from .mtp import MTPHead
@@ -60,68 +59,6 @@ from .request import check_request, check_spec_request
 from .stats import SpecStats
 
 EOS_CHECK = 16  # greedy: steps between reads of the output when an eos_id can stop it early
-
-
-def _use_graph(cuda_graph: bool | None, device: torch.device, impl: str) -> bool:
-    """``cuda_graph=None``: capture when the device is CUDA and the impl Triton (the reference
-    attention reads query positions on the host, which a graph cannot)."""
-    if cuda_graph is None:
-        return device.type == "cuda" and impl == "triton"
-    if not isinstance(cuda_graph, bool):
-        raise ValueError(f"cuda_graph must be True, False or None, got {cuda_graph!r}")
-    if cuda_graph and (device.type != "cuda" or impl != "triton"):
-        raise ValueError(f"cuda_graph=True needs a CUDA device and impl 'triton' (the reference attention "
-                         f"reads query positions on the host); got device {device.type}, impl {impl!r}")
-    return cuda_graph
-
-
-def _on_device_of(prompt_ids) -> contextlib.AbstractContextManager:
-    """The prompt's CUDA device made current, so that capture streams, graph replays and timing events
-    are that device's, not device 0's; on other devices (or a bad prompt, refused later), nothing."""
-    if isinstance(prompt_ids, torch.Tensor) and prompt_ids.device.type == "cuda":
-        return torch.cuda.device(prompt_ids.device)
-    return contextlib.nullcontext()
-
-
-def _runner(step: Callable[[], None], state: tuple[torch.Tensor, ...], graph: bool) -> Callable[[], None]:
-    """``step`` itself, or its CUDA graph's replay. Capturing runs the step once (a warm-up: Triton
-    compiles), so ``state`` is restored afterwards; the cache entries it wrote are rewritten, the
-    same, by the first real step before anything reads them."""
-    if not graph:
-        return step
-    saved = [t.clone() for t in state]
-    replay = capture_graph(step).replay
-    for t, s in zip(state, saved):
-        t.copy_(s)
-    return replay
-
-
-class _Clock:
-    """Seconds between marks: CUDA events on CUDA (the host does not wait), else wall clock after a
-    synchronize. ``spans`` needs the marked work finished (on CUDA, after any read of the device).
-
-    On CUDA a span that starts right after the host read the device (the speculative step's first,
-    the draft phase) also holds the host's launch of the next replay, a few microseconds, while the
-    device waits for it; the spans after it start with work already queued."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device, self.marks = device, []
-
-    def mark(self) -> None:
-        if self.device.type == "cuda":
-            self.marks.append(torch.cuda.Event(enable_timing=True))
-            self.marks[-1].record()
-        else:
-            synchronize(self.device)
-            self.marks.append(time.perf_counter())
-
-    def spans(self) -> list[float]:
-        """Seconds between consecutive marks, which it then forgets."""
-        m, self.marks = self.marks, []
-        if self.device.type == "cuda":
-            synchronize(self.device)
-            return [a.elapsed_time(b) / 1e3 for a, b in zip(m, m[1:])]
-        return [b - a for a, b in zip(m, m[1:])]
 
 
 @torch.no_grad()
@@ -144,7 +81,7 @@ def static_greedy_generate(target: TargetLM, prompt_ids: torch.Tensor | list[tor
         _one_prompt(prefill)
         return _each_prompt(prompt_ids, lambda p: static_greedy_generate(target, p, max_new_tokens, eos_id, impl,
                                                                          cuda_graph, step_times))
-    with _on_device_of(prompt_ids):
+    with on_device_of(prompt_ids):
         return _greedy(target, prompt_ids, max_new_tokens, eos_id, impl, cuda_graph, step_times, prefill)
 
 
@@ -154,7 +91,7 @@ def _greedy(target: TargetLM, prompt_ids: torch.Tensor, max_new_tokens: int, eos
     prompt_ids, dev = prompt_ids.long(), prompt_ids.device
     impl = resolve_impl(impl, dev, target.embed.dtype, target.config.head_dim,
                         target.config.n_heads // target.config.n_kv_heads)
-    graph = _use_graph(cuda_graph, dev, impl)
+    graph = use_graph(cuda_graph, dev, impl)
     cache, _, last, _ = start(target, None, prompt_ids, needed=needed, impl=impl, checked=False, prefill=prefill)
     P = prompt_ids.numel()
     tok = last.argmax().view(1, 1)  # (1, 1) the latest token, fed to the next step
@@ -171,8 +108,8 @@ def _greedy(target: TargetLM, prompt_ids: torch.Tensor, max_new_tokens: int, eos
         pos.add_(1)
         slot.add_(1)
 
-    run = _runner(step, (tok, pos, slot), graph) if max_new_tokens > 1 else step
-    clock, done = _Clock(dev), 1
+    run = runner(step, (tok, pos, slot), graph) if max_new_tokens > 1 else step
+    clock, done = Clock(dev), 1
     clock.mark()
     while done < max_new_tokens:
         if eos_id is not None and done % EOS_CHECK == 1 and eos_id in out[:done].tolist():
@@ -214,7 +151,7 @@ def static_speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: to
             target, draft, p, max_new_tokens, depth, n_sink, window, impl, eos_id, cuda_graph,
             draft_cache=draft_cache, positions=positions))
         return [out for out, _ in runs], [stats for _, stats in runs]
-    with _on_device_of(prompt_ids):
+    with on_device_of(prompt_ids):
         return _speculative(target, draft, prompt_ids, max_new_tokens, depth, n_sink, window, impl, eos_id,
                             cuda_graph, prefill, draft_cache, positions)
 
@@ -230,7 +167,7 @@ def _speculative(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max
     prompt_ids, dev, K = prompt_ids.long(), prompt_ids.device, depth
     impl = resolve_impl(impl, dev, target.embed.dtype, target.config.head_dim,
                         target.config.n_heads // target.config.n_kv_heads)
-    graph = _use_graph(cuda_graph, dev, impl)
+    graph = use_graph(cuda_graph, dev, impl)
     stats = SpecStats(depth=K)
     # the extend's rows reach n_prev + K <= n - 1 + K, below the verify pass's n + K: `needed` holds both
     tcache, dcache, last_logits, last_hidden = start(  # the prefill, as the eager loop's
@@ -279,16 +216,17 @@ def _speculative(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max
     state = (h_next, t_next, n_prev, accepted)
     draft_runs: dict[tuple[int, int], Callable[[], None]] = {}  # NOTE [Static depths]: by (extend rows, depth)
     verify_runs: dict[int, Callable[[], None]] = {}  # by depth
-    clock, head_start, pos, e = _Clock(dev), P - 1, P, 1
+    pool = graph_pool() if graph else None  # every capture of this run: NOTE [One graph pool] in wmtp/graphs.py
+    clock, head_start, pos, e = Clock(dev), P - 1, P, 1
     while not stop:
         k = next_depth(policy, pos, K)
         # In this order: a new depth is a new (e, k) pair, so the draft phase's capture warm-up writes
         # this step's drafts and n before the verify phase's warm-up reads them (_runner: what a warm-up
         # writes to the caches, the real step rewrites the same).
         if (e, k) not in draft_runs:
-            draft_runs[e, k] = _runner(lambda e=e, k=k: draft_phase(e, k), (), graph)
+            draft_runs[e, k] = runner(lambda e=e, k=k: draft_phase(e, k), (), graph, pool)
         if k not in verify_runs:
-            verify_runs[k] = _runner(lambda k=k: verify_phase(k), state, graph)
+            verify_runs[k] = runner(lambda k=k: verify_phase(k), state, graph, pool)
         clock.mark()
         draft_runs[e, k]()
         clock.mark()
