@@ -31,7 +31,7 @@ def paged(page_size, max_len=10, **kw):
 
 def test_a_position_lives_at_its_page_and_row():
     c = paged(4)  # 10 positions: 3 pages, a spare and a scratch page (NOTE [Forks])
-    assert c.k.shape == (1, 5, 4, 2, 4) and len(set(c.block_table[0].tolist()) & set(range(5))) == 3
+    assert c.k.shape == (1, 5, 4, 2, 4) and sorted(c.block_table[0].tolist() + c._order[3:]) == [0, 1, 2, 3, 4]
     k = torch.arange(10, dtype=torch.float64).view(1, 1, 10, 1).expand(1, 2, 10, 4)  # key p holds p
     c.update(0, torch.arange(10), k, -k)
     table = c.block_table[0].tolist()
@@ -131,8 +131,45 @@ def test_a_fork_shares_the_pages_below_filled_and_writes_its_own():
             c.fork(*args)
     with pytest.raises(ValueError, match="not the fork"):
         short.fork(6, 7)
-    twin = short.copy()  # a copy of a fork: a cache of its own, which forks afresh
-    assert twin.read(0, torch.arange(6))[0].equal(c.read(0, torch.arange(6))[0]) and twin.fork(0, 3).shared_nbytes == 0
+    full = paged(4, max_len=8)  # every position filled, at a page boundary: a fork writes nothing
+    full.update(0, torch.arange(8), *kv[:, :, :, :8])
+    none = full.fork(8, 8)
+    assert none.block_table.equal(full.block_table) and none.nbytes == none.shared_nbytes == full.nbytes
+    twin = short.copy()  # a copy of a fork: a cache of its own, which forks afresh, writing the fork's positions
+    assert twin.read(0, torch.arange(6))[0].equal(c.read(0, torch.arange(6))[0])
+    with pytest.raises(ValueError, match="do not fit"):  # past `needed`: its entries address one scratch page
+        twin.update(0, torch.tensor([8]), *torch.zeros(2, 1, 2, 1, 4, dtype=torch.float64))
+    assert twin.fork(0, 3).shared_nbytes == 0 and c.nbytes == 2 * 2 * 4 * 2 * 4 * 8  # frozen: pages 0, 1 its own
+
+
+def test_forks_of_two_sequences_copy_each_ones_page():
+    """Batch 2, 8 positions in pages of 4, positions 0..4 filled: each sequence's page 1 copied."""
+    c = PagedKVCache(1, 2, 1, 8, 2, page_size=4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    kv = torch.arange(10, dtype=torch.float64).view(2, 1, 5, 1).expand(2, 1, 5, 2)  # sequence b, position p: 5b+p
+    c.update(0, torch.arange(5), kv, -kv)
+    f = c.fork(5, 8)
+    assert f.block_table[:, 0].equal(c.block_table[:, 0]) and not set(f.block_table[:, 1].tolist()) & set(
+        c.block_table.flatten().tolist())
+    k, v = f.read(0, torch.arange(5))  # (2, 1, 5, 2)
+    assert k[:, 0, :, 0].tolist() == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]] and torch.equal(v, -k)
+    assert (f.nbytes, f.shared_nbytes) == (4 * 4 * 2 * 8 * 2, 2 * 4 * 2 * 8 * 2)
+
+
+def test_a_fork_gives_its_pages_back_and_outlives_its_parent():
+    c = paged(4, max_len=12)
+    c.update(0, torch.arange(6), *torch.ones(2, 1, 2, 6, 4, dtype=torch.float64))
+    f = c.fork(6, 12)  # takes every free page
+    f.me = f  # a reference cycle: only the collector frees it
+    del f
+    g = c.fork(6, 12)  # the pool found short, the collector runs, the cycle's pages come back
+    free = c._free
+    del c  # the parent goes; the fork keeps the pool's tensors, and still gives its pages back
+    import gc
+    gc.collect()
+    assert g.read(0, torch.arange(6))[0].eq(1).all() and free.ids == []
+    del g
+    gc.collect()
+    assert len(free.ids) == 2
 
 
 @pytest.fixture(scope="module")
@@ -164,8 +201,8 @@ def test_decoding_from_a_paged_prefill_is_lossless(models, n_sink, window, page_
     max_len = 30 + 24 + depth + 16  # room past every run's `needed`: its forks address the scratch page there
     pre = prefill_prompt(target, prompt, max_len, draft=head, page_size=page_size)
     assert isinstance(pre.target_cache, PagedKVCache) and isinstance(pre.draft_cache, PagedKVCache)
-    prompt_keys = {id(c): c.read(0, torch.arange(n))[0].clone() for c, n in ((pre.target_cache, 30),
-                                                                             (pre.draft_cache, 29))}
+    prompt_kv = {id(c): [torch.stack(c.read(i, torch.arange(n))) for i in range(c.k.shape[0])]  # every layer's
+                 for c, n in ((pre.target_cache, 30), (pre.draft_cache, 29))}
     dense = wmtp.greedy_generate(target, prompt, 24)
     assert torch.equal(wmtp.greedy_generate(target, prompt, 24, prefill=pre), dense)
     seq = torch.cat([prompt, dense, torch.zeros(depth + 2, dtype=torch.long)])
@@ -190,23 +227,26 @@ def test_decoding_from_a_paged_prefill_is_lossless(models, n_sink, window, page_
                                          method="gumbel", prefill=pre)
     assert torch.equal(sampled, wmtp.sample_generate(target, prompt, 24, temperature=0.9, seed=4))
     for cache, filled in ((pre.target_cache, 30), (pre.draft_cache, 29)):  # NOTE [Forks]: runs wrote their own pages
-        assert torch.equal(cache.read(0, torch.arange(filled))[0], prompt_keys[id(cache)])
-        assert cache.k[:, cache._free.scratch].eq(0).all()  # no run wrote past its `needed` positions
+        assert all(torch.equal(torch.stack(cache.read(i, torch.arange(filled))), prompt_kv[id(cache)][i])
+                   for i in range(cache.k.shape[0]))
+        scratch = cache._free.scratch  # no run wrote past its `needed` positions
+        assert cache.k[:, scratch].eq(0).all() and cache.v[:, scratch].eq(0).all()
         pages = -(-max_len // page_size)  # every fork gave its pages back: those past `filled`, a spare
         assert len(cache._free.ids) == pages - -(-filled // page_size) + 1
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("impl", ["torch", "triton"])
-def test_cuda_paged_decoding_is_lossless(models, impl):
+def test_cuda_paged_decoding_is_lossless(models, impl, page_size):
     target, head = (m.to("cuda") for m in copy.deepcopy(models))
     prompt = random_prompt(40, seed=3).cuda()
     dense = wmtp.greedy_generate(target, prompt, 24, impl=impl)
-    pre = prefill_prompt(target, prompt, 40 + 24 + 3 + 32, draft=head, impl=impl, page_size=16)
+    pre = prefill_prompt(target, prompt, 40 + 24 + 3 + 32, draft=head, impl=impl, page_size=page_size)
     for cache in ("full", "ring"):
         out, _ = wmtp.speculative_generate(target, head, prompt, 24, 3, 4, 8, impl=impl, prefill=pre, draft_cache=cache)
         assert torch.equal(out, dense), cache
     static, _ = wmtp.static_speculative_generate(target, head, prompt, 24, 3, 4, 8, impl=impl, prefill=pre)
     assert torch.equal(static, dense)
     for c in (pre.target_cache, pre.draft_cache):  # NOTE [Forks]: captured steps wrote nothing past `needed`
-        assert c.k[:, c._free.scratch].eq(0).all()
+        assert c.k[:, c._free.scratch].eq(0).all() and c.v[:, c._free.scratch].eq(0).all()

@@ -10,7 +10,8 @@ That is safe whatever order the graphs replay in: a phase's results that outlive
 into the loop's state and caches, allocated before any capture, and what a phase allocates inside
 its graph is dead when the phase ends, so another phase may overwrite it. (PyTorch's caution
 about shared pools, "replay in capture order", guards against a graph's *output* living in the
-pool; these graphs have none.) The H200 measurement: docs/results/depth-gpu.md.
+pool; these graphs have none.) The H200 measurement: docs/results/gpu-decode.md ("A run's
+memory").
 """
 
 from __future__ import annotations

@@ -78,7 +78,8 @@ class PagedKVCache:
     @property
     def nbytes(self) -> int:
         """Bytes of the keys and values of the pages the block table addresses (a fork's shared pages
-        included; ``shared_nbytes`` says how many of them are)."""
+        included, ``shared_nbytes`` says how many; the scratch page aside). A forked cache counts
+        only its pages below the frozen positions: the pages past them are its forks'."""
         return self._addressed * (self.k[0, 0].nbytes + self.v[0, 0].nbytes) * self.k.shape[0]
 
     @property
@@ -89,13 +90,14 @@ class PagedKVCache:
     _shared, _is_fork = 0, False  # a fork's (NOTE [Forks])
 
     def copy(self, checked: bool | None = None) -> PagedKVCache:
-        """A new cache holding copies of the whole pool (the block table shared: never written); a
-        fork's copy shares nothing with the fork's parent, and is no fork."""
+        """A new cache holding copies of the whole pool (the block table shared: never written). A
+        fork's copy shares nothing with the fork's parent and is no fork, but writes only the fork's
+        positions (its entries past them address one scratch page)."""
         new = PagedKVCache.__new__(PagedKVCache)
         new.__dict__.update(self.__dict__)
         new.checked = self.checked if checked is None else checked
         new.k, new.v = self.k.clone(), self.v.clone()
-        new._writable, new._free, new._shared, new._is_fork = (0, self.max_len), None, 0, False
+        new._free, new._shared, new._is_fork = None, 0, False
         return new
 
     def fork(self, filled: int, needed: int, checked: bool | None = None) -> PagedKVCache:
@@ -120,9 +122,11 @@ class PagedKVCache:
             kept = set(self.block_table[:, :-(-filled // ps)].flatten().tolist())
             free = [p for p in self._order if p not in kept]
             self._free, self._frozen = _FreePages(free[:-1], free[-1]), filled  # the last: a spare, never written
+            self._addressed = B * -(-filled // ps)  # the pages past `filled` are the forks' now
         elif filled != self._frozen:
             raise ValueError(f"this cache was frozen at {self._frozen} positions by its first fork; got {filled}")
-        own = max(-(-needed // ps), first + 1) - first  # pages a sequence writes (at least the copied one)
+        # pages a sequence writes: those holding filled .. needed-1, and the one holding `filled` when copied
+        own = min(max(-(-needed // ps), first + (filled % ps > 0)), self.block_table.shape[1]) - first
         ids = self._free.take(B * own)  # (B * own) page ids
         table = self.block_table.clone()  # (B, pages)
         mine = torch.tensor(ids, dtype=table.dtype).view(B, own).to(table.device)  # (B, own)
@@ -180,7 +184,8 @@ class _FreePages:
         if n > len(self.ids):
             raise ValueError(f"a fork needs {n} free pages and the pool has {len(self.ids)}: forks alive at once "
                              "share the pages past the frozen positions (give a larger max_len, or let one go)")
-        taken, self.ids = self.ids[:n], self.ids[n:]
+        taken = self.ids[:n]
+        del self.ids[:n]  # in place: a finalizer's `give` may run at any allocation
         return taken
 
     def give(self, ids: list[int]) -> None:

@@ -78,8 +78,10 @@ def prefill_prompt(target: TargetLM, prompt_ids: torch.Tensor, max_len: int | No
         impl: attention implementation.
         page_size: keep both caches paged, in pages of this many positions (``PagedKVCache``,
             wmtp/pagedcache.py); every run from this prefill then decodes on forks of them, which
-            share the prompt's pages (NOTE [Forks] there). Runs alive at once share the pages
-            past the prompt: ``max_len - len(prompt)`` positions' worth, and one page.
+            share the prompt's pages (NOTE [Forks] there). Runs alive at once share the free pages:
+            those past the prompt's last page and one spare (the target's cache: ``ceil(max_len /
+            page_size) - ceil(len(prompt) / page_size) + 1``); a run whose fork finds too few (another run's
+            cache still held) raises ``ValueError``.
             ``None``: contiguous caches.
 
     Raises:

@@ -221,7 +221,7 @@ def _speculative(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max
     while not stop:
         k = next_depth(policy, pos, K)
         # In this order: a new depth is a new (e, k) pair, so the draft phase's capture warm-up writes
-        # this step's drafts and n before the verify phase's warm-up reads them (_runner: what a warm-up
+        # this step's drafts and n before the verify phase's warm-up reads them (runner: what a warm-up
         # writes to the caches, the real step rewrites the same).
         if (e, k) not in draft_runs:
             draft_runs[e, k] = runner(lambda e=e, k=k: draft_phase(e, k), (), graph, pool)
