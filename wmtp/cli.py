@@ -6,7 +6,8 @@ key set and context), ``bench decode`` (end-to-end decoding, eager and CUDA-grap
 wmtp/bench_decode.py), ``bench sampling`` (acceptance of sampled speculative decoding per key set,
 temperature and method; wmtp/bench_sampling.py), ``bench depth`` (measured time per token per key
 set and draft-depth policy; wmtp/bench_depth.py), ``bench positions`` (acceptance with absolute
-and re-indexed draft key positions; wmtp/bench_positions.py), ``grade`` and ``plot``. Bad input
+and re-indexed draft key positions; wmtp/bench_positions.py), ``generate`` (text with the accepted
+drafts marked; wmtp/generate.py), ``grade`` and ``plot``. Bad input
 exits with status 2 and one line on stderr, no traceback.
 """
 
@@ -123,6 +124,12 @@ def build_parser(prog: str = "wmtp") -> argparse.ArgumentParser:
     grade.add_argument("assignment", choices=tuple(ASSIGNMENTS),
                        help="which assignment (tutorials/assignments/)")
     grade.add_argument("path", type=Path, help="the student's .py file")
+
+    importlib.import_module(".generate", __package__).add_arguments(sub.add_parser(
+        "generate", help="generate text with speculative decoding, the accepted drafts highlighted",
+        description="Load (or train) reproduce's models, decode the prompt greedily with the MTP draft "
+                    "reading one key set, print the text with the head's accepted drafts highlighted and the "
+                    "run's counters, and check the output equals dense greedy decoding (exit 1 if not)."))
 
     plot = sub.add_parser("plot", help="draw a metrics JSON (reproduce, bench attention or bench decode) as a PNG",
                           description="Render a metrics file written by 'wmtp reproduce', 'wmtp bench attention' "
@@ -320,6 +327,8 @@ def main(argv: list[str] | None = None, prog: str = "wmtp") -> int:
             return _reproduce(args, prog, argv)
         if args.command == "grade":
             return _grade(args)
+        if args.command == "generate":
+            return importlib.import_module(".generate", __package__).cli(args, prog, argv)
         if args.command == "plot":
             from .plots import render
 

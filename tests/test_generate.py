@@ -1,0 +1,60 @@
+"""Text generation with the accepted drafts marked (wmtp/generate.py): the marks from literal accept
+counts, the text cut at token boundaries (a character split across byte-level tokens included), and
+a generation whose marks follow an oracle draft right for exactly j tokens a step."""
+
+import pytest
+import torch
+from decode_harness import V, random_prompt
+
+import wmtp
+from wmtp import grading
+from wmtp.generate import drafted_marks, generate, token_pieces
+from wmtp.grading import harness_models
+from wmtp.tokenizer import _train_bpe, decode
+
+F, T = False, True
+
+
+@pytest.mark.parametrize("accepts,n,marks", [
+    ([], 1, [F]),  # only the prefill's token
+    ([0, 0], 3, [F, F, F]),
+    ([2, 0, 1], 7, [F, T, T, F, F, T, F]),
+    ([2, 0, 1], 6, [F, T, T, F, F, T]),  # cut at max_new_tokens (or eos) inside the last step
+    ([3], 2, [F, T]),
+])
+def test_drafted_marks_literal(accepts, n, marks):
+    assert drafted_marks(accepts, n) == marks
+
+
+def test_drafted_marks_bad_counts():
+    with pytest.raises(ValueError, match=">= 0"):
+        drafted_marks([1, -1], 2)
+    with pytest.raises(ValueError, match="fewer than"):
+        drafted_marks([1], 4)
+
+
+def test_token_pieces_join_to_the_text_and_split_no_character():
+    tok = _train_bpe("ascii words and more words\n" * 20 + "café naïve 日本語 ☃\n" * 3, 270)
+    text = "words café 日本語 ☃ naïve"
+    ids = tok.encode(text, add_special_tokens=False).ids
+    dec = lambda x: decode(tok, x)  # noqa: E731
+    pieces = token_pieces(dec, ids)
+    assert len(pieces) == len(ids) and "".join(pieces) == dec(ids) == text
+    assert all("\ufffd" not in p for p in pieces) and "" in pieces  # some token ends inside a character
+    ascii_ids = tok.encode("and more words", add_special_tokens=False).ids
+    assert token_pieces(dec, ascii_ids) == [dec([i]) for i in ascii_ids]
+    assert token_pieces(dec, []) == []
+
+
+@pytest.mark.parametrize("j", [0, 2, 3])
+def test_marks_follow_a_draft_right_for_j_tokens(j):
+    """An oracle draft right for j of 3 drafts a step: each step commits j drafts, then the target's."""
+    target, head = harness_models()
+    prompt = random_prompt(20, seed=j)
+    dense = wmtp.greedy_generate(target, prompt, 17)
+    oracle = grading.OracleDraft(head, torch.cat([prompt, dense, torch.zeros(5, dtype=torch.long)]), j, V)
+    g = generate(target, oracle, prompt, 17, 3, 2, 4)
+    assert torch.equal(g.ids, dense) and g.dense_equal is True and g.seconds > 0
+    assert g.drafted == ([F] + ([T] * j + [F]) * 17)[:17]
+    assert g.stats.steps == len([m for m in g.drafted[1:] if not m]) + (g.drafted[-1] is T)
+    assert generate(target, head, prompt, 5, 2, 0, None, check=False).dense_equal is None

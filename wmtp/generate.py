@@ -1,0 +1,220 @@
+"""Text from reproduce's models, each token marked by who wrote it: an accepted draft of the MTP
+head, or the target itself (arXiv 2607.21535, Sec. 2: a step commits the drafts the target agrees
+with, then one token of the target's own). ``wmtp generate`` prints it, and checks it against dense
+greedy decoding: the marks change with the key set, the text never does.
+
+``generate`` runs ``speculative_generate`` with a fixed-depth policy that hears every step's
+accepted count (the loop's ``policy.update``), so the marks come from the run itself: the first
+token is the prefill's (the target's), then each step's ``a`` accepted drafts and the target's
+token, the whole cut where the output is (``drafted_marks``). ``token_pieces`` cuts the decoded
+text at token boundaries, so a byte-level token that ends inside a character adds nothing and the
+token that completes it carries the character.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .decode import greedy_generate, speculative_generate
+from .model import TargetLM
+from .mtp import MTPHead
+from .stats import SpecStats
+
+__all__ = ["Generation", "drafted_marks", "generate", "token_pieces"]
+
+
+class _Recorder:
+    """A fixed-depth policy (wmtp/policy.py's protocol) that keeps each step's accepted count."""
+
+    def __init__(self, depth: int) -> None:
+        self.max_depth, self.accepts = depth, []
+
+    def depth(self, position: int) -> int:
+        return self.max_depth
+
+    def update(self, depth: int, accepted: int, draft_s: float, verify_s: float) -> None:
+        self.accepts.append(accepted)
+
+    def describe(self) -> dict:
+        return {"policy": "fixed", "max_depth": self.max_depth}
+
+
+def drafted_marks(accepts: list[int], n_tokens: int) -> list[bool]:
+    """For an output of ``n_tokens`` tokens from steps that accepted ``accepts`` drafts each:
+    ``True`` where a token is an accepted draft, ``False`` where the target wrote it (the first
+    token, from the prefill, and each step's last).
+
+    Raises:
+        ValueError: for a negative count, or steps that commit fewer tokens than ``n_tokens``.
+    """
+    if any(a < 0 for a in accepts):
+        raise ValueError(f"accepted counts must be >= 0, got {accepts}")
+    marks = [False]  # the prefill's token
+    for a in accepts:
+        marks += [True] * a + [False]
+    if len(marks) < n_tokens:
+        raise ValueError(f"{len(accepts)} steps commit {len(marks)} tokens, fewer than the output's {n_tokens}")
+    return marks[:n_tokens]
+
+
+def token_pieces(decode, ids: list[int]) -> list[str]:
+    """The text of ``ids`` (``decode(ids) -> str``) cut at token boundaries: piece ``i`` is what
+    token ``i`` adds to the text, ``""`` for a token that ends inside a character; the pieces join
+    to ``decode(ids)``."""
+    full, pieces, end = decode(ids), [], 0
+    for i in range(len(ids)):
+        prefix = decode(ids[: i + 1])
+        new_end = len(prefix) if full.startswith(prefix) and len(prefix) >= end else end
+        pieces.append(full[end:new_end])
+        end = new_end
+    pieces[-1:] = [pieces[-1] + full[end:]] if pieces else []
+    return pieces
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One generation: the new tokens, which were accepted drafts, the run's counters, and whether
+    the tokens equal dense greedy decoding's (``None``: not checked)."""
+
+    ids: torch.Tensor  # (N,) the new tokens
+    drafted: list[bool]  # (N,) True: an accepted draft of the head
+    stats: SpecStats
+    seconds: float  # the speculative run's wall clock, prefill included
+    dense_equal: bool | None
+
+
+@torch.no_grad()
+def generate(target: TargetLM, head: MTPHead, prompt_ids: torch.Tensor, max_new_tokens: int, depth: int,
+             n_sink: int | None, window: int | None, impl: str = "auto", check: bool = True) -> Generation:
+    """Greedy speculative decoding of ``prompt_ids`` with the draft key set ``(n_sink, window)``
+    (``window=None``: the native draft), each new token marked as an accepted draft or the
+    target's; with ``check`` the tokens are compared with ``greedy_generate``'s.
+
+    Raises:
+        ValueError: as ``speculative_generate`` (a bad depth, key set or prompt).
+    """
+    recorder = _Recorder(depth)
+    t0 = time.perf_counter()
+    ids, stats = speculative_generate(target, head, prompt_ids, max_new_tokens, recorder, n_sink, window, impl=impl)
+    seconds = time.perf_counter() - t0
+    dense_equal = torch.equal(ids, greedy_generate(target, prompt_ids, max_new_tokens, impl=impl)) if check else None
+    return Generation(ids, drafted_marks(recorder.accepts, ids.numel()), stats, seconds, dense_equal)
+
+
+def add_arguments(p) -> None:
+    """``wmtp generate``'s options (wmtp/cli.py builds the parser)."""
+    p.add_argument("prompt", nargs="?", default=None,
+                   help="the prompt's text (default: the last --context tokens of the corpus)")
+    p.add_argument("--context", type=int, default=None,
+                   help="without a prompt: the corpus's last CONTEXT tokens (default: 256)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate (default: 64)")
+    p.add_argument("--depth", type=int, default=None, help="draft tokens per step (default: the preset's)")
+    p.add_argument("--keyset", default=None, metavar="SINK:WINDOW|native",
+                   help="the draft's key set, e.g. 8:64, or native (default: the preset's last windowed one)")
+    p.add_argument("--impl", default="auto", help="attention implementation: auto, torch or triton (default: auto)")
+    p.add_argument("--no-check", action="store_true", help="skip the dense greedy run the output is compared with")
+    p.add_argument("--out", type=Path, default=None,
+                   help="also write the prompt, the new tokens, their marks and the counters as JSON")
+    p.add_argument("--preset", default="small", help="named preset (default: small, reproduce's models)")
+    p.add_argument("--dataset-dir", default=None, help="as reproduce's (default: the offline corpus fallback)")
+    p.add_argument("--seed", type=int, default=42, help="the models' seed, as reproduce's (default: 42)")
+    p.add_argument("--device", default="auto", help="cpu, mps, cuda or auto (default: auto)")
+    p.add_argument("--cache-dir", type=Path, default=Path(".wmtp-cache"),
+                   help="tokenizer and checkpoint cache, shared with reproduce (default: .wmtp-cache; without "
+                        "a checkpoint for this preset, corpus and seed the models are trained first)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _options(args):
+    """The command line checked before any work: (preset, device, key set, depth)."""
+    from .config import KeySetConfig, get_preset, parse_keyset
+    from .device import resolve_device
+    from .fileio import check_writable
+
+    device, preset = resolve_device(args.device), get_preset(args.preset)
+    if args.prompt is not None and args.context is not None:
+        raise ValueError("give a prompt or --context, not both")
+    if args.prompt == "":
+        raise ValueError("the prompt is empty")
+    if args.context is not None and args.context < 1 or args.max_new_tokens < 1:
+        raise ValueError("--context and --max-new-tokens must be at least 1")
+    depth = preset.spec.depth if args.depth is None else args.depth
+    if depth < 1:
+        raise ValueError(f"--depth must be at least 1, got {depth}")
+    windowed = [k for k in preset.spec.keysets if k.window is not None]
+    keyset = (KeySetConfig(0, None) if args.keyset == "native" else parse_keyset(args.keyset) if args.keyset
+              else windowed[-1] if windowed else KeySetConfig(0, None))
+    if args.out is not None:
+        check_writable(args.out, "--out")
+    return preset, device, keyset, depth
+
+
+def cli(args, prog: str, argv: list[str]) -> int:
+    """Run ``wmtp generate``: load (or train) reproduce's models, generate, print the text with the
+    accepted drafts highlighted and the run's counters; exit 1 if the output differs from dense."""
+    import shlex
+
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    from . import data, tokenizer
+    from .bench_common import long_prompt, with_capacity
+    from .metrics import SCHEMA_VERSION, environment, write_json
+    from .reproduce import prepare_models
+
+    preset, device, keyset, depth = _options(args)
+    err = Console(stderr=True)
+
+    def log(line: str) -> None:
+        err.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    corpus = data.load_corpus(args.dataset_dir, max_chars=preset.train.max_train_chars)
+    log(corpus.message)
+    tok = tokenizer.train_tokenizer(corpus, preset.model.vocab_size, args.cache_dir)
+    tokens = tokenizer.corpus_token_splits(corpus, tok)
+    prompt = (tokenizer.encode(tok, args.prompt) if args.prompt is not None
+              else long_prompt(tokens, args.context or 256))
+    if not prompt.numel():
+        raise ValueError("the prompt encodes to no tokens")
+    target, head, _ = prepare_models(preset, corpus, tokens, args.seed, device, args.cache_dir, None,
+                                     not args.no_progress, log)
+    dtype = torch.float64 if device.type == "cpu" else torch.float32  # decode.py NOTE [Exactness]
+    target, head = with_capacity(target.to(dtype), head.to(dtype), prompt.numel() + args.max_new_tokens + depth)
+    prompt = prompt.to(device)
+    g = generate(target, head, prompt, args.max_new_tokens, depth, keyset.n_sink, keyset.window, args.impl,
+                 check=not args.no_check)
+    ids = g.ids.tolist()
+    text = Text(tokenizer.decode(tok, prompt[-64:])[-400:], style="dim")
+    for piece, drafted in zip(token_pieces(lambda x: tokenizer.decode(tok, x), ids), g.drafted):
+        text.append(piece, style="bold green" if drafted else None)
+    out = Console(width=None if sys.stdout.isatty() else 160)
+    out.print(text, soft_wrap=True)
+    out.print(Text.assemble(("accepted draft", "bold green"), " / the target's token / ", ("prompt", "dim")))
+    s = g.stats
+    table = Table(title=f"wmtp generate: {keyset.label}, depth {depth}, {device.type}, {dtype}".replace("torch.", ""))
+    for col in ("prompt tokens", "new tokens", "steps", "AL", "acceptance", "draft keys / query", "seconds",
+                "identical to dense greedy"):
+        table.add_column(col, justify="right")
+    same = {None: "not checked", True: "yes", False: "NO"}[g.dense_equal]
+    table.add_row(str(prompt.numel()), str(len(ids)), str(s.steps), f"{s.mean_accept_length:.2f}",
+                  f"{s.acceptance_rate:.2f}", f"{s.draft_keys_read / max(s.draft_queries, 1):.0f}",
+                  f"{g.seconds:.2f}", same)
+    out.print(table)
+    if args.out is not None:
+        write_json(args.out, {
+            "schema_version": SCHEMA_VERSION, "kind": "generate", "command": shlex.join([prog, *argv]),
+            "environment": environment(device), "preset": preset.name, "seed": args.seed, "corpus": corpus.name,
+            "n_sink": keyset.n_sink, "window": keyset.window, "depth": depth, "decode_dtype": str(dtype)[6:],
+            "prompt_ids": prompt.tolist(), "ids": ids, "drafted": g.drafted, "text": tokenizer.decode(tok, ids),
+            "steps": s.steps, "mean_accept_length": s.mean_accept_length, "acceptance_rate": s.acceptance_rate,
+            "seconds": g.seconds, "identical_to_dense_greedy": g.dense_equal})
+    if g.dense_equal is False:
+        err.print("the output differs from dense greedy decoding: a bug, please report it", markup=False)
+        return 1
+    return 0
