@@ -58,3 +58,17 @@ def test_marks_follow_a_draft_right_for_j_tokens(j):
     assert g.drafted == ([F] + ([T] * j + [F]) * 17)[:17]
     assert g.stats.steps == len([m for m in g.drafted[1:] if not m]) + (g.drafted[-1] is T)
     assert generate(target, head, prompt, 5, 2, 0, None, check=False).dense_equal is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_marks_on_cuda(impl):
+    import copy
+
+    target, head = (m.cuda() for m in copy.deepcopy(harness_models()))
+    prompt = random_prompt(20, seed=7).cuda()
+    dense = wmtp.greedy_generate(target, prompt, 17, impl=impl)
+    seq = torch.cat([prompt, dense, torch.zeros(5, dtype=torch.long, device="cuda")])
+    g = generate(target, grading.OracleDraft(head, seq, 2, V), prompt, 17, 3, 2, 4, impl=impl)
+    assert torch.equal(g.ids, dense) and g.dense_equal is True
+    assert g.drafted == ([F] + [T, T, F] * 6)[:17]
