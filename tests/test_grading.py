@@ -11,6 +11,7 @@ import torch
 from wmtp import decode, grading
 from wmtp.cli import main
 from wmtp.decode import verify_greedy
+from wmtp.grading_fork import library_fork
 from wmtp.grading_paged import library_addresses
 from wmtp.keyset import draft_key_indices, sink_query_position
 from wmtp.kvcache import ring_slot
@@ -19,7 +20,8 @@ from wmtp.policy import best_depth
 ASSIGNMENTS = Path(__file__).resolve().parents[1] / "tutorials" / "assignments"
 FILES = {"keyset": "01_keyset.py", "ring_slot": "02_ring_slot.py", "greedy_verify": "03_greedy_verify.py",
          "splitk_merge": "04_splitk_merge.py", "reindexed": "05_reindexed_positions.py",
-         "rejection": "06_rejection_sampling.py", "paged": "07_paged_keys.py", "depth": "08_draft_depth.py"}
+         "rejection": "06_rejection_sampling.py", "paged": "07_paged_keys.py", "depth": "08_draft_depth.py",
+         "fork": "09_fork_table.py"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -59,6 +61,7 @@ LIBRARY = {  # the library's own definitions, in the students' signatures
     "reindexed": sink_query_position,
     "paged": library_addresses,
     "depth": best_depth,
+    "fork": library_fork,
 }
 
 
@@ -197,6 +200,37 @@ def best_depth(alphas, costs):
         rates.append(total / costs[k - 1])
     return rates.index(max(rates))
 """, ["best_depth(alphas=[0.9, 0.9, 0.9], costs=[1.0, 1.0, 1.0])", "expected 3, got 2", "depths count from 1"]),
+    "fork sharing the page holding filled": ("fork", """
+def fork_table(block_table, page_size, filled, needed, free, scratch):
+    first = -(-filled // page_size)
+    last = min(max(-(-needed // page_size), first), len(block_table))
+    mine = free[:last - first]
+    return block_table[:first] + mine + [scratch] * (len(block_table) - last), []
+""", ["fork_table(block_table=[5, 2, 7, 0], page_size=4, filled=6, needed=10", "expected ([5, 9, 3, 1], [(2, 9)])",
+      "still the prompt's"]),
+    "fork without the copy": ("fork", """
+def fork_table(block_table, page_size, filled, needed, free, scratch):
+    first = filled // page_size
+    last = min(max(-(-needed // page_size), first + (filled % page_size > 0)), len(block_table))
+    mine = free[:last - first]
+    return block_table[:first] + mine + [scratch] * (len(block_table) - last), []
+""", ["filled=6, needed=10", "copy it into the fork's page"]),
+    "fork taking free pages from the end": ("fork", """
+def fork_table(block_table, page_size, filled, needed, free, scratch):
+    first = filled // page_size
+    last = min(max(-(-needed // page_size), first + (filled % page_size > 0)), len(block_table))
+    mine = free[len(free) - (last - first):]
+    copies = [(block_table[first], mine[0])] if filled % page_size else []
+    return block_table[:first] + mine + [scratch] * (len(block_table) - last), copies
+""", ["filled=6, needed=10", "got ([5, 3, 8, 1], [(2, 3)])"]),
+    "fork keeping the prompt's pages past its own": ("fork", """
+def fork_table(block_table, page_size, filled, needed, free, scratch):
+    first = filled // page_size
+    last = min(max(-(-needed // page_size), first + (filled % page_size > 0)), len(block_table))
+    mine = free[:last - first]
+    copies = [(block_table[first], mine[0])] if filled % page_size else []
+    return block_table[:first] + mine + block_table[last:], copies
+""", ["filled=6, needed=10", "got ([5, 9, 3, 0], [(2, 9)])", "addresses the scratch page"]),
     "merge that overflows on large scores": ("splitk_merge", """
 def merge_splits(m, l, acc):
     return (torch.exp(m)[:, None] * acc).sum(0) / (torch.exp(m) * l).sum()
@@ -348,3 +382,20 @@ def test_cli_exit_codes(capsys, tmp_path):
     assert "no such file" in capsys.readouterr().err
     assert main(["grade", "kv", str(bug)]) == 2
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_two_forks_catch_a_shared_page_and_a_missing_copy():
+    """Assignment 09's last check on tables the earlier checks would already refuse: it needs no help."""
+    from wmtp.grading_fork import _two_forks_case
+
+    def shares(block_table, page_size, filled, needed, free, scratch):  # the page holding `filled` kept shared
+        first, last = -(-filled // page_size), min(-(-needed // page_size), len(block_table))
+        return block_table[:first] + free[:last - first] + [scratch] * (len(block_table) - last), []
+
+    def no_copy(block_table, page_size, filled, needed, free, scratch):
+        table, _ = library_fork(block_table, page_size, filled, needed, free, scratch)
+        return table, []
+
+    assert "a page of the prompt" in _two_forks_case(shares, 4, 6, 10, (17, 24), 0)
+    assert "reads position 8 as 0, expected 9 (the prompt's)" in _two_forks_case(no_copy, 4, 6, 10, (17, 24), 0)
+    assert _two_forks_case(library_fork, 4, 6, 10, (17, 24), 0) is None

@@ -37,7 +37,35 @@ from .attention import paged_attention
 from .attention.paged import page_rows
 from .kvcache import check_write
 
-__all__ = ["PagedKVCache"]
+__all__ = ["PagedKVCache", "fork_pages", "fork_table"]
+
+
+def fork_pages(filled: int, needed: int, page_size: int, n_pages: int) -> tuple[int, int]:
+    """``(first, own)``: a fork (NOTE [Forks]) of a table of ``n_pages`` pages writes the logical
+    pages ``first .. first + own - 1`` of its own: those holding positions ``filled .. needed-1``,
+    and the one holding ``filled`` whenever it is not a page boundary (copied: its rows below
+    ``filled`` are shared positions); never past the table."""
+    first = filled // page_size
+    return first, min(max(-(-needed // page_size), first + (filled % page_size > 0)), n_pages) - first
+
+
+def fork_table(block_table: torch.Tensor, page_size: int, filled: int, needed: int, ids: list[int],
+               scratch: int) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+    """A fork's block table (NOTE [Forks]) from its parent's ``(B, n_pages)``, and the pages to copy.
+
+    The logical pages below ``first`` stay the parent's (shared), the fork's ``own`` pages
+    (``fork_pages``) are ``ids`` in order, sequence by sequence, and the entries past them address
+    ``scratch``. Returns the table and ``[(src, dst), ...]``: for each sequence, the parent's page
+    holding ``filled`` and the fork's copy of it (none when ``filled`` is a page boundary).
+    """
+    B, n_pages = block_table.shape
+    first, own = fork_pages(filled, needed, page_size, n_pages)
+    table = block_table.clone()  # (B, n_pages)
+    mine = torch.tensor(ids, dtype=table.dtype).view(B, own).to(table.device)  # (B, own)
+    table[:, first:first + own] = mine
+    table[:, first + own:] = scratch
+    copies = list(zip(block_table[:, first].tolist(), mine[:, 0].tolist())) if filled % page_size else []
+    return table, copies
 
 
 class PagedKVCache:
@@ -117,7 +145,6 @@ class PagedKVCache:
         if self._is_fork:
             raise ValueError("fork the cache this fork was forked from, not the fork")
         ps, B = self.page_size, self.block_table.shape[0]
-        first = filled // ps  # the first page a fork writes (a copy of this cache's when filled % ps)
         if self._free is None:  # freeze: every page not addressed below `filled` is free
             kept = set(self.block_table[:, :-(-filled // ps)].flatten().tolist())
             free = [p for p in self._order if p not in kept]
@@ -125,20 +152,16 @@ class PagedKVCache:
             self._addressed = B * -(-filled // ps)  # the pages past `filled` are the forks' now
         elif filled != self._frozen:
             raise ValueError(f"this cache was frozen at {self._frozen} positions by its first fork; got {filled}")
-        # pages a sequence writes: those holding filled .. needed-1, and the one holding `filled` when copied
-        own = min(max(-(-needed // ps), first + (filled % ps > 0)), self.block_table.shape[1]) - first
-        ids = self._free.take(B * own)  # (B * own) page ids
-        table = self.block_table.clone()  # (B, pages)
-        mine = torch.tensor(ids, dtype=table.dtype).view(B, own).to(table.device)  # (B, own)
-        table[:, first:first + own] = mine
-        table[:, first + own:] = self._free.scratch
-        if filled % ps:  # copy on write: the page holding `filled` keeps this cache's rows below it
-            src, dst = self.block_table[:, first].long(), mine[:, 0].long()  # (B,), (B,)
+        ids = self._free.take(B * fork_pages(filled, needed, ps, self.block_table.shape[1])[1])
+        table, copies = fork_table(self.block_table, ps, filled, needed, ids, self._free.scratch)  # (B, pages)
+        if copies:  # copy on write: the page holding `filled` keeps this cache's rows below it
+            src, dst = torch.tensor(copies, device=self.k.device).T  # (B,), (B,)
             self.k[:, dst], self.v[:, dst] = self.k[:, src], self.v[:, src]
         new = PagedKVCache.__new__(PagedKVCache)
         new.__dict__.update(self.__dict__)
         new.checked = self.checked if checked is None else checked
         new.block_table, new._writable, new._free = table, (filled, needed), None
+        first, own = fork_pages(filled, needed, ps, self.block_table.shape[1])
         new._shared, new._addressed, new._is_fork = B * first, B * (first + own), True
         weakref.finalize(new, self._free.give, ids)
         return new
