@@ -564,6 +564,7 @@ def test_generate_prints_the_text_and_writes_its_marks(capsys, wikitext_dir, tmp
     m = json.loads(out.read_text())
     assert m["kind"] == "generate" and m["identical_to_dense_greedy"] is True and m["preset"] == "tiny"
     assert (m["n_sink"], m["window"], m["depth"], m["decode_dtype"]) == (4, 16, 3, "float64")  # the preset's
+    assert m["proposed"] == 3 * m["steps"] and m["draft_keys_read"] <= (4 + 16) * m["draft_queries"]
     assert len(m["ids"]) == len(m["drafted"]) == 12 and m["drafted"][0] is False
     assert m["steps"] == m["drafted"][1:].count(False) + m["drafted"][-1]
     tok = tokenizer.train_tokenizer(__import__("wmtp").data.load_corpus(str(wikitext_dir)), 512, tmp_path / "cache")
@@ -571,8 +572,12 @@ def test_generate_prints_the_text_and_writes_its_marks(capsys, wikitext_dir, tmp
     assert m["prompt_ids"] == tokenizer.encode(tok, " the of and in").tolist()
     assert " ".join(m["text"].split()) in " ".join(stdout.split())  # the new text, printed
     assert "identical to dense greedy" in stdout and "yes" in stdout and "Traceback" not in err
-    code, stdout, err = _run(capsys, [*base, "--context", "40", "--keyset", "native", "--no-check"])
-    assert code == 0 and "native" in stdout and "not checked" in stdout, err
+    code, stdout, err = _run(capsys, [*base, "--context", "40", "--keyset", "2:3", "--depth", "2", "--no-check",
+                                      "--impl", "torch", "--out", str(out)])
+    assert code == 0 and "sink2+win3" in stdout and "not checked" in stdout, err
+    m = json.loads(out.read_text())
+    assert m["proposed"] == 2 * m["steps"] and m["depth"] == 2 and m["impl"] == "torch" and len(m["prompt_ids"]) == 40
+    assert m["draft_keys_read"] <= (2 + 3) * m["draft_queries"] and m["identical_to_dense_greedy"] is None
     monkeypatch.setattr("wmtp.generate.greedy_generate", lambda *a, **k: torch.zeros(12, dtype=torch.long))
     code, _, err = _run(capsys, [*base, " the of"])  # a dense run that disagrees: exit 1, said in one line
     assert code == 1 and "differs from dense greedy" in err
@@ -581,10 +586,12 @@ def test_generate_prints_the_text_and_writes_its_marks(capsys, wikitext_dir, tmp
 @pytest.mark.parametrize("bad,match", [
     (["--keyset", "8"], "SINK:WINDOW"), (["--depth", "0"], "depth"), (["--max-new-tokens", "0"], "at least 1"),
     (["the", "--context", "9"], "not both"), ([""], "empty"), (["--device", "tpu"], "unknown device"),
-    (["--preset", "huge"], "unknown preset"), (["--out", "TMP"], "is a folder"),
+    (["--preset", "huge"], "unknown preset"), (["--out", "TMP"], "is a folder"), (["--context", "0"], "at least 1"),
+    (["--context", "-5"], "at least 1"), (["--max-new-tokens", "5000"], "to 4096"), (["--depth", "65"], "to 64"),
+    (["--impl", "bogus"], "invalid choice"), (["--out", "TMP/g.json"], "inside --cache-dir"),
 ])
 def test_generate_bad_input_exits_2_before_any_work(capsys, tmp_path, bad, match, monkeypatch):
     monkeypatch.setattr("wmtp.data.load_corpus", lambda *a, **k: pytest.fail("work started"))
     code, stdout, err = _run(capsys, ["generate", "--preset", "tiny", "--device", "cpu", "--cache-dir",
-                                      str(tmp_path), *(str(tmp_path) if b == "TMP" else b for b in bad)])
+                                      str(tmp_path), *(b.replace("TMP", str(tmp_path)) for b in bad)])
     assert code == 2 and len(err.strip().splitlines()) == 1 and match in err, err

@@ -8,7 +8,7 @@ from decode_harness import V, random_prompt
 
 import wmtp
 from wmtp import grading
-from wmtp.generate import drafted_marks, generate, token_pieces
+from wmtp.generate import drafted_marks, generate, styled_text, token_pieces
 from wmtp.grading import harness_models
 from wmtp.tokenizer import _train_bpe, decode
 
@@ -44,6 +44,21 @@ def test_token_pieces_join_to_the_text_and_split_no_character():
     ascii_ids = tok.encode("and more words", add_special_tokens=False).ids
     assert token_pieces(dec, ascii_ids) == [dec([i]) for i in ascii_ids]
     assert token_pieces(dec, []) == []
+
+
+def test_token_pieces_give_whole_characters_to_the_token_that_completes_them():
+    vocab = [b"x\xc3", b"\xa9", b"y"]  # byte-level tokens: "x" and the first byte of "é", its second, "y"
+    dec = lambda ids: b"".join(vocab[i] for i in ids).decode("utf-8", errors="replace")  # noqa: E731
+    assert token_pieces(dec, [0, 1, 2]) == ["x", "é", "y"]
+    assert token_pieces(dec, [2, 0]) == ["y", "x\ufffd"]  # cut inside a character: its bytes stay visible
+
+
+def test_styled_text_marks_the_drafts():
+    text = styled_text(["a", "b", "c"], [True, False, True], "p ")
+    assert text.plain == "p abc" and str(text.style) == "dim"
+    assert [(s.start, s.end, str(s.style)) for s in text.spans] == [(2, 3, "bold green"), (4, 5, "bold green")]
+    with pytest.raises(ValueError):
+        styled_text(["a"], [True, False])
 
 
 @pytest.mark.parametrize("j", [0, 2, 3])

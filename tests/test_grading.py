@@ -211,14 +211,14 @@ def fork_table(block_table, page_size, filled, needed, free, scratch):
     "fork without the copy": ("fork", """
 def fork_table(block_table, page_size, filled, needed, free, scratch):
     first = filled // page_size
-    last = min(max(-(-needed // page_size), first + (filled % page_size > 0)), len(block_table))
+    last = -(-needed // page_size)
     mine = free[:last - first]
     return block_table[:first] + mine + [scratch] * (len(block_table) - last), []
 """, ["filled=6, needed=10", "copy it into the fork's page"]),
     "fork taking free pages from the end": ("fork", """
 def fork_table(block_table, page_size, filled, needed, free, scratch):
     first = filled // page_size
-    last = min(max(-(-needed // page_size), first + (filled % page_size > 0)), len(block_table))
+    last = -(-needed // page_size)
     mine = free[len(free) - (last - first):]
     copies = [(block_table[first], mine[0])] if filled % page_size else []
     return block_table[:first] + mine + [scratch] * (len(block_table) - last), copies
@@ -226,7 +226,7 @@ def fork_table(block_table, page_size, filled, needed, free, scratch):
     "fork keeping the prompt's pages past its own": ("fork", """
 def fork_table(block_table, page_size, filled, needed, free, scratch):
     first = filled // page_size
-    last = min(max(-(-needed // page_size), first + (filled % page_size > 0)), len(block_table))
+    last = -(-needed // page_size)
     mine = free[:last - first]
     copies = [(block_table[first], mine[0])] if filled % page_size else []
     return block_table[:first] + mine + block_table[last:], copies
@@ -384,7 +384,8 @@ def test_cli_exit_codes(capsys, tmp_path):
     assert "invalid choice" in capsys.readouterr().err
 
 
-def test_two_forks_catch_a_shared_page_and_a_missing_copy():
+@pytest.mark.parametrize("case", [(4, 6, 10, (17, 24)), (16, 3, 20, (40, 33)), (3, 5, 10, (12, 14))])
+def test_two_forks_catch_a_shared_page_and_a_missing_copy(case):
     """Assignment 09's last check on tables the earlier checks would already refuse: it needs no help."""
     from wmtp.grading_fork import _two_forks_case
 
@@ -396,6 +397,8 @@ def test_two_forks_catch_a_shared_page_and_a_missing_copy():
         table, _ = library_fork(block_table, page_size, filled, needed, free, scratch)
         return table, []
 
-    assert "a page of the prompt" in _two_forks_case(shares, 4, 6, 10, (17, 24), 0)
-    assert "reads position 8 as 0, expected 9 (the prompt's)" in _two_forks_case(no_copy, 4, 6, 10, (17, 24), 0)
-    assert _two_forks_case(library_fork, 4, 6, 10, (17, 24), 0) is None
+    page_size, filled = case[0], case[2]
+    assert "a page of the prompt" in _two_forks_case(shares, *case, 0)
+    bad = filled // page_size * page_size  # the copied page's first row, a prompt position
+    assert f"reads position {bad} as 0, expected {bad + 1:g} (the prompt's)" in _two_forks_case(no_copy, *case, 0)
+    assert _two_forks_case(library_fork, *case, 0) is None

@@ -136,7 +136,8 @@ for n_sink, window in ((0, None), (4, 16)):
 # The fork's block table keeps the prefill's pages wholly below the prompt's end (shared, never
 # written again) and takes pages of its own from the pool's free ones for the positions it writes;
 # the page holding the prompt's end is copied first (copy on write). When a run's fork is garbage
-# collected (at the end of the run, unless something still holds it) its pages go back to the pool. At a million tokens a run adds its new tokens' pages, not a copy of the prompt's:
+# collected (at the end of the run, unless something still holds it) its pages go back to the
+# pool. At a million tokens a run adds its new tokens' pages, not a copy of the prompt's:
 
 # %%
 P = prompt.numel()

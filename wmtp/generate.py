@@ -20,12 +20,16 @@ from pathlib import Path
 
 import torch
 
+from .attention import IMPLS
 from .decode import greedy_generate, speculative_generate
 from .model import TargetLM
 from .mtp import MTPHead
 from .stats import SpecStats
 
-__all__ = ["Generation", "drafted_marks", "generate", "token_pieces"]
+__all__ = ["Generation", "drafted_marks", "generate", "styled_text", "token_pieces"]
+
+MAX_NEW_TOKENS, MAX_DEPTH = 4096, 64  # the command line's bounds (token_pieces decodes every prefix)
+DRAFT_STYLE = "bold green"  # an accepted draft, in the printed text
 
 
 class _Recorder:
@@ -45,9 +49,15 @@ class _Recorder:
 
 
 def drafted_marks(accepts: list[int], n_tokens: int) -> list[bool]:
-    """For an output of ``n_tokens`` tokens from steps that accepted ``accepts`` drafts each:
-    ``True`` where a token is an accepted draft, ``False`` where the target wrote it (the first
-    token, from the prefill, and each step's last).
+    """Which tokens of an output were accepted drafts.
+
+    Args:
+        accepts: each step's accepted drafts, in order.
+        n_tokens: the output's length (the steps' tokens cut at ``max_new_tokens`` or an eos).
+
+    Returns:
+        ``n_tokens`` marks: ``True`` where a token is an accepted draft, ``False`` where the
+        target wrote it (the first token, from the prefill, and each step's last).
 
     Raises:
         ValueError: for a negative count, or steps that commit fewer tokens than ``n_tokens``.
@@ -63,16 +73,17 @@ def drafted_marks(accepts: list[int], n_tokens: int) -> list[bool]:
 
 
 def token_pieces(decode, ids: list[int]) -> list[str]:
-    """The text of ``ids`` (``decode(ids) -> str``) cut at token boundaries: piece ``i`` is what
-    token ``i`` adds to the text, ``""`` for a token that ends inside a character; the pieces join
-    to ``decode(ids)``."""
+    """The text of ``ids`` (``decode(ids) -> str``) cut at token boundaries: piece ``i`` is the
+    whole characters token ``i`` completes (a byte-level token may end inside a character, whose
+    bytes decode to U+FFFD until the token that completes it); the pieces join to ``decode(ids)``.
+    It decodes every prefix: meant for the few thousand tokens a terminal shows."""
     full, pieces, end = decode(ids), [], 0
     for i in range(len(ids)):
-        prefix = decode(ids[: i + 1])
-        new_end = len(prefix) if full.startswith(prefix) and len(prefix) >= end else end
+        prefix = decode(ids[: i + 1]).rstrip("\ufffd")  # a character cut at the end is not text yet
+        new_end = max(end, len(prefix)) if full.startswith(prefix) else end
         pieces.append(full[end:new_end])
         end = new_end
-    pieces[-1:] = [pieces[-1] + full[end:]] if pieces else []
+    pieces[-1:] = [pieces[-1] + full[end:]] if pieces else []  # ids that end inside a character
     return pieces
 
 
@@ -90,33 +101,46 @@ class Generation:
 
 @torch.no_grad()
 def generate(target: TargetLM, head: MTPHead, prompt_ids: torch.Tensor, max_new_tokens: int, depth: int,
-             n_sink: int | None, window: int | None, impl: str = "auto", check: bool = True) -> Generation:
-    """Greedy speculative decoding of ``prompt_ids`` with the draft key set ``(n_sink, window)``
-    (``window=None``: the native draft), each new token marked as an accepted draft or the
-    target's; with ``check`` the tokens are compared with ``greedy_generate``'s.
+             n_sink: int | None = None, window: int | None = None, impl: str = "auto", check: bool = True,
+             eos_id: int | None = None) -> Generation:
+    """Greedy speculative decoding with each new token marked as an accepted draft or the target's.
+
+    Args:
+        target, head, prompt_ids, max_new_tokens, depth, n_sink, window, impl, eos_id: as
+            ``speculative_generate``'s (``window=None``: the native draft, the whole context).
+        check: also run ``greedy_generate`` and compare its tokens.
+
+    Returns:
+        A ``Generation``: the new tokens, their marks (``drafted_marks``), the run's counters, its
+        seconds and, with ``check``, whether the tokens equal dense greedy decoding's.
 
     Raises:
         ValueError: as ``speculative_generate`` (a bad depth, key set or prompt).
     """
     recorder = _Recorder(depth)
     t0 = time.perf_counter()
-    ids, stats = speculative_generate(target, head, prompt_ids, max_new_tokens, recorder, n_sink, window, impl=impl)
+    ids, stats = speculative_generate(target, head, prompt_ids, max_new_tokens, recorder, n_sink, window, impl=impl,
+                                      eos_id=eos_id)
     seconds = time.perf_counter() - t0
-    dense_equal = torch.equal(ids, greedy_generate(target, prompt_ids, max_new_tokens, impl=impl)) if check else None
+    dense_equal = (torch.equal(ids, greedy_generate(target, prompt_ids, max_new_tokens, impl=impl, eos_id=eos_id))
+                   if check else None)
     return Generation(ids, drafted_marks(recorder.accepts, ids.numel()), stats, seconds, dense_equal)
 
 
 def add_arguments(p) -> None:
     """``wmtp generate``'s options (wmtp/cli.py builds the parser)."""
     p.add_argument("prompt", nargs="?", default=None,
-                   help="the prompt's text (default: the last --context tokens of the corpus)")
+                   help="the prompt's text (default: the last --context tokens of the corpus); its last 64 "
+                        "tokens are printed, dim, before the new text")
     p.add_argument("--context", type=int, default=None,
                    help="without a prompt: the corpus's last CONTEXT tokens (default: 256)")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate (default: 64)")
-    p.add_argument("--depth", type=int, default=None, help="draft tokens per step (default: the preset's)")
+    p.add_argument("--max-new-tokens", type=int, default=64,
+                   help=f"tokens to generate, at most {MAX_NEW_TOKENS}; an end-of-text token stops it (default: 64)")
+    p.add_argument("--depth", type=int, default=None,
+                   help=f"draft tokens per step, at most {MAX_DEPTH} (default: the preset's)")
     p.add_argument("--keyset", default=None, metavar="SINK:WINDOW|native",
                    help="the draft's key set, e.g. 8:64, or native (default: the preset's last windowed one)")
-    p.add_argument("--impl", default="auto", help="attention implementation: auto, torch or triton (default: auto)")
+    p.add_argument("--impl", default="auto", choices=IMPLS, help="attention implementation (default: auto)")
     p.add_argument("--no-check", action="store_true", help="skip the dense greedy run the output is compared with")
     p.add_argument("--out", type=Path, default=None,
                    help="also write the prompt, the new tokens, their marks and the counters as JSON")
@@ -130,8 +154,19 @@ def add_arguments(p) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
+def styled_text(pieces: list[str], drafted: list[bool], prompt_text: str = ""):
+    """A rich ``Text``: ``prompt_text`` dim, then each piece, bold green where it is an accepted draft."""
+    from rich.text import Text
+
+    text = Text(prompt_text, style="dim")
+    for piece, mark in zip(pieces, drafted, strict=True):
+        text.append(piece, style=DRAFT_STYLE if mark else None)
+    return text
+
+
 def _options(args):
-    """The command line checked before any work: (preset, device, key set, depth)."""
+    """The command line checked before any work: (preset, device, dtype, impl, key set, depth)."""
+    from .attention import resolve_impl
     from .config import KeySetConfig, get_preset, parse_keyset
     from .device import resolve_device
     from .fileio import check_writable
@@ -141,17 +176,24 @@ def _options(args):
         raise ValueError("give a prompt or --context, not both")
     if args.prompt == "":
         raise ValueError("the prompt is empty")
-    if args.context is not None and args.context < 1 or args.max_new_tokens < 1:
-        raise ValueError("--context and --max-new-tokens must be at least 1")
+    if args.context is not None and args.context < 1 or not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS:
+        raise ValueError(f"--context must be at least 1 and --max-new-tokens from 1 to {MAX_NEW_TOKENS}")
     depth = preset.spec.depth if args.depth is None else args.depth
-    if depth < 1:
-        raise ValueError(f"--depth must be at least 1, got {depth}")
+    if not 1 <= depth <= MAX_DEPTH:
+        raise ValueError(f"--depth must be from 1 to {MAX_DEPTH}, got {depth}")
     windowed = [k for k in preset.spec.keysets if k.window is not None]
     keyset = (KeySetConfig(0, None) if args.keyset == "native" else parse_keyset(args.keyset) if args.keyset
               else windowed[-1] if windowed else KeySetConfig(0, None))
+    dtype = torch.float32 if device.type == "mps" else torch.float64  # decode.py NOTE [Exactness]; MPS: no float64
+    m = preset.model
+    impl = resolve_impl(args.impl, device, dtype, m.head_dim, m.n_heads // m.n_kv_heads)
+    if not args.cache_dir.is_dir():
+        check_writable(args.cache_dir / "x", "--cache-dir")
     if args.out is not None:
         check_writable(args.out, "--out")
-    return preset, device, keyset, depth
+        if args.out.resolve().is_relative_to(args.cache_dir.resolve()):
+            raise ValueError(f"--out {args.out} is inside --cache-dir {args.cache_dir}: write it elsewhere")
+    return preset, device, dtype, impl, keyset, depth
 
 
 def cli(args, prog: str, argv: list[str]) -> int:
@@ -168,7 +210,7 @@ def cli(args, prog: str, argv: list[str]) -> int:
     from .metrics import SCHEMA_VERSION, environment, write_json
     from .reproduce import prepare_models
 
-    preset, device, keyset, depth = _options(args)
+    preset, device, dtype, impl, keyset, depth = _options(args)
     err = Console(stderr=True)
 
     def log(line: str) -> None:
@@ -184,18 +226,16 @@ def cli(args, prog: str, argv: list[str]) -> int:
         raise ValueError("the prompt encodes to no tokens")
     target, head, _ = prepare_models(preset, corpus, tokens, args.seed, device, args.cache_dir, None,
                                      not args.no_progress, log)
-    dtype = torch.float64 if device.type == "cpu" else torch.float32  # decode.py NOTE [Exactness]
     target, head = with_capacity(target.to(dtype), head.to(dtype), prompt.numel() + args.max_new_tokens + depth)
     prompt = prompt.to(device)
-    g = generate(target, head, prompt, args.max_new_tokens, depth, keyset.n_sink, keyset.window, args.impl,
-                 check=not args.no_check)
+    g = generate(target, head, prompt, args.max_new_tokens, depth, keyset.n_sink, keyset.window, impl,
+                 check=not args.no_check, eos_id=tokenizer.eos_id(tok))
     ids = g.ids.tolist()
-    text = Text(tokenizer.decode(tok, prompt[-64:])[-400:], style="dim")
-    for piece, drafted in zip(token_pieces(lambda x: tokenizer.decode(tok, x), ids), g.drafted):
-        text.append(piece, style="bold green" if drafted else None)
+    shown = tokenizer.decode(tok, prompt[-64:]).lstrip("\ufffd")  # its last 64 tokens, from a whole character
+    text = styled_text(token_pieces(lambda x: tokenizer.decode(tok, x), ids), g.drafted, shown)
     out = Console(width=None if sys.stdout.isatty() else 160)
     out.print(text, soft_wrap=True)
-    out.print(Text.assemble(("accepted draft", "bold green"), " / the target's token / ", ("prompt", "dim")))
+    out.print(Text.assemble(("accepted draft", DRAFT_STYLE), " / the target's token / ", ("prompt", "dim")))
     s = g.stats
     table = Table(title=f"wmtp generate: {keyset.label}, depth {depth}, {device.type}, {dtype}".replace("torch.", ""))
     for col in ("prompt tokens", "new tokens", "steps", "AL", "acceptance", "draft keys / query", "seconds",
@@ -212,9 +252,13 @@ def cli(args, prog: str, argv: list[str]) -> int:
             "environment": environment(device), "preset": preset.name, "seed": args.seed, "corpus": corpus.name,
             "n_sink": keyset.n_sink, "window": keyset.window, "depth": depth, "decode_dtype": str(dtype)[6:],
             "prompt_ids": prompt.tolist(), "ids": ids, "drafted": g.drafted, "text": tokenizer.decode(tok, ids),
-            "steps": s.steps, "mean_accept_length": s.mean_accept_length, "acceptance_rate": s.acceptance_rate,
+            "impl": impl, "steps": s.steps, "proposed": s.proposed, "accepted": s.accepted,
+            "draft_queries": s.draft_queries, "draft_keys_read": s.draft_keys_read,
+            "mean_accept_length": s.mean_accept_length, "acceptance_rate": s.acceptance_rate,
             "seconds": g.seconds, "identical_to_dense_greedy": g.dense_equal})
     if g.dense_equal is False:
-        err.print("the output differs from dense greedy decoding: a bug, please report it", markup=False)
+        why = ("a bug, please report it" if dtype == torch.float64 else
+               "in float32 a near-tie can flip an argmax (decode.py NOTE [Exactness])")
+        err.print(f"the output differs from dense greedy decoding: {why}", markup=False)
         return 1
     return 0

@@ -32,6 +32,7 @@ FORK_LITERAL = [  # (block_table, page_size, filled, needed, free, scratch) -> (
     (([5, 2, 7, 0], 4, 0, 5, [9, 3, 8], 1), ([9, 3, 1, 1], [])),  # nothing filled: nothing shared
     (([5, 2, 7, 0], 4, 16, 16, [9], 1), ([5, 2, 7, 0], [])),  # everything filled, nothing written
     (([5, 2, 7, 0], 4, 6, 6, [9, 3], 1), ([5, 9, 1, 1], [(2, 9)])),  # nothing written yet: still its own copy
+    (([5, 2, 7, 0], 4, 8, 8, [9, 3], 1), ([5, 2, 1, 1], [])),  # nothing written, at a boundary: no page of its own
     (([3, 0, 2, 1], 1, 2, 3, [7, 6], 5), ([3, 0, 7, 5], [])),  # pages of one row never need a copy
 ]
 
@@ -39,7 +40,7 @@ FORK_LITERAL = [  # (block_table, page_size, filled, needed, free, scratch) -> (
 def library_fork(block_table: list[int], page_size: int, filled: int, needed: int, free: list[int],
                  scratch: int) -> tuple[list[int], list[tuple[int, int]]]:
     """The library's answer (``wmtp.pagedcache.fork_table``) for one sequence, free pages from the front."""
-    own = fork_pages(filled, needed, page_size, len(block_table))[1]
+    own = fork_pages(filled, needed, page_size)[1]
     table, copies = fork_table(torch.tensor([block_table]), page_size, filled, needed, free[:own], scratch)
     return table[0].tolist(), copies
 
@@ -83,7 +84,7 @@ def _table_case(fn, args: tuple, expected: tuple) -> str | None:
 def _two_forks_case(fn, page_size: int, n_pages: int, filled: int, needs: tuple[int, int], seed: int) -> str | None:
     """A prompt in a pool of pages; two forks, each writing through the student's table."""
     rng = random.Random(seed)
-    own = [fork_pages(filled, n, page_size, n_pages)[1] for n in needs]
+    own = [fork_pages(filled, n, page_size)[1] for n in needs]
     order = rng.sample(range(n_pages + sum(own) + 1), n_pages + sum(own) + 1)  # the pool's pages, shuffled
     parent, free, scratch = order[:n_pages], order[n_pages:-1], order[-1]
     pool = torch.zeros(len(order), page_size, dtype=torch.float64)  # (pages, rows): one value a position

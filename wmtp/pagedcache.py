@@ -40,26 +40,35 @@ from .kvcache import check_write
 __all__ = ["PagedKVCache", "fork_pages", "fork_table"]
 
 
-def fork_pages(filled: int, needed: int, page_size: int, n_pages: int) -> tuple[int, int]:
-    """``(first, own)``: a fork (NOTE [Forks]) of a table of ``n_pages`` pages writes the logical
-    pages ``first .. first + own - 1`` of its own: those holding positions ``filled .. needed-1``,
-    and the one holding ``filled`` whenever it is not a page boundary (copied: its rows below
-    ``filled`` are shared positions); never past the table."""
+def fork_pages(filled: int, needed: int, page_size: int) -> tuple[int, int]:
+    """``(first, own)``: a fork (NOTE [Forks]) writes the logical pages ``first .. first + own - 1``
+    of its own, those holding positions ``filled .. needed-1`` and the one holding ``filled``
+    (``first = filled // page_size``; copied when ``filled`` is not a page boundary, since its rows
+    below ``filled`` are shared positions): ``own = ceil(needed / page_size) - first``, which for
+    ``0 <= filled <= needed`` covers that page too."""
     first = filled // page_size
-    return first, min(max(-(-needed // page_size), first + (filled % page_size > 0)), n_pages) - first
+    return first, -(-needed // page_size) - first
 
 
 def fork_table(block_table: torch.Tensor, page_size: int, filled: int, needed: int, ids: list[int],
                scratch: int) -> tuple[torch.Tensor, list[tuple[int, int]]]:
-    """A fork's block table (NOTE [Forks]) from its parent's ``(B, n_pages)``, and the pages to copy.
+    """A fork's block table (NOTE [Forks]) from its parent's, and the pages to copy.
 
-    The logical pages below ``first`` stay the parent's (shared), the fork's ``own`` pages
-    (``fork_pages``) are ``ids`` in order, sequence by sequence, and the entries past them address
-    ``scratch``. Returns the table and ``[(src, dst), ...]``: for each sequence, the parent's page
-    holding ``filled`` and the fork's copy of it (none when ``filled`` is a page boundary).
+    Args:
+        block_table: the parent's ``(B, n_pages)`` table.
+        page_size: rows per page.
+        filled, needed: the fork shares positions ``0 .. filled-1`` and writes ``filled ..
+            needed-1`` (``0 <= filled <= needed <= n_pages * page_size``).
+        ids: the fork's own pages, ``own`` a sequence (``fork_pages``), sequence by sequence.
+        scratch: the page every other entry past them addresses.
+
+    Returns:
+        The fork's ``(B, n_pages)`` table (the logical pages below ``first`` the parent's, then
+        ``ids``, then ``scratch``) and ``[(src, dst), ...]``: for each sequence, the parent's page
+        holding ``filled`` and the fork's copy of it (none when ``filled`` is a page boundary).
     """
     B, n_pages = block_table.shape
-    first, own = fork_pages(filled, needed, page_size, n_pages)
+    first, own = fork_pages(filled, needed, page_size)
     table = block_table.clone()  # (B, n_pages)
     mine = torch.tensor(ids, dtype=table.dtype).view(B, own).to(table.device)  # (B, own)
     table[:, first:first + own] = mine
@@ -152,7 +161,8 @@ class PagedKVCache:
             self._addressed = B * -(-filled // ps)  # the pages past `filled` are the forks' now
         elif filled != self._frozen:
             raise ValueError(f"this cache was frozen at {self._frozen} positions by its first fork; got {filled}")
-        ids = self._free.take(B * fork_pages(filled, needed, ps, self.block_table.shape[1])[1])
+        first, own = fork_pages(filled, needed, ps)
+        ids = self._free.take(B * own)
         table, copies = fork_table(self.block_table, ps, filled, needed, ids, self._free.scratch)  # (B, pages)
         if copies:  # copy on write: the page holding `filled` keeps this cache's rows below it
             src, dst = torch.tensor(copies, device=self.k.device).T  # (B,), (B,)
@@ -161,7 +171,6 @@ class PagedKVCache:
         new.__dict__.update(self.__dict__)
         new.checked = self.checked if checked is None else checked
         new.block_table, new._writable, new._free = table, (filled, needed), None
-        first, own = fork_pages(filled, needed, ps, self.block_table.shape[1])
         new._shared, new._addressed, new._is_fork = B * first, B * (first + own), True
         weakref.finalize(new, self._free.give, ids)
         return new

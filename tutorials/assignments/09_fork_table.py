@@ -18,7 +18,8 @@ copy before it writes:
   page also holds prompt positions, so the run copies it into a page of its own first (copy on
   write). It never owns pages past the table's end;
 - its pages are the first free pages, in order, one per owned logical page;
-- every entry past its own pages addresses ``scratch`` (a page no correct run reads).
+- every other entry (past the shared pages and its own) addresses ``scratch``, a page no correct
+  run reads.
 
 Return ``(table, copies)``: the table (as long as ``block_table``) and a list of ``(src, dst)``
 pages to copy, ``[(prompt's page holding filled, the run's page for it)]`` or ``[]``. You need not

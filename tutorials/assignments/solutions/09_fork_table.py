@@ -18,7 +18,8 @@ copy before it writes:
   page also holds prompt positions, so the run copies it into a page of its own first (copy on
   write). It never owns pages past the table's end;
 - its pages are the first free pages, in order, one per owned logical page;
-- every entry past its own pages addresses ``scratch`` (a page no correct run reads).
+- every other entry (past the shared pages and its own) addresses ``scratch``, a page no correct
+  run reads.
 
 Return ``(table, copies)``: the table (as long as ``block_table``) and a list of ``(src, dst)``
 pages to copy, ``[(prompt's page holding filled, the run's page for it)]`` or ``[]``. You need not
@@ -52,7 +53,7 @@ def fork_table(block_table: list[int], page_size: int, filled: int, needed: int,
         ``(table, copies)``: the run's block table and ``[(src, dst), ...]`` pages to copy.
     """
     first = filled // page_size  # the logical page holding `filled`
-    last = min(max(-(-needed // page_size), first + (filled % page_size > 0)), len(block_table))  # one past
+    last = -(-needed // page_size)  # one past the last page it writes (it covers the page holding `filled`)
     mine = free[:last - first]
     table = block_table[:first] + mine + [scratch] * (len(block_table) - last)
     copies = [(block_table[first], mine[0])] if filled % page_size else []
