@@ -36,6 +36,7 @@ import torch
 
 import wmtp
 from wmtp.config import TrainConfig
+from wmtp.generate import generate
 from wmtp.train import head_accuracy, train_head, train_target
 
 VOCAB, PHRASES, PHRASE_LEN = 512, 20, 12
@@ -170,6 +171,20 @@ for n_sink, window in [(0, None), (4, 16), (0, 2), (0, 1)]:
     label = "native" if window is None else f"sink{n_sink}+win{window}"
     print(f"{label:>16} {stats.acceptance_rate:>11.2f} {stats.mean_accept_length:>8.2f}  "
           + " ".join(f"{p:.2f}" for p in stats.per_position_acceptance))
+
+# %% [markdown]
+# Who wrote each token? `wmtp.generate.generate` runs the same decoding and marks every new token: an
+# accepted draft of the head (in brackets below) or the target's own token (the first, from the
+# prefill, and the last of every step). The tokens are the same in every row; only the brackets move.
+# `wmtp generate "some text"` prints this for real text, the drafts in bold green (README, "See the drafts").
+
+# %%
+for n_sink, window in [(0, None), (0, 2), (0, 1)]:
+    g = generate(t64, h64, prompt, 24, DEPTH, n_sink, window)
+    assert g.dense_equal and torch.equal(g.ids, dense[:24])
+    label = "native" if window is None else f"sink{n_sink}+win{window}"
+    row = " ".join(f"[{t}]" if drafted else f" {t} " for t, drafted in zip(g.ids.tolist(), g.drafted))
+    print(f"{label:>11} ({g.stats.steps:>2} steps): {row}")
 
 # %% [markdown]
 # ## Discussion
