@@ -6,6 +6,8 @@ draft query (``q_len`` 1) over a cache of ``context`` keys with each key set, al
 and reports medians and ratios. Timing uses wall-clock with device synchronisation; figures come
 from here (or ``wmtp bench``), never from timed assertions in tests. ``time_call`` is the plain
 wall-clock timing; the CUDA timings of ``wmtp bench attention`` live in wmtp/bench_timing.py.
+``attention_cli`` is the ``wmtp bench attention`` command: the CUDA kernel sweep
+(wmtp/bench_attention.py), or elsewhere these draft queries, as a table (``attention_table``).
 """
 
 from __future__ import annotations
@@ -66,3 +68,85 @@ def bench_draft_attention(model: ModelConfig, contexts: tuple[int, ...], keysets
                          "keys_read": key_count(S - 1, ks.n_sink, ks.window), "median_s": med, "times_s": times,
                          "time_ratio_vs_native": (native / med) if native else None})
     return rows
+
+
+def attention_table(rows: list[dict]):
+    """A rich table of ``bench_draft_attention``'s rows (also reproduce's ``draft_attention``)."""
+    from rich.table import Table
+
+    table = Table(title="Draft attention alone (one query), median of repeats")
+    for col in ("context", "key set", "keys read", "median ms", "times faster than native"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        ratio = r["time_ratio_vs_native"]
+        table.add_row(str(r["context"]), r["keyset"], str(r["keys_read"]), f"{r['median_s'] * 1e3:.4f}",
+                      "-" if r["window"] is None else f"{ratio:.1f}x")
+    return table
+
+
+def attention_cli(args, prog: str, argv: list[str]) -> int:
+    """Run ``wmtp bench attention``: the CUDA kernel sweep (wmtp/bench_attention.py), or elsewhere one
+    draft query per key set and context, timed side by side."""
+    import shlex
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from .cli import stdout_console
+    from .device import resolve_device
+    from .fileio import check_distinct, check_writable
+    from .metrics import environment, write_json
+
+    if args.repeats < 1 or args.rep_ms < 1 or any(c < 1 for c in args.contexts or ()):
+        raise ValueError("--repeats, --rep-ms and --contexts must be positive")
+    device = resolve_device(args.device)
+    dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
+    if device.type == "cuda":  # the kernel sweep (wmtp/bench_attention.py)
+        from . import bench_attention as ba
+        from . import bench_report
+
+        slug = "h200" if "H200" in torch.cuda.get_device_name(device) else "cuda"
+        out = args.out or Path("metrics") / f"bench-attention-{slug}.json"
+        png = args.plot or out.with_suffix(".png")
+        check_writable(out, "--out")
+        check_writable(png, "--plot")
+        check_distinct(out, png, "--out", "--plot")
+        contexts, methods = tuple(args.contexts or ba.CONTEXTS), tuple(args.methods or ba.METHODS)
+        command = shlex.join(["wmtp", "bench", "attention", "--device", args.device, "--dtype", dtype, "--rep-ms",
+                              str(args.rep_ms), "--contexts", *map(str, contexts), "--methods", *methods,
+                              "--out", str(out), "--plot", str(png)])
+        result = ba.sweep(device, contexts=contexts, dtype=getattr(torch, dtype), methods=methods,
+                          rep_ms=args.rep_ms, command=command, on_progress=lambda partial: write_json(out, partial))
+        Console(width=200).print(bench_report.table(result))
+        write_json(out, result)
+        err = Console(stderr=True)
+        try:
+            bench_report.plot(result, png)
+            wrote = f"{out} and {png}"
+        except Exception as e:  # the JSON is written; a missing matplotlib must not hide it
+            wrote = f"{out} (no plot: {type(e).__name__}: {e})"
+        for name, bar in result["bars"].items():
+            step = bar.get("met_by_step_ms")
+            step = "" if step is None else f" (by step_ms: {'met' if step else 'not met'})"
+            err.print(f"bar {name}: {'met' if bar['met'] else 'NOT met'}{step}", markup=False)
+        err.print(f"wrote {wrote}; the sweep took {result['wall_time_s']:.0f} s", markup=False)
+        return 0
+    if args.plot or args.methods:
+        raise ValueError("--plot and --methods belong to the kernel sweep, which needs --device cuda")
+    from .config import get_preset
+
+    preset = get_preset(args.preset)
+    if args.out:
+        check_writable(args.out, "--out")
+    rows = bench_draft_attention(preset.model, tuple(args.contexts or (1024, 4096, 16384)), preset.spec.keysets,
+                                 repeats=args.repeats, dtype=getattr(torch, dtype), device=device)
+    stdout_console().print(attention_table(rows))
+    if args.out:  # a metrics file `wmtp plot` draws (plots.plot_draft_attention)
+        from .metrics import SCHEMA_VERSION
+        from .plots import DRAFT_ATTENTION_KIND
+
+        write_json(args.out, {"schema_version": SCHEMA_VERSION, "kind": DRAFT_ATTENTION_KIND,
+                              "command": shlex.join([prog, *argv]),
+                              "environment": environment(device), "preset": args.preset, "dtype": dtype,
+                              "rows": rows})
+    return 0

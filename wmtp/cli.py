@@ -154,20 +154,11 @@ def _print_reproduce(console: Console, m: dict) -> None:
                           f"{a['verify_time_per_step_s'] * 1e3:.2f}", f"{a['tpot_s'] * 1e3:.2f}",
                           f"{a['tpot_speedup_vs_dense']:+.2f}", "yes" if a["lossless"] else "NO")
     console.print(table)
-    _print_attention(console, m["draft_attention"])
+    from .bench import attention_table
+
+    console.print(attention_table(m["draft_attention"]))
     ppl = m["target_perplexity"]
     console.print(f"target perplexity on {ppl['valid_tokens_scored']} valid tokens, by context: {ppl['by_context']}")
-
-
-def _print_attention(console: Console, rows: list[dict]) -> None:
-    table = Table(title="Draft attention alone (one query), median of repeats")
-    for col in ("context", "key set", "keys read", "median ms", "times faster than native"):
-        table.add_column(col, justify="right")
-    for r in rows:
-        ratio = r["time_ratio_vs_native"]
-        table.add_row(str(r["context"]), r["keyset"], str(r["keys_read"]), f"{r['median_s'] * 1e3:.4f}",
-                      "-" if r["window"] is None else f"{ratio:.1f}x")
-    console.print(table)
 
 
 def _preset_with_overrides(args: argparse.Namespace):
@@ -204,7 +195,7 @@ def _default_out(corpus: str, preset: str, custom: bool, seed: int, device: str)
     return Path("metrics") / f"{corpus}{tag}-seed{seed}{'' if device == 'cpu' else '-' + device}.json"
 
 
-def _console() -> Console:
+def stdout_console() -> Console:
     """A rich console on stdout; 160 columns when stdout is not a terminal (a pipe or a log), where
     rich would squeeze tables to 80 and cut their headers."""
     return Console(width=None if sys.stdout.isatty() else 160)
@@ -239,70 +230,8 @@ def _reproduce(args: argparse.Namespace, prog: str, argv: list[str]) -> int:
     from .plots import render
 
     png = render(out)
-    _print_reproduce(_console(), m)
+    _print_reproduce(stdout_console(), m)
     console.print(f"wrote {out} and {png} in {m['wall_time_s']:.0f} s")
-    return 0
-
-
-def _bench_attention(args: argparse.Namespace, prog: str, argv: list[str]) -> int:
-    import torch
-
-    from .device import resolve_device
-    from .metrics import environment, write_json
-
-    if args.repeats < 1 or args.rep_ms < 1 or any(c < 1 for c in args.contexts or ()):
-        raise ValueError("--repeats, --rep-ms and --contexts must be positive")
-    device = resolve_device(args.device)
-    dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
-    if device.type == "cuda":  # the kernel sweep (wmtp/bench_attention.py)
-        from . import bench_attention as ba
-        from . import bench_report
-
-        slug = "h200" if "H200" in torch.cuda.get_device_name(device) else "cuda"
-        out = args.out or Path("metrics") / f"bench-attention-{slug}.json"
-        png = args.plot or out.with_suffix(".png")
-        check_writable(out, "--out")
-        check_writable(png, "--plot")
-        check_distinct(out, png, "--out", "--plot")
-        contexts, methods = tuple(args.contexts or ba.CONTEXTS), tuple(args.methods or ba.METHODS)
-        command = shlex.join(["wmtp", "bench", "attention", "--device", args.device, "--dtype", dtype, "--rep-ms",
-                              str(args.rep_ms), "--contexts", *map(str, contexts), "--methods", *methods,
-                              "--out", str(out), "--plot", str(png)])
-        result = ba.sweep(device, contexts=contexts, dtype=getattr(torch, dtype), methods=methods,
-                          rep_ms=args.rep_ms, command=command, on_progress=lambda partial: write_json(out, partial))
-        Console(width=200).print(bench_report.table(result))
-        write_json(out, result)
-        err = Console(stderr=True)
-        try:
-            bench_report.plot(result, png)
-            wrote = f"{out} and {png}"
-        except Exception as e:  # the JSON is written; a missing matplotlib must not hide it
-            wrote = f"{out} (no plot: {type(e).__name__}: {e})"
-        for name, bar in result["bars"].items():
-            step = bar.get("met_by_step_ms")
-            step = "" if step is None else f" (by step_ms: {'met' if step else 'not met'})"
-            err.print(f"bar {name}: {'met' if bar['met'] else 'NOT met'}{step}", markup=False)
-        err.print(f"wrote {wrote}; the sweep took {result['wall_time_s']:.0f} s", markup=False)
-        return 0
-    if args.plot or args.methods:
-        raise ValueError("--plot and --methods belong to the kernel sweep, which needs --device cuda")
-    from .bench import bench_draft_attention
-    from .config import get_preset
-
-    preset = get_preset(args.preset)
-    if args.out:
-        check_writable(args.out, "--out")
-    rows = bench_draft_attention(preset.model, tuple(args.contexts or (1024, 4096, 16384)), preset.spec.keysets,
-                                 repeats=args.repeats, dtype=getattr(torch, dtype), device=device)
-    _print_attention(_console(), rows)
-    if args.out:  # a metrics file `wmtp plot` draws (plots.plot_draft_attention)
-        from .metrics import SCHEMA_VERSION
-        from .plots import DRAFT_ATTENTION_KIND
-
-        write_json(args.out, {"schema_version": SCHEMA_VERSION, "kind": DRAFT_ATTENTION_KIND,
-                              "command": shlex.join([prog, *argv]),
-                              "environment": environment(device), "preset": args.preset, "dtype": dtype,
-                              "rows": rows})
     return 0
 
 
@@ -339,7 +268,9 @@ def main(argv: list[str] | None = None, prog: str = "wmtp") -> int:
             return 0
         if args.bench in BENCHES:
             return importlib.import_module(f".bench_{args.bench}", __package__).cli(args, prog, argv)
-        return _bench_attention(args, prog, argv)
+        from .bench import attention_cli
+
+        return attention_cli(args, prog, argv)
     except (ValueError, OSError) as e:  # bad input, or a path that cannot be read or written: one line
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2

@@ -13,7 +13,6 @@ token that completes it carries the character.
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -207,6 +206,7 @@ def cli(args, prog: str, argv: list[str]) -> int:
 
     from . import data, tokenizer
     from .bench_common import long_prompt, with_capacity
+    from .cli import stdout_console
     from .metrics import SCHEMA_VERSION, environment, write_json
     from .reproduce import prepare_models
 
@@ -233,7 +233,7 @@ def cli(args, prog: str, argv: list[str]) -> int:
     ids = g.ids.tolist()
     shown = tokenizer.decode(tok, prompt[-64:]).lstrip("\ufffd")  # its last 64 tokens, from a whole character
     text = styled_text(token_pieces(lambda x: tokenizer.decode(tok, x), ids), g.drafted, shown)
-    out = Console(width=None if sys.stdout.isatty() else 160)
+    out = stdout_console()
     out.print(text, soft_wrap=True)
     out.print(Text.assemble(("accepted draft", DRAFT_STYLE), " / the target's token / ", ("prompt", "dim")))
     s = g.stats
