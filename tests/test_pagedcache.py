@@ -140,6 +140,7 @@ def test_a_fork_shares_the_pages_below_filled_and_writes_its_own():
     with pytest.raises(ValueError, match="do not fit"):  # past `needed`: its entries address one scratch page
         twin.update(0, torch.tensor([8]), *torch.zeros(2, 1, 2, 1, 4, dtype=torch.float64))
     assert twin.fork(0, 3).shared_nbytes == 0 and c.nbytes == 2 * 2 * 4 * 2 * 4 * 8  # frozen: pages 0, 1 its own
+    assert c.copy().nbytes == 3 * 2 * 4 * 2 * 4 * 8  # a frozen cache's copy: a cache of its own, every page
 
 
 def test_forks_of_two_sequences_copy_each_ones_page():

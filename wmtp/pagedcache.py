@@ -135,6 +135,8 @@ class PagedKVCache:
         new.checked = self.checked if checked is None else checked
         new.k, new.v = self.k.clone(), self.v.clone()
         new._free, new._shared, new._is_fork = None, 0, False
+        if self._free is not None:  # a frozen cache's copy addresses its whole table again
+            new._addressed = self.block_table.numel()
         return new
 
     def fork(self, filled: int, needed: int, checked: bool | None = None) -> PagedKVCache:
