@@ -562,22 +562,29 @@ def test_generate_prints_the_text_and_writes_its_marks(capsys, wikitext_dir, tmp
     code, stdout, err = _run(capsys, [*base, " the of and in", "--out", str(out)])
     assert code == 0, err
     m = json.loads(out.read_text())
-    assert m["kind"] == "generate" and m["identical_to_dense_greedy"] is True and m["preset"] == "tiny"
-    assert (m["n_sink"], m["window"], m["depth"], m["decode_dtype"]) == (4, 16, 3, "float64")  # the preset's
-    assert m["proposed"] == 3 * m["steps"] and m["draft_keys_read"] <= (4 + 16) * m["draft_queries"]
-    assert len(m["ids"]) == len(m["drafted"]) == 12 and m["drafted"][0] is False
-    assert m["steps"] == m["drafted"][1:].count(False) + m["drafted"][-1]
+    assert m["kind"] == "generate" and m["preset"] == "tiny" and (m["depth"], m["decode_dtype"]) == (3, "float64")
+    (r,) = m["runs"]
+    assert (r["n_sink"], r["window"], r["identical_to_dense_greedy"]) == (4, 16, True)  # the preset's key set
+    assert r["proposed"] == 3 * r["steps"] and r["draft_keys_read"] <= (4 + 16) * r["draft_queries"]
+    assert r["ids"] == m["dense_ids"] and len(r["drafted"]) == 12 and r["drafted"][0] is False
+    assert r["steps"] == r["drafted"][1:].count(False) + r["drafted"][-1]
     tok = tokenizer.train_tokenizer(__import__("wmtp").data.load_corpus(str(wikitext_dir)), 512, tmp_path / "cache")
-    assert m["text"] == tokenizer.decode(tok, m["ids"])
+    assert r["text"] == tokenizer.decode(tok, r["ids"])
     assert m["prompt_ids"] == tokenizer.encode(tok, " the of and in").tolist()
-    assert " ".join(m["text"].split()) in " ".join(stdout.split())  # the new text, printed
+    assert " ".join(r["text"].split()) in " ".join(stdout.split())  # the new text, printed
     assert "identical to dense greedy" in stdout and "yes" in stdout and "Traceback" not in err
-    code, stdout, err = _run(capsys, [*base, "--context", "40", "--keyset", "2:3", "--depth", "2", "--no-check",
+    code, stdout, err = _run(capsys, [*base, "--context", "40", "--keyset", "2:3", "native", "--depth", "2",
                                       "--impl", "torch", "--out", str(out)])
-    assert code == 0 and "sink2+win3" in stdout and "not checked" in stdout, err
+    assert code == 0 and "sink2+win3" in stdout and "native" in stdout, err
     m = json.loads(out.read_text())
-    assert m["proposed"] == 2 * m["steps"] and m["depth"] == 2 and m["impl"] == "torch" and len(m["prompt_ids"]) == 40
-    assert m["draft_keys_read"] <= (2 + 3) * m["draft_queries"] and m["identical_to_dense_greedy"] is None
+    assert [(r["n_sink"], r["window"]) for r in m["runs"]] == [(2, 3), (0, None)] and len(m["prompt_ids"]) == 40
+    assert m["depth"] == 2 and m["impl"] == "torch"
+    for r in m["runs"]:  # one text, two sets of marks
+        assert r["ids"] == m["dense_ids"] and r["identical_to_dense_greedy"] and r["proposed"] == 2 * r["steps"]
+    assert m["runs"][0]["draft_keys_read"] <= (2 + 3) * m["runs"][0]["draft_queries"]
+    assert m["runs"][1]["draft_keys_read"] > (2 + 3) * m["runs"][1]["draft_queries"]  # native: the whole context
+    code, stdout, err = _run(capsys, [*base, " the of", "--no-check", "--out", str(out)])
+    assert code == 0 and "not checked" in stdout and json.loads(out.read_text())["dense_ids"] is None, err
     monkeypatch.setattr("wmtp.generate.greedy_generate", lambda *a, **k: torch.zeros(12, dtype=torch.long))
     code, _, err = _run(capsys, [*base, " the of"])  # a dense run that disagrees: exit 1, said in one line
     assert code == 1 and "differs from dense greedy" in err

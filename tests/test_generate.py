@@ -73,6 +73,8 @@ def test_marks_follow_a_draft_right_for_j_tokens(j):
     assert g.drafted == ([F] + ([T] * j + [F]) * 17)[:17]
     assert g.stats.steps == len([m for m in g.drafted[1:] if not m]) + (g.drafted[-1] is T)
     assert generate(target, head, prompt, 5, 2, 0, None, check=False).dense_equal is None
+    assert generate(target, oracle, prompt, 17, 3, 2, 4, reference=dense).dense_equal is True
+    assert generate(target, oracle, prompt, 17, 3, 2, 4, reference=dense.flip(0)).dense_equal is False
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

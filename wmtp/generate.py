@@ -101,13 +101,14 @@ class Generation:
 @torch.no_grad()
 def generate(target: TargetLM, head: MTPHead, prompt_ids: torch.Tensor, max_new_tokens: int, depth: int,
              n_sink: int | None = None, window: int | None = None, impl: str = "auto", check: bool = True,
-             eos_id: int | None = None) -> Generation:
+             eos_id: int | None = None, reference: torch.Tensor | None = None) -> Generation:
     """Greedy speculative decoding with each new token marked as an accepted draft or the target's.
 
     Args:
         target, head, prompt_ids, max_new_tokens, depth, n_sink, window, impl, eos_id: as
             ``speculative_generate``'s (``window=None``: the native draft, the whole context).
-        check: also run ``greedy_generate`` and compare its tokens.
+        check: compare the tokens with dense greedy decoding's: ``reference`` if given (the tokens of
+            ``greedy_generate`` for the same arguments, run once for many key sets), else a run of it.
 
     Returns:
         A ``Generation``: the new tokens, their marks (``drafted_marks``), the run's counters, its
@@ -121,8 +122,9 @@ def generate(target: TargetLM, head: MTPHead, prompt_ids: torch.Tensor, max_new_
     ids, stats = speculative_generate(target, head, prompt_ids, max_new_tokens, recorder, n_sink, window, impl=impl,
                                       eos_id=eos_id)
     seconds = time.perf_counter() - t0
-    dense_equal = (torch.equal(ids, greedy_generate(target, prompt_ids, max_new_tokens, impl=impl, eos_id=eos_id))
-                   if check else None)
+    if check and reference is None:
+        reference = greedy_generate(target, prompt_ids, max_new_tokens, impl=impl, eos_id=eos_id)
+    dense_equal = torch.equal(ids, reference) if check else None
     return Generation(ids, drafted_marks(recorder.accepts, ids.numel()), stats, seconds, dense_equal)
 
 
@@ -137,8 +139,9 @@ def add_arguments(p) -> None:
                    help=f"tokens to generate, at most {MAX_NEW_TOKENS}; an end-of-text token stops it (default: 64)")
     p.add_argument("--depth", type=int, default=None,
                    help=f"draft tokens per step, at most {MAX_DEPTH} (default: the preset's)")
-    p.add_argument("--keyset", default=None, metavar="SINK:WINDOW|native",
-                   help="the draft's key set, e.g. 8:64, or native (default: the preset's last windowed one)")
+    p.add_argument("--keyset", nargs="+", default=None, metavar="SINK:WINDOW|native",
+                   help="the draft's key set, e.g. 8:64, or native; several: one run each, the same text with "
+                        "other drafts marked (default: the preset's last windowed one)")
     p.add_argument("--impl", default="auto", choices=IMPLS, help="attention implementation (default: auto)")
     p.add_argument("--no-check", action="store_true", help="skip the dense greedy run the output is compared with")
     p.add_argument("--out", type=Path, default=None,
@@ -164,7 +167,7 @@ def styled_text(pieces: list[str], drafted: list[bool], prompt_text: str = ""):
 
 
 def _options(args):
-    """The command line checked before any work: (preset, device, dtype, impl, key set, depth)."""
+    """The command line checked before any work: (preset, device, dtype, impl, key sets, depth)."""
     from .attention import resolve_impl
     from .config import KeySetConfig, get_preset, parse_keyset
     from .device import resolve_device
@@ -181,8 +184,8 @@ def _options(args):
     if not 1 <= depth <= MAX_DEPTH:
         raise ValueError(f"--depth must be from 1 to {MAX_DEPTH}, got {depth}")
     windowed = [k for k in preset.spec.keysets if k.window is not None]
-    keyset = (KeySetConfig(0, None) if args.keyset == "native" else parse_keyset(args.keyset) if args.keyset
-              else windowed[-1] if windowed else KeySetConfig(0, None))
+    keysets = ([KeySetConfig(0, None) if k == "native" else parse_keyset(k) for k in args.keyset] if args.keyset
+               else [windowed[-1] if windowed else KeySetConfig(0, None)])
     dtype = torch.float32 if device.type == "mps" else torch.float64  # decode.py NOTE [Exactness]; MPS: no float64
     m = preset.model
     impl = resolve_impl(args.impl, device, dtype, m.head_dim, m.n_heads // m.n_kv_heads)
@@ -192,7 +195,7 @@ def _options(args):
         check_writable(args.out, "--out")
         if args.out.resolve().is_relative_to(args.cache_dir.resolve()):
             raise ValueError(f"--out {args.out} is inside --cache-dir {args.cache_dir}: write it elsewhere")
-    return preset, device, dtype, impl, keyset, depth
+    return preset, device, dtype, impl, keysets, depth
 
 
 def cli(args, prog: str, argv: list[str]) -> int:
@@ -210,7 +213,7 @@ def cli(args, prog: str, argv: list[str]) -> int:
     from .metrics import SCHEMA_VERSION, environment, write_json
     from .reproduce import prepare_models
 
-    preset, device, dtype, impl, keyset, depth = _options(args)
+    preset, device, dtype, impl, keysets, depth = _options(args)
     err = Console(stderr=True)
 
     def log(line: str) -> None:
@@ -227,36 +230,40 @@ def cli(args, prog: str, argv: list[str]) -> int:
     target, head, _ = prepare_models(preset, corpus, tokens, args.seed, device, args.cache_dir, None,
                                      not args.no_progress, log)
     target, head = with_capacity(target.to(dtype), head.to(dtype), prompt.numel() + args.max_new_tokens + depth)
-    prompt = prompt.to(device)
-    g = generate(target, head, prompt, args.max_new_tokens, depth, keyset.n_sink, keyset.window, impl,
-                 check=not args.no_check, eos_id=tokenizer.eos_id(tok))
-    ids = g.ids.tolist()
-    shown = tokenizer.decode(tok, prompt[-64:]).lstrip("\ufffd")  # its last 64 tokens, from a whole character
-    text = styled_text(token_pieces(lambda x: tokenizer.decode(tok, x), ids), g.drafted, shown)
-    out = stdout_console()
-    out.print(text, soft_wrap=True)
+    prompt, eos = prompt.to(device), tokenizer.eos_id(tok)
+    dense = None if args.no_check else greedy_generate(target, prompt, args.max_new_tokens, impl=impl, eos_id=eos)
+    runs = [generate(target, head, prompt, args.max_new_tokens, depth, ks.n_sink, ks.window, impl,
+                     check=dense is not None, eos_id=eos, reference=dense) for ks in keysets]
+    out, dec = stdout_console(), (lambda x: tokenizer.decode(tok, x))
+    out.print(Text(dec(prompt[-64:]).lstrip("\ufffd"), style="dim"), soft_wrap=True)  # from a whole character
+    for ks, g in zip(keysets, runs):
+        out.rule(ks.label, style="dim")
+        out.print(styled_text(token_pieces(dec, g.ids.tolist()), g.drafted), soft_wrap=True)
     out.print(Text.assemble(("accepted draft", DRAFT_STYLE), " / the target's token / ", ("prompt", "dim")))
-    s = g.stats
-    table = Table(title=f"wmtp generate: {keyset.label}, depth {depth}, {device.type}, {dtype}".replace("torch.", ""))
-    for col in ("prompt tokens", "new tokens", "steps", "AL", "acceptance", "draft keys / query", "seconds",
+    table = Table(title=f"wmtp generate: {prompt.numel()} prompt tokens, depth {depth}, {device.type}, "
+                        f"{str(dtype)[6:]}, {impl}")
+    for col in ("key set", "new tokens", "steps", "AL", "acceptance", "draft keys / query", "seconds",
                 "identical to dense greedy"):
         table.add_column(col, justify="right")
-    same = {None: "not checked", True: "yes", False: "NO"}[g.dense_equal]
-    table.add_row(str(prompt.numel()), str(len(ids)), str(s.steps), f"{s.mean_accept_length:.2f}",
-                  f"{s.acceptance_rate:.2f}", f"{s.draft_keys_read / max(s.draft_queries, 1):.0f}",
-                  f"{g.seconds:.2f}", same)
+    for ks, g in zip(keysets, runs):
+        s = g.stats
+        table.add_row(ks.label, str(g.ids.numel()), str(s.steps), f"{s.mean_accept_length:.2f}",
+                      f"{s.acceptance_rate:.2f}", f"{s.draft_keys_read / max(s.draft_queries, 1):.0f}",
+                      f"{g.seconds:.2f}", {None: "not checked", True: "yes", False: "NO"}[g.dense_equal])
     out.print(table)
     if args.out is not None:
         write_json(args.out, {
             "schema_version": SCHEMA_VERSION, "kind": "generate", "command": shlex.join([prog, *argv]),
             "environment": environment(device), "preset": preset.name, "seed": args.seed, "corpus": corpus.name,
-            "n_sink": keyset.n_sink, "window": keyset.window, "depth": depth, "decode_dtype": str(dtype)[6:],
-            "prompt_ids": prompt.tolist(), "ids": ids, "drafted": g.drafted, "text": tokenizer.decode(tok, ids),
-            "impl": impl, "steps": s.steps, "proposed": s.proposed, "accepted": s.accepted,
-            "draft_queries": s.draft_queries, "draft_keys_read": s.draft_keys_read,
-            "mean_accept_length": s.mean_accept_length, "acceptance_rate": s.acceptance_rate,
-            "seconds": g.seconds, "identical_to_dense_greedy": g.dense_equal})
-    if g.dense_equal is False:
+            "depth": depth, "decode_dtype": str(dtype)[6:], "impl": impl, "prompt_ids": prompt.tolist(),
+            "dense_ids": None if dense is None else dense.tolist(),
+            "runs": [{"n_sink": ks.n_sink, "window": ks.window, "ids": g.ids.tolist(), "drafted": g.drafted,
+                      "text": dec(g.ids), "steps": g.stats.steps, "proposed": g.stats.proposed,
+                      "accepted": g.stats.accepted, "draft_queries": g.stats.draft_queries,
+                      "draft_keys_read": g.stats.draft_keys_read, "mean_accept_length": g.stats.mean_accept_length,
+                      "acceptance_rate": g.stats.acceptance_rate, "seconds": g.seconds,
+                      "identical_to_dense_greedy": g.dense_equal} for ks, g in zip(keysets, runs)]})
+    if any(g.dense_equal is False for g in runs):
         why = ("a bug, please report it" if dtype == torch.float64 else
                "in float32 a near-tie can flip an argmax (decode.py NOTE [Exactness])")
         err.print(f"the output differs from dense greedy decoding: {why}", markup=False)
