@@ -89,3 +89,28 @@ def test_marks_on_cuda(impl):
     g = generate(target, grading.OracleDraft(head, seq, 2, V), prompt, 17, 3, 2, 4, impl=impl)
     assert torch.equal(g.ids, dense) and g.dense_equal is True
     assert g.drafted == ([F] + [T, T, F] * 6)[:17]
+
+
+def test_loops_and_bad_loops():
+    target, head = harness_models()
+    prompt = random_prompt(12, seed=3)
+    with pytest.raises(ValueError, match="loop must be"):
+        generate(target, head, prompt, 5, 2, loop="bogus")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA"):  # the CUDA-graph loop, off CUDA
+            generate(target, head, prompt, 5, 2, loop="graph")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_marks_in_the_cuda_graph_loop():
+    import copy
+
+    from test_static_decode import DeviceOracle
+
+    target, head = (m.cuda() for m in copy.deepcopy(harness_models()))
+    prompt = random_prompt(20, seed=7).cuda()
+    dense = wmtp.greedy_generate(target, prompt, 17, impl="triton")
+    seq = torch.cat([prompt, dense, torch.zeros(5, dtype=torch.long, device="cuda")])
+    g = generate(target, DeviceOracle(head, seq, 2), prompt, 17, 3, 2, 4, impl="triton", loop="graph")
+    assert torch.equal(g.ids, dense) and g.dense_equal is True
+    assert g.drafted == ([F] + [T, T, F] * 6)[:17] and min(g.stats.draft_times_s) > 0

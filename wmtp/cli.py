@@ -125,7 +125,7 @@ def build_parser(prog: str = "wmtp") -> argparse.ArgumentParser:
                        help="which assignment (tutorials/assignments/)")
     grade.add_argument("path", type=Path, help="the student's .py file")
 
-    importlib.import_module(".generate", __package__).add_arguments(sub.add_parser(
+    importlib.import_module(".generate_cli", __package__).add_arguments(sub.add_parser(
         "generate", help="generate text with speculative decoding, the accepted drafts highlighted",
         description="Load (or train) reproduce's models, decode the prompt greedily with the MTP draft "
                     "reading one key set, print the text with the head's accepted drafts highlighted and the "
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None, prog: str = "wmtp") -> int:
         if args.command == "grade":
             return _grade(args)
         if args.command == "generate":
-            return importlib.import_module(".generate", __package__).cli(args, prog, argv)
+            return importlib.import_module(".generate_cli", __package__).cli(args, prog, argv)
         if args.command == "plot":
             from .plots import render
 
