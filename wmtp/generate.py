@@ -21,6 +21,7 @@ import torch
 from .decode import greedy_generate, speculative_generate
 from .model import TargetLM
 from .mtp import MTPHead
+from .policy import FixedDepth
 from .stats import SpecStats
 
 __all__ = ["Generation", "drafted_marks", "generate", "loop_functions", "styled_text", "token_pieces"]
@@ -29,20 +30,15 @@ MAX_NEW_TOKENS, MAX_DEPTH = 4096, 64  # the command line's bounds (token_pieces 
 DRAFT_STYLE = "bold green"  # an accepted draft, in the printed text
 
 
-class _Recorder:
-    """A fixed-depth policy (wmtp/policy.py's protocol) that keeps each step's accepted count."""
+class _Recorder(FixedDepth):
+    """``FixedDepth`` that keeps each step's accepted count (the loops' ``policy.update``)."""
 
     def __init__(self, depth: int) -> None:
-        self.max_depth, self.accepts = depth, []
-
-    def depth(self, position: int) -> int:
-        return self.max_depth
+        super().__init__(depth)
+        self.accepts: list[int] = []
 
     def update(self, depth: int, accepted: int, draft_s: float, verify_s: float) -> None:
         self.accepts.append(accepted)
-
-    def describe(self) -> dict:
-        return {"policy": "fixed", "max_depth": self.max_depth}
 
 
 def drafted_marks(accepts: list[int], n_tokens: int) -> list[bool]:
