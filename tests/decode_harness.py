@@ -1,6 +1,6 @@
 """What the decoding tests share (tests/test_lossless.py, test_static_decode.py, test_prefill.py):
 the vocabulary of ``wmtp.grading.harness_models``, a seeded random prompt, the counts that two
-runs of one request must agree on, and a scripted depth policy."""
+runs of one request must agree on, a scripted depth policy and a device-side oracle draft."""
 
 import torch
 
@@ -35,3 +35,31 @@ class Cycling:
     def update(self, depth, accepted, draft_s, verify_s):
         self.seen.append((depth, accepted))
         self.times.append((draft_s, verify_s))
+
+
+class DeviceOracle:
+    """Right for the first ``j`` drafts of every step, then wrong; device ops only, every row.
+
+    Its hidden output carries the draft index (``SENTINEL + index``), so a recursive call knows which
+    draft it makes; rows fed target hidden states (the extend) make draft 0. A row at position ``t``
+    guesses the token at ``t + 2`` of ``sequence``.
+    """
+
+    SENTINEL = 1e6
+
+    def __init__(self, head, sequence: torch.Tensor, j: int):
+        self.head, self.seq, self.j = head, sequence, j
+
+    def new_cache(self, *args, **kwargs):
+        return self.head.new_cache(*args, **kwargs)
+
+    def __call__(self, hidden, next_ids, pos, cache, n_sink, window, impl):
+        lead = hidden[0, :, 0]  # (L,)
+        index = torch.where(lead >= self.SENTINEL, (lead - self.SENTINEL).long() + 1, torch.zeros_like(pos))
+        seq = self.seq.to(pos.device)
+        truth = seq[(pos + 2).clamp(max=seq.numel() - 1)]  # (L,)
+        tok = torch.where(index < self.j, truth, (truth + 1) % V)  # (L,)
+        logits = torch.zeros(tok.numel(), V, dtype=hidden.dtype, device=hidden.device)
+        logits.scatter_(1, tok[:, None], 1.0)
+        g = (index.to(hidden.dtype) + self.SENTINEL)[None, :, None].expand_as(hidden).contiguous()
+        return logits[None], g

@@ -361,7 +361,24 @@ def test_bench_decode_writes_lossless_rows(capsys, wikitext_dir, tmp_path, monke
         for label, arm in q["arms"].items():
             assert arm["lossless"] is True and arm["steps"] == r["arms"][label]["steps"]
             assert arm["mean_accept_length"] == r["arms"][label]["mean_accept_length"]
+    gated = tmp_path / "gated.json"  # --keysets: a gate inside the 64-token run's steps (contexts 65 ..), below 300
+    code, stdout, err = _run(capsys, args + ["--keysets", "4:16", "4:16@66", "--draft-caches", "full", "ring",
+                                             "--out", str(gated)])
+    assert code == 0 and "sink4+win16+gate66" in stdout, err
+    g = json.loads(gated.read_text())
+    assert g["config"]["spec"]["keysets"][2] == {"n_sink": 4, "window": 16, "gate": 66}
+    for r, q in zip(m["rows"], g["rows"]):
+        assert list(q["arms"]) == ["native", "sink4+win16", "sink4+win16 ring", "sink4+win16+gate66"]  # no gated ring
+        arm, windowed, native = (q["arms"][k] for k in ("sink4+win16+gate66", "sink4+win16", "native"))
+        assert arm["lossless"] and arm["gate"] == 66 and windowed["gate"] is None
+        assert windowed["steps"] == r["arms"]["sink4+win16"]["steps"]
+        if r["context"] == 300:  # past the gate from the first step: the windowed draft's run
+            assert (arm["steps"], arm["draft_keys_read_per_step"]) == (windowed["steps"],
+                                                                       windowed["draft_keys_read_per_step"])
+        else:
+            assert windowed["draft_keys_read_per_step"] < arm["draft_keys_read_per_step"]
     for extra, match in ((["--loops", "graph"], "graph loop captures CUDA graphs"), (["--page-size", "0"], ">= 1"),
+                         (["--keysets", "4:16@0"], "gate must be"), (["--keysets", "4:16@x"], "SINK:WINDOW@GATE"),
                          (["--contexts", "1"], "at least 2"), (["--contexts", "10000000"], "needs more")):
         code, _, err = _run(capsys, args + extra + ["--out", str(tmp_path / "bad.json")])
         last = err.strip().splitlines()[-1]  # after the corpus's line, for the context the corpus cannot fill
@@ -546,7 +563,8 @@ def test_bench_positions_pairs_absolute_and_reindexed(capsys, wikitext_dir, tmp_
                 assert len(s["mean_accept_length_per_seed"]) == len(r["sample_seeds"])
     assert "AL re-indexed" in stdout and not list(tmp_path.glob("*.tmp"))
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # drawn by plots.plot_acceptance
-    for bad, match in ((["--keysets", "4"], "is not SINK:WINDOW"), (["--temperatures", "-1"], "--temperatures")):
+    for bad, match in ((["--keysets", "4"], "is not SINK:WINDOW"), (["--temperatures", "-1"], "--temperatures"),
+                       (["--keysets", "4:16@100"], "ungated key sets")):
         code, _, err = _run(capsys, ["bench", "positions", "--preset", "tiny", "--device", "cpu", "--no-progress",
                                      "--cache-dir", str(tmp_path / "none"), "--out", str(tmp_path / "bad.json"), *bad])
         assert code == 2 and len(err.strip().splitlines()) == 1 and match in err, err
@@ -573,11 +591,13 @@ def test_generate_prints_the_text_and_writes_its_marks(capsys, wikitext_dir, tmp
     assert m["prompt_ids"] == tokenizer.encode(tok, " the of and in").tolist()
     assert " ".join(r["text"].split()) in " ".join(stdout.split())  # the new text, printed
     assert "identical to dense greedy" in stdout and "yes" in stdout and "Traceback" not in err
-    code, stdout, err = _run(capsys, [*base, "--context", "40", "--keyset", "2:3", "native", "--depth", "2",
+    code, stdout, err = _run(capsys, [*base, "--context", "40", "--keyset", "2:3", "native", "2:3@45", "--depth", "2",
                                       "--impl", "torch", "--out", str(out)])
-    assert code == 0 and "sink2+win3" in stdout and "native" in stdout, err
+    assert code == 0 and "sink2+win3" in stdout and "native" in stdout and "sink2+win3+gate45" in stdout, err
     m = json.loads(out.read_text())
-    assert [(r["n_sink"], r["window"]) for r in m["runs"]] == [(2, 3), (0, None)] and len(m["prompt_ids"]) == 40
+    assert [(r["n_sink"], r["window"], r["gate"]) for r in m["runs"]] == [(2, 3, None), (0, None, None), (2, 3, 45)]
+    assert len(m["prompt_ids"]) == 40
+    assert m["runs"][0]["draft_keys_read"] < m["runs"][2]["draft_keys_read"] < m["runs"][1]["draft_keys_read"]
     assert m["depth"] == 2 and m["impl"] == "torch"
     for r in m["runs"]:  # one text, two sets of marks
         assert r["ids"] == m["dense_ids"] and r["identical_to_dense_greedy"] and r["proposed"] == 2 * r["steps"]
@@ -591,7 +611,8 @@ def test_generate_prints_the_text_and_writes_its_marks(capsys, wikitext_dir, tmp
 
 
 @pytest.mark.parametrize("bad,match", [
-    (["--keyset", "8"], "SINK:WINDOW"), (["--depth", "0"], "depth"), (["--max-new-tokens", "0"], "at least 1"),
+    (["--keyset", "8"], "SINK:WINDOW"), (["--keyset", "8:64@0"], "gate must be"), (["--depth", "0"], "depth"),
+    (["--max-new-tokens", "0"], "at least 1"),
     (["the", "--context", "9"], "not both"), ([""], "empty"), (["--device", "tpu"], "unknown device"),
     (["--preset", "huge"], "unknown preset"), (["--out", "TMP"], "is a folder"), (["--context", "0"], "at least 1"),
     (["--context", "-5"], "at least 1"), (["--max-new-tokens", "5000"], "to 4096"), (["--depth", "65"], "to 64"),

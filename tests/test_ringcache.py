@@ -7,7 +7,7 @@ import torch
 from decode_harness import V, random_prompt, same_counts
 
 import wmtp
-from wmtp import decode, grading
+from wmtp import grading, request
 from wmtp.grading import harness_models
 from wmtp.kvcache import KVCache, ring_slot
 from wmtp.ringcache import RingKVCache
@@ -128,13 +128,13 @@ def test_the_head_reads_the_same_keys_from_a_ring(models, n_sink, window, depth)
         torch.testing.assert_close(b, a, rtol=0, atol=1e-12, msg=f"call {i}")
 
 
-@pytest.mark.parametrize("ring_prefill", [1, decode.RING_PREFILL])
+@pytest.mark.parametrize("ring_prefill", [1, request.RING_PREFILL])
 @pytest.mark.parametrize("n_sink,window", WINDOWED)
 def test_decoding_with_a_ring_is_lossless(models, monkeypatch, ring_prefill, n_sink, window):
     """Greedy and gumbel-sampled decoding with the ring equal dense decoding and the full-cache run
     (same accepts), for the random head and an oracle right for 2 tokens a step; RING_PREFILL 1
     makes the ring's spare the depth, so a 60-token run wraps it."""
-    monkeypatch.setattr(decode, "RING_PREFILL", ring_prefill)
+    monkeypatch.setattr(request, "RING_PREFILL", ring_prefill)
     target, head = models
     prompt = random_prompt(21, seed=window)
     ref = wmtp.greedy_generate(target, prompt, 60)
@@ -174,7 +174,7 @@ def test_the_static_loop_reads_the_same_keys_from_a_ring(models, monkeypatch, n_
     """The device-resident loop's extend writes depth + 1 rows a step, most of them speculative: with
     a ring of depth spare slots its head calls get the full cache's logits (1e-12), and the tokens
     are dense decoding's."""
-    monkeypatch.setattr(decode, "RING_PREFILL", 1)
+    monkeypatch.setattr(request, "RING_PREFILL", 1)
     target, head = models
     prompt = random_prompt(21, seed=depth)
     ref = wmtp.greedy_generate(target, prompt, 50)
@@ -194,7 +194,7 @@ def test_the_static_loop_reads_the_same_keys_from_a_ring(models, monkeypatch, n_
 
 
 def test_a_shared_prefill_fills_the_ring(models, monkeypatch):
-    monkeypatch.setattr(decode, "RING_PREFILL", 1)
+    monkeypatch.setattr(request, "RING_PREFILL", 1)
     target, head = models
     prompt = random_prompt(30, seed=4)
     pre = wmtp.prefill_prompt(target, prompt, 80, draft=head)
@@ -219,7 +219,7 @@ def test_bad_draft_caches_raise(models, kwargs, match):
 def test_cuda_ring_is_lossless(models, monkeypatch, impl):
     import copy
 
-    monkeypatch.setattr(decode, "RING_PREFILL", 1)
+    monkeypatch.setattr(request, "RING_PREFILL", 1)
     target, head = (m.to("cuda") for m in copy.deepcopy(models))
     prompt = random_prompt(21, seed=3).cuda()
     ref = wmtp.greedy_generate(target, prompt, 50, impl=impl)

@@ -21,7 +21,7 @@ import torch
 from .attention import attention
 from .config import KeySetConfig, ModelConfig
 from .device import check_dtype, synchronize
-from .keyset import key_count
+from .keyset import gated_key_set, key_count
 
 
 def time_call(fn: Callable[[], object], device: torch.device, repeats: int, warmup: int = 3) -> list[float]:
@@ -61,11 +61,12 @@ def bench_draft_attention(model: ModelConfig, contexts: tuple[int, ...], keysets
         q_pos = torch.arange(S - q_len, S, device=device)
         native = None
         for ks in sorted(keysets, key=lambda c: c.window is not None):  # native first: the baseline
-            times = time_call(lambda: attention(q, k, v, q_pos, ks.n_sink, ks.window, impl=impl), device, repeats)
+            sink, win = gated_key_set(S, ks.n_sink, ks.window, ks.gate)  # a decode step's key set at context S
+            times = time_call(lambda: attention(q, k, v, q_pos, sink, win, impl=impl), device, repeats)
             med = statistics.median(times)
             native = med if ks.window is None else native
-            rows.append({"context": S, "keyset": ks.label, "n_sink": ks.n_sink, "window": ks.window,
-                         "keys_read": key_count(S - 1, ks.n_sink, ks.window), "median_s": med, "times_s": times,
+            rows.append({"context": S, "keyset": ks.label, "n_sink": ks.n_sink, "window": ks.window, "gate": ks.gate,
+                         "keys_read": key_count(S - 1, sink, win), "median_s": med, "times_s": times,
                          "time_ratio_vs_native": (native / med) if native else None})
     return rows
 

@@ -157,10 +157,18 @@ def add_model_arguments(p) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
+def add_keysets_argument(p) -> None:
+    """``--keysets``: the draft arms of a bench that runs the native arm beside them (decode, depth, sampling)."""
+    p.add_argument("--keysets", nargs="+", default=None, metavar="SINK:WINDOW[@GATE]",
+                   help="windowed draft arms, e.g. 64:4096 8:64, or 8:64@8192 (native up to a context of 8192 "
+                        "tokens, 8+64 past it); the native arm always runs (default: the preset's)")
+
+
 def model_options(args) -> tuple[torch.device, Preset, str]:
-    """``add_model_arguments``' options checked: the device, the preset (``--new-tokens`` applied) and
-    the device's name in default file names (``h200``, ``cuda``, ``cpu`` or ``mps``)."""
-    from .config import get_preset
+    """``add_model_arguments``' options checked: the device, the preset (``--new-tokens`` and any
+    ``--keysets`` applied, the native arm first) and the device's name in default file names
+    (``h200``, ``cuda``, ``cpu`` or ``mps``)."""
+    from .config import KeySetConfig, get_preset, parse_keyset
     from .device import resolve_device
 
     device = resolve_device(args.device)
@@ -169,6 +177,9 @@ def model_options(args) -> tuple[torch.device, Preset, str]:
     preset = get_preset(args.preset)
     if args.new_tokens is not None:
         preset = dataclasses.replace(preset, spec=dataclasses.replace(preset.spec, new_tokens=args.new_tokens))
+    if getattr(args, "keysets", None):
+        keysets = (KeySetConfig(0, None), *map(parse_keyset, args.keysets))
+        preset = dataclasses.replace(preset, spec=dataclasses.replace(preset.spec, keysets=keysets))
     slug = device.type if device.type != "cuda" else (
         "h200" if "H200" in torch.cuda.get_device_name(device) else "cuda")
     return device, preset, slug

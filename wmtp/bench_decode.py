@@ -33,6 +33,7 @@ import torch
 
 from .bench_common import (
     LOOPS,
+    add_keysets_argument,
     add_model_arguments,
     bench_cli,
     bench_setup,
@@ -42,19 +43,19 @@ from .bench_common import (
     with_capacity,  # noqa: F401  (experiments 17 and 18 import it from here)
 )
 from .config import Preset
-from .decode import DRAFT_CACHES
 from .metrics import reduction, speedup, tpot
 from .model import TargetLM
 from .mtp import MTPHead
 from .plots import DECODE_KIND
 from .prefill import Prefill
+from .request import DRAFT_CACHES
 
 
 def run_context(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: Preset, loop: str,
                 prefill: Prefill, draft_caches: tuple[str, ...] = ("full",)) -> dict:
     """Dense decoding and every draft arm at one context with one loop, each from ``prefill``;
     lossless asserted first. A windowed key set runs once per draft cache of ``draft_caches`` (the
-    ring's arm is labelled ``"<key set> ring"``; the native draft has no ring)."""
+    ring's arm is labelled ``"<key set> ring"``; the native and gated drafts have none)."""
     spec = preset.spec
     greedy, speculative = loop_generators(loop)
     dense_steps: list[float] = []
@@ -64,18 +65,18 @@ def run_context(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: P
            "dense": {"step_median_s": dense_step, "tpot_s": dense_step}, "arms": {}}
     native_draft = None
     arms = [(ks, cache) for ks in sorted(spec.keysets, key=lambda c: c.window is not None)  # native first
-            for cache in draft_caches if ks.window is not None or cache == "full"]
+            for cache in draft_caches if cache == "full" or ks.window is not None and ks.gate is None]
     for ks, cache in arms:
         label = ks.label if cache == "full" else f"{ks.label} {cache}"
         out, stats = speculative(target, head, prompt, spec.new_tokens, spec.depth, ks.n_sink, ks.window,
-                                 prefill=prefill, draft_cache=cache)
+                                 prefill=prefill, draft_cache=cache, gate=ks.gate)
         if not torch.equal(out, dense):
             raise AssertionError(f"arm {label} ({loop} loop) at context {prompt.numel()} is not lossless")
         draft_step, verify_step = statistics.median(stats.draft_times_s), statistics.median(stats.verify_times_s)
         native_draft = draft_step if ks.window is None else native_draft
         t = tpot(verify_step, draft_step, stats.mean_accept_length)
         row["arms"][label] = {
-            "lossless": True, "n_sink": ks.n_sink, "window": ks.window, "draft_cache": cache,
+            "lossless": True, "n_sink": ks.n_sink, "window": ks.window, "gate": ks.gate, "draft_cache": cache,
             "draft_kv_bytes": stats.draft_kv_bytes, "steps": stats.steps,
             "acceptance_rate": stats.acceptance_rate, "mean_accept_length": stats.mean_accept_length,
             "draft_keys_read_per_step": stats.draft_keys_read / stats.steps,
@@ -149,6 +150,7 @@ def table(result: dict):
 def add_arguments(p) -> None:
     """``wmtp bench decode``'s options (wmtp/cli.py builds the parser)."""
     add_model_arguments(p)
+    add_keysets_argument(p)
     p.add_argument("--contexts", type=int, nargs="+", default=[16384, 131072],
                    help="prompt lengths (default: 16384 131072)")
     p.add_argument("--loops", nargs="+", choices=LOOPS, default=None,

@@ -38,6 +38,7 @@ import torch
 
 from .bench_common import (
     LOOPS,
+    add_keysets_argument,
     add_model_arguments,
     bench_cli,
     bench_setup,
@@ -89,7 +90,7 @@ def one_run(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: Prese
     spec = preset.spec
     described = policy.describe()  # its settings before the run
     out, stats = loop_generators(loop)[1](target, head, prompt, spec.new_tokens, policy, ks.n_sink, ks.window,
-                                   prefill=prefill)
+                                          prefill=prefill, gate=ks.gate)
     if not torch.equal(out, dense):
         raise AssertionError(f"arm {ks.label} with policy {name} at context {prompt.numel()} is not "
                              f"token-equal to dense greedy decoding")
@@ -138,7 +139,7 @@ def run_context(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: P
                                      "tpot_speedup_vs_dense": speedup(dense_tpot, tpot),
                                      "mean_depth_rounds": [r["mean_depth"] for r in rs],
                                      "mean_accept_length_rounds": [r["mean_accept_length"] for r in rs]}
-        row["arms"][ks.label] = {"n_sink": ks.n_sink, "window": ks.window, "policies": summary,
+        row["arms"][ks.label] = {"n_sink": ks.n_sink, "window": ks.window, "gate": ks.gate, "policies": summary,
                                  "fastest_policy": min(summary, key=lambda n: summary[n]["tpot_s"])}
     return row
 
@@ -198,6 +199,7 @@ def table(result: dict):
 def add_arguments(p) -> None:
     """``wmtp bench depth``'s options (wmtp/cli.py builds the parser)."""
     add_model_arguments(p)
+    add_keysets_argument(p)
     p.add_argument("--contexts", type=int, nargs="+", default=[1024, 16384],
                    help="prompt lengths (default: 1024 16384)")
     p.add_argument("--depths", type=int, nargs="+", default=[1, 3, 7],

@@ -89,10 +89,14 @@ def bench_positions(preset: Preset, dataset_dir: str | None, device: torch.devic
     """Load (or train) reproduce's models, then ``run_context`` for every context and temperature.
 
     Raises:
-        ValueError: for no key set or a native one, a bad temperature or seed, or a context the corpus cannot fill.
+        ValueError: for no key set, a native or gated one, a bad temperature or seed, or a context the corpus
+            cannot fill.
     """
     if not keysets or any(ks.window is None for ks in keysets):
         raise ValueError("--keysets needs windowed key sets (SINK:WINDOW): the native draft has nothing to re-index")
+    if any(ks.gate is not None for ks in keysets):
+        raise ValueError("--keysets takes ungated key sets (SINK:WINDOW): this study counts evictions from the first "
+                         "step on")
     check_temperatures(temperatures, sample_seeds)
     t_start = time.perf_counter()
     setup = bench_setup(POSITIONS_KIND, preset, dataset_dir, device, seed, contexts, cache_dir, command, progress, log)

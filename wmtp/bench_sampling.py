@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from .bench_common import add_model_arguments, bench_cli, bench_setup, model_options, run_contexts
+from .bench_common import add_keysets_argument, add_model_arguments, bench_cli, bench_setup, model_options, run_contexts
 from .config import Preset
 from .model import TargetLM
 from .mtp import MTPHead
@@ -85,7 +85,7 @@ def run_context(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: P
             for seed in seeds:
                 out, stats = speculative_sample(target, head, prompt, spec.new_tokens, spec.depth, ks.n_sink,
                                                 ks.window, temperature=temperature, seed=seed, method=method,
-                                                prefill=prefill)
+                                                prefill=prefill, gate=ks.gate)
                 if method == "gumbel" and not torch.equal(out, dense[seed]):
                     raise AssertionError(f"arm {ks.label} (gumbel) at context {prompt.numel()}, temperature "
                                          f"{temperature}, seed {seed} is not token-equal to dense sampling")
@@ -165,6 +165,7 @@ def table(result: dict):
 def add_arguments(p) -> None:
     """``wmtp bench sampling``'s options (wmtp/cli.py builds the parser)."""
     add_model_arguments(p)
+    add_keysets_argument(p)
     p.add_argument("--contexts", type=int, nargs="+", default=[1024, 16384],
                    help="prompt lengths (default: 1024 16384)")
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.7, 1.0],

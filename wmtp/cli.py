@@ -85,8 +85,9 @@ def build_parser(prog: str = "wmtp") -> argparse.ArgumentParser:
     rep.add_argument("--checkpoint", type=Path, default=None,
                      help="checkpoint to load, or to write after training (default: in the cache dir)")
     rep.add_argument("--depth", type=int, default=None, help="draft tokens per step K (default: the preset's)")
-    rep.add_argument("--keysets", nargs="+", default=None, metavar="SINK:WINDOW",
-                     help="windowed draft arms, e.g. 64:4096 8:64 (the native arm always runs; default: preset's)")
+    rep.add_argument("--keysets", nargs="+", default=None, metavar="SINK:WINDOW[@GATE]",
+                     help="windowed draft arms, e.g. 64:4096 8:64, or 8:64@8192 (native up to a context of 8192 "
+                          "tokens); the native arm always runs (default: preset's)")
     rep.add_argument("--contexts", type=int, nargs="+", default=None, help="prompt lengths (default: preset's)")
     rep.add_argument("--new-tokens", type=int, default=None, help="tokens generated per arm (default: preset's)")
     rep.add_argument("--no-progress", action="store_true", help="no progress bars")

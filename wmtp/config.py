@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .keyset import check_key_set_args
+from .keyset import check_gate, check_key_set_args
 
 
 @dataclass(frozen=True)
@@ -54,27 +54,36 @@ class MTPConfig:
 
 @dataclass(frozen=True)
 class KeySetConfig:
-    """One draft key set: ``n_sink`` sinks plus ``window`` recent keys (``None`` = full context)."""
+    """One draft key set: ``n_sink`` sinks plus ``window`` recent keys (``None`` = full context),
+    read by the steps past a context of ``gate`` tokens only (``gated_key_set`` in wmtp/keyset.py;
+    ``None``: at every context, as in the paper)."""
 
     n_sink: int = 64  # paper: 64 attention sinks
     window: int | None = 4096  # paper: 4096 recent keys, including the query's own
+    gate: int | None = None  # beyond the paper: the full causal set up to this context
 
     def __post_init__(self) -> None:
         check_key_set_args(self.n_sink, self.window)
+        check_gate(self.gate, self.window)
 
     @property
     def label(self) -> str:
-        return "native" if self.window is None else f"sink{self.n_sink}+win{self.window}"
+        if self.window is None:
+            return "native"
+        return f"sink{self.n_sink}+win{self.window}" + ("" if self.gate is None else f"+gate{self.gate}")
 
 
 def parse_keyset(text: str) -> KeySetConfig:
-    """``"SINK:WINDOW"`` (the command line's form, e.g. ``64:4096``) to a ``KeySetConfig``;
-    ``ValueError`` on anything else."""
+    """``"SINK:WINDOW"`` or ``"SINK:WINDOW@GATE"`` (the command line's forms, e.g. ``64:4096`` and
+    ``8:64@8192``) to a ``KeySetConfig``; ``ValueError`` on anything else."""
+    keys, at, gate = text.partition("@")
     try:
-        sink, window = (int(x) for x in text.split(":"))
+        sink, window = (int(x) for x in keys.split(":"))
+        gate = int(gate) if at else None
     except ValueError:
-        raise ValueError(f"key set {text!r} is not SINK:WINDOW (two integers, e.g. 64:4096)") from None
-    return KeySetConfig(n_sink=sink, window=window)
+        raise ValueError(f"key set {text!r} is not SINK:WINDOW or SINK:WINDOW@GATE (integers, e.g. 64:4096 "
+                         "or 8:64@8192)") from None
+    return KeySetConfig(n_sink=sink, window=window, gate=gate)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ target's latest token at position ``n``:
    target's greedy choices ``y_0 .. y_K``; ``d_i`` is accepted while ``d_i == y_{i-1}``;
 4. commit the accepted drafts plus ``y_a`` (the target's own next token).
 
-Only the head's attention key set changes with ``(n_sink, window)``. Every committed token is
+Only the head's attention key set changes with ``(n_sink, window)`` (and, with a context ``gate``,
+from step to step: ``gated_key_set`` in wmtp/keyset.py). Every committed token is
 the target's greedy argmax given the committed prefix, so the output equals ``greedy_generate``
 token for token, whatever the draft proposes (tests/test_lossless.py asserts it). Both caches are
 position-indexed: rejected positions are overwritten by the next step, never rolled back
@@ -29,8 +30,6 @@ pass silently (none did in the committed CUDA run, metrics/python-stdlib-seed42-
 
 from __future__ import annotations
 
-import functools
-import inspect
 import operator
 import time
 from collections.abc import Callable
@@ -39,17 +38,15 @@ import torch
 
 from .attention import resolve_impl
 from .device import synchronize
-from .keyset import check_positions, key_count
+from .keyset import gated_key_set, key_count
 from .model import TargetLM
 from .mtp import MTPHead
 from .policy import DepthPolicy, as_policy, next_depth
 from .prefill import Prefill, start
-from .request import check_request, check_spec_request
+from .request import check_request, check_spec_request, draft_ring, with_positions
 from .stats import SpecStats
 
 VERIFIERS = ("batched", "loop")
-DRAFT_CACHES = ("full", "ring")  # the draft's KV: every position, or a ring of its key set (wmtp/ringcache.py)
-RING_PREFILL = 256  # positions a ring's prefill writes a call: its spare slots are at least this minus one
 Verifier = Callable[[torch.Tensor, torch.Tensor], int]  # (drafts (K,), target choices (K+1,)) -> accepted
 
 
@@ -188,7 +185,8 @@ def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Ten
                          max_new_tokens: int, depth: int | DepthPolicy, n_sink: int | None = None,
                          window: int | None = None, impl: str = "auto", eos_id: int | None = None,
                          verifier: str | Verifier = "batched",
-                         prefill: Prefill | None = None, draft_cache: str = "full", positions: str = "absolute"
+                         prefill: Prefill | None = None, draft_cache: str = "full", positions: str = "absolute",
+                         gate: int | None = None
                          ) -> tuple[torch.Tensor, SpecStats] | tuple[list[torch.Tensor], list[SpecStats]]:
     """Greedy speculative decoding with an MTP draft head whose attention reads ``(n_sink, window)``.
 
@@ -213,6 +211,9 @@ def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Ten
         positions: the draft keys' RoPE positions: ``"absolute"`` (the paper's) or ``"reindexed"``
             (StreamingLLM's, inside the key set: wmtp/keyset.py). Drafts, and so acceptance, may
             differ; the output is the same either way.
+        gate: a context gate (``gated_key_set`` in wmtp/keyset.py): a step whose context is at most
+            ``gate`` tokens drafts with the full causal set, a later one with ``(n_sink, window)``
+            (a windowed key set and the full draft cache only). The output is the same either way.
 
     Returns:
         The new tokens (identical to ``greedy_generate``) and the step statistics.
@@ -221,58 +222,27 @@ def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Ten
         _one_prompt(prefill)
         runs = _each_prompt(prompt_ids, lambda p: speculative_generate(
             target, draft, p, max_new_tokens, depth, n_sink, window, impl, eos_id, verifier, draft_cache=draft_cache,
-            positions=positions))
+            positions=positions, gate=gate))
         return [out for out, _ in runs], [stats for _, stats in runs]
     if not callable(verifier) and verifier not in VERIFIERS:
         raise ValueError(f"unknown verifier {verifier!r}; choose one of {', '.join(VERIFIERS)} or pass a function")
     verify = verifier if callable(verifier) else {"batched": verify_greedy, "loop": verify_greedy_loop}[verifier]
     return speculative_loop(target, draft, prompt_ids, max_new_tokens, depth, n_sink, window, impl, eos_id, prefill,
-                            GreedyRule(verify), draft_cache, positions)
-
-
-def draft_ring(draft_cache: str, n_sink: int | None, window: int | None, depth: int) -> tuple[int, int, int] | None:
-    """``draft_cache``'s ring ``(n_sink, window, spare)``, or ``None`` for the full draft KV.
-
-    Raises:
-        ValueError: for an unknown ``draft_cache``, or a ring for the native draft (``window=None``).
-    """
-    if draft_cache not in DRAFT_CACHES:
-        raise ValueError(f"unknown draft_cache {draft_cache!r}; choose one of {', '.join(DRAFT_CACHES)}")
-    if draft_cache == "full":
-        return None
-    if window is None:
-        raise ValueError("draft_cache='ring' keeps a window of keys; the native draft (window=None) reads every key")
-    return n_sink or 0, window, max(depth, RING_PREFILL - 1)
-
-
-def with_positions(draft: MTPHead, positions: str) -> MTPHead:
-    """``draft`` calling its forward with ``positions`` (``MTPHead.forward``'s argument); ``draft``
-    itself for ``"absolute"``, so a draft callable without that argument runs as before.
-
-    Raises:
-        ValueError: for an unknown ``positions``, or ``"reindexed"`` with a draft that takes no
-            ``positions`` (checked here, before any prefill).
-    """
-    if check_positions(positions) == "absolute":
-        return draft
-    params = inspect.signature(draft).parameters.values()
-    if not any(p.name == "positions" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        raise ValueError(f"positions={positions!r} needs a draft that takes positions= (MTPHead does); "
-                         f"{type(draft).__name__} does not")
-    return functools.partial(draft, positions=positions)
+                            GreedyRule(verify), draft_cache, positions, gate)
 
 
 def speculative_loop(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max_new_tokens: int,
                      depth: int | DepthPolicy, n_sink: int | None, window: int | None, impl: str, eos_id: int | None,
                      prefill: Prefill | None, rule, draft_cache: str = "full",
-                     positions: str = "absolute") -> tuple[torch.Tensor, SpecStats]:
+                     positions: str = "absolute", gate: int | None = None) -> tuple[torch.Tensor, SpecStats]:
     """One prompt's speculative decoding (the module docstring's four steps); ``rule`` picks the
     first token, the drafts and what the verify pass accepts (``GreedyRule``: speculative_generate);
-    ``depth`` (an int or a policy) how many drafts each step proposes."""
+    ``depth`` (an int or a policy) how many drafts each step proposes; ``gate`` each step's key set
+    (``gated_key_set``)."""
     policy = as_policy(depth)
     depth = policy.max_depth  # the caches hold a step of the most drafts
-    needed = check_spec_request(target, draft, prompt_ids, max_new_tokens, depth, n_sink, window, eos_id)
-    ring, head = draft_ring(draft_cache, n_sink, window, depth), with_positions(draft, positions)
+    needed = check_spec_request(target, draft, prompt_ids, max_new_tokens, depth, n_sink, window, eos_id, gate)
+    ring, head = draft_ring(draft_cache, n_sink, window, depth, gate), with_positions(draft, positions)
     prompt_ids = prompt_ids.long()  # any integer dtype (the embedding takes int64 or int32 only)
     impl = resolve_impl(impl, prompt_ids.device, target.embed.dtype, target.config.head_dim,
                         target.config.n_heads // target.config.n_kv_heads)
@@ -290,18 +260,19 @@ def speculative_loop(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor,
     n = P  # committed positions 0..n-1 are in the target cache; x sits at position n
     while not stop:
         k = next_depth(policy, n, depth)
+        sink, win = gated_key_set(n + 1, n_sink, window, gate)  # this step's key set: positions 0..n are committed
         synchronize(dev)
         t0 = time.perf_counter()
         ext_pos = torch.arange(head_start, n, device=dev)
-        dlogits, g = head(h_new, next_tokens[None], ext_pos, dcache, n_sink, window, impl)
+        dlogits, g = head(h_new, next_tokens[None], ext_pos, dcache, sink, win, impl)
         drafts = [rule.propose(dlogits[0, -1], n + 1)]  # d_1 guesses position n + 1
         for i in range(1, k):  # recursive drafting: the head's own hidden state feeds it back
             pos_i = torch.tensor([n - 1 + i], device=dev)
-            dlogits, g = head(g[:, -1:], drafts[-1].view(1, 1), pos_i, dcache, n_sink, window, impl)
+            dlogits, g = head(g[:, -1:], drafts[-1].view(1, 1), pos_i, dcache, sink, win, impl)
             drafts.append(rule.propose(dlogits[0, -1], n + 1 + i))
         d = torch.stack(drafts)  # (K,)
         draft_pos = range(head_start, n - 1 + k)  # the extend's queries, then the recursive ones
-        stats.draft_keys_read += sum(key_count(t, n_sink, window) for t in draft_pos)
+        stats.draft_keys_read += sum(key_count(t, sink, win) for t in draft_pos)
         stats.draft_queries += len(draft_pos)
         synchronize(dev)
         t1 = time.perf_counter()

@@ -111,11 +111,12 @@ class Generation:
 @torch.no_grad()
 def generate(target: TargetLM, head: MTPHead, prompt_ids: torch.Tensor, max_new_tokens: int, depth: int,
              n_sink: int | None = None, window: int | None = None, impl: str = "auto", check: bool = True,
-             eos_id: int | None = None, reference: torch.Tensor | None = None, loop: str = "eager") -> Generation:
+             eos_id: int | None = None, reference: torch.Tensor | None = None, loop: str = "eager",
+             gate: int | None = None) -> Generation:
     """Greedy speculative decoding with each new token marked as an accepted draft or the target's.
 
     Args:
-        target, head, prompt_ids, max_new_tokens, depth, n_sink, window, impl, eos_id: as
+        target, head, prompt_ids, max_new_tokens, depth, n_sink, window, impl, eos_id, gate: as
             ``speculative_generate``'s (``window=None``: the native draft, the whole context).
         check: compare the tokens with dense greedy decoding's: ``reference`` if given (the tokens of
             ``greedy_generate`` for the same arguments, run once for many key sets), else a run of it.
@@ -132,7 +133,8 @@ def generate(target: TargetLM, head: MTPHead, prompt_ids: torch.Tensor, max_new_
     dense_loop, spec_loop = loop_functions(loop)
     recorder = _Recorder(depth)
     t0 = time.perf_counter()
-    ids, stats = spec_loop(target, head, prompt_ids, max_new_tokens, recorder, n_sink, window, impl=impl, eos_id=eos_id)
+    ids, stats = spec_loop(target, head, prompt_ids, max_new_tokens, recorder, n_sink, window, impl=impl, eos_id=eos_id,
+                           gate=gate)
     seconds = time.perf_counter() - t0
     if check and reference is None:
         reference = dense_loop(target, prompt_ids, max_new_tokens, impl=impl, eos_id=eos_id)

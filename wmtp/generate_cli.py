@@ -27,9 +27,10 @@ def add_arguments(p) -> None:
                    help=f"tokens to generate, at most {MAX_NEW_TOKENS}; an end-of-text token stops it (default: 64)")
     p.add_argument("--depth", type=int, default=None,
                    help=f"draft tokens per step, at most {MAX_DEPTH} (default: the preset's)")
-    p.add_argument("--keyset", nargs="+", default=None, metavar="SINK:WINDOW|native",
-                   help="the draft's key set, e.g. 8:64, or native; several: one run each, the same text with "
-                        "other drafts marked (default: the preset's last windowed one)")
+    p.add_argument("--keyset", nargs="+", default=None, metavar="SINK:WINDOW[@GATE]|native",
+                   help="the draft's key set, e.g. 8:64, or native; 8:64@4096 drafts natively up to a context of "
+                        "4096 tokens and over 8+64 keys past it; several: one run each, the same text with other "
+                        "drafts marked (default: the preset's last windowed one)")
     p.add_argument("--impl", default="auto", choices=IMPLS, help="attention implementation (default: auto)")
     p.add_argument("--loop", default="eager", choices=("eager", "graph"),
                    help="eager: wmtp/decode.py's loops; graph: wmtp/static_decode.py's in CUDA graphs, CUDA and "
@@ -119,7 +120,8 @@ def cli(args, prog: str, argv: list[str]) -> int:
     dense = None if args.no_check else loop_functions(args.loop)[0](target, prompt, args.max_new_tokens, impl=impl,
                                                                     eos_id=eos, step_times=dense_steps)
     runs = [generate(target, head, prompt, args.max_new_tokens, depth, ks.n_sink, ks.window, impl,
-                     check=not args.no_check, eos_id=eos, reference=dense, loop=args.loop) for ks in keysets]
+                     check=not args.no_check, eos_id=eos, reference=dense, loop=args.loop, gate=ks.gate)
+            for ks in keysets]
     out, dec = stdout_console(), (lambda x: tokenizer.decode(tok, x))
     out.print(Text(dec(prompt[-64:]).lstrip("\ufffd"), style="dim"), soft_wrap=True)  # from a whole character
     for ks, g in zip(keysets, runs):
@@ -150,8 +152,8 @@ def cli(args, prog: str, argv: list[str]) -> int:
             "depth": depth, "decode_dtype": str(dtype)[6:], "impl": impl, "loop": args.loop,
             "prompt_ids": prompt.tolist(), "dense_ids": None if dense is None else dense.tolist(),
             "dense_step_s": dense_steps,
-            "runs": [{"n_sink": ks.n_sink, "window": ks.window, "ids": g.ids.tolist(), "drafted": g.drafted,
-                      "text": dec(g.ids), "steps": g.stats.steps, "proposed": g.stats.proposed,
+            "runs": [{"n_sink": ks.n_sink, "window": ks.window, "gate": ks.gate, "ids": g.ids.tolist(),
+                      "drafted": g.drafted, "text": dec(g.ids), "steps": g.stats.steps, "proposed": g.stats.proposed,
                       "accepted": g.stats.accepted, "draft_queries": g.stats.draft_queries,
                       "draft_keys_read": g.stats.draft_keys_read, "mean_accept_length": g.stats.mean_accept_length,
                       "acceptance_rate": g.stats.acceptance_rate, "seconds": g.seconds,

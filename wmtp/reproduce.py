@@ -113,7 +113,8 @@ def run_arms(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: Pres
     if prompt.device.type != "cpu":  # untimed first runs: Triton compiles (or loads) its kernels on first calls
         greedy_generate(target, prompt, spec.new_tokens)
         for ks in spec.keysets:
-            speculative_generate(target, head, prompt, spec.new_tokens, spec.depth, ks.n_sink, ks.window)
+            speculative_generate(target, head, prompt, spec.new_tokens, spec.depth, ks.n_sink, ks.window,
+                                 gate=ks.gate)
     dense_steps: list[float] = []
     dense = greedy_generate(target, prompt, spec.new_tokens, step_times=dense_steps)
     dense_step = statistics.median(dense_steps)
@@ -121,7 +122,8 @@ def run_arms(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: Pres
            "dense": {"step_median_s": dense_step, "tpot_s": dense_step}, "arms": {}}
     native_draft = None
     for ks in sorted(spec.keysets, key=lambda c: c.window is not None):  # native first: the baseline
-        out, stats = speculative_generate(target, head, prompt, spec.new_tokens, spec.depth, ks.n_sink, ks.window)
+        out, stats = speculative_generate(target, head, prompt, spec.new_tokens, spec.depth, ks.n_sink, ks.window,
+                                          gate=ks.gate)
         if not torch.equal(out, dense):
             raise AssertionError(f"arm {ks.label} at context {prompt.numel()} is not lossless: "
                                  f"speculative output differs from dense greedy output")
@@ -132,7 +134,7 @@ def run_arms(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: Pres
         tpot_s = tpot(verify_step, draft_step, stats.mean_accept_length)  # TPOT = step / AL, from medians
         native_draft = draft_step if ks.window is None else native_draft
         row["arms"][ks.label] = s | {
-            "lossless": True, "n_sink": ks.n_sink, "window": ks.window,
+            "lossless": True, "n_sink": ks.n_sink, "window": ks.window, "gate": ks.gate,
             "draft_keys_read_per_step": stats.draft_keys_read / stats.steps,
             "draft_time_per_step_s": draft_step, "verify_time_per_step_s": verify_step, "step_median_s": step,
             "tpot_s": tpot_s, "tpot_speedup_vs_dense": speedup(dense_step, tpot_s),

@@ -1,18 +1,25 @@
 """A generation request's checks, shared by every generator (wmtp/decode.py, wmtp/static_decode.py)
 and by ``prefill_prompt`` (wmtp/prefill.py): what a caller can get wrong, refused with a
-``ValueError`` before anything runs, and the cache positions a valid request writes (arXiv
-2607.21535, Sec. 3: a verify pass writes ``depth + 1`` positions past the committed ones).
+``ValueError`` before anything runs, the cache positions a valid request writes (arXiv
+2607.21535, Sec. 3: a verify pass writes ``depth + 1`` positions past the committed ones), and the
+draft's options resolved (its cache's ring, its keys' positions).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 
-from .keyset import check_key_set_args, is_integer_tensor
+from .keyset import check_gate, check_key_set_args, check_positions, is_integer_tensor
 from .model import TargetLM
 from .mtp import MTPHead
 
-__all__ = ["check_draft", "check_request", "check_spec_request"]
+__all__ = ["check_draft", "check_request", "check_spec_request", "draft_ring", "with_positions"]
+
+DRAFT_CACHES = ("full", "ring")  # the draft's KV: every position, or a ring of its key set (wmtp/ringcache.py)
+RING_PREFILL = 256  # positions a ring's prefill writes a call: its spare slots are at least this minus one
 
 
 def check_request(target: TargetLM, prompt_ids: torch.Tensor, max_new_tokens: int, extra: int,
@@ -44,14 +51,54 @@ def check_draft(target: TargetLM, draft: MTPHead) -> None:
 
 
 def check_spec_request(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max_new_tokens: int,
-                       depth: int, n_sink: int | None, window: int | None, eos_id: int | None) -> int:
-    """A speculative request's checks; returns the cache positions it writes."""
+                       depth: int, n_sink: int | None, window: int | None, eos_id: int | None,
+                       gate: int | None = None) -> int:
+    """A speculative request's checks (``gate``: wmtp/keyset.py's context gate); returns the cache
+    positions it writes."""
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
         raise ValueError(f"depth must be a positive integer, got {depth!r}")
     check_draft(target, draft)
     check_key_set_args(n_sink, window)
+    check_gate(gate, window)
     # a step runs while fewer than max_new_tokens are out, so x sits at n <= P + max_new_tokens - 2 and
     # the verify pass writes n .. n + depth: positions up to P + max_new_tokens + depth - 2; with
     # max_new_tokens <= 1 no step runs and only the prefill's P positions are written
     return check_request(target, prompt_ids, max_new_tokens, extra=depth - 1 if max_new_tokens > 1 else -1,
                          eos_id=eos_id)
+
+
+def draft_ring(draft_cache: str, n_sink: int | None, window: int | None, depth: int,
+               gate: int | None = None) -> tuple[int, int, int] | None:
+    """``draft_cache``'s ring ``(n_sink, window, spare)``, or ``None`` for the full draft KV.
+
+    Raises:
+        ValueError: for an unknown ``draft_cache``, or a ring for the native draft (``window=None``)
+            or a gated one (its steps below the gate read every key).
+    """
+    if draft_cache not in DRAFT_CACHES:
+        raise ValueError(f"unknown draft_cache {draft_cache!r}; choose one of {', '.join(DRAFT_CACHES)}")
+    if draft_cache == "full":
+        return None
+    if window is None:
+        raise ValueError("draft_cache='ring' keeps a window of keys; the native draft (window=None) reads every key")
+    if gate is not None:
+        raise ValueError(f"draft_cache='ring' keeps a window of keys; a draft gated at {gate} reads every key while "
+                         "the context is at most that (use draft_cache='full')")
+    return n_sink or 0, window, max(depth, RING_PREFILL - 1)
+
+
+def with_positions(draft: MTPHead, positions: str) -> MTPHead:
+    """``draft`` calling its forward with ``positions`` (``MTPHead.forward``'s argument); ``draft``
+    itself for ``"absolute"``, so a draft callable without that argument runs as before.
+
+    Raises:
+        ValueError: for an unknown ``positions``, or ``"reindexed"`` with a draft that takes no
+            ``positions`` (checked here, before any prefill).
+    """
+    if check_positions(positions) == "absolute":
+        return draft
+    params = inspect.signature(draft).parameters.values()
+    if not any(p.name == "positions" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        raise ValueError(f"positions={positions!r} needs a draft that takes positions= (MTPHead does); "
+                         f"{type(draft).__name__} does not")
+    return functools.partial(draft, positions=positions)

@@ -199,7 +199,7 @@ def speculative_sample(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tenso
                        window: int | None = None, *,
                        temperature: float, seed: int = 0, method: str = "rejection", impl: str = "auto",
                        eos_id: int | None = None, prefill: Prefill | None = None, draft_cache: str = "full",
-                       positions: str = "absolute"
+                       positions: str = "absolute", gate: int | None = None
                        ) -> tuple[torch.Tensor, SpecStats] | tuple[list[torch.Tensor], list[SpecStats]]:
     """Sampled speculative decoding with an MTP draft head whose attention reads ``(n_sink, window)``.
 
@@ -223,9 +223,9 @@ def speculative_sample(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tenso
         _one_prompt(prefill)
         runs = _each_prompt(prompt_ids, lambda p: speculative_sample(
             target, draft, p, max_new_tokens, depth, n_sink, window, temperature=temperature, seed=seed,
-            method=method, impl=impl, eos_id=eos_id, draft_cache=draft_cache, positions=positions))
+            method=method, impl=impl, eos_id=eos_id, draft_cache=draft_cache, positions=positions, gate=gate))
         return [out for out, _ in runs], [stats for _, stats in runs]
     rule = GreedyRule() if not temperature else (RejectionRule if method == "rejection" else GumbelRule)(
         temperature, seed)
     return speculative_loop(target, draft, prompt_ids, max_new_tokens, depth, n_sink, window, impl, eos_id, prefill,
-                            rule, draft_cache, positions)
+                            rule, draft_cache, positions, gate)

@@ -48,14 +48,14 @@ from collections.abc import Callable
 import torch
 
 from .attention import resolve_impl
-from .decode import _each_prompt, _finish, _one_prompt, draft_ring, with_positions
+from .decode import _each_prompt, _finish, _one_prompt
 from .graphs import Clock, graph_pool, on_device_of, runner, use_graph
-from .keyset import key_count
+from .keyset import gated_key_set, key_count
 from .model import TargetLM
 from .mtp import MTPHead
 from .policy import DepthPolicy, as_policy, next_depth
 from .prefill import Prefill, start
-from .request import check_request, check_spec_request
+from .request import check_request, check_spec_request, draft_ring, with_positions
 from .stats import SpecStats
 
 EOS_CHECK = 16  # greedy: steps between reads of the output when an eos_id can stop it early
@@ -127,7 +127,7 @@ def static_speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: to
                                 max_new_tokens: int, depth: int | DepthPolicy, n_sink: int | None = None,
                                 window: int | None = None, impl: str = "auto", eos_id: int | None = None,
                                 cuda_graph: bool | None = None, prefill: Prefill | None = None,
-                                draft_cache: str = "full", positions: str = "absolute"
+                                draft_cache: str = "full", positions: str = "absolute", gate: int | None = None
                                 ) -> tuple[torch.Tensor, SpecStats] | tuple[list[torch.Tensor], list[SpecStats]]:
     """Greedy (Windowed-)MTP speculative decoding with device-resident steps.
 
@@ -144,26 +144,28 @@ def static_speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: to
         draft_cache: as ``speculative_generate``'s: ``"ring"`` keeps the draft's KV in a ring
             (wmtp/ringcache.py; the extend's at most ``depth + 1`` rows are within its spare slots).
         positions: as ``speculative_generate``'s (``"reindexed"``: StreamingLLM's, wmtp/keyset.py).
+        gate: as ``speculative_generate``'s (a context gate: wmtp/keyset.py); a draft phase is
+            captured per key set too.
     """
     if isinstance(prompt_ids, (list, tuple)):
         _one_prompt(prefill)
         runs = _each_prompt(prompt_ids, lambda p: static_speculative_generate(
             target, draft, p, max_new_tokens, depth, n_sink, window, impl, eos_id, cuda_graph,
-            draft_cache=draft_cache, positions=positions))
+            draft_cache=draft_cache, positions=positions, gate=gate))
         return [out for out, _ in runs], [stats for _, stats in runs]
     with on_device_of(prompt_ids):
         return _speculative(target, draft, prompt_ids, max_new_tokens, depth, n_sink, window, impl, eos_id,
-                            cuda_graph, prefill, draft_cache, positions)
+                            cuda_graph, prefill, draft_cache, positions, gate)
 
 
 def _speculative(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max_new_tokens: int, depth: int,
                  n_sink: int | None, window: int | None, impl: str, eos_id: int | None,
                  cuda_graph: bool | None, prefill: Prefill | None, draft_cache: str,
-                 positions: str) -> tuple[torch.Tensor, SpecStats]:
+                 positions: str, gate: int | None) -> tuple[torch.Tensor, SpecStats]:
     policy = as_policy(depth)
     depth = policy.max_depth  # the state and the caches hold a step of the most drafts
-    needed = check_spec_request(target, draft, prompt_ids, max_new_tokens, depth, n_sink, window, eos_id)
-    ring, head = draft_ring(draft_cache, n_sink, window, depth), with_positions(draft, positions)
+    needed = check_spec_request(target, draft, prompt_ids, max_new_tokens, depth, n_sink, window, eos_id, gate)
+    ring, head = draft_ring(draft_cache, n_sink, window, depth, gate), with_positions(draft, positions)
     prompt_ids, dev, K = prompt_ids.long(), prompt_ids.device, depth
     impl = resolve_impl(impl, dev, target.embed.dtype, target.config.head_dim,
                         target.config.n_heads // target.config.n_kv_heads)
@@ -191,13 +193,14 @@ def _speculative(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max
     n = torch.zeros(1, dtype=torch.long, device=dev)  # (1,) position of the target's latest token
     report = torch.zeros(K + 2, dtype=torch.long, device=dev)  # (K+2,) accepted count, the K+1 choices
 
-    def draft_phase(e: int, k: int) -> None:  # the extend of e rows (NOTE [Static extend]), k - 1 recursive drafts
-        dlogits, g = head(h_next[:, :e], t_next[None, :e], n_prev + rows[:e], dcache, n_sink, window, impl)  # (1, e, V)
+    def draft_phase(e: int, k: int, sink: int | None, win: int | None) -> None:
+        # the extend of e rows (NOTE [Static extend]), k - 1 recursive drafts, over the key set (sink, win)
+        dlogits, g = head(h_next[:, :e], t_next[None, :e], n_prev + rows[:e], dcache, sink, win, impl)  # (1, e, V)
         proposals = [dlogits[0].index_select(0, accepted).argmax(-1)]  # (1,) from row `accepted`
         g = g.index_select(1, accepted)  # (1, 1, d)
         at = n_prev + accepted + 1  # (1,)
         for i in range(1, k):
-            dlogits, g = head(g, proposals[-1].view(1, 1), at + (i - 1), dcache, n_sink, window, impl)
+            dlogits, g = head(g, proposals[-1].view(1, 1), at + (i - 1), dcache, sink, win, impl)
             proposals.append(dlogits[0, -1].argmax().view(1))
         drafts[:k].copy_(torch.cat(proposals))
         n.copy_(at)
@@ -214,28 +217,29 @@ def _speculative(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max
         t_next[: k + 1].copy_(choice)
 
     state = (h_next, t_next, n_prev, accepted)
-    draft_runs: dict[tuple[int, int], Callable[[], None]] = {}  # NOTE [Static depths]: by (extend rows, depth)
+    draft_runs: dict[tuple, Callable[[], None]] = {}  # NOTE [Static depths]: by (extend rows, depth, key set)
     verify_runs: dict[int, Callable[[], None]] = {}  # by depth
     pool = graph_pool() if graph else None  # every capture of this run: NOTE [One graph pool] in wmtp/graphs.py
     clock, head_start, pos, e = Clock(dev), P - 1, P, 1
     while not stop:
         k = next_depth(policy, pos, K)
+        keys = gated_key_set(pos + 1, n_sink, window, gate)  # this step's key set: positions 0..pos are committed
         # In this order: a new depth is a new (e, k) pair, so the draft phase's capture warm-up writes
         # this step's drafts and n before the verify phase's warm-up reads them (runner: what a warm-up
         # writes to the caches, the real step rewrites the same).
-        if (e, k) not in draft_runs:
-            draft_runs[e, k] = runner(lambda e=e, k=k: draft_phase(e, k), (), graph, pool)
+        if (e, k, keys) not in draft_runs:
+            draft_runs[e, k, keys] = runner(lambda e=e, k=k, keys=keys: draft_phase(e, k, *keys), (), graph, pool)
         if k not in verify_runs:
             verify_runs[k] = runner(lambda k=k: verify_phase(k), state, graph, pool)
         clock.mark()
-        draft_runs[e, k]()
+        draft_runs[e, k, keys]()
         clock.mark()
         verify_runs[k]()
         clock.mark()
         a, *choice = report.tolist()  # the step's one read of the device
         draft_s, verify_s = clock.spans()
         draft_pos = [*range(head_start, head_start + e), *range(pos, pos + k - 1)]
-        stats.draft_keys_read += sum(key_count(t, n_sink, window) for t in draft_pos)
+        stats.draft_keys_read += sum(key_count(t, *keys) for t in draft_pos)
         stats.draft_queries += len(draft_pos)
         stats.add_step(a, draft_s, verify_s, depth=k)
         policy.update(k, a, draft_s, verify_s)
