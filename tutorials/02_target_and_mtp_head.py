@@ -177,14 +177,18 @@ for n_sink, window in [(0, None), (4, 16), (0, 2), (0, 1)]:
 # accepted draft of the head (in brackets below) or the target's own token (the first, from the
 # prefill, and the last of every step). The tokens are the same in every row; only the brackets move.
 # `wmtp generate "some text"` prints this for real text, the drafts in bold green (README, "See the drafts").
+# The last row is **gated** (`wmtp.keyset.gated_key_set`): a step drafts natively while its context
+# is at most 64 tokens (here only the first step, at 61) and over one key past that. It gets the
+# native row's marks back: the one-key draft loses its drafts in its first steps only; once in step
+# with the phrases it is right wherever the native draft is.
 
 # %%
-for n_sink, window in [(0, None), (0, 2), (0, 1)]:
-    g = generate(t64, h64, prompt, 24, DEPTH, n_sink, window)
+for n_sink, window, gate in [(0, None, None), (0, 2, None), (0, 1, None), (0, 1, 64)]:
+    g = generate(t64, h64, prompt, 24, DEPTH, n_sink, window, gate=gate)
     assert g.dense_equal and torch.equal(g.ids, dense[:24])
-    label = "native" if window is None else f"sink{n_sink}+win{window}"
+    label = "native" if window is None else f"sink{n_sink}+win{window}" + (f"@{gate}" if gate else "")
     row = " ".join(f"[{t}]" if drafted else f" {t} " for t, drafted in zip(g.ids.tolist(), g.drafted))
-    print(f"{label:>11} ({g.stats.steps:>2} steps): {row}")
+    print(f"{label:>13} ({g.stats.steps:>2} steps): {row}")
 
 # %% [markdown]
 # ## Discussion

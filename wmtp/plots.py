@@ -117,7 +117,7 @@ def _grouped_bars(ax, arms: list[str], series: dict[str, list[float]],
     for i, (name, heights) in enumerate(series.items()):
         x = [a + (i - (len(series) - 1) / 2) * width for a in range(len(arms))]
         ax.bar(x, heights, width, label=name, **({"yerr": whiskers[name], "capsize": 3} if whiskers else {}))
-    ax.set_xticks(range(len(arms)), arms)
+    ax.set_xticks(range(len(arms)), [a.replace("+gate", "\n+gate") for a in arms])  # a gated label on two lines
 
 
 def plot_depth(m: dict, png_path: str | Path) -> None:
