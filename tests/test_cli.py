@@ -1,6 +1,7 @@
 """The ``wmtp`` command: help texts, bad input (exit 2, one line, no traceback), and a tiny
 end-to-end ``reproduce`` that writes a metrics JSON whose every arm was asserted lossless."""
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from wmtp.cli import auto_research_main, main
+from wmtp.config import KeySetConfig
 
 WORDS = "the of and in to a was is for on as with by he at from his an were are which it this that".split()
 
@@ -254,18 +256,21 @@ def test_draft_attention_bar_is_judged_on_cpu_only():
     from wmtp.reproduce import draft_attention_bar
 
     rows = [{"context": 16384, "n_sink": 0, "window": None, "keys_read": 16384, "time_ratio_vs_native": 1.0},
-            {"context": 16384, "n_sink": 8, "window": 64, "keys_read": 72, "time_ratio_vs_native": 20.0},
+            {"context": 16384, "n_sink": 8, "window": 64, "gate": 32768, "keys_read": 16384,
+             "time_ratio_vs_native": 1.0},  # gated past this context: the native key set, not the bar's
+            {"context": 16384, "n_sink": 8, "window": 64, "gate": None, "keys_read": 72, "time_ratio_vs_native": 20.0},
             {"context": 4096, "n_sink": 8, "window": 64, "keys_read": 72, "time_ratio_vs_native": 2.0}]
     bar = draft_attention_bar(rows, torch.device("cpu"))
     assert (bar["met"], bar["ratio"], bar["keys_read"], bar["judged_on"]) == (True, 20.0, 72, "cpu")
-    rows[1]["time_ratio_vs_native"] = 14.9
+    rows[2]["time_ratio_vs_native"] = 14.9
     assert draft_attention_bar(rows, torch.device("cpu"))["met"] is False
     assert draft_attention_bar(rows, torch.device("cuda"))["met"] is None  # no device needed: the type decides
-    assert draft_attention_bar(rows[2:], torch.device("cpu")) is None
+    assert draft_attention_bar(rows[3:], torch.device("cpu")) is None
+    assert draft_attention_bar(rows[:2], torch.device("cpu")) is None  # only the gated row at 16384
 
 
-@pytest.mark.parametrize("device, untimed_runs", [("cpu", 0), ("meta", 3)])
-def test_run_arms_warms_up_off_the_cpu_only(monkeypatch, device, untimed_runs):
+@pytest.mark.parametrize("device, warmed", [("cpu", False), ("meta", True)])
+def test_run_arms_warms_up_off_the_cpu_only(monkeypatch, device, warmed):
     """Off the CPU every run is made once untimed first (Triton compiles on first calls); on the
     CPU, where nothing compiles, never. Decoding is stubbed: this counts calls, on any device."""
     import wmtp.reproduce as rep
@@ -280,17 +285,24 @@ def test_run_arms_warms_up_off_the_cpu_only(monkeypatch, device, untimed_runs):
             step_times.extend([1e-3] * (n - 1))
         return torch.zeros(n, dtype=torch.long)
 
-    def speculative(target, head, prompt, n, depth, n_sink, window):
+    gates = []
+
+    def speculative(target, head, prompt, n, depth, n_sink, window, gate):
         calls["untimed"] += 1  # the timed runs are counted too, and subtracted below
+        gates.append(gate)
         stats = SpecStats(depth, proposed=depth, steps=1, committed=n, draft_times_s=[1e-3], verify_times_s=[1e-3])
         return torch.zeros(n, dtype=torch.long), stats
 
     monkeypatch.setattr(rep, "greedy_generate", greedy)
     monkeypatch.setattr(rep, "speculative_generate", speculative)
-    preset = get_preset("tiny")  # two key sets: native and one window
+    preset = get_preset("tiny")  # two key sets: native and one window; and one gated
+    preset = dataclasses.replace(preset, spec=dataclasses.replace(
+        preset.spec, keysets=(*preset.spec.keysets, KeySetConfig(4, 16, gate=20))))
     row = rep.run_arms(None, None, torch.zeros(8, dtype=torch.long, device=device), preset)
-    assert calls["untimed"] - len(preset.spec.keysets) == untimed_runs  # dense + each arm, once, off the CPU
+    untimed = 1 + len(preset.spec.keysets) if warmed else 0  # dense + each arm, once, off the CPU
+    assert calls["untimed"] - len(preset.spec.keysets) == untimed
     assert set(row["arms"]) == {ks.label for ks in preset.spec.keysets}
+    assert gates[-3:] == [None, None, 20] and row["arms"]["sink4+win16+gate20"]["gate"] == 20
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: reproduce with the Triton kernels")
@@ -416,6 +428,21 @@ def test_bench_sampling_writes_every_arm_and_method(capsys, wikitext_dir, tmp_pa
                 assert (a["mean_accept_length_change_vs_native"] is None) == (label == "native")
     assert "AL change vs native" in stdout and not list(tmp_path.glob("*.tmp"))
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # drawn by plots.plot_acceptance
+
+
+def test_bench_depth_and_sampling_take_gated_keysets(capsys, wikitext_dir, tmp_path):
+    """``--keysets SINK:WINDOW@GATE``: the gated arm runs (lossless, asserted inside each bench) and says its gate."""
+    common = ["--preset", "tiny", "--dataset-dir", str(wikitext_dir), "--device", "cpu", "--seed", "0",
+              "--contexts", "64", "--new-tokens", "9", "--cache-dir", str(tmp_path / "cache"), "--no-progress",
+              "--keysets", "4:16", "4:16@66"]
+    for bench, extra in (("depth", ["--depths", "1", "--rounds", "1"]),
+                         ("sampling", ["--temperatures", "1.0", "--sample-seeds", "3"])):
+        out = tmp_path / f"{bench}.json"
+        code, stdout, err = _run(capsys, ["bench", bench, *common, *extra, "--out", str(out)])
+        assert code == 0 and "sink4+win16+gate66" in stdout, err
+        (row,) = json.loads(out.read_text())["rows"]
+        assert list(row["arms"]) == ["native", "sink4+win16", "sink4+win16+gate66"]
+        assert [a["gate"] for a in row["arms"].values()] == [None, None, 66]
 
 
 @pytest.mark.parametrize("bad,match", [(["--temperatures", "-0.5"], "--temperatures must be finite and >= 0"),

@@ -1,4 +1,4 @@
-"""Context gating (wmtp/keyset.py ``gated_key_set``): a step drafts with the full causal set while
+"""Context gating (wmtp/policy.py ``gated_key_set``): a step drafts with the full causal set while
 its context is at most ``gate`` tokens, with the sink+window set past it; the output stays dense
 greedy's (``torch.equal``) in every loop, at every depth, wherever the gate falls in the run.
 
@@ -17,7 +17,7 @@ from decode_harness import DeviceOracle, random_prompt, same_counts
 import wmtp
 from wmtp.config import KeySetConfig, parse_keyset
 from wmtp.grading import harness_models
-from wmtp.keyset import check_gate, gated_key_set
+from wmtp.policy import check_gate, gated_key_set
 from wmtp.sampling import sample_generate, speculative_sample
 from wmtp.static_decode import static_speculative_generate
 
@@ -161,17 +161,39 @@ def test_gated_runs_are_lossless(models, loop, depth, n_sink, window):
                 assert stats.accept_length_histogram[j] >= stats.steps - 1, (gate, j)
 
 
-def test_gated_sampling(models):
-    """Gumbel verification with a gate equals dense sampling token for token; rejection sampling runs."""
+@pytest.mark.parametrize("method", ["gumbel", "rejection"])
+def test_gated_sampling(models, method):
+    """Sampled verification with a gate: gumbel equals dense sampling token for token; both methods
+    draft as the native run with a gate past the run and as the windowed run with one below it."""
     target, head = models
     prompt = random_prompt(20, seed=5)
     ref = sample_generate(target, prompt, 24, temperature=1.0, seed=7)
+    run = lambda **kw: speculative_sample(target, head, prompt, 24, 3, temperature=1.0, seed=7,  # noqa: E731
+                                          method=method, **kw)
+    (native_out, native), (windowed_out, windowed) = run(), run(n_sink=4, window=16)
+    for gate, out_same, same in [(20 + 24, native_out, native), (20, windowed_out, windowed)]:
+        out, stats = run(n_sink=4, window=16, gate=gate)
+        assert torch.equal(out, out_same) and stats.draft_keys_read == same.draft_keys_read, gate
+        same_counts(stats, same)
     for gate in (21, 30):
-        out, _ = speculative_sample(target, head, prompt, 24, 3, 4, 16, temperature=1.0, seed=7, method="gumbel",
-                                    gate=gate)
-        assert torch.equal(out, ref), gate
-        out, stats = speculative_sample(target, head, prompt, 24, 3, 4, 16, temperature=1.0, seed=7, gate=gate)
-        assert len(out) == 24 and stats.steps > 0
+        out, stats = run(n_sink=4, window=16, gate=gate)
+        assert windowed.draft_keys_read < stats.draft_keys_read < native.draft_keys_read, gate
+        if method == "gumbel":
+            assert torch.equal(out, ref), gate
+
+
+@pytest.mark.parametrize("generator", ["greedy", "static", "sampled"])
+def test_a_list_of_prompts_takes_the_gate(models, generator):
+    target, head = models
+    prompts = [random_prompt(20, seed=1), random_prompt(27, seed=2)]
+    run = {"greedy": wmtp.speculative_generate, "static": static_speculative_generate,
+           "sampled": lambda *a, **k: speculative_sample(*a, temperature=0.0, **k)}[generator]
+    outs, stats = run(target, head, prompts, 12, 2, 4, 16, gate=30)
+    for prompt, out, s in zip(prompts, outs, stats):
+        alone, s_alone = run(target, head, prompt, 12, 2, 4, 16, gate=30)
+        assert torch.equal(out, alone) and s.draft_keys_read == s_alone.draft_keys_read
+    _, ungated = run(target, head, prompts, 12, 2, 4, 16)
+    assert [s.draft_keys_read for s in stats] != [s.draft_keys_read for s in ungated]
 
 
 @pytest.mark.parametrize("loop", ["eager", "static"])
@@ -210,3 +232,21 @@ def test_cuda_gated_is_lossless(impl, graph, depth):
         assert out.device.type == "cuda" and torch.equal(out, ref), f"j={j}"
         eager, _ = wmtp.speculative_generate(target, draft, prompt, 33, depth, 4, 16, impl=impl, gate=40)
         assert torch.equal(eager, ref), f"eager, j={j}"
+    if graph:  # wmtp generate's loop: the marks and the check through the CUDA graphs
+        from wmtp.generate import generate
+
+        g = generate(target, head, prompt, 33, depth, 4, 16, impl, loop="graph", gate=40)
+        assert g.dense_equal and torch.equal(g.ids, ref)
+
+
+def test_the_draft_attention_bench_times_a_gated_key_set_at_its_context():
+    """bench.py's attention timing (reproduce's draft_attention): a gated key set is timed over the key set a
+    decode step at that context reads: every key up to its gate, its window past it."""
+    from wmtp.bench import bench_draft_attention
+    from wmtp.config import get_preset
+
+    keysets = (KeySetConfig(0, None), KeySetConfig(4, 16), KeySetConfig(4, 16, gate=100), KeySetConfig(4, 16, gate=10))
+    rows = bench_draft_attention(get_preset("tiny").model, (64,), keysets, repeats=2)
+    assert [(r["keyset"], r["gate"], r["keys_read"]) for r in rows] == [
+        ("native", None, 64), ("sink4+win16", None, 20), ("sink4+win16+gate100", 100, 64),
+        ("sink4+win16+gate10", 10, 20)]

@@ -177,7 +177,7 @@ for n_sink, window in [(0, None), (4, 16), (0, 2), (0, 1)]:
 # accepted draft of the head (in brackets below) or the target's own token (the first, from the
 # prefill, and the last of every step). The tokens are the same in every row; only the brackets move.
 # `wmtp generate "some text"` prints this for real text, the drafts in bold green (README, "See the drafts").
-# The last row is **gated** (`wmtp.keyset.gated_key_set`): a step drafts natively while its context
+# The last row is **gated** (`wmtp.policy.gated_key_set`): a step drafts natively while its context
 # is at most 64 tokens (here only the first step, at 61) and over one key past that. It gets the
 # native row's marks back: the one-key draft loses its drafts in its first steps only; once in step
 # with the phrases it is right wherever the native draft is.

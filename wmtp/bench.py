@@ -21,7 +21,8 @@ import torch
 from .attention import attention
 from .config import KeySetConfig, ModelConfig
 from .device import check_dtype, synchronize
-from .keyset import gated_key_set, key_count
+from .keyset import key_count
+from .policy import gated_key_set
 
 
 def time_call(fn: Callable[[], object], device: torch.device, repeats: int, warmup: int = 3) -> list[float]:

@@ -156,7 +156,8 @@ def add_arguments(p) -> None:
     p.add_argument("--loops", nargs="+", choices=LOOPS, default=None,
                    help="decode loops to time (default: eager and graph on CUDA, eager elsewhere)")
     p.add_argument("--draft-caches", nargs="+", choices=DRAFT_CACHES, default=["full"],
-                   help="the windowed arms' draft KV: full, ring, or both (default: full)")
+                   help="the windowed arms' draft KV: full, ring, or both; the native and gated arms read every "
+                        "key, so they run with the full draft KV only (default: full)")
     p.add_argument("--page-size", type=int, default=None,
                    help="keep the KV caches paged, in pages of this many positions (default: contiguous)")
     p.add_argument("--out", type=Path, default=None,

@@ -102,7 +102,7 @@ def run_context(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: P
                 "per_position_acceptance": stats.per_position_acceptance,
                 "mean_accept_length_change_vs_native": None if ks.window is None else al / native_al[method] - 1,
             }
-        row["arms"][ks.label] = {"n_sink": ks.n_sink, "window": ks.window, "methods": methods}
+        row["arms"][ks.label] = {"n_sink": ks.n_sink, "window": ks.window, "gate": ks.gate, "methods": methods}
     return row
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .keyset import check_gate, check_key_set_args
+from .keyset import check_key_set_args
+from .policy import check_gate
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ class MTPConfig:
 @dataclass(frozen=True)
 class KeySetConfig:
     """One draft key set: ``n_sink`` sinks plus ``window`` recent keys (``None`` = full context),
-    read by the steps past a context of ``gate`` tokens only (``gated_key_set`` in wmtp/keyset.py;
+    read by the steps past a context of ``gate`` tokens only (``gated_key_set`` in wmtp/policy.py;
     ``None``: at every context, as in the paper)."""
 
     n_sink: int = 64  # paper: 64 attention sinks

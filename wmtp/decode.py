@@ -11,7 +11,7 @@ target's latest token at position ``n``:
 4. commit the accepted drafts plus ``y_a`` (the target's own next token).
 
 Only the head's attention key set changes with ``(n_sink, window)`` (and, with a context ``gate``,
-from step to step: ``gated_key_set`` in wmtp/keyset.py). Every committed token is
+from step to step: ``gated_key_set`` in wmtp/policy.py). Every committed token is
 the target's greedy argmax given the committed prefix, so the output equals ``greedy_generate``
 token for token, whatever the draft proposes (tests/test_lossless.py asserts it). Both caches are
 position-indexed: rejected positions are overwritten by the next step, never rolled back
@@ -38,10 +38,10 @@ import torch
 
 from .attention import resolve_impl
 from .device import synchronize
-from .keyset import gated_key_set, key_count
+from .keyset import key_count
 from .model import TargetLM
 from .mtp import MTPHead
-from .policy import DepthPolicy, as_policy, next_depth
+from .policy import DepthPolicy, as_policy, gated_key_set, next_depth
 from .prefill import Prefill, start
 from .request import check_request, check_spec_request, draft_ring, with_positions
 from .stats import SpecStats
@@ -211,7 +211,7 @@ def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Ten
         positions: the draft keys' RoPE positions: ``"absolute"`` (the paper's) or ``"reindexed"``
             (StreamingLLM's, inside the key set: wmtp/keyset.py). Drafts, and so acceptance, may
             differ; the output is the same either way.
-        gate: a context gate (``gated_key_set`` in wmtp/keyset.py): a step whose context is at most
+        gate: a context gate (``gated_key_set`` in wmtp/policy.py): a step whose context is at most
             ``gate`` tokens drafts with the full causal set, a later one with ``(n_sink, window)``
             (a windowed key set and the full draft cache only). The output is the same either way.
 

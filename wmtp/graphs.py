@@ -2,8 +2,9 @@
 the prompt's device made current, a step captured (or not) into a graph, and the clock that times
 the steps (arXiv 2607.21535, Sec. 4: the draft-KV tax is device time, which graphs expose).
 
-NOTE [One graph pool]: a speculative run captures up to ``K (K + 1)`` draft-phase graphs and ``K``
-verify-phase graphs (NOTE [Static depths] in wmtp/static_decode.py). Each captured into a memory
+NOTE [One graph pool]: a speculative run captures up to ``K (K + 1)`` draft-phase graphs (twice
+that with a context gate: one per key set) and ``K`` verify-phase graphs (NOTE [Static depths] in
+wmtp/static_decode.py). Each captured into a memory
 pool of its own keeps its temporaries (logits, the attention's split-K partials) for as long as
 it lives; ``graph_pool`` gives one pool for all of a run's captures, so they reuse one another's.
 That is safe whatever order the graphs replay in: a phase's results that outlive it are copied

@@ -24,14 +24,6 @@ distance ``t - j`` is unchanged), and only the sinks change, to the distance fro
 ``sink_query_position(t) = min(t, n_sink + window - 1)``. Re-indexed attention is therefore
 the usual attention with the sink keys scored by the query rotated to that position (the
 attention ops' ``q_sink``; wmtp/model.py rotates it).
-
-Context gating (beyond the paper, whose windowed draft reads its window at every context): a step
-of speculative decoding may draft with the full causal set while its context is short, where the
-draft-KV tax is small and the window costs acceptance (metrics/wikitext-2-seed42.json, 1024
-tokens: 8 sinks + 64 window accept 0.43 of the drafts, the native draft 0.81), and with the
-sink+window set once the context passes ``gate`` tokens. ``gated_key_set`` is that choice, made
-once per step from the step's context: it picks one of the two key sets above, it defines no
-third one.
 """
 
 from __future__ import annotations
@@ -44,8 +36,6 @@ __all__ = [
     "POSITIONS",
     "check_key_set_args",
     "check_positions",
-    "check_gate",
-    "gated_key_set",
     "in_key_set",
     "key_ranges",
     "key_count",
@@ -71,42 +61,6 @@ def check_key_set_args(n_sink: int | None, window: int | None) -> int:
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         raise ValueError(f"window must be a positive integer or None (full causal set), got {window!r}")
     return n_sink
-
-
-def check_gate(gate: int | None, window: int | None) -> None:
-    """Validate a context gate: ``None``, or a positive integer gating a windowed key set.
-
-    Raises:
-        ValueError: if ``gate`` is not a positive integer, or gates the full causal set
-            (``window=None`` has no window to switch on).
-    """
-    if gate is None:
-        return
-    if isinstance(gate, bool) or not isinstance(gate, int) or gate < 1:
-        raise ValueError(f"gate must be a positive integer (a context length) or None, got {gate!r}")
-    if window is None:
-        raise ValueError(f"gate={gate} switches a window on past that context; the native key set (window=None) "
-                         "has no window")
-
-
-def gated_key_set(context: int, n_sink: int | None, window: int | None,
-                  gate: int | None) -> tuple[int | None, int | None]:
-    """The ``(n_sink, window)`` a speculative step drafts with under a context gate.
-
-    ``context`` is the number of tokens committed before the step drafts (positions ``0 ..
-    context-1``, the target's latest token included). The step reads the full causal set
-    ``(None, None)`` while ``context <= gate``, and ``(n_sink, window)`` once ``context > gate``;
-    ``gate=None`` is no gate: always ``(n_sink, window)``. Example: with ``n_sink=8, window=64,
-    gate=4096`` a step at context 4096 drafts natively, one at 4097 over 8 sinks + 64 recent keys.
-    Every query of a step reads the step's key set (the choice never splits a step).
-    """
-    check_key_set_args(n_sink, window)
-    check_gate(gate, window)
-    if isinstance(context, bool) or not isinstance(context, int) or context < 1:
-        raise ValueError(f"a step's context must be a positive integer, got {context!r}")
-    if gate is not None and context <= gate:
-        return None, None
-    return n_sink, window
 
 
 def in_key_set(t: torch.Tensor, j: torch.Tensor, n_sink: int | None, window: int | None) -> torch.Tensor:

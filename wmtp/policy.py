@@ -26,6 +26,13 @@ policy's output equals dense decoding (tests/test_policy.py asserts ``torch.equa
 rejection sampling it has the dense distribution, its tokens depending on the depths drafted.
 A policy keeps what it learned across the runs it is passed to; pass a fresh one for an
 independent run.
+
+Context gating (beyond the paper too, whose windowed draft reads its window at every context): a
+step may draft with the full causal set while its context is short, where the draft-KV tax is small
+and a small window can cost acceptance, and with the sink+window set once the context passes
+``gate`` tokens. ``gated_key_set`` is that choice, made once per step from the step's context, as
+``depth`` is made once per step from its position; it picks one of wmtp/keyset.py's two key sets
+and defines no third. Which gate pays (if any) is the draft head's: docs/results/gate.md.
 """
 
 from __future__ import annotations
@@ -33,7 +40,10 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
-__all__ = ["DepthPolicy", "FixedDepth", "AdaptiveDepth", "as_policy", "best_depth", "expected_tokens", "next_depth"]
+from .keyset import check_key_set_args
+
+__all__ = ["DepthPolicy", "FixedDepth", "AdaptiveDepth", "as_policy", "best_depth", "check_gate", "expected_tokens",
+           "gated_key_set", "next_depth"]
 
 COST_MODELS = ("line", "per-depth")  # AdaptiveDepth's learned step costs
 LINE_WEIGHT = 1.0  # "per-depth": the fitted line counts as this many steps of a depth's own
@@ -228,3 +238,50 @@ def next_depth(policy: DepthPolicy, position: int, max_depth: int) -> int:
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= max_depth:
         raise ValueError(f"the depth policy must draft an int in [1, {max_depth}] a step, got {k!r}")
     return k
+
+
+def check_gate(gate: int | None, window: int | None) -> None:
+    """Validate a context gate: ``None``, or a positive integer gating a windowed key set.
+
+    Raises:
+        ValueError: if ``gate`` is not a positive integer, or gates the full causal set
+            (``window=None`` has no window to switch on).
+    """
+    if gate is None:
+        return
+    if isinstance(gate, bool) or not isinstance(gate, int) or gate < 1:
+        raise ValueError(f"gate must be a positive integer (a context length) or None, got {gate!r}")
+    if window is None:
+        raise ValueError(f"gate={gate} switches a window on past that context; the native key set (window=None) "
+                         "has no window")
+
+
+def gated_key_set(context: int, n_sink: int | None, window: int | None,
+                  gate: int | None) -> tuple[int | None, int | None]:
+    """The ``(n_sink, window)`` a speculative step drafts with under a context gate.
+
+    ``context`` is the number of tokens committed before the step drafts (positions ``0 ..
+    context-1``, the target's latest token included). The step reads the full causal set
+    ``(None, None)`` while ``context <= gate``, and ``(n_sink, window)`` once ``context > gate``;
+    ``gate=None`` is no gate: always ``(n_sink, window)``. Example: with ``n_sink=8, window=64,
+    gate=4096`` a step at context 4096 drafts natively, one at 4097 over 8 sinks + 64 recent keys.
+    Every query of a step reads the step's key set (the choice never splits a step).
+
+    Args:
+        context: the step's context, ``n + 1`` for the target's latest token at position ``n``.
+        n_sink, window: the gated key set (wmtp/keyset.py); ``window`` not ``None`` with a gate.
+        gate: the longest context drafted with the full causal set, or ``None``.
+
+    Returns:
+        ``(None, None)`` (the full causal set) or ``(n_sink, window)``.
+
+    Raises:
+        ValueError: for a bad key set or gate (``check_gate``), or a context below 1.
+    """
+    check_key_set_args(n_sink, window)
+    check_gate(gate, window)
+    if isinstance(context, bool) or not isinstance(context, int) or context < 1:
+        raise ValueError(f"a step's context must be a positive integer, got {context!r}")
+    if gate is not None and context <= gate:
+        return None, None
+    return n_sink, window

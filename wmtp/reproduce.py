@@ -48,8 +48,8 @@ def draft_attention_bar(attn: list[dict], device: torch.device) -> dict | None:
     """``DRAFT_ATTENTION_BAR`` read from ``bench_draft_attention``'s rows: ``None`` without its row
     (another context list); ``met`` is ``None`` off the bar's device, where it is not judged."""
     b = DRAFT_ATTENTION_BAR
-    key = (b["context"], b["n_sink"], b["window"])
-    row = next((r for r in attn if (r["context"], r["n_sink"], r["window"]) == key), None)
+    key = (b["context"], b["n_sink"], b["window"], None)  # an ungated row: a gated one may read every key
+    row = next((r for r in attn if (r["context"], r["n_sink"], r["window"], r.get("gate")) == key), None)
     if row is None:
         return None
     ratio = row["time_ratio_vs_native"]

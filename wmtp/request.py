@@ -12,9 +12,10 @@ import inspect
 
 import torch
 
-from .keyset import check_gate, check_key_set_args, check_positions, is_integer_tensor
+from .keyset import check_key_set_args, check_positions, is_integer_tensor
 from .model import TargetLM
 from .mtp import MTPHead
+from .policy import check_gate
 
 __all__ = ["check_draft", "check_request", "check_spec_request", "draft_ring", "with_positions"]
 
@@ -53,7 +54,7 @@ def check_draft(target: TargetLM, draft: MTPHead) -> None:
 def check_spec_request(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max_new_tokens: int,
                        depth: int, n_sink: int | None, window: int | None, eos_id: int | None,
                        gate: int | None = None) -> int:
-    """A speculative request's checks (``gate``: wmtp/keyset.py's context gate); returns the cache
+    """A speculative request's checks (``gate``: wmtp/policy.py's context gate); returns the cache
     positions it writes."""
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
         raise ValueError(f"depth must be a positive integer, got {depth!r}")

@@ -27,8 +27,9 @@ call, whatever the number of keys), and no key set can change that. Here:
 - NOTE [Static depths]: a depth policy (wmtp/policy.py) picks each step's depth ``k`` on the host,
   before the step, from what the host read after the last one. The state is sized for the
   policy's ``max_depth`` ``K``; a step after a depth-``j`` step extends ``j + 1`` rows, drafts its
-  ``k`` tokens and verifies ``k + 1``. The draft phase is captured once per (extend rows, depth)
-  pair met and the verify phase once per depth, each at the first step that needs it; the output
+  ``k`` tokens and verifies ``k + 1``. The draft phase is captured once per (extend rows, depth,
+  key set) met (a context gate gives a step one of two key sets: ``gated_key_set`` in
+  wmtp/policy.py) and the verify phase once per depth, each at the first step that needs it; the output
   stays dense greedy's whatever the depths. (An extend of ``K + 1`` rows every step would need one
   draft graph per depth, but it cost the adaptive policy's mostly depth-1 steps about 0.2 ms
   each on the H200 at 16384 tokens: 0.552 ms a token, 0.444 with this extend; docs/results/depth-gpu.md.)
@@ -50,10 +51,10 @@ import torch
 from .attention import resolve_impl
 from .decode import _each_prompt, _finish, _one_prompt
 from .graphs import Clock, graph_pool, on_device_of, runner, use_graph
-from .keyset import gated_key_set, key_count
+from .keyset import key_count
 from .model import TargetLM
 from .mtp import MTPHead
-from .policy import DepthPolicy, as_policy, next_depth
+from .policy import DepthPolicy, as_policy, gated_key_set, next_depth
 from .prefill import Prefill, start
 from .request import check_request, check_spec_request, draft_ring, with_positions
 from .stats import SpecStats

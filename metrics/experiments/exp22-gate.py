@@ -1,4 +1,4 @@
-"""Experiment 22: context gating (``gated_key_set``, wmtp/keyset.py) in the CUDA-graph loop on the H200.
+"""Experiment 22: context gating (``gated_key_set``, wmtp/policy.py) in the CUDA-graph loop on the H200.
 
 The models are reproduce's small preset trained on WikiText-2 (the shared valid+test files; the
 checkpoint `wmtp bench depth --dataset-dir ../shared/data/wikitext-2 --seed 42` trains on the CPU),
