@@ -151,3 +151,51 @@ def test_unknown_preset():
     for seed in (1.5, True):  # torch's RuntimeError before
         with pytest.raises(ValueError, match="seed"):
             wmtp.build_models("tiny", seed=seed)
+
+
+def test_zero_biases_are_buffers_outside_checkpoints():
+    """NOTE [Few-row products]: ``linear``'s zero biases follow the model's dtype and device, never
+    its ``state_dict`` (checkpoints stay as they were), and stay zero."""
+    target, head = wmtp.build_models("tiny", seed=0)
+    assert not [k for k in (*target.state_dict(), *head.state_dict()) if k.endswith("zero")]
+    zeros = [b for m in (target, head) for name, b in m.named_buffers() if name.endswith("zero")]
+    assert len(zeros) == 2 * target.config.n_layers + 1 + 2 + 1  # attention and MLP per layer, LM head; head's
+    target = target.double()
+    assert all(b.dtype == torch.float64 and not b.any() for name, b in target.named_buffers() if name.endswith("zero"))
+
+
+def test_linear_off_cuda_is_f_linear():
+    from wmtp.model import linear
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(12, 8, generator=g)
+    for rows in (1, 2, 8, 16, 17):
+        x = torch.randn(1, rows, 8, generator=g)
+        assert torch.equal(linear(x, w, torch.zeros(12)), torch.nn.functional.linear(x, w))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the cuBLASLt route")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_linear_on_cuda_routes_few_rows_to_addmm(monkeypatch, dtype):
+    """2 .. FEW_ROWS rows take a zero bias (addmm: cuBLASLt), 1 row and more than FEW_ROWS none; the
+    product is F.linear's within the dtype's rounding, its shape ``(..., out)``."""
+    import torch.nn.functional as F
+
+    from wmtp import model
+    from wmtp.model import FEW_ROWS, linear
+
+    biased = []
+    plain = F.linear
+    monkeypatch.setattr(F, "linear", lambda x, w, b=None: biased.append(b is not None) or plain(x, w, b))
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(96, 64, generator=g).to("cuda", dtype)
+    zero = torch.zeros(128, device="cuda", dtype=dtype)
+    for rows in (1, 2, 7, 8, FEW_ROWS, FEW_ROWS + 1):
+        x = torch.randn(1, rows, 64, generator=g).to("cuda", dtype)
+        biased.clear()
+        y = linear(x, w, zero)
+        assert biased == [1 < rows <= FEW_ROWS] and y.shape == (1, rows, 96)
+        ref = plain(x.double(), w.double())
+        tol = {torch.float32: 1e-4, torch.float64: 1e-12, torch.bfloat16: 0.1}[dtype]
+        assert (y.double() - ref).abs().max() <= tol * ref.abs().max()
+    assert model.FEW_ROWS == FEW_ROWS

@@ -10,6 +10,17 @@ logn attention) so that attention does not flatten as the context grows.
 
 Parameters are plain ``nn.Parameter``s initialised from an explicit ``torch.Generator``: building
 a model never touches torch's global RNG.
+
+NOTE [Few-row products]: a verify pass multiplies ``depth + 1`` rows by every weight, the draft's
+extend up to as many. For 7 to 12 float32 rows cuBLAS picks an FFMA GEMM that takes 24-31 µs a call
+on the H200 where one row's gemv takes 2-3 µs (experiment 17 found 770 of a verify pass's 1284 µs
+in them; experiment 23, metrics/experiments/skinny-matmul-h200-exp23-rows.json, times each of the
+small preset's shapes at 1 to 16 rows). ``linear`` hands a product of 2 to ``FEW_ROWS`` rows on CUDA
+to ``addmm`` with a zero bias, which PyTorch runs in cuBLASLt: 2.5-4.1 µs for those shapes (its
+``-zero-bias.json``), the same exact float32 product (no TF32), no process-wide setting touched. One
+row (dense decoding) and many (a prefill) are left to ``F.linear``, and so is every product off CUDA:
+the CPU's numbers do not move. End to end (experiment 24, metrics/experiments/few-rows-h200-exp24.json,
+the CUDA-graph loop) the verify phase takes 37-65 % less time and speculative TPOT 16-40 % less.
 """
 
 from __future__ import annotations
@@ -26,9 +37,26 @@ from .keyset import check_positions, sink_query_position
 from .kvcache import KVCache
 from .pagedcache import PagedKVCache
 
+FEW_ROWS = 16  # NOTE [Few-row products]: on CUDA, products of 2 .. FEW_ROWS rows go through cuBLASLt
+
 
 def _weight(out_features: int, in_features: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(out_features, in_features))
+
+
+def _zeros(n: int) -> torch.Tensor:
+    """A zero bias of ``n`` entries for ``linear`` (a non-persistent buffer: never in a checkpoint)."""
+    return torch.zeros(n)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    """``x @ w.T`` (``F.linear(x, w)``); on CUDA, for 2 to ``FEW_ROWS`` rows, ``addmm`` with the zero
+    bias ``zero[:out]``, which runs in cuBLASLt (NOTE [Few-row products]). ``x`` ``(..., in)``."""
+    rows = x.numel() // x.shape[-1]
+    if not x.is_cuda or not 1 < rows <= FEW_ROWS:
+        return F.linear(x, w)
+    out = F.linear(x.reshape(rows, x.shape[-1]), w, zero[: w.shape[0]])  # (rows, out): addmm
+    return out.view(*x.shape[:-1], w.shape[0])
 
 
 class RMSNorm(nn.Module):
@@ -66,14 +94,15 @@ class Attention(nn.Module):
         self.wk = _weight(cfg.n_kv_heads * cfg.head_dim, cfg.d_model)
         self.wv = _weight(cfg.n_kv_heads * cfg.head_dim, cfg.d_model)
         self.wo = _weight(cfg.d_model, cfg.n_heads * cfg.head_dim)
+        self.register_buffer("zero", _zeros(max(cfg.n_heads * cfg.head_dim, cfg.d_model)), persistent=False)
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache | None, layer: int,
                 n_sink: int | None, window: int | None, impl: str, positions: str = "absolute") -> torch.Tensor:
         B, L, _ = x.shape
         c = self.cfg
-        q = F.linear(x, self.wq).view(B, L, c.n_heads, c.head_dim).transpose(1, 2)  # (B, Hq, L, D)
-        k = F.linear(x, self.wk).view(B, L, c.n_kv_heads, c.head_dim).transpose(1, 2)  # (B, Hkv, L, D)
-        v = F.linear(x, self.wv).view(B, L, c.n_kv_heads, c.head_dim).transpose(1, 2)  # (B, Hkv, L, D)
+        q = linear(x, self.wq, self.zero).view(B, L, c.n_heads, c.head_dim).transpose(1, 2)  # (B, Hq, L, D)
+        k = linear(x, self.wk, self.zero).view(B, L, c.n_kv_heads, c.head_dim).transpose(1, 2)  # (B, Hkv, L, D)
+        v = linear(x, self.wv, self.zero).view(B, L, c.n_kv_heads, c.head_dim).transpose(1, 2)  # (B, Hkv, L, D)
         q_sink = None  # re-indexed positions (wmtp/keyset.py): sinks scored from min(t, n_sink + window - 1)
         if check_positions(positions) == "reindexed" and self.rope and window is not None and n_sink:
             q_sink = apply_rope(q, sink_query_position(pos, n_sink, window), c.rope_theta)  # (B, Hq, L, D)
@@ -91,7 +120,7 @@ class Attention(nn.Module):
             raise ValueError("a forward pass without a cache must start at position 0")
         else:
             y = attention(q, k, v, pos, n_sink=n_sink, window=window, impl=impl, q_sink=q_sink)  # (B, Hq, L, D)
-        return F.linear(y.transpose(1, 2).reshape(B, L, -1), self.wo)
+        return linear(y.transpose(1, 2).reshape(B, L, -1), self.wo, self.zero)
 
 
 class MLP(nn.Module):
@@ -100,9 +129,11 @@ class MLP(nn.Module):
         self.w_gate = _weight(cfg.d_ff, cfg.d_model)
         self.w_up = _weight(cfg.d_ff, cfg.d_model)
         self.w_down = _weight(cfg.d_model, cfg.d_ff)
+        self.register_buffer("zero", _zeros(max(cfg.d_ff, cfg.d_model)), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(F.silu(F.linear(x, self.w_gate)) * F.linear(x, self.w_up), self.w_down)
+        z = self.zero
+        return linear(F.silu(linear(x, self.w_gate, z)) * linear(x, self.w_up, z), self.w_down, z)
 
 
 class Block(nn.Module):
@@ -149,6 +180,7 @@ class TargetLM(nn.Module):
             for i in range(config.n_layers)
         )
         self.norm = RMSNorm(config.d_model, config.norm_eps)
+        self.register_buffer("zero", _zeros(config.vocab_size), persistent=False)  # the LM head's
         init_weights(self, generator or torch.Generator().manual_seed(0), config.n_layers)
 
     def layer_key_set(self, i: int) -> tuple[int, int | None]:
@@ -169,7 +201,7 @@ class TargetLM(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head (shared, frozen, with the MTP head)."""
-        return F.linear(self.norm(hidden), self.embed)  # (B, L, V)
+        return linear(self.norm(hidden), self.embed, self.zero)  # (B, L, V)
 
     def forward(self, ids: torch.Tensor, pos: torch.Tensor | None = None, cache: KVCache | None = None,
                 impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:

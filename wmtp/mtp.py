@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from .config import MTPConfig
 from .kvcache import KVCache
-from .model import Block, RMSNorm, TargetLM, init_weights
+from .model import Block, RMSNorm, TargetLM, _zeros, init_weights, linear
 from .pagedcache import PagedKVCache
 from .ringcache import RingKVCache
 
@@ -43,6 +43,7 @@ class MTPHead(nn.Module):
         self.hidden_norm = RMSNorm(mc.d_model, mc.norm_eps)
         self.embed_norm = RMSNorm(mc.d_model, mc.norm_eps)
         self.proj = nn.Parameter(torch.empty(mc.d_model, 2 * mc.d_model))
+        self.register_buffer("zero", _zeros(mc.d_model), persistent=False)  # linear's (NOTE [Few-row products])
         self.block = Block(mc, rope=config.rope)
         init_weights(self, generator or torch.Generator().manual_seed(1), n_layers=1)
 
@@ -88,6 +89,6 @@ class MTPHead(nn.Module):
         if pos is None:
             pos = torch.arange(hidden.shape[1], device=hidden.device)
         e = F.embedding(next_ids, self.target.embed)  # (B, L, d)
-        x = F.linear(torch.cat([self.hidden_norm(hidden), self.embed_norm(e)], dim=-1), self.proj)  # (B, L, d)
+        x = linear(torch.cat([self.hidden_norm(hidden), self.embed_norm(e)], dim=-1), self.proj, self.zero)  # (B, L, d)
         g = self.block(x, pos, cache, 0, n_sink, window, impl, positions)  # (B, L, d)
         return self.target.logits(g), g
