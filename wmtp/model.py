@@ -20,7 +20,7 @@ to ``addmm`` with a zero bias, which PyTorch runs in cuBLASLt: 2.5-4.1 µs for t
 ``-zero-bias.json``), the same exact float32 product (no TF32), no process-wide setting touched. One
 row (dense decoding) and many (a prefill) are left to ``F.linear``, and so is every product off CUDA:
 the CPU's numbers do not move. End to end (experiment 24, metrics/experiments/few-rows-h200-exp24.json,
-the CUDA-graph loop) the verify phase takes 37-65 % less time and speculative TPOT 16-40 % less.
+the CUDA-graph loop) the verify phase takes 37-64.5 % less time and speculative TPOT 16-40 % less.
 """
 
 from __future__ import annotations
