@@ -155,13 +155,36 @@ def test_unknown_preset():
 
 def test_zero_biases_are_buffers_outside_checkpoints():
     """NOTE [Few-row products]: ``linear``'s zero biases follow the model's dtype and device, never
-    its ``state_dict`` (checkpoints stay as they were), and stay zero."""
+    its ``state_dict`` (checkpoints stay as they were), and stay zero, even after a build on the meta
+    device filled by ``load_state_dict``."""
     target, head = wmtp.build_models("tiny", seed=0)
     assert not [k for k in (*target.state_dict(), *head.state_dict()) if k.endswith("zero")]
     zeros = [b for m in (target, head) for name, b in m.named_buffers() if name.endswith("zero")]
     assert len(zeros) == 2 * target.config.n_layers + 1 + 2 + 1  # attention and MLP per layer, LM head; head's
-    target = target.double()
-    assert all(b.dtype == torch.float64 and not b.any() for name, b in target.named_buffers() if name.endswith("zero"))
+    assert all(b.dtype == torch.float64 and not b.any()
+               for name, b in target.double().named_buffers() if name.endswith("zero"))
+    with torch.device("meta"):
+        empty, empty_head = wmtp.TargetLM(target.config), wmtp.MTPHead(head.config, target)
+    empty, empty_head = empty.to_empty(device="cpu").double(), empty_head.to_empty(device="cpu").double()
+    for m in (empty, empty_head):
+        for name, b in m.named_buffers():
+            b.fill_(7.0)  # what uninitialised memory may hold
+    empty.load_state_dict(target.state_dict())
+    empty_head.load_state_dict(head.double().state_dict())
+    assert all(not b.any() for m in (empty, empty_head) for name, b in m.named_buffers() if name.endswith("zero"))
+
+
+def _routed(monkeypatch):
+    """Route every product of 2 .. FEW_ROWS rows through addmm on the CPU too, counting biased calls."""
+    import torch.nn.functional as F
+
+    from wmtp import model
+
+    calls = []
+    plain = F.linear
+    monkeypatch.setattr(model, "few_rows", lambda x, rows: 1 < rows <= model.FEW_ROWS)
+    monkeypatch.setattr(F, "linear", lambda x, w, b=None: calls.append(b is not None) or plain(x, w, b))
+    return calls, plain
 
 
 def test_linear_off_cuda_is_f_linear():
@@ -174,14 +197,51 @@ def test_linear_off_cuda_is_f_linear():
         assert torch.equal(linear(x, w, torch.zeros(12)), torch.nn.functional.linear(x, w))
 
 
+def test_the_routed_product_keeps_every_layout(monkeypatch):
+    """addmm's route (forced on the CPU) gives F.linear's product for 2-D, batched and non-contiguous
+    inputs, and refuses a zero bias of another dtype or too short."""
+    from wmtp.model import linear
+
+    calls, plain = _routed(monkeypatch)
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(12, 8, generator=g, dtype=torch.float64)
+    zero = torch.zeros(16, dtype=torch.float64)
+    f64 = dict(generator=g, dtype=torch.float64)
+    inputs = [torch.randn(5, 8, **f64), torch.randn(2, 3, 8, **f64),
+              torch.randn(8, 3, 2, **f64).transpose(0, 2)]  # (2, 3, 8), not contiguous
+    for x in inputs:
+        calls.clear()
+        y = linear(x, w, zero)
+        assert calls == [True] and y.shape == (*x.shape[:-1], 12)
+        assert torch.allclose(y, plain(x, w), rtol=0, atol=1e-12)
+    for bad in (torch.zeros(16), torch.zeros(11, dtype=torch.float64)):
+        with pytest.raises(ValueError, match="zero bias must be"):
+            linear(inputs[0], w, bad)
+
+
+def test_every_product_of_a_few_row_pass_takes_the_route(monkeypatch):
+    """Module wiring: an 8-row target pass routes all 7 products of each layer and the LM head, an
+    8-row head pass its projection, its block's 7 and the LM head; a one-row step none."""
+    target, head = (m.double() for m in wmtp.build_models("tiny", seed=0))
+    calls, _ = _routed(monkeypatch)
+    ids = torch.arange(8)[None]
+    target(ids, torch.arange(8), target.new_cache(1, 16))
+    assert calls == [True] * (7 * target.config.n_layers + 1)
+    calls.clear()
+    head(torch.randn(1, 8, target.config.d_model, dtype=torch.float64), ids, torch.arange(8), head.new_cache(1, 16))
+    assert calls == [True] * (1 + 7 + 1)
+    calls.clear()
+    target(ids[:, :1], torch.arange(1), target.new_cache(1, 16))
+    assert calls == [False] * (7 * target.config.n_layers + 1)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the cuBLASLt route")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
 def test_linear_on_cuda_routes_few_rows_to_addmm(monkeypatch, dtype):
     """2 .. FEW_ROWS rows take a zero bias (addmm: cuBLASLt), 1 row and more than FEW_ROWS none; the
     product is F.linear's within the dtype's rounding, its shape ``(..., out)``."""
     import torch.nn.functional as F
 
-    from wmtp import model
     from wmtp.model import FEW_ROWS, linear
 
     biased = []
@@ -190,12 +250,13 @@ def test_linear_on_cuda_routes_few_rows_to_addmm(monkeypatch, dtype):
     g = torch.Generator().manual_seed(0)
     w = torch.randn(96, 64, generator=g).to("cuda", dtype)
     zero = torch.zeros(128, device="cuda", dtype=dtype)
-    for rows in (1, 2, 7, 8, FEW_ROWS, FEW_ROWS + 1):
-        x = torch.randn(1, rows, 64, generator=g).to("cuda", dtype)
+    assert FEW_ROWS == 16
+    for shape in [(1, 1, 64), (1, 2, 64), (7, 64), (2, 4, 64), (1, FEW_ROWS, 64), (1, FEW_ROWS + 1, 64)]:
+        x = torch.randn(shape, generator=g).to("cuda", dtype)
+        rows = x.numel() // 64
         biased.clear()
         y = linear(x, w, zero)
-        assert biased == [1 < rows <= FEW_ROWS] and y.shape == (1, rows, 96)
+        assert biased == [1 < rows <= FEW_ROWS] and y.shape == (*shape[:-1], 96)
         ref = plain(x.double(), w.double())
-        tol = {torch.float32: 1e-4, torch.float64: 1e-12, torch.bfloat16: 0.1}[dtype]
+        tol = {torch.float32: 1e-4, torch.float64: 1e-12, torch.bfloat16: 0.1, torch.float16: 0.01}[dtype]
         assert (y.double() - ref).abs().max() <= tol * ref.abs().max()
-    assert model.FEW_ROWS == FEW_ROWS

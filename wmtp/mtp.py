@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from .config import MTPConfig
 from .kvcache import KVCache
-from .model import Block, RMSNorm, TargetLM, _zeros, init_weights, linear
+from .model import Block, RMSNorm, TargetLM, init_weights, linear, rezero, zero_bias
 from .pagedcache import PagedKVCache
 from .ringcache import RingKVCache
 
@@ -43,7 +43,8 @@ class MTPHead(nn.Module):
         self.hidden_norm = RMSNorm(mc.d_model, mc.norm_eps)
         self.embed_norm = RMSNorm(mc.d_model, mc.norm_eps)
         self.proj = nn.Parameter(torch.empty(mc.d_model, 2 * mc.d_model))
-        self.register_buffer("zero", _zeros(mc.d_model), persistent=False)  # linear's (NOTE [Few-row products])
+        self.register_buffer("zero", zero_bias(mc.d_model), persistent=False)  # linear's (NOTE [Few-row products])
+        self.register_load_state_dict_post_hook(rezero)
         self.block = Block(mc, rope=config.rope)
         init_weights(self, generator or torch.Generator().manual_seed(1), n_layers=1)
 

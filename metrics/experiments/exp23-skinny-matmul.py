@@ -8,7 +8,8 @@ replayed 20 times (µs = replay / 50), and the largest difference from a float64
 
 - ``linear``: ``F.linear(x, w)``, as wmtp/model.py calls it (TF32 off, PyTorch's default);
 - ``wT_x``: ``(w @ x.T).T``, the same product with the weight as the GEMM's tall operand;
-- ``rows_bmm``: ``torch.matmul(x[:, None, :], w.T)``, one gemv-shaped product per row (broadcast);
+- ``rows_bmm``: ``torch.matmul(x[:, None, :], w.T)``, meant as one gemv-shaped product per row
+  (PyTorch folds the broadcast back into the same GEMM: its times are ``linear``'s);
 - ``per_row``: one ``F.linear`` per row (M gemv launches), ``torch.cat`` of them;
 - ``triton_bn16``, ``triton_bn32``: a Triton kernel (below) that gives each program ``BN`` output
   columns for all M <= 16 rows, exact float32 products (``input_precision="ieee"``);
@@ -51,6 +52,7 @@ def _skinny(x_ptr, w_ptr, out_ptr, M, N, K, sxm, swn, som,
 def skinny(x, w, bn):
     m, k = x.shape
     n = w.shape[0]
+    assert m <= 16, "one program holds BM = 16 rows"
     out = torch.empty(m, n, device=x.device, dtype=torch.float32)
     _skinny[(triton.cdiv(n, bn),)](x, w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0), BM=16, BN=bn, BK=64)
     return out
