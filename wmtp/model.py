@@ -37,11 +37,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import attention
+from .attention import attention, resolve_impl
 from .config import ModelConfig
 from .keyset import check_positions, sink_query_position
 from .kvcache import KVCache
 from .pagedcache import PagedKVCache
+from .rmsnorm import rms_norm
 
 FEW_ROWS = 16  # NOTE [Few-row products]: on CUDA, products of 2 .. FEW_ROWS rows go through cuBLASLt
 
@@ -95,16 +96,24 @@ def linear(x: torch.Tensor, w: torch.Tensor, zero: torch.Tensor) -> torch.Tensor
     return out.view(*x.shape[:-1], w.shape[0])
 
 
+def norm_impl(impl: str, device: torch.device | str) -> str:
+    """The norms' impl (wmtp/rmsnorm.py) beside attention's ``impl``: one Triton kernel where
+    attention runs Triton on CUDA, the reference elsewhere (under the CPU interpreter a kernel runs
+    a program per row, slowly: tests/test_rmsnorm.py runs it there)."""
+    if impl == "torch" or torch.device(device).type != "cuda":
+        return "torch"
+    return resolve_impl(impl, device)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        acc = x.to(torch.promote_types(x.dtype, torch.float32))
-        acc = acc * torch.rsqrt(acc.pow(2).mean(-1, keepdim=True) + self.eps)
-        return acc.to(x.dtype) * self.weight
+    def forward(self, x: torch.Tensor, impl: str = "torch") -> torch.Tensor:
+        """``x`` normalised over its last dimension (``rms_norm``; ``impl`` a resolved name)."""
+        return rms_norm(x, self.weight, self.eps, impl)
 
 
 def apply_rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
@@ -184,8 +193,9 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache | None, layer: int,
                 n_sink: int | None, window: int | None, impl: str, positions: str = "absolute") -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), pos, cache, layer, n_sink, window, impl, positions)
-        return x + self.mlp(self.mlp_norm(x))
+        ni = norm_impl(impl, x.device)
+        x = x + self.attn(self.attn_norm(x, ni), pos, cache, layer, n_sink, window, impl, positions)
+        return x + self.mlp(self.mlp_norm(x, ni))
 
 
 def init_weights(module: nn.Module, generator: torch.Generator, n_layers: int) -> None:
@@ -236,9 +246,9 @@ class TargetLM(nn.Module):
                                 page_size=page_size, **kw)
         return KVCache(c.n_layers, batch, c.n_kv_heads, max_len or c.max_seq_len, c.head_dim, **kw)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Final norm and LM head (shared, frozen, with the MTP head)."""
-        return linear(self.norm(hidden), self.embed, self.zero)  # (B, L, V)
+    def logits(self, hidden: torch.Tensor, impl: str = "torch") -> torch.Tensor:
+        """Final norm and LM head (shared, frozen, with the MTP head); ``impl`` the norm's, resolved."""
+        return linear(self.norm(hidden, impl), self.embed, self.zero)  # (B, L, V)
 
     def forward(self, ids: torch.Tensor, pos: torch.Tensor | None = None, cache: KVCache | None = None,
                 impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
@@ -254,4 +264,4 @@ class TargetLM(nn.Module):
         x = F.embedding(ids, self.embed)  # (B, L, d)
         for i, block in enumerate(self.layers):
             x = block(x, pos, cache, i, *self.layer_key_set(i), impl)
-        return self.logits(x), x
+        return self.logits(x, norm_impl(impl, x.device)), x
