@@ -14,7 +14,7 @@ import torch
 
 import wmtp
 from wmtp.model import norm_impl
-from wmtp.rmsnorm import rms_norm, rms_norm_torch
+from wmtp.rmsnorm import eps_halves, rms_norm, rms_norm_torch
 
 CUDA = torch.cuda.is_available()
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -26,7 +26,7 @@ DTYPES = [torch.float32, torch.float64] + ([torch.bfloat16, torch.float16] if CU
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(1, 1, 16), (1, 3, 100), (2, 8, 256), (5, 64)])
+@pytest.mark.parametrize("shape", [(1, 1, 16), (1, 3, 100), (2, 8, 256), (5, 64), (3, 1), (2, 768)])
 def test_rms_norm_matches_the_reference(impl, dtype, shape):
     g = torch.Generator().manual_seed(sum(shape))
     x = (torch.randn(shape, generator=g, dtype=torch.float64) * 3).to(DEVICE, dtype)
@@ -40,25 +40,63 @@ def test_rms_norm_matches_the_reference(impl, dtype, shape):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-def test_rms_norm_reads_rows_of_any_stride(impl):
-    """A strided input (a view whose rows are not adjacent) is normalised row by row."""
+def test_rms_norm_reads_rows_of_any_layout(impl):
+    """A strided view (rows not adjacent) and a transposed one (no view reshapes it: a copy) are
+    normalised row by row."""
     x = torch.randn(4, 6, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).to(DEVICE)
-    view = x[:, ::2]  # (4, 3, 32), rows 2 apart
     w = torch.linspace(0.5, 1.5, 32, dtype=torch.float64, device=DEVICE)
-    assert torch.allclose(rms_norm(view, w, 1e-6, impl), rms_norm_torch(view, w, 1e-6), rtol=0, atol=1e-12)
+    for view in (x[:, ::2], x.transpose(0, 1)[:, 1:3], x[0].T.contiguous().T):  # (4, 3, 32), (6, 2, 32), (6, 32)
+        assert torch.allclose(rms_norm(view, w, 1e-6, impl), rms_norm_torch(view, w, 1e-6), rtol=0, atol=1e-12)
 
 
-def test_an_unresolved_impl_is_refused():
-    x = torch.ones(2, 4)
-    with pytest.raises(ValueError, match="impl 'torch' or 'triton'"):
-        rms_norm(x, torch.ones(4), 1e-5, "auto")
+@pytest.mark.parametrize("eps", [1e-5, 1e-6, 1e-12, 0.1, 1.0])
+def test_eps_halves_are_float32_and_sum_to_eps(eps):
+    """NOTE [eps]: Triton passes each half as float32; both are float32 numbers and add up to eps."""
+    import numpy as np
+
+    hi, lo = eps_halves(eps)
+    assert float(np.float32(hi)) == hi and abs(float(np.float32(lo)) - lo) <= 1e-7 * abs(lo) and hi + lo == eps
 
 
-def test_the_model_norms_in_triton_only_beside_triton_attention_on_cuda():
+def test_bad_impls_and_weights_are_value_errors():
+    x = torch.ones(2, 4, dtype=torch.float64)
+    w = torch.ones(4, dtype=torch.float64)
+    with pytest.raises(ValueError, match="impl 'auto', 'torch' or 'triton'"):
+        rms_norm(x, w, 1e-5, "bogus")
+    assert torch.equal(rms_norm(x, w, 1e-5, "auto"), rms_norm_torch(x, w, 1e-5))  # the reference off CUDA
+    if not (CUDA or INTERPRETED):
+        return
+    x = x.to(DEVICE)
+    for bad in (torch.ones(3, dtype=torch.float64), torch.ones(8, dtype=torch.float64)[::2], torch.ones(4)):
+        with pytest.raises(ValueError, match="weight must be"):  # short, strided, float32
+            rms_norm(x, bad.to(DEVICE), 1e-5, "triton")
+    w = w.to(DEVICE).requires_grad_()
+    with pytest.raises(ValueError, match="no backward"):
+        rms_norm(x, w, 1e-5, "triton")
+    with torch.no_grad():
+        assert rms_norm(x, w, 1e-5, "triton").shape == x.shape
+
+
+def test_the_model_norms_in_triton_only_on_cuda():
     assert norm_impl("torch", "cpu") == norm_impl("auto", "cpu") == norm_impl("triton", "cpu") == "torch"
-    assert norm_impl("torch", "cuda") == "torch"
-    if CUDA:
-        assert norm_impl("triton", "cuda") == norm_impl("auto", "cuda") == "triton"
+    assert (norm_impl("torch", "cuda"), norm_impl("auto", "cuda"), norm_impl("triton", "cuda")) == (
+        "torch", "auto", "triton")
+    with pytest.raises(ValueError, match="unknown impl"):
+        norm_impl("bogus", "cpu")
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA: gradients through the model's norms")
+def test_gradients_flow_through_the_norms_with_impl_auto_on_cuda():
+    """With a gradient needed, 'auto' norms with the reference (the kernel has no backward): the
+    gradients equal impl='torch''s, every parameter's."""
+    target, _ = (m.cuda().float() for m in wmtp.build_models("tiny", seed=0))
+    ids = torch.arange(8, device="cuda")[None]
+    grads = []
+    for impl in ("auto", "torch"):
+        target.zero_grad()
+        target(ids, impl=impl)[0].sum().backward()
+        grads.append([p.grad.clone() for p in target.parameters()])
+    assert all(torch.allclose(a, b) for a, b in zip(*grads))
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA: the model's Triton norms")

@@ -37,7 +37,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import attention, resolve_impl
+from .attention import IMPLS, attention
 from .config import ModelConfig
 from .keyset import check_positions, sink_query_position
 from .kvcache import KVCache
@@ -97,12 +97,23 @@ def linear(x: torch.Tensor, w: torch.Tensor, zero: torch.Tensor) -> torch.Tensor
 
 
 def norm_impl(impl: str, device: torch.device | str) -> str:
-    """The norms' impl (wmtp/rmsnorm.py) beside attention's ``impl``: one Triton kernel where
-    attention runs Triton on CUDA, the reference elsewhere (under the CPU interpreter a kernel runs
-    a program per row, slowly: tests/test_rmsnorm.py runs it there)."""
-    if impl == "torch" or torch.device(device).type != "cuda":
-        return "torch"
-    return resolve_impl(impl, device)
+    """The norms' impl (``rms_norm`` in wmtp/rmsnorm.py) beside attention's ``impl``.
+
+    Args:
+        impl: attention's, ``"auto"``, ``"torch"`` or ``"triton"``.
+        device: the tensors'.
+
+    Returns:
+        ``"torch"`` off CUDA (under the CPU interpreter a kernel runs a program per row, slowly:
+        tests/test_rmsnorm.py runs it there) or for ``"torch"``; else ``impl`` itself: ``"auto"``
+        lets ``rms_norm`` take the kernel when no tensor needs a gradient, as attention does.
+
+    Raises:
+        ValueError: for an unknown ``impl``.
+    """
+    if impl not in IMPLS:
+        raise ValueError(f"unknown impl {impl!r}; choose one of {', '.join(IMPLS)}")
+    return "torch" if impl == "torch" or torch.device(device).type != "cuda" else impl
 
 
 class RMSNorm(nn.Module):
@@ -112,7 +123,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor, impl: str = "torch") -> torch.Tensor:
-        """``x`` normalised over its last dimension (``rms_norm``; ``impl`` a resolved name)."""
+        """``x`` normalised over its last dimension (``rms_norm``: ``impl`` ``"torch"``, ``"triton"`` or ``"auto"``)."""
         return rms_norm(x, self.weight, self.eps, impl)
 
 
@@ -247,7 +258,7 @@ class TargetLM(nn.Module):
         return KVCache(c.n_layers, batch, c.n_kv_heads, max_len or c.max_seq_len, c.head_dim, **kw)
 
     def logits(self, hidden: torch.Tensor, impl: str = "torch") -> torch.Tensor:
-        """Final norm and LM head (shared, frozen, with the MTP head); ``impl`` the norm's, resolved."""
+        """Final norm and LM head (shared, frozen, with the MTP head); ``impl`` the norm's (``rms_norm``)."""
         return linear(self.norm(hidden, impl), self.embed, self.zero)  # (B, L, V)
 
     def forward(self, ids: torch.Tensor, pos: torch.Tensor | None = None, cache: KVCache | None = None,

@@ -12,22 +12,27 @@ Both compute ``(x / sqrt(mean(x ** 2) + eps)).to(x.dtype) * weight`` in at least
 for float64 inputs); the sums run in another order, so the two agree to rounding, not bit for bit
 (tests/test_rmsnorm.py bounds the difference by the dtype's). Decoding needs no more: a dense step
 and a verify pass use the same op, row by row (decode.py NOTE [Exactness]). The model norms with the
-kernel where attention runs Triton on CUDA (``norm_impl`` in wmtp/model.py). Side by side on the H200
+kernel on CUDA unless asked for ``impl="torch"`` or a gradient is needed (``norm_impl`` in
+wmtp/model.py; ``"auto"`` falls back to the reference under autograd, as attention does). Side by side on the H200
 (experiment 25, metrics/experiments/fused-norm-h200-exp25.json, the CUDA-graph loop): dense decoding
 takes 6.5-18.4 % less time a token, speculative decoding 7.9-22.1 % less.
 
 NOTE [eps]: Triton passes a Python float to a kernel as float32, and 1e-5 in float32 is off by
 2.5e-13, which a float64 norm would carry (50-100 ulps on the H200). The launcher passes ``eps``
-as the sum of two float32 numbers, its float32 rounding and the rest, exact to about 1e-20.
+as the sum of two float32 numbers, its float32 rounding and the rest, exact to about 1e-20
+(``eps_halves``).
 """
 
 from __future__ import annotations
 
 import functools
 
+import numpy as np
 import torch
 
-__all__ = ["rms_norm", "rms_norm_torch"]
+from .attention import IMPLS, resolve_impl
+
+__all__ = ["eps_halves", "rms_norm", "rms_norm_torch", "rms_norm_triton"]
 
 
 def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -44,11 +49,13 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def _rms_norm_kernel(X, W, Out, stride_x, N, eps_hi, eps_lo, BLOCK: tl.constexpr, ACC: tl.constexpr):
-        row = tl.program_id(0)
+    def _rms_norm_kernel(X, W, Out,  # rows (R, N) of row stride stride_x; weight (N,); out (R, N) contiguous
+                         stride_x, N, eps_hi, eps_lo,  # eps = eps_hi + eps_lo (NOTE [eps])
+                         BLOCK: tl.constexpr, ACC: tl.constexpr):  # BLOCK >= N, a power of two; ACC fp32/fp64
+        row = tl.program_id(0).to(tl.int64)  # int64 offsets: R * N may pass 2**31
         cols = tl.arange(0, BLOCK)
         mask = cols < N
-        x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0)
+        x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0)  # (BLOCK,), masked lanes 0
         acc = x.to(ACC)
         mean = tl.sum(acc * acc, axis=0) / N
         scale = 1.0 / tl.sqrt(mean + eps_hi + eps_lo)  # eps in two float32 halves, each widened exactly: NOTE [eps]
@@ -58,36 +65,64 @@ def _kernel():
     return _rms_norm_kernel
 
 
+@functools.lru_cache(maxsize=64)
+def eps_halves(eps: float) -> tuple[float, float]:
+    """``eps`` as ``(hi, lo)``: ``hi`` its float32 rounding, ``lo = eps - hi`` (exact in float64);
+    Triton passes each as float32, and ``hi + lo`` widened is ``eps`` to about 1e-20 (NOTE [eps])."""
+    hi = float(np.float32(eps))
+    return hi, eps - hi
+
+
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``rms_norm_torch`` in one Triton program per row (CUDA, or the CPU interpreter)."""
+    """``rms_norm_torch`` in one Triton program per row (CUDA, or the CPU interpreter); ``weight`` and
+    ``x`` checked by ``rms_norm``."""
     import triton
     import triton.language as tl
 
+    if x.is_cuda and x.device.index != torch.cuda.current_device():
+        with torch.cuda.device(x.device):  # Triton launches on the current device (and its stream)
+            return rms_norm_triton(x, weight, eps)
     N = x.shape[-1]
-    rows = x.reshape(-1, N)
+    rows = x.reshape(-1, N)  # (R, N): a view with evenly strided rows, or a contiguous copy
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
-    out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)  # (rows, N)
-    acc = tl.float64 if x.dtype == torch.float64 else tl.float32
-    eps_hi = float(torch.tensor(eps, dtype=torch.float32))  # NOTE [eps]: a float argument reaches Triton as float32
+    out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)  # (R, N)
     if rows.shape[0]:
-        _kernel()[(rows.shape[0],)](rows, weight, out, rows.stride(0), N, eps_hi, eps - eps_hi,
-                                    BLOCK=triton.next_power_of_2(N), ACC=acc)
+        _kernel()[(rows.shape[0],)](rows, weight, out, rows.stride(0), N, *eps_halves(eps),
+                                    BLOCK=triton.next_power_of_2(N), ACC=tl.float64 if x.dtype == torch.float64
+                                    else tl.float32)
     return out.view(x.shape)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, impl: str = "torch") -> torch.Tensor:
-    """RMSNorm of ``x`` ``(..., N)`` over its last dimension, times ``weight`` ``(N,)`` of ``x``'s dtype.
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, impl: str = "auto") -> torch.Tensor:
+    """RMSNorm of ``x`` over its last dimension, times ``weight``.
 
     Args:
-        impl: ``"torch"`` (the reference) or ``"triton"`` (one kernel; CUDA, or CPU tensors under
-            ``TRITON_INTERPRET=1``); a resolved name, as the model passes it (``resolve_impl``).
+        x: ``(..., N)``, any layout, ``N >= 1``.
+        weight: ``(N,)`` of ``x``'s dtype and device.
+        eps: added to the mean square.
+        impl: ``"torch"`` (the reference), ``"triton"`` (one kernel; CUDA, or CPU tensors under
+            ``TRITON_INTERPRET=1``; it has no backward), or ``"auto"``: the kernel for CUDA tensors
+            when triton imports and no tensor needs a gradient, else the reference.
+
+    Returns:
+        ``(..., N)`` in ``x``'s dtype.
 
     Raises:
-        ValueError: for another ``impl``.
+        ValueError: for another ``impl``, or (``"triton"``) a tensor that needs a gradient, a weight of
+            another shape, stride, dtype or device, or a device where the kernel cannot run.
     """
+    if impl not in IMPLS:
+        raise ValueError(f"rms_norm takes impl 'auto', 'torch' or 'triton', got {impl!r}")
+    grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+    impl = resolve_impl("torch" if impl == "auto" and grad else impl, x.device)  # where the kernel can run
     if impl == "torch":
         return rms_norm_torch(x, weight, eps)
-    if impl == "triton":
-        return rms_norm_triton(x, weight, eps)
-    raise ValueError(f"rms_norm takes impl 'torch' or 'triton' (resolved), got {impl!r}")
+    if grad:
+        raise ValueError("impl='triton' has no backward: a tensor needs a gradient (use impl='torch', or no_grad)")
+    if weight.shape != (x.shape[-1],) or weight.stride(0) != 1 or (weight.dtype, weight.device) != (x.dtype, x.device):
+        raise ValueError(f"rms_norm's weight must be ({x.shape[-1]},), contiguous, {x.dtype} on {x.device}; got "
+                         f"{tuple(weight.shape)} of stride {weight.stride()}, {weight.dtype} on {weight.device}")
+    if not x.shape[-1]:
+        raise ValueError("rms_norm needs N >= 1 entries a row")
+    return rms_norm_triton(x, weight, eps)
