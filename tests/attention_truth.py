@@ -86,11 +86,17 @@ def assert_reference_close(out, expected, dtype):
 
 def assert_kernel_close(out, q, k, v, q_pos, n_sink, window, q_sink=None):
     """The kernel rule of NOTE [Tolerances]: at most twice the low-precision reference's own error."""
-    dtype = q.dtype
-    _finite(out, dtype, q.shape)
+    _finite(out, q.dtype, q.shape)
     assert out.device == q.device
     expected = truth(q, k, v, q_pos, n_sink, window, q_sink)
-    ref_err = attention_torch(q, k, v, q_pos, n_sink, window, q_sink).to(torch.float64) - expected
+    assert_op_close(out, attention_torch(q, k, v, q_pos, n_sink, window, q_sink), expected)
+
+
+def assert_op_close(out, ref, expected):
+    """The kernel rule of NOTE [Tolerances] for any op: ``out`` (the kernel's) against ``expected``
+    (float64 truth), scaled by ``ref`` (the reference run in ``out``'s dtype)."""
+    dtype = out.dtype
+    ref_err = ref.to(torch.float64) - expected
     err = out.to(torch.float64) - expected
     floor = ATOL[dtype] + (torch.finfo(dtype).eps if dtype in (torch.float16, torch.bfloat16) else 0.0)
     bound = ERR_FACTOR * ref_err.abs().max().item() + floor

@@ -1,9 +1,8 @@
 """RMSNorm (wmtp/rmsnorm.py): the Triton kernel against the reference, one parametrized test over
 both impls; the model's choice of impl (``norm_impl``).
 
-Tolerance, as for attention (tests/attention_truth.py): an impl's error against the float64
-reference may be at most twice the reference's own error in the same dtype, plus a floor of a
-few units of the dtype's rounding. The Triton cases run on CUDA, or on CPU tensors under Triton's
+Tolerance: the kernel rule of NOTE [Tolerances] in tests/attention_truth.py (``assert_op_close``),
+the one statement of it. The Triton cases run on CUDA, or on CPU tensors under Triton's
 interpreter (float32 and float64 only: the interpreter has no bf16).
 """
 
@@ -11,6 +10,7 @@ import os
 
 import pytest
 import torch
+from attention_truth import assert_op_close
 
 import wmtp
 from wmtp.model import norm_impl
@@ -34,9 +34,7 @@ def test_rms_norm_matches_the_reference(impl, dtype, shape):
     truth = rms_norm_torch(x.double(), w.double(), 1e-5)
     got = rms_norm(x, w, 1e-5, impl)
     assert got.shape == x.shape and got.dtype == dtype and got.device == x.device
-    ref_err = (rms_norm_torch(x, w, 1e-5).double() - truth).abs().max()
-    floor = 4 * torch.finfo(dtype).eps * truth.abs().max()
-    assert (got.double() - truth).abs().max() <= 2 * ref_err + floor
+    assert_op_close(got, rms_norm_torch(x, w, 1e-5), truth)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
