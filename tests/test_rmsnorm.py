@@ -1,5 +1,5 @@
 """RMSNorm (wmtp/rmsnorm.py): the Triton kernel against the reference, one parametrized test over
-both impls; the model's choice of impl (``norm_impl``).
+both impls; the model's choice of impl (``op_impl``).
 
 Tolerance: the kernel rule of NOTE [Tolerances] in tests/attention_truth.py (``assert_op_close``),
 the one statement of it. The Triton cases run on CUDA, or on CPU tensors under Triton's
@@ -13,7 +13,7 @@ import torch
 from attention_truth import assert_op_close
 
 import wmtp
-from wmtp.model import norm_impl
+from wmtp.model import op_impl
 from wmtp.rmsnorm import eps_halves, rms_norm, rms_norm_torch
 
 CUDA = torch.cuda.is_available()
@@ -65,9 +65,14 @@ def test_bad_impls_and_weights_are_value_errors():
     if not (CUDA or INTERPRETED):
         return
     x = x.to(DEVICE)
-    for bad in (torch.ones(3, dtype=torch.float64), torch.ones(8, dtype=torch.float64)[::2], torch.ones(4)):
-        with pytest.raises(ValueError, match="weight must be"):  # short, strided, float32
-            rms_norm(x, bad.to(DEVICE), 1e-5, "triton")
+    # short, strided (made on the device: .to(cuda) of a strided tensor copies it dense), float32, on the CPU
+    f64 = dict(dtype=torch.float64, device=DEVICE)
+    for bad in (torch.ones(3, **f64), torch.ones(8, **f64)[::2], torch.ones(4, device=DEVICE),
+                torch.ones(4, dtype=torch.float64) if CUDA else None):
+        if bad is None:
+            continue
+        with pytest.raises(ValueError, match="weight must be"):
+            rms_norm(x, bad, 1e-5, "triton")
     w = w.to(DEVICE).requires_grad_()
     with pytest.raises(ValueError, match="no backward"):
         rms_norm(x, w, 1e-5, "triton")
@@ -76,17 +81,17 @@ def test_bad_impls_and_weights_are_value_errors():
 
 
 def test_the_model_norms_in_triton_only_on_cuda():
-    assert norm_impl("torch", "cpu") == norm_impl("auto", "cpu") == norm_impl("triton", "cpu") == "torch"
-    assert (norm_impl("torch", "cuda"), norm_impl("auto", "cuda"), norm_impl("triton", "cuda")) == (
+    assert op_impl("torch", "cpu") == op_impl("auto", "cpu") == op_impl("triton", "cpu") == "torch"
+    assert (op_impl("torch", "cuda"), op_impl("auto", "cuda"), op_impl("triton", "cuda")) == (
         "torch", "auto", "triton")
     with pytest.raises(ValueError, match="unknown impl"):
-        norm_impl("bogus", "cpu")
+        op_impl("bogus", "cpu")
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA: gradients through the model's norms")
 def test_gradients_flow_through_the_norms_with_impl_auto_on_cuda():
-    """With a gradient needed, 'auto' norms with the reference (the kernel has no backward): the
-    gradients equal impl='torch''s, every parameter's."""
+    """With a gradient needed, 'auto' norms and rotates with the references (the kernels have no
+    backward): the gradients equal impl='torch''s, every parameter's."""
     target, _ = (m.cuda().float() for m in wmtp.build_models("tiny", seed=0))
     ids = torch.arange(8, device="cuda")[None]
     grads = []
