@@ -43,6 +43,7 @@ from .keyset import check_positions, sink_query_position
 from .kvcache import KVCache
 from .pagedcache import PagedKVCache
 from .rmsnorm import rms_norm
+from .rope import rope, rope_frequencies, rope_torch
 
 FEW_ROWS = 16  # NOTE [Few-row products]: on CUDA, products of 2 .. FEW_ROWS rows go through cuBLASLt
 
@@ -96,17 +97,18 @@ def linear(x: torch.Tensor, w: torch.Tensor, zero: torch.Tensor) -> torch.Tensor
     return out.view(*x.shape[:-1], w.shape[0])
 
 
-def norm_impl(impl: str, device: torch.device | str) -> str:
-    """The norms' impl (``rms_norm`` in wmtp/rmsnorm.py) beside attention's ``impl``.
+def op_impl(impl: str, device: torch.device | str) -> str:
+    """The norms' and RoPE's impl (``rms_norm`` in wmtp/rmsnorm.py, ``rope`` in wmtp/rope.py) beside
+    attention's ``impl``.
 
     Args:
         impl: attention's, ``"auto"``, ``"torch"`` or ``"triton"``.
         device: the tensors'.
 
     Returns:
-        ``"torch"`` off CUDA (under the CPU interpreter a kernel runs a program per row, slowly:
-        tests/test_rmsnorm.py runs it there) or for ``"torch"``; else ``impl`` itself: ``"auto"``
-        lets ``rms_norm`` take the kernel when no tensor needs a gradient, as attention does.
+        ``"torch"`` off CUDA (under the CPU interpreter a kernel runs program by program, slowly:
+        tests/test_rmsnorm.py and tests/test_rope.py run them there) or for ``"torch"``; else ``impl``
+        itself: ``"auto"`` lets each op take its kernel when no tensor needs a gradient, as attention does.
 
     Raises:
         ValueError: for an unknown ``impl``.
@@ -128,14 +130,10 @@ class RMSNorm(nn.Module):
 
 
 def apply_rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotate ``x`` ``(B, H, L, D)`` by the RoPE angles of absolute positions ``pos`` ``(L,)``."""
-    D = x.shape[-1]
+    """Rotate ``x`` ``(B, H, L, D)`` by the RoPE angles of absolute positions ``pos`` ``(L,)``: the
+    reference (``rope_torch`` in wmtp/rope.py) with base ``theta``'s frequencies."""
     acc = torch.promote_types(x.dtype, torch.float32)
-    inv_freq = theta ** (-torch.arange(0, D, 2, device=x.device, dtype=acc) / D)  # (D/2,)
-    angles = pos.to(acc)[:, None] * inv_freq[None, :]  # (L, D/2)
-    cos, sin = angles.cos(), angles.sin()
-    x1, x2 = x.to(acc).chunk(2, dim=-1)  # (B, H, L, D/2) each
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
+    return rope_torch(x, pos, rope_frequencies(x.shape[-1], theta, x.device, acc))
 
 
 class Attention(nn.Module):
@@ -151,6 +149,19 @@ class Attention(nn.Module):
         self.wv = _weight(cfg.n_kv_heads * cfg.head_dim, cfg.d_model)
         self.wo = _weight(cfg.d_model, cfg.n_heads * cfg.head_dim)
         self.register_buffer("zero", zero_bias(max(cfg.n_heads * cfg.head_dim, cfg.d_model)), persistent=False)
+        self._freqs: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}  # RoPE's, by (device, dtype)
+
+    def frequencies(self, x: torch.Tensor) -> torch.Tensor:
+        """RoPE's ``inv_freq`` ``(D/2,)`` for ``x``'s device and dtype (promoted to at least float32),
+        computed once and kept; not kept when first asked for while a CUDA graph is being captured
+        (the tensor would hold its values only once the graph replays)."""
+        acc = torch.promote_types(x.dtype, torch.float32)
+        f = self._freqs.get((x.device, acc))
+        if f is None:
+            f = rope_frequencies(self.cfg.head_dim, self.cfg.rope_theta, x.device, acc)  # (D/2,)
+            if not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+                self._freqs[(x.device, acc)] = f
+        return f
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache | None, layer: int,
                 n_sink: int | None, window: int | None, impl: str, positions: str = "absolute") -> torch.Tensor:
@@ -160,10 +171,12 @@ class Attention(nn.Module):
         k = linear(x, self.wk, self.zero).view(B, L, c.n_kv_heads, c.head_dim).transpose(1, 2)  # (B, Hkv, L, D)
         v = linear(x, self.wv, self.zero).view(B, L, c.n_kv_heads, c.head_dim).transpose(1, 2)  # (B, Hkv, L, D)
         q_sink = None  # re-indexed positions (wmtp/keyset.py): sinks scored from min(t, n_sink + window - 1)
-        if check_positions(positions) == "reindexed" and self.rope and window is not None and n_sink:
-            q_sink = apply_rope(q, sink_query_position(pos, n_sink, window), c.rope_theta)  # (B, Hq, L, D)
+        reindexed = check_positions(positions) == "reindexed" and window is not None and bool(n_sink)
         if self.rope:
-            q, k = apply_rope(q, pos, c.rope_theta), apply_rope(k, pos, c.rope_theta)
+            f, oi = self.frequencies(q), op_impl(impl, x.device)  # (D/2,); RoPE's impl
+            if reindexed:
+                q_sink = rope(q, sink_query_position(pos, n_sink, window), f, oi)  # (B, Hq, L, D)
+            q, k = rope(q, pos, f, oi), rope(k, pos, f, oi)  # (B, Hq, L, D), (B, Hkv, L, D)
         if self.logn_scale:  # in at least fp32, as RoPE: fp16 rounds positions past 65519 to inf
             acc = torch.promote_types(q.dtype, torch.float32)
             scale = (torch.log(pos.to(acc) + 1) / math.log(c.train_seq_len)).clamp(min=1.0)  # (L,)
@@ -204,7 +217,7 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache | None, layer: int,
                 n_sink: int | None, window: int | None, impl: str, positions: str = "absolute") -> torch.Tensor:
-        ni = norm_impl(impl, x.device)
+        ni = op_impl(impl, x.device)
         x = x + self.attn(self.attn_norm(x, ni), pos, cache, layer, n_sink, window, impl, positions)
         return x + self.mlp(self.mlp_norm(x, ni))
 
@@ -275,4 +288,4 @@ class TargetLM(nn.Module):
         x = F.embedding(ids, self.embed)  # (B, L, d)
         for i, block in enumerate(self.layers):
             x = block(x, pos, cache, i, *self.layer_key_set(i), impl)
-        return self.logits(x, norm_impl(impl, x.device)), x
+        return self.logits(x, op_impl(impl, x.device)), x

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from .config import MTPConfig
 from .kvcache import KVCache
-from .model import Block, RMSNorm, TargetLM, init_weights, linear, norm_impl, rezero, zero_bias
+from .model import Block, RMSNorm, TargetLM, init_weights, linear, op_impl, rezero, zero_bias
 from .pagedcache import PagedKVCache
 from .ringcache import RingKVCache
 
@@ -90,7 +90,7 @@ class MTPHead(nn.Module):
         if pos is None:
             pos = torch.arange(hidden.shape[1], device=hidden.device)
         e = F.embedding(next_ids, self.target.embed)  # (B, L, d)
-        ni = norm_impl(impl, hidden.device)
+        ni = op_impl(impl, hidden.device)
         x = linear(torch.cat([self.hidden_norm(hidden, ni), self.embed_norm(e, ni)], dim=-1), self.proj,
                    self.zero)  # (B, L, d)
         g = self.block(x, pos, cache, 0, n_sink, window, impl, positions)  # (B, L, d)

@@ -12,7 +12,7 @@ Both compute ``(x / sqrt(mean(x ** 2) + eps)).to(x.dtype) * weight`` in at least
 for float64 inputs); the sums run in another order, so the two agree to rounding, not bit for bit
 (tests/test_rmsnorm.py bounds the difference by the dtype's). Decoding needs no more: a dense step
 and a verify pass use the same op, row by row (decode.py NOTE [Exactness]). The model norms with the
-kernel on CUDA unless asked for ``impl="torch"`` or a gradient is needed (``norm_impl`` in
+kernel on CUDA unless asked for ``impl="torch"`` or a gradient is needed (``op_impl`` in
 wmtp/model.py; ``"auto"`` falls back to the reference under autograd, as attention does). Side by side on the H200
 (experiment 25, metrics/experiments/fused-norm-h200-exp25.json, the CUDA-graph loop): dense decoding
 takes 6.5-18.4 % less time a token, speculative decoding 7.9-22.1 % less.

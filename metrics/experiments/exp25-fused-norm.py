@@ -1,16 +1,20 @@
 """Experiment 25: decoding in the CUDA-graph loop with every RMSNorm as one Triton kernel
-(wmtp/rmsnorm.py, the model's ``norm_impl``) against the reference's six kernels, side by side in
+(wmtp/rmsnorm.py, the model's ``op_impl``) against the reference's six kernels, side by side in
 one run on the H200.
 
 The models and prompts are experiment 22's bundle (the small preset trained on WikiText-2; see
 metrics/experiments/exp22-gate.py ``bundle``). Per context: one prefill, then three rounds of, for
-each variant in turn (``torch_norm``: ``wmtp.model.norm_impl`` patched to the reference, the code
+each variant in turn (``torch_norm``: ``wmtp.model.op_impl`` patched to the reference, the code
 before this change; ``triton_norm``: as committed): dense greedy decoding and the arms (native,
 64 + 4096, 8 + 64; fixed depth 7), each asserted token-equal to that round's dense tokens (the
 variants' dense tokens may differ in a near-tie, since the norms round differently; each arm is
 checked against its own variant's). The context's one prefill runs with the Triton norms and
 serves both variants. Figures: bench depth's ``tpot_s`` (the steps' device seconds
 over the tokens they kept) and each phase's seconds a step, medians of the rounds.
+
+Run at d52d2c9, when ``op_impl`` was named ``norm_impl`` and chose the norms' impl alone. Since
+RoPE became a kernel too (wmtp/rope.py) it chooses both ops' impl, so a re-run at a later revision
+compares the reference norms *and* RoPE against both kernels (experiment 26 patches RoPE alone).
 
 Usage: python3 metrics/experiments/exp25-fused-norm.py BUNDLE_DIR OUT.json [CONTEXT ...]
 """
@@ -32,7 +36,7 @@ from wmtp.config import KeySetConfig, get_preset
 from wmtp.metrics import environment, write_json
 from wmtp.policy import FixedDepth
 
-VARIANTS = {"torch_norm": lambda impl, device: "torch", "triton_norm": model_mod.norm_impl}
+VARIANTS = {"torch_norm": lambda impl, device: "torch", "triton_norm": model_mod.op_impl}
 bundle_dir, out = sys.argv[1], sys.argv[2]
 contexts = [int(c) for c in sys.argv[3:]] or [1024, 16384, 131072]
 dev = torch.device("cuda")
@@ -57,7 +61,7 @@ for c in contexts:
     t0 = time.perf_counter()
     for _ in range(rounds):
         for v, chooser in VARIANTS.items():
-            model_mod.norm_impl = mtp_mod.norm_impl = chooser
+            model_mod.op_impl = mtp_mod.op_impl = chooser
             steps: list[float] = []
             dense = greedy(target, prompt, new, step_times=steps, prefill=pre)
             runs[v]["dense"].append({"tpot_s": statistics.fmean(steps), "ids": dense.tolist()})
@@ -66,7 +70,7 @@ for c in contexts:
                                         "graph")
                 runs[v][ks.label].append(r | {"draft_s_per_step": r["draft_s"] / r["steps"],
                                               "verify_s_per_step": r["verify_s"] / r["steps"]})
-    model_mod.norm_impl = mtp_mod.norm_impl = VARIANTS["triton_norm"]
+    model_mod.op_impl = mtp_mod.op_impl = VARIANTS["triton_norm"]
     row = {"context": c, "prefill_s": prefill_s, "seconds": time.perf_counter() - t0, "variants": {}}
     ids = {tuple(d["ids"]) for v in VARIANTS for d in runs[v]["dense"]}
     row["dense_tokens_equal_across_variants"] = len(ids) == 1

@@ -1,0 +1,156 @@
+"""RoPE (wmtp/rope.py): the Triton kernel against the reference, one parametrized test over both
+impls; the frequencies; the model's rotations (``Attention.frequencies``, ``op_impl``).
+
+Tolerance: the kernel rule of NOTE [Tolerances] in tests/attention_truth.py (``assert_op_close``),
+the one statement of it. The truth is the reference in float64 given the same frequencies (the op's
+input), so at a million tokens, where float32 angles are off by hundredths of a radian, both impls
+carry the same error in the angle. The Triton cases run on CUDA, or on CPU tensors under Triton's
+interpreter (float32 and float64 only: the interpreter has no bf16).
+"""
+
+import math
+import os
+
+import pytest
+import torch
+from attention_truth import assert_op_close
+
+import wmtp
+from wmtp.model import apply_rope
+from wmtp.rope import rope, rope_frequencies, rope_torch
+
+CUDA = torch.cuda.is_available()
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+DEVICE = "cuda" if CUDA else "cpu"
+IMPLS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not (CUDA or INTERPRETED),
+                                                                  reason="needs CUDA or TRITON_INTERPRET=1"))]
+DTYPES = [torch.float32, torch.float64] + ([torch.bfloat16, torch.float16] if CUDA else [])
+
+
+def _acc(dtype):
+    return torch.promote_types(dtype, torch.float32)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,start", [((1, 1, 1, 2), 0), ((1, 4, 1, 64), 16383), ((2, 3, 17, 32), 5),
+                                         ((1, 2, 40, 128), 1_000_000), ((1, 1, 5, 6), 0), ((2, 2, 16, 256), 131071)])
+def test_rope_matches_the_reference(impl, dtype, shape, start):
+    """Rows not a multiple of the kernel's block (17, 40, 5), a half that is not a power of two (3),
+    and positions up to a million."""
+    g = torch.Generator().manual_seed(sum(shape) + start)
+    x = (torch.randn(shape, generator=g, dtype=torch.float64) * 2).to(DEVICE, dtype)
+    pos = (start + torch.randperm(shape[2], generator=g)).to(DEVICE)  # (L,), in any order
+    f = rope_frequencies(shape[-1], 10000.0, DEVICE, _acc(dtype))
+    truth = rope_torch(x.double(), pos, f.double())
+    got = rope(x, pos, f, impl)
+    assert got.shape == x.shape and got.dtype == dtype and got.device == x.device
+    assert_op_close(got, rope_torch(x, pos, f), truth)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_rope_reads_any_layout(impl):
+    """The model's layout (heads a transposed view), a strided slice and a copy with a non-unit last
+    stride are rotated as their contiguous copies are."""
+    g = torch.Generator().manual_seed(1)
+    y = torch.randn(2, 9, 3, 16, dtype=torch.float64, generator=g).to(DEVICE)  # (B, L, H, D)
+    pos = torch.arange(100, 109, device=DEVICE)
+    f = rope_frequencies(16, 500000.0, DEVICE, torch.float64)
+    for x in (y.transpose(1, 2), y.transpose(1, 2)[:, ::2], y.transpose(1, 2).transpose(-1, -2).contiguous().mT):
+        got = rope(x, pos[: x.shape[2]], f, impl)
+        assert got.is_contiguous()
+        assert torch.allclose(got, rope_torch(x.contiguous(), pos[: x.shape[2]], f), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_rope_rotates_each_pair_by_its_angle(impl):
+    """Literal values: D = 4 at base 100 has frequencies 1 and 1/10; position 2 turns (1, 0) by 2 rad
+    and (0, 1) by 0.2 rad."""
+    f = rope_frequencies(4, 100.0, DEVICE, torch.float64)
+    assert f.tolist() == [1.0, 0.1]
+    x = torch.tensor([1.0, 0.0, 0.0, 1.0], dtype=torch.float64, device=DEVICE).view(1, 1, 1, 4)  # pairs (x1, x2)
+    got = rope(x, torch.tensor([2], device=DEVICE), f, impl).flatten().tolist()
+    want = [math.cos(2), -math.sin(0.2), math.sin(2), math.cos(0.2)]  # (x1 cos - x2 sin, x1 sin + x2 cos)
+    assert got == pytest.approx(want, abs=1e-15)
+
+
+def test_apply_rope_is_the_reference_with_theta_frequencies():
+    x = torch.randn(1, 2, 3, 8, generator=torch.Generator().manual_seed(0))
+    pos = torch.tensor([0, 7, 70000])
+    assert torch.equal(apply_rope(x, pos, 10000.0), rope_torch(x, pos, rope_frequencies(8, 10000.0, "cpu",
+                                                                                         torch.float32)))
+    assert torch.equal(apply_rope(x, pos[:1], 10000.0), x)  # position 0: no turn
+
+
+def test_bad_input_is_a_value_error():
+    with pytest.raises(ValueError, match="must be even"):
+        rope_frequencies(5, 10000.0, "cpu", torch.float32)
+    x, pos = torch.ones(1, 1, 2, 4), torch.arange(2)
+    f = rope_frequencies(4, 10000.0, "cpu", torch.float32)
+    with pytest.raises(ValueError, match="impl 'auto', 'torch' or 'triton'"):
+        rope(x, pos, f, "bogus")
+    assert torch.equal(rope(x, pos, f, "auto"), rope_torch(x, pos, f))  # the reference off CUDA
+    if not (CUDA or INTERPRETED):
+        return
+    x, pos, f = x.to(DEVICE), pos.to(DEVICE), f.to(DEVICE)
+    for bad_f in (f[:1], f.double(), torch.ones(4, device=DEVICE)[::2], f.cpu() if CUDA else None):
+        if bad_f is not None:
+            with pytest.raises(ValueError, match="inv_freq must be"):
+                rope(x, pos, bad_f, "triton")
+    for bad_pos in (pos[:1], pos.float(), pos.cpu() if CUDA else None):
+        if bad_pos is not None:
+            with pytest.raises(ValueError, match="pos must be"):
+                rope(x, bad_pos, f, "triton")
+    with pytest.raises(ValueError, match=r"\(B, H, L, D\) with D even"):
+        rope(x[0], pos, f, "triton")
+    with pytest.raises(ValueError, match="no backward"):
+        rope(x.clone().requires_grad_(), pos, f, "triton")
+    with torch.no_grad():
+        assert rope(x.clone().requires_grad_(), pos, f, "triton").shape == x.shape
+
+
+def test_attention_keeps_its_frequencies_per_device_and_dtype():
+    target, _ = wmtp.build_models("tiny", seed=0)
+    attn = target.layers[0].attn
+    c = target.config
+    a = attn.frequencies(torch.ones(1, dtype=torch.float32))
+    assert attn.frequencies(torch.ones(1, dtype=torch.bfloat16)) is a  # promoted to float32: the same entry
+    assert torch.equal(a, rope_frequencies(c.head_dim, c.rope_theta, "cpu", torch.float32))
+    b = attn.frequencies(torch.ones(1, dtype=torch.float64))
+    assert b.dtype == torch.float64 and b is not a and len(attn._freqs) == 2
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA: a graph capture")
+def test_frequencies_first_asked_for_in_a_capture_are_not_kept():
+    target, _ = wmtp.build_models("tiny", seed=0)
+    attn = target.layers[0].attn.cuda()
+    x = torch.ones(1, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        attn.frequencies(x)
+    assert attn._freqs == {}
+    f = attn.frequencies(x)
+    assert attn._freqs[(x.device, torch.float32)] is f and torch.equal(
+        f, rope_frequencies(target.config.head_dim, target.config.rope_theta, "cuda", torch.float32))
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA: the model's Triton RoPE")
+@torch.no_grad()
+def test_a_model_pass_on_cuda_rotates_with_the_kernel(monkeypatch):
+    """Every rotation of a target pass and a head pass with Triton attention runs the kernel (queries
+    and keys of each local layer and of the head's block), none with impl='torch'."""
+    from wmtp import model
+
+    impls = []
+    plain = model.rope
+    monkeypatch.setattr(model, "rope", lambda x, pos, f, impl: impls.append(impl) or plain(x, pos, f, impl))
+    target, head = (m.cuda().float() for m in wmtp.build_models("tiny", seed=0))
+    n_local = target.config.n_layers - len(target.config.global_layers)
+    ids, pos = torch.arange(8, device="cuda")[None], torch.arange(8, device="cuda")
+    logits, hidden = target(ids, pos, target.new_cache(1, 16), impl="triton")
+    head(hidden, ids, pos, head.new_cache(1, 16), impl="triton")
+    assert impls == ["triton"] * (2 * n_local + 2) and n_local > 0
+    impls.clear()
+    ref, _ = target(ids, pos, target.new_cache(1, 16), impl="torch")
+    assert impls == ["torch"] * (2 * n_local)
+    assert (logits - ref).abs().max() <= 1e-3 * ref.abs().max()
