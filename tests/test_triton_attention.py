@@ -349,10 +349,6 @@ BF16, F32, F64, M = torch.bfloat16, torch.float32, torch.float64, 1 << 20
     ((1, 16, 2, 8, 256, BF16, M, None, None, 132), (64, 32, 66, 4, 4)),  # 64 KiB accumulator: 1 program per SM
     ((1, 32, 8, 1, 128, F32, M, 64, 4096, 132), (16, 16, 33, 4, 3)),  # fp32 (ieee): small blocks, never "short"
     ((1, 4, 2, 8, 16, F64, 60, None, None, 132), (16, 32, 2, 4, 3)),  # the lossless tests' tiny model on CUDA
-    ((1, 4, 4, 1, 64, F32, 16384, None, None, 132), (16, 32, 128, 2, 2)),  # small preset, full fp32: narrow
-    ((1, 4, 4, 8, 64, F32, 131072, None, None, 132), (16, 32, 128, 2, 2)),
-    ((1, 4, 4, 1, 64, F32, 16384, 8, 64, 132), (16, 32, 4, 4, 3)),  # its draft: 4 blocks, not narrow
-    ((1, 4, 4, 1, 64, F32, 3000, None, None, 132), (16, 32, 47, 4, 3)),  # 94 blocks: too short to be narrow
     ((1, 32, 8, 1, 128, BF16, M, 64, 4096, None), (16, 64, 1, 4, 3)),  # CPU interpreter: one split
 ])
 def test_launch_config_defaults(args, expected):

@@ -7,6 +7,9 @@ Variants: ``before`` (the planner patched to give a narrow case its former launc
 take the narrow launch; the draft's and the local layers' short ranges do not. The loop, the models
 and the figures are metrics/experiments/side_by_side.py's.
 
+Run at 85da6e0. The narrow launch was slower in the loop and was reverted right after this run, so
+the script runs at that revision only (it needs ``plan.narrow_fp32``).
+
 Usage: python3 metrics/experiments/exp30-narrow-fp32.py BUNDLE_DIR OUT.json [CONTEXT ...]
 """
 

@@ -93,13 +93,6 @@ def max_tile_rows(dtype: torch.dtype, D: int) -> int:
     return min(64 if fma else MAX_ROWS, MAX_TILE_BYTES // ((8 if dtype == torch.float64 else 4) * D))
 
 
-def narrow_fp32(dtype: torch.dtype, block_m: int, D: int, n_blk: int, block_n: int, sm_count: int | None) -> bool:
-    """A long float32 range of one 16-row tile at ``D <= 64`` in 32-key blocks: NOTE [Launch]'s narrow
-    launch (2 warps, 2 stages, 4 programs an SM), the one measured (experiment 29) at these shapes."""
-    return (dtype == torch.float32 and block_m == 16 and D <= 64 and block_n == 32 and n_blk >= 128
-            and sm_count is not None)
-
-
 def launch_config(B: int, Hq: int, Hkv: int, Lq: int, D: int, dtype: torch.dtype, capacity: int,
                   n_sink: int | None, window: int | None, sm_count: int | None,
                   num_splits: int | None = None, block_n: int | None = None,
@@ -137,20 +130,19 @@ def launch_config(B: int, Hq: int, Hkv: int, Lq: int, D: int, dtype: torch.dtype
     n_blk = _cdiv(n_keys, block_n) + (window is not None)  # two ranges: one more partial block
     stage_bytes = 2 * block_n * D * dtype.itemsize  # one K block and one V block
     two_per_sm = block_m * D * (8 if fp64 else 4) <= 32 * 1024 and 2 * 3 * stage_bytes <= budget
-    narrow = narrow_fp32(dtype, block_m, D, n_blk, block_n, sm_count)  # NOTE [Launch]: 2 warps, 4 programs an SM
     if num_splits is None:
         if sm_count is None:  # the CPU interpreter runs programs one by one: splitting only adds programs
             num_splits = 1
         elif short:
             num_splits = n_blk
-        else:  # whole waves: 1, 2 (or narrow 4) resident programs per SM, by registers and shared memory
-            num_splits = max(1, min(n_blk, (4 if narrow else 2 if two_per_sm else 1) * sm_count // (B * Hkv)))
+        else:  # whole waves: 1 or 2 resident programs per SM, by registers and shared memory
+            num_splits = max(1, min(n_blk, (2 if two_per_sm else 1) * sm_count // (B * Hkv)))
         num_splits = _cdiv(n_blk, _cdiv(n_blk, num_splits))  # drop splits left empty
     if num_warps is None:
         acc = block_m * D * (2 if fp64 else 1)  # accumulator size (fp32 words)
-        num_warps = 2 if narrow else 8 if acc > 128 * 128 or (short and acc > 16 * 256) else 4
+        num_warps = 8 if acc > 128 * 128 or (short and acc > 16 * 256) else 4
     if num_stages is None:  # K/V blocks in flight per program, within the shared-memory budget
-        num_stages = 1 if short else 2 if narrow else 3 if two_per_sm else max(1, min(4, budget // stage_bytes))
+        num_stages = 1 if short else 3 if two_per_sm else max(1, min(4, budget // stage_bytes))
     return LaunchConfig(block_m, block_n, num_splits, num_warps, num_stages)
 
 

@@ -50,10 +50,10 @@ Defaults (H200 runs; metrics/README.md lists the files):
   accumulator is <= 32 KiB and two 3-stage K/V pipelines fit in shared memory), each streaming its
   blocks through ``num_stages`` buffers (tune-attention-h200-{graph-12d4ff2,plain-24aeee8}.json);
 - fp32 (ieee) and fp64 dots run without tensor cores: 16-32-key blocks and at most 64 rows a tile
-  (``max_tile_rows``) keep compile times in seconds; the CPU interpreter runs one split. A long fp32
-  range of one 16-row tile at D <= 64 (the small preset's full layers) runs *narrow* (``narrow_fp32``):
-  2 warps, 2 stages, 4 programs an SM, 31-37 % faster than 4 warps, 3 stages, 2 a SM at 1 and 8
-  queries over 16K and 131K keys (fp32-full-sweep-h200-exp29.json, within 7 % of the best of 72).
+  (``max_tile_rows``) keep compile times in seconds; the CPU interpreter runs one split. A narrower
+  fp32 launch (2 warps, 2 stages, 4 programs an SM) was 31-37 % faster over 16K-131K keys timed 20
+  calls back to back (fp32-full-sweep-h200-exp29.json) but up to 9.4 % slower a token in the decode
+  loop, one call at a time (narrow-fp32-h200-exp30.json): a launch is judged in the loop.
 
 NOTE [PDL]: with split-K the call is two dependent kernels. On sm_90+ the merge is launched with
 programmatic dependent launch: every attention program calls ``gdc_launch_dependents`` first, so
