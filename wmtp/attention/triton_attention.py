@@ -51,7 +51,7 @@ Defaults (H200 runs; metrics/README.md lists the files):
   blocks through ``num_stages`` buffers (tune-attention-h200-{graph-12d4ff2,plain-24aeee8}.json);
 - fp32 (ieee) and fp64 dots run without tensor cores: 16-32-key blocks and at most 64 rows a tile
   (``max_tile_rows``) keep compile times in seconds; the CPU interpreter runs one split. A narrower
-  fp32 launch (2 warps, 2 stages, 4 programs an SM) was 31-37 % faster over 16K-131K keys timed 20
+  fp32 launch (2 warps, 2 stages, 4 programs an SM) took 28.8-36 % less time over 16K-131K keys, 20
   calls back to back (fp32-full-sweep-h200-exp29.json) but up to 9.4 % slower a token in the decode
   loop, one call at a time (narrow-fp32-h200-exp30.json): a launch is judged in the loop.
 
