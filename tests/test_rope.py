@@ -2,10 +2,10 @@
 impls; the frequencies; the model's rotations (``Attention.frequencies``, ``op_impl``).
 
 Tolerance: the kernel rule of NOTE [Tolerances] in tests/attention_truth.py (``assert_op_close``),
-the one statement of it. The truth is the reference in float64 given the same frequencies (the op's
-input), so at a million tokens, where float32 angles are off by hundredths of a radian, both impls
-carry the same error in the angle. The Triton cases run on CUDA, or on CPU tensors under Triton's
-interpreter (float32 and float64 only: the interpreter has no bf16).
+the one statement of it. The truth takes the op's own angles, ``pos * inv_freq`` rounded as the
+reference rounds them, and computes the rest in float64: the kernel's angles must then be the
+reference's to the bit, since at a million tokens one ulp of a float32 angle is a tenth of a radian.
+The Triton cases run on CUDA, or on CPU tensors under Triton's interpreter (no bf16 there).
 """
 
 import math
@@ -24,11 +24,18 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cuda" if CUDA else "cpu"
 IMPLS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not (CUDA or INTERPRETED),
                                                                   reason="needs CUDA or TRITON_INTERPRET=1"))]
-DTYPES = [torch.float32, torch.float64] + ([torch.bfloat16, torch.float16] if CUDA else [])
+DTYPES = [torch.float32, torch.float64, torch.float16] + ([torch.bfloat16] if CUDA else [])
 
 
 def _acc(dtype):
     return torch.promote_types(dtype, torch.float32)
+
+
+def _truth(x, pos, f):
+    """The rotation in float64 by the op's own angles (``pos * f`` in ``f``'s dtype)."""
+    angles = (pos.to(f.dtype)[:, None] * f[None, :]).double()  # (L, D/2), rounded as the reference rounds
+    x1, x2 = x.double().chunk(2, dim=-1)
+    return torch.cat([x1 * angles.cos() - x2 * angles.sin(), x1 * angles.sin() + x2 * angles.cos()], dim=-1)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -42,7 +49,7 @@ def test_rope_matches_the_reference(impl, dtype, shape, start):
     x = (torch.randn(shape, generator=g, dtype=torch.float64) * 2).to(DEVICE, dtype)
     pos = (start + torch.randperm(shape[2], generator=g)).to(DEVICE)  # (L,), in any order
     f = rope_frequencies(shape[-1], 10000.0, DEVICE, _acc(dtype))
-    truth = rope_torch(x.double(), pos, f.double())
+    truth = _truth(x, pos, f)
     got = rope(x, pos, f, impl)
     assert got.shape == x.shape and got.dtype == dtype and got.device == x.device
     assert_op_close(got, rope_torch(x, pos, f), truth)
@@ -60,6 +67,26 @@ def test_rope_reads_any_layout(impl):
         got = rope(x, pos[: x.shape[2]], f, impl)
         assert got.is_contiguous()
         assert torch.allclose(got, rope_torch(x.contiguous(), pos[: x.shape[2]], f), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_rope_takes_int32_and_strided_positions_and_empty_tensors(impl):
+    x = torch.randn(2, 3, 20, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    f = rope_frequencies(8, 10000.0, DEVICE, torch.float64)
+    every_other = torch.arange(1000, 1040, device=DEVICE)[::2]  # (20,), stride 2
+    want = rope_torch(x, every_other.contiguous(), f)
+    assert torch.allclose(rope(x, every_other, f, impl), want, rtol=0, atol=1e-12)
+    assert torch.allclose(rope(x, every_other.int(), f, impl), want, rtol=0, atol=1e-12)
+    for empty, pos in ((x[:, :, :0], every_other[:0]), (x[:0], every_other), (x[:, :0], every_other)):
+        assert rope(empty, pos, f, impl).shape == empty.shape
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA: 65538 programs are too many for the interpreter")
+def test_rope_launches_more_heads_than_a_grid_axis_holds():
+    """B * H past 65535, CUDA's cap on a grid's second axis: the kernel's grid has one axis."""
+    x = torch.randn(3, 21846, 1, 2, device="cuda")  # 65538 heads
+    pos, f = torch.tensor([5], device="cuda"), rope_frequencies(2, 10000.0, "cuda", torch.float32)
+    assert torch.allclose(rope(x, pos, f, "triton"), rope_torch(x, pos, f), rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -82,27 +109,37 @@ def test_apply_rope_is_the_reference_with_theta_frequencies():
     assert torch.equal(apply_rope(x, pos[:1], 10000.0), x)  # position 0: no turn
 
 
-def test_bad_input_is_a_value_error():
+def test_bad_frequencies_are_a_value_error():
     with pytest.raises(ValueError, match="must be even"):
         rope_frequencies(5, 10000.0, "cpu", torch.float32)
-    x, pos = torch.ones(1, 1, 2, 4), torch.arange(2)
-    f = rope_frequencies(4, 10000.0, "cpu", torch.float32)
+
+
+@pytest.mark.parametrize("impl", IMPLS + ["auto"])
+def test_bad_input_is_a_value_error_for_every_impl(impl):
+    """Both impls check the same arguments (the reference would broadcast a short pos silently)."""
+    x, pos = torch.ones(1, 1, 2, 4, device=DEVICE), torch.arange(2, device=DEVICE)
+    f = rope_frequencies(4, 10000.0, DEVICE, torch.float32)
     with pytest.raises(ValueError, match="impl 'auto', 'torch' or 'triton'"):
         rope(x, pos, f, "bogus")
+    other = "cpu" if CUDA else "meta"
+    for bad_f in (f[:1], f.double(), torch.ones(4, device=DEVICE)[::2], f.to(other)):
+        with pytest.raises(ValueError, match="inv_freq must be"):
+            rope(x, pos, bad_f, impl)
+    for bad_pos in (pos[:1], pos.float(), pos.bool(), pos.to(torch.uint8), pos.to(torch.complex64), pos.to(other)):
+        with pytest.raises(ValueError, match="pos must be"):
+            rope(x, bad_pos, f, impl)
+    for bad_x in (x[0], torch.ones(1, 1, 2, 3, device=DEVICE), x.int()):
+        with pytest.raises(ValueError, match=r"floating x of shape \(B, H, L, D\) with D even"):
+            rope(bad_x, pos, f, impl)
+
+
+def test_the_kernel_raises_where_it_has_no_backward():
+    x, pos = torch.ones(1, 1, 2, 4), torch.arange(2)
+    f = rope_frequencies(4, 10000.0, "cpu", torch.float32)
     assert torch.equal(rope(x, pos, f, "auto"), rope_torch(x, pos, f))  # the reference off CUDA
     if not (CUDA or INTERPRETED):
         return
     x, pos, f = x.to(DEVICE), pos.to(DEVICE), f.to(DEVICE)
-    for bad_f in (f[:1], f.double(), torch.ones(4, device=DEVICE)[::2], f.cpu() if CUDA else None):
-        if bad_f is not None:
-            with pytest.raises(ValueError, match="inv_freq must be"):
-                rope(x, pos, bad_f, "triton")
-    for bad_pos in (pos[:1], pos.float(), pos.cpu() if CUDA else None):
-        if bad_pos is not None:
-            with pytest.raises(ValueError, match="pos must be"):
-                rope(x, bad_pos, f, "triton")
-    with pytest.raises(ValueError, match=r"\(B, H, L, D\) with D even"):
-        rope(x[0], pos, f, "triton")
     with pytest.raises(ValueError, match="no backward"):
         rope(x.clone().requires_grad_(), pos, f, "triton")
     with torch.no_grad():
@@ -118,6 +155,7 @@ def test_attention_keeps_its_frequencies_per_device_and_dtype():
     assert torch.equal(a, rope_frequencies(c.head_dim, c.rope_theta, "cpu", torch.float32))
     b = attn.frequencies(torch.ones(1, dtype=torch.float64))
     assert b.dtype == torch.float64 and b is not a and len(attn._freqs) == 2
+    assert not any("freq" in name for name in target.state_dict())  # kept, never saved
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA: a graph capture")

@@ -2,10 +2,11 @@
 
 Every local layer of the target and the MTP head's block rotate their queries and keys by the
 angles of the tokens' absolute positions (rotary embedding; arXiv 2607.21535, Sec. 2: the head is
-one transformer block, and Sec. 5: the local layers). The reference is about fifteen elementwise
-kernels a call on a GPU (the angles, their cosine and sine, the halves, four products, two sums, a
-concatenation); a one-row draft call of the small preset rotates twice, about 30 of its 81 kernels
-(metrics/experiments/decode-profile-h200-exp17.json). Inside a CUDA graph each kernel costs a few
+one transformer block, and Sec. 5: the local layers). The reference is about eleven elementwise
+kernels a call on a GPU (the angles, their cosine and sine, four products, two sums, a
+concatenation); before the frequencies were kept per module (``Attention.frequencies``) it was
+about fifteen, and a one-row draft call of the small preset rotated twice, about 30 of its 81
+kernels (metrics/experiments/decode-profile-h200-exp17.json). Inside a CUDA graph each kernel costs a few
 microseconds however little it computes, so ``impl="triton"`` rotates a block of rows in one program.
 
 Both take ``inv_freq`` ``(D/2,)``, the frequencies ``rope_frequencies`` computes with torch, so the
@@ -28,7 +29,7 @@ import torch
 
 from .attention import IMPLS, resolve_impl
 
-__all__ = ["rope", "rope_frequencies", "rope_torch", "rope_triton"]
+__all__ = ["check_rope_args", "rope", "rope_frequencies", "rope_torch", "rope_triton"]
 
 BLOCK_L = 16  # rows (positions) a program rotates
 
@@ -59,11 +60,12 @@ def _kernel():
 
     @triton.jit
     def _rope_kernel(X, Pos, F, Out,  # x (B, H, L, D); pos (L,); inv_freq (D/2,); out (B, H, L, D) contiguous
-                     sb, sh, sl, H, L,  # x's strides (its last is 1)
+                     sb, sh, sl, H, L, n_lblk,  # x's strides (its last is 1); row blocks a head
                      HALF: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, ACC: tl.constexpr):
-        bh = tl.program_id(1).to(tl.int64)  # int64 offsets: B * H * L * D may pass 2**31
+        pid = tl.program_id(0).to(tl.int64)  # int64 offsets: B * H * L * D may pass 2**31
+        bh = pid // n_lblk
         b, h = bh // H, bh % H
-        rows = tl.program_id(0) * BLOCK_L + tl.arange(0, BLOCK_L)  # (BLOCK_L,)
+        rows = (pid % n_lblk) * BLOCK_L + tl.arange(0, BLOCK_L)  # (BLOCK_L,)
         cols = tl.arange(0, BLOCK_D)  # (BLOCK_D,), BLOCK_D >= HALF
         mask = (rows < L)[:, None] & (cols < HALF)[None, :]  # (BLOCK_L, BLOCK_D)
         p = tl.load(Pos + rows, mask=rows < L, other=0).to(ACC)  # (BLOCK_L,)
@@ -81,8 +83,9 @@ def _kernel():
 
 
 def rope_triton(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """``rope_torch`` with a program per ``BLOCK_L`` rows of a head (CUDA, or the CPU interpreter);
-    the inputs checked by ``rope``. Returns a contiguous ``(B, H, L, D)``, as the reference does."""
+    """``rope_torch`` with a program per ``BLOCK_L`` rows of a head (CUDA, or the CPU interpreter).
+    Unchecked (a short ``pos`` reads out of bounds): ``rope`` checks first. Returns a contiguous
+    ``(B, H, L, D)``, as the reference does."""
     import triton
     import triton.language as tl
 
@@ -94,8 +97,9 @@ def rope_triton(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor) -> t
     B, H, L, D = x.shape
     out = torch.empty((B, H, L, D), dtype=x.dtype, device=x.device)  # (B, H, L, D)
     if out.numel():
-        grid = (triton.cdiv(L, BLOCK_L), B * H)
-        _kernel()[grid](x, pos, inv_freq, out, x.stride(0), x.stride(1), x.stride(2), H, L,
+        n_lblk = triton.cdiv(L, BLOCK_L)
+        grid = (n_lblk * B * H,)  # one axis: CUDA caps a grid's second at 65535
+        _kernel()[grid](x, pos, inv_freq, out, x.stride(0), x.stride(1), x.stride(2), H, L, n_lblk,
                         HALF=D // 2, BLOCK_L=BLOCK_L, BLOCK_D=triton.next_power_of_2(D // 2),
                         ACC=tl.float64 if inv_freq.dtype == torch.float64 else tl.float32)
     return out
@@ -117,26 +121,32 @@ def rope(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor, impl: str =
         ``(B, H, L, D)`` in ``x``'s dtype.
 
     Raises:
-        ValueError: for another ``impl``, or (``"triton"``) a tensor that needs a gradient, or
-            positions or frequencies of another shape, dtype or device, or a device where the kernel
-            cannot run.
+        ValueError: for another ``impl``; for ``x`` not floating or of another shape, positions or
+            frequencies of another shape, dtype or device (both impls: no device value is read); and
+            for ``"triton"``, a tensor that needs a gradient or a device where the kernel cannot run.
     """
     if impl not in IMPLS:
         raise ValueError(f"rope takes impl 'auto', 'torch' or 'triton', got {impl!r}")
+    check_rope_args(x, pos, inv_freq)
     grad = torch.is_grad_enabled() and x.requires_grad
     impl = resolve_impl("torch" if impl == "auto" and grad else impl, x.device)  # where the kernel can run
     if impl == "torch":
         return rope_torch(x, pos, inv_freq)
     if grad:
         raise ValueError("impl='triton' has no backward: x needs a gradient (use impl='torch', or no_grad)")
+    return rope_triton(x, pos.contiguous(), inv_freq)
+
+
+def check_rope_args(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor) -> None:
+    """``rope``'s checks, from shapes, strides, dtypes and devices only (no host sync on a GPU)."""
+    if x.dim() != 4 or x.shape[-1] % 2 or not x.is_floating_point():
+        raise ValueError(f"rope takes a floating x of shape (B, H, L, D) with D even, got {tuple(x.shape)} {x.dtype}")
     acc = torch.promote_types(x.dtype, torch.float32)
-    if x.dim() != 4 or x.shape[-1] % 2:
-        raise ValueError(f"rope takes x of shape (B, H, L, D) with D even, got {tuple(x.shape)}")
     if inv_freq.shape != (x.shape[-1] // 2,) or inv_freq.stride(0) != 1 or (inv_freq.dtype, inv_freq.device) != (
             acc, x.device):
         raise ValueError(f"rope's inv_freq must be ({x.shape[-1] // 2},), contiguous, {acc} on {x.device}; got "
-                         f"{tuple(inv_freq.shape)}, {inv_freq.dtype} on {inv_freq.device}")
-    if pos.shape != (x.shape[2],) or pos.is_floating_point() or pos.device != x.device:
-        raise ValueError(f"rope's pos must be ({x.shape[2]},) integers on {x.device}; got {tuple(pos.shape)} "
+                         f"{tuple(inv_freq.shape)} of stride {inv_freq.stride()}, {inv_freq.dtype} on "
+                         f"{inv_freq.device}")
+    if pos.shape != (x.shape[2],) or pos.dtype not in (torch.int32, torch.int64) or pos.device != x.device:
+        raise ValueError(f"rope's pos must be ({x.shape[2]},) int32 or int64 on {x.device}; got {tuple(pos.shape)} "
                          f"{pos.dtype} on {pos.device}")
-    return rope_triton(x, pos.contiguous(), inv_freq)

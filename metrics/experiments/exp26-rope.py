@@ -1,11 +1,12 @@
 """Experiment 26: decoding in the CUDA-graph loop with RoPE as one Triton kernel (wmtp/rope.py)
-against the reference's fifteen-odd kernels a rotation, side by side in one run on the H200.
+against the reference's eleven-odd kernels a rotation, side by side in one run on the H200.
 
 Variants: ``torch_rope`` (``wmtp.model.rope`` patched to the reference rotation) and
 ``triton_rope`` (as committed). Both take the frequencies each attention module keeps
-(``Attention.frequencies``, new in the same change): the code before it also recomputed them on every
-rotation, about four more kernels, so this measures the kernel alone, not the whole change. Both norm with the Triton kernel (experiment 25). The
-loop, the models and the figures are metrics/experiments/side_by_side.py's.
+(``Attention.frequencies``, new in the same change): the code before it also recomputed them on
+every rotation, about four more kernels, so this measures the kernel alone, not the whole change.
+Both norm with the Triton kernel (experiment 25). The loop, the models and the figures are
+metrics/experiments/side_by_side.py's.
 
 Usage: python3 metrics/experiments/exp26-rope.py BUNDLE_DIR OUT.json [CONTEXT ...]
 """
