@@ -11,6 +11,7 @@ from .config import PRESETS, KeySetConfig, ModelConfig, MTPConfig, SpecConfig, T
 from .decode import greedy_generate, speculative_generate, verify_greedy, verify_greedy_loop
 from .keyset import draft_key_csr, draft_key_indices, draft_key_mask
 from .kvcache import ring_slot
+from .lockstep import LockstepStats, batched_greedy_generate, lockstep_generate
 from .model import TargetLM
 from .mtp import MTPHead
 from .policy import AdaptiveDepth, FixedDepth
@@ -42,6 +43,7 @@ __all__ = [
     "attention", "paged_attention", "ring_slot", "resolve_impl", "draft_key_indices", "draft_key_mask",
     "draft_key_csr", "TargetLM", "MTPHead", "build_models", "greedy_generate", "speculative_generate", "SpecStats",
     "static_greedy_generate", "static_speculative_generate", "Prefill", "prefill_prompt",
+    "batched_greedy_generate", "lockstep_generate", "LockstepStats",
     "sample_generate", "speculative_sample", "verify_rejection", "FixedDepth", "AdaptiveDepth",
     "verify_greedy", "verify_greedy_loop", "PRESETS", "get_preset", "ModelConfig", "MTPConfig",
     "KeySetConfig", "SpecConfig", "TrainConfig", "__version__",

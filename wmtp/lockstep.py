@@ -1,0 +1,190 @@
+"""Lockstep batched speculative decoding: prompts of one length decode as one batch, every row
+committing the same number of tokens a step (beyond the paper, whose runs decode one sequence).
+
+A step runs decode.py's four phases on a batch of ``B`` rows at the same positions ``n .. n + K``
+(arXiv 2607.21535, Sec. 2-3: draft extend, recursive drafts, one verify pass, commit). Row ``b``
+accepts ``a_b`` of its ``K`` drafts; the batch commits ``m = min_b a_b`` of each row's drafts and
+then each row's target token ``y_m``. Every row's first ``m`` drafts equal its target's greedy
+choices, so ``y_m`` of row ``b`` is its target's greedy token after a greedy prefix, and each row's
+output is its dense greedy decoding, token for token: the batch's rows stay at one position, and
+the caches, position-indexed, overwrite the entries of drafts a row accepted past ``m`` in the next
+step (wmtp/kvcache.py), as they do a rejected draft's. Lockstep costs acceptance, not exactness: a
+row keeps ``m + 1`` tokens where alone it might have kept ``a_b + 1`` (``LockstepStats``). What it
+buys is the batch: one pass of the head and of the target serves ``B`` rows, and a model whose
+step is launch-bound (docs/results/step-anatomy.md) pays its launches once for all of them.
+
+NOTE [Batch exactness]: a row of a batched pass and the same row computed alone can differ in the
+last bits (a matrix product of ``B`` rows may sum in another order). As decode.py NOTE
+[Exactness] says of verify against decode passes, the equality with ``greedy_generate`` of each
+row alone is exact in real arithmetic; tests/test_lockstep.py checks it with ``torch.equal`` in
+float64, and against ``batched_greedy_generate`` (the same batch, dense) in float32 too.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .attention import resolve_impl
+from .device import synchronize
+from .keyset import key_count
+from .model import TargetLM
+from .mtp import MTPHead
+from .request import check_request, check_spec_request
+
+__all__ = ["LockstepStats", "batched_greedy_generate", "lockstep_generate"]
+
+
+@dataclass
+class LockstepStats:
+    """Counters of one lockstep run of ``batch`` rows: every row's steps add ``committed`` tokens
+    (counted up to ``max_new_tokens``, not cut at an ``eos_id``: the rows decode on in the batch) in
+    ``steps`` verify passes; ``accepted`` sums each step's ``m``, ``accepted_alone[b]`` the drafts
+    row ``b`` itself matched."""
+
+    depth: int
+    batch: int
+    steps: int = 0
+    committed: int = 0
+    accepted: int = 0
+    accepted_alone: list[int] = field(default_factory=list)
+    draft_keys_read: int = 0  # keys the draft's attention read for one row (each row reads as many)
+    draft_times_s: list[float] = field(default_factory=list)
+    verify_times_s: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.accepted_alone = self.accepted_alone or [0] * self.batch
+
+    @property
+    def mean_accept_length(self) -> float:
+        """Tokens a row commits per verify pass (the paper's AL, of the batch)."""
+        return self.committed / max(self.steps, 1)
+
+    @property
+    def lockstep_efficiency(self) -> float:
+        """Tokens the batch kept over the tokens its rows' own matches would have kept in the same
+        steps, ``sum(m + 1) / mean_b sum(a_b + 1)``: 1 when every row matched alike."""
+        alone = sum(a + self.steps for a in self.accepted_alone) / max(self.batch, 1)
+        return (self.accepted + self.steps) / max(alone, 1)
+
+
+def _check_shape(prompts: torch.Tensor) -> None:
+    if not isinstance(prompts, torch.Tensor) or prompts.dim() != 2 or prompts.numel() == 0:
+        raise ValueError("prompts must be a non-empty (B, P) LongTensor: B prompts of P tokens each")
+
+
+def _check_rows(target: TargetLM, prompts: torch.Tensor, max_new_tokens: int, extra: int,
+                eos_id: int | None) -> int:
+    """Every row checked as ``check_request`` checks a prompt; returns the positions a row writes."""
+    _check_shape(prompts)
+    return max(check_request(target, row, max_new_tokens, extra, eos_id) for row in prompts)
+
+
+def _cut(rows: list[list[int]], max_new_tokens: int, eos_id: int | None) -> list[list[int]]:
+    """Each row cut at ``max_new_tokens`` and after its first ``eos_id``."""
+    rows = [r[:max_new_tokens] for r in rows]
+    return [r[: r.index(eos_id) + 1] if eos_id in r else r for r in rows]
+
+
+def _done(rows: list[list[int]], max_new_tokens: int, eos_id: int | None) -> bool:
+    return all(len(r) >= max_new_tokens or eos_id in r for r in rows)
+
+
+@torch.no_grad()
+def batched_greedy_generate(target: TargetLM, prompts: torch.Tensor, max_new_tokens: int, eos_id: int | None = None,
+                            impl: str = "auto") -> list[torch.Tensor]:
+    """Dense greedy decoding of ``B`` prompts of one length as one batch: the reference of
+    ``lockstep_generate`` (its rows are ``greedy_generate`` of each prompt: NOTE [Batch exactness]).
+
+    Args:
+        prompts: ``(B, P)`` integer token ids.
+        max_new_tokens, eos_id, impl: as in ``greedy_generate`` (a row stops after its ``eos_id``;
+            the batch runs until every row has stopped).
+
+    Returns:
+        One 1-D LongTensor of new tokens a row.
+    """
+    needed = _check_rows(target, prompts, max_new_tokens, extra=-1, eos_id=eos_id)
+    prompts, (B, P) = prompts.long(), prompts.shape
+    dev = prompts.device
+    impl = resolve_impl(impl, dev, target.embed.dtype, target.config.head_dim,
+                        target.config.n_heads // target.config.n_kv_heads)
+    cache = target.new_cache(B, needed)
+    logits, _ = target(prompts, torch.arange(P, device=dev), cache, impl)  # (B, P, V)
+    x = logits[:, -1].argmax(-1)  # (B,)
+    rows, n = [[t] for t in x.tolist()], P
+    while not _done(rows, max_new_tokens, eos_id):
+        logits, _ = target(x[:, None], torch.tensor([n], device=dev), cache, impl)  # (B, 1, V)
+        x = logits[:, -1].argmax(-1)
+        rows, n = [r + [t] for r, t in zip(rows, x.tolist())], n + 1
+    return [torch.tensor(r, dtype=torch.long, device=dev) for r in _cut(rows, max_new_tokens, eos_id)]
+
+
+@torch.no_grad()
+def lockstep_generate(target: TargetLM, draft: MTPHead, prompts: torch.Tensor, max_new_tokens: int, depth: int,
+                      n_sink: int | None = None, window: int | None = None, impl: str = "auto",
+                      eos_id: int | None = None) -> tuple[list[torch.Tensor], LockstepStats]:
+    """Greedy speculative decoding of ``B`` prompts of one length in lockstep (the module docstring).
+
+    Args:
+        target, draft: the target LM and its MTP head.
+        prompts: ``(B, P)`` integer token ids.
+        max_new_tokens: tokens to generate a row.
+        depth: draft tokens a step (K).
+        n_sink, window: the draft key set (``window=None``: the native draft).
+        impl: attention implementation for draft and target.
+        eos_id: a row stops after this token (included); the batch runs until every row has stopped.
+
+    Returns:
+        One 1-D LongTensor of new tokens a row (each ``greedy_generate`` of its prompt: NOTE [Batch
+        exactness]) and the batch's ``LockstepStats``.
+    """
+    _check_shape(prompts)
+    needed = check_spec_request(target, draft, prompts[0], max_new_tokens, depth, n_sink, window, eos_id)
+    _check_rows(target, prompts, max_new_tokens, depth - 1 if max_new_tokens > 1 else -1, eos_id)
+    prompts, (B, P) = prompts.long(), prompts.shape
+    dev = prompts.device
+    impl = resolve_impl(impl, dev, target.embed.dtype, target.config.head_dim,
+                        target.config.n_heads // target.config.n_kv_heads)
+    stats = LockstepStats(depth=depth, batch=B)
+    tcache, dcache = target.new_cache(B, needed), draft.new_cache(B, needed)
+    logits, hidden = target(prompts, torch.arange(P, device=dev), tcache, impl)  # (B, P, V), (B, P, d)
+    if P > 1:  # the head's true chain over the prompt, positions 0 .. P-2
+        draft(hidden[:, :-1], prompts[:, 1:], torch.arange(P - 1, device=dev), dcache, n_sink, window, impl)
+    x = logits[:, -1].argmax(-1)  # (B,) the first new token of each row, at position P
+    rows = [[t] for t in x.tolist()]
+    head_start, h_new, next_tokens, n = P - 1, hidden[:, -1:], x[:, None], P  # (B, 1, d), (B, 1)
+    while not _done(rows, max_new_tokens, eos_id):
+        synchronize(dev)
+        t0 = time.perf_counter()
+        dlogits, g = draft(h_new, next_tokens, torch.arange(head_start, n, device=dev), dcache, n_sink, window, impl)
+        drafts = [dlogits[:, -1].argmax(-1)]  # (B,) d_1 guesses position n + 1
+        for i in range(1, depth):  # recursive drafting, every row at position n - 1 + i
+            dlogits, g = draft(g[:, -1:], drafts[-1][:, None], torch.tensor([n - 1 + i], device=dev), dcache,
+                               n_sink, window, impl)
+            drafts.append(dlogits[:, -1].argmax(-1))
+        d = torch.stack(drafts, dim=1)  # (B, K)
+        stats.draft_keys_read += sum(key_count(t, n_sink, window) for t in range(head_start, n - 1 + depth))
+        synchronize(dev)
+        t1 = time.perf_counter()
+        vlogits, vhidden = target(torch.cat([x[:, None], d], dim=1), torch.arange(n, n + depth + 1, device=dev),
+                                  tcache, impl)  # (B, K+1, V), (B, K+1, d)
+        choice = vlogits.argmax(-1)  # (B, K+1): each row's greedy token after each prefix
+        alone = (d == choice[:, :depth]).long().cumprod(dim=1).sum(dim=1)  # (B,) a_b
+        m = int(alone.min())
+        x = choice[:, m]  # (B,) each row's target token after m accepted drafts
+        synchronize(dev)
+        t2 = time.perf_counter()
+        stats.steps += 1
+        stats.accepted += m
+        stats.accepted_alone = [s + a for s, a in zip(stats.accepted_alone, alone.tolist())]
+        stats.draft_times_s.append(t1 - t0)
+        stats.verify_times_s.append(t2 - t1)
+        kept = torch.cat([d[:, :m], x[:, None]], dim=1)  # (B, m + 1)
+        rows = [r + k for r, k in zip(rows, kept.tolist())]
+        stats.committed = min(stats.committed + m + 1, max_new_tokens - 1)  # tokens kept (the cut's)
+        head_start, h_new, next_tokens = n, vhidden[:, : m + 1], kept  # the head's next extend: n .. n + m
+        n += m + 1
+    return [torch.tensor(r, dtype=torch.long, device=dev) for r in _cut(rows, max_new_tokens, eos_id)], stats
