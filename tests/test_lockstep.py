@@ -4,7 +4,7 @@ batch commits the least of its rows' matches each step, and its counters say so.
 
 import pytest
 import torch
-from decode_harness import V
+from decode_harness import Cycling, V
 
 import wmtp
 from wmtp.grading_checks import harness_models
@@ -88,6 +88,28 @@ def test_the_batch_commits_its_least_match_each_step(models, depth):
     assert stats.committed == new - 1 and stats.mean_accept_length == (new - 1) / steps
     assert 0 < stats.lockstep_efficiency < 1  # the rows' matches differ
     assert oracle.calls == 1 + steps * depth  # the prompt's chain, then an extend and depth - 1 drafts a step
+
+
+def test_a_depth_policy_drafts_each_steps_depth_and_learns_the_batchs_match(models):
+    """A scripted policy: each step drafts its depth, and the policy is told the step's m (the
+    batch's least match, as the oracle implies), never a row's own."""
+    target, head = models
+    B, P, new = 3, 9, 40
+    ps = prompts(B, P, seed=7)
+    want = [wmtp.greedy_generate(target, p, new + 4) for p in ps]
+    oracle = BatchOracle(head, torch.cat([ps, torch.stack(want)], dim=1), 4)
+    policy = Cycling([1, 4, 2])
+    out, stats = lockstep_generate(target, oracle, ps, new, policy)
+    assert all(torch.equal(a, b[:new]) for a, b in zip(out, want))
+    n, expected = P, []
+    for k, m in policy.seen:
+        expected.append((k, min(min(oracle.j(b, n) for b in range(B)), k)))
+        n += m + 1
+    assert policy.seen == expected and policy.positions[:3] == [P, P + expected[0][1] + 1,
+                                                                 P + expected[0][1] + expected[1][1] + 2]
+    assert stats.steps_by_depth == [0, *(sum(k == d for k, _ in policy.seen) for d in range(1, 5))]
+    adaptive, _ = lockstep_generate(target, head, ps, new, wmtp.AdaptiveDepth(6), 4, 16)
+    assert all(torch.equal(a, b[:new]) for a, b in zip(adaptive, want))
 
 
 def test_rows_that_match_alike_lose_nothing(models):

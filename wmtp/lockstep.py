@@ -32,6 +32,7 @@ from .device import synchronize
 from .keyset import key_count
 from .model import TargetLM
 from .mtp import MTPHead
+from .policy import DepthPolicy, as_policy, next_depth
 from .request import check_request, check_spec_request
 
 __all__ = ["LockstepStats", "batched_greedy_generate", "lockstep_generate"]
@@ -51,11 +52,13 @@ class LockstepStats:
     accepted: int = 0
     accepted_alone: list[int] = field(default_factory=list)
     draft_keys_read: int = 0  # keys the draft's attention read for one row (each row reads as many)
+    steps_by_depth: list[int] = field(default_factory=list)  # steps that drafted k (all at depth without a policy)
     draft_times_s: list[float] = field(default_factory=list)
     verify_times_s: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.accepted_alone = self.accepted_alone or [0] * self.batch
+        self.steps_by_depth = self.steps_by_depth or [0] * (self.depth + 1)
 
     @property
     def mean_accept_length(self) -> float:
@@ -123,7 +126,8 @@ def batched_greedy_generate(target: TargetLM, prompts: torch.Tensor, max_new_tok
 
 
 @torch.no_grad()
-def lockstep_generate(target: TargetLM, draft: MTPHead, prompts: torch.Tensor, max_new_tokens: int, depth: int,
+def lockstep_generate(target: TargetLM, draft: MTPHead, prompts: torch.Tensor, max_new_tokens: int,
+                      depth: int | DepthPolicy,
                       n_sink: int | None = None, window: int | None = None, impl: str = "auto",
                       eos_id: int | None = None) -> tuple[list[torch.Tensor], LockstepStats]:
     """Greedy speculative decoding of ``B`` prompts of one length in lockstep (the module docstring).
@@ -132,7 +136,8 @@ def lockstep_generate(target: TargetLM, draft: MTPHead, prompts: torch.Tensor, m
         target, draft: the target LM and its MTP head.
         prompts: ``(B, P)`` integer token ids.
         max_new_tokens: tokens to generate a row.
-        depth: draft tokens a step (K).
+        depth: draft tokens a step (K), or a depth policy (wmtp/policy.py) told each step's ``m``:
+            ``AdaptiveDepth`` drafts less when the batch's least match is short.
         n_sink, window: the draft key set (``window=None``: the native draft).
         impl: attention implementation for draft and target.
         eos_id: a row stops after this token (included); the batch runs until every row has stopped.
@@ -142,6 +147,8 @@ def lockstep_generate(target: TargetLM, draft: MTPHead, prompts: torch.Tensor, m
         exactness]) and the batch's ``LockstepStats``.
     """
     _check_shape(prompts)
+    policy = as_policy(depth)
+    depth = policy.max_depth  # the caches hold a step of the most drafts
     needed = check_spec_request(target, draft, prompts[0], max_new_tokens, depth, n_sink, window, eos_id)
     _check_rows(target, prompts, max_new_tokens, depth - 1 if max_new_tokens > 1 else -1, eos_id)
     prompts, (B, P) = prompts.long(), prompts.shape
@@ -157,22 +164,23 @@ def lockstep_generate(target: TargetLM, draft: MTPHead, prompts: torch.Tensor, m
     rows = [[t] for t in x.tolist()]
     head_start, h_new, next_tokens, n = P - 1, hidden[:, -1:], x[:, None], P  # (B, 1, d), (B, 1)
     while not _done(rows, max_new_tokens, eos_id):
+        k = next_depth(policy, n, depth)
         synchronize(dev)
         t0 = time.perf_counter()
         dlogits, g = draft(h_new, next_tokens, torch.arange(head_start, n, device=dev), dcache, n_sink, window, impl)
         drafts = [dlogits[:, -1].argmax(-1)]  # (B,) d_1 guesses position n + 1
-        for i in range(1, depth):  # recursive drafting, every row at position n - 1 + i
+        for i in range(1, k):  # recursive drafting, every row at position n - 1 + i
             dlogits, g = draft(g[:, -1:], drafts[-1][:, None], torch.tensor([n - 1 + i], device=dev), dcache,
                                n_sink, window, impl)
             drafts.append(dlogits[:, -1].argmax(-1))
         d = torch.stack(drafts, dim=1)  # (B, K)
-        stats.draft_keys_read += sum(key_count(t, n_sink, window) for t in range(head_start, n - 1 + depth))
+        stats.draft_keys_read += sum(key_count(t, n_sink, window) for t in range(head_start, n - 1 + k))
         synchronize(dev)
         t1 = time.perf_counter()
-        vlogits, vhidden = target(torch.cat([x[:, None], d], dim=1), torch.arange(n, n + depth + 1, device=dev),
-                                  tcache, impl)  # (B, K+1, V), (B, K+1, d)
-        choice = vlogits.argmax(-1)  # (B, K+1): each row's greedy token after each prefix
-        alone = (d == choice[:, :depth]).long().cumprod(dim=1).sum(dim=1)  # (B,) a_b
+        vlogits, vhidden = target(torch.cat([x[:, None], d], dim=1), torch.arange(n, n + k + 1, device=dev),
+                                  tcache, impl)  # (B, k+1, V), (B, k+1, d)
+        choice = vlogits.argmax(-1)  # (B, k+1): each row's greedy token after each prefix
+        alone = (d == choice[:, :k]).long().cumprod(dim=1).sum(dim=1)  # (B,) a_b
         m = int(alone.min())
         x = choice[:, m]  # (B,) each row's target token after m accepted drafts
         synchronize(dev)
@@ -182,6 +190,8 @@ def lockstep_generate(target: TargetLM, draft: MTPHead, prompts: torch.Tensor, m
         stats.accepted_alone = [s + a for s, a in zip(stats.accepted_alone, alone.tolist())]
         stats.draft_times_s.append(t1 - t0)
         stats.verify_times_s.append(t2 - t1)
+        stats.steps_by_depth[k] += 1
+        policy.update(k, m, t1 - t0, t2 - t1)
         kept = torch.cat([d[:, :m], x[:, None]], dim=1)  # (B, m + 1)
         rows = [r + k for r, k in zip(rows, kept.tolist())]
         stats.committed = min(stats.committed + m + 1, max_new_tokens - 1)  # tokens kept (the cut's)
