@@ -22,36 +22,43 @@ def prompts(B: int, P: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, V, (B, P), generator=torch.Generator().manual_seed(seed))
 
 
-class BatchOracle:
-    """Row ``b`` right for its first ``j(b, n)`` drafts of the step that verifies from position
-    ``n``, then wrong: ``j(b, n) = (7 n + b) % (K + 1)``, so rows and steps differ. Draft ``i`` of a
-    step sits at position ``n - 1 + i`` and guesses the token at ``n + 1 + i`` of its row's
-    ``sequence`` (prompt and greedy continuation); its hidden output carries ``i`` (``SENTINEL + i``)."""
+class Oracle:
+    """The real head with its logits replaced: row ``b``'s drafts of the step that verifies from
+    position ``n`` are right for the first ``j(b, n)``, then wrong (default ``(7 n + b) % (K + 1)``,
+    so rows and steps differ). Draft ``i`` sits at position ``n - 1 + i`` and guesses the token at
+    ``n + 1 + i`` of its row's ``sequence`` (prompt and greedy continuation). The hidden states and
+    the cache writes are the head's own; a call is recursive (``i`` one more than the last call's)
+    when its hidden input is a view of the last call's output, as the loops pass ``g[:, -1:]``."""
 
-    SENTINEL = 1e6
-
-    def __init__(self, head, sequences: torch.Tensor, depth: int):
+    def __init__(self, head, sequences: torch.Tensor, depth: int, j=None):
         self.head, self.seq, self.K = head, sequences, depth
-        self.calls = 0
-
-    def j(self, b: int, n: int) -> int:
-        return (7 * n + b) % (self.K + 1)
+        self.j = j or (lambda b, n: (7 * n + b) % (depth + 1))
+        self.calls, self.index, self.last_g, self.cache = 0, 0, None, None
 
     def new_cache(self, *args, **kwargs):
-        return self.head.new_cache(*args, **kwargs)
+        self.cache = self.head.new_cache(*args, **kwargs)
+        return self.cache
 
     def __call__(self, hidden, next_ids, pos, cache, n_sink, window, impl):
         self.calls += 1
-        B, L, _ = hidden.shape
-        lead = hidden[:, :, 0]  # (B, L)
-        index = torch.where(lead >= self.SENTINEL, (lead - self.SENTINEL).long() + 1, torch.zeros_like(lead).long())
-        truth = self.seq[:, (pos + 2).clamp(max=self.seq.shape[1] - 1)]  # (B, L)
-        n = pos[None, :] - index + 1  # (B, L): the step's verify position, for the rows that draft
-        j = (7 * n + torch.arange(B)[:, None]) % (self.K + 1)
-        tok = torch.where(index < j, truth, (truth + 1) % V)
-        logits = torch.zeros(B, L, V, dtype=hidden.dtype).scatter_(2, tok[..., None], 1.0)
-        g = (index.to(hidden.dtype) + self.SENTINEL)[..., None].expand_as(hidden).contiguous()
-        return logits, g
+        last = self.last_g
+        recursive = last is not None and hidden.untyped_storage().data_ptr() == last.untyped_storage().data_ptr()
+        self.index = self.index + 1 if recursive else 0
+        logits, self.last_g = self.head(hidden, next_ids, pos, cache, n_sink, window, impl)
+        t = int(pos[-1])  # the last row's position: it drafts index self.index of the step at n
+        n = t + 1 - self.index
+        truth = self.seq[:, min(t + 2, self.seq.shape[1] - 1)]  # (B,)
+        right = torch.tensor([self.index < self.j(b, n) for b in range(hidden.shape[0])])
+        tok = torch.where(right, truth, (truth + 1) % V)  # (B,)
+        out = torch.zeros_like(logits)  # (B, L, V)
+        out[:, -1].scatter_(1, tok[:, None], 1.0)
+        return out, self.last_g
+
+
+def oracle_for(target, head, ps, depth, new, j=None):
+    """An ``Oracle`` over each prompt's greedy continuation, and those continuations."""
+    want = [wmtp.greedy_generate(target, p, new + depth + 2) for p in ps]
+    return Oracle(head, torch.cat([ps, torch.stack(want)], dim=1), depth, j), want
 
 
 @pytest.mark.parametrize("depth", [1, 3, 6])
@@ -74,8 +81,7 @@ def test_the_batch_commits_its_least_match_each_step(models, depth):
     target, head = models
     B, P, new = 3, 9, 40
     ps = prompts(B, P, seed=5)
-    want = [wmtp.greedy_generate(target, p, new + depth) for p in ps]
-    oracle = BatchOracle(head, torch.cat([ps, torch.stack(want)], dim=1), depth)
+    oracle, want = oracle_for(target, head, ps, depth, new)
     out, stats = lockstep_generate(target, oracle, ps, new, depth)
     assert all(torch.equal(a, b[:new]) for a, b in zip(out, want))
     n, kept, alone, steps, accepted = P, 0, [0] * B, 0, 0
@@ -86,7 +92,8 @@ def test_the_batch_commits_its_least_match_each_step(models, depth):
         kept, n, steps = kept + m + 1, n + m + 1, steps + 1
     assert (stats.steps, stats.accepted, stats.accepted_alone) == (steps, accepted, alone)
     assert stats.committed == new - 1 and stats.mean_accept_length == (new - 1) / steps
-    assert 0 < stats.lockstep_efficiency < 1  # the rows' matches differ
+    assert stats.lockstep_efficiency == pytest.approx((accepted + steps) / (sum(alone) / B + steps), rel=1e-12)
+    assert stats.lockstep_efficiency < 1  # the rows' matches differ
     assert oracle.calls == 1 + steps * depth  # the prompt's chain, then an extend and depth - 1 drafts a step
 
 
@@ -96,8 +103,7 @@ def test_a_depth_policy_drafts_each_steps_depth_and_learns_the_batchs_match(mode
     target, head = models
     B, P, new = 3, 9, 40
     ps = prompts(B, P, seed=7)
-    want = [wmtp.greedy_generate(target, p, new + 4) for p in ps]
-    oracle = BatchOracle(head, torch.cat([ps, torch.stack(want)], dim=1), 4)
+    oracle, want = oracle_for(target, head, ps, 4, new)
     policy = Cycling([1, 4, 2])
     out, stats = lockstep_generate(target, oracle, ps, new, policy)
     assert all(torch.equal(a, b[:new]) for a, b in zip(out, want))
@@ -110,6 +116,67 @@ def test_a_depth_policy_drafts_each_steps_depth_and_learns_the_batchs_match(mode
     assert stats.steps_by_depth == [0, *(sum(k == d for k, _ in policy.seen) for d in range(1, 5))]
     adaptive, _ = lockstep_generate(target, head, ps, new, wmtp.AdaptiveDepth(6), 4, 16)
     assert all(torch.equal(a, b[:new]) for a, b in zip(adaptive, want))
+
+
+@pytest.mark.parametrize("n_sink, window", [(None, None), (4, 16)])
+def test_the_caches_hold_each_rows_true_chain(models, monkeypatch, n_sink, window):
+    """After a run whose rows matched differently: the target's cache holds every row's committed
+    chain and the head's the true chain it consumed, each as one pass over the row's tokens would
+    write it (so the extend's hidden states and tokens are each row's own)."""
+    target, head = models
+    B, P, new, depth = 3, 7, 30, 4
+    ps = prompts(B, P, seed=8)
+    oracle, want = oracle_for(target, head, ps, depth, new)
+    caches = []
+    plain = type(target).new_cache
+    monkeypatch.setattr(target, "new_cache", lambda *a, **kw: caches.append(plain(target, *a, **kw)) or caches[-1])
+    policy = Cycling([depth])
+    lockstep_generate(target, oracle, ps, new, policy, n_sink, window)
+    monkeypatch.undo()
+    assert any(a > 0 for _, a in policy.seen)  # the rows matched some drafts
+    n = policy.positions[-1]  # the last step's n: positions < n are every row's true chain
+    seq = oracle.seq[:, : n + 1]  # (B, n + 1)
+    fresh_t = target.new_cache(B, n + 1)
+    _, hidden = target(seq, torch.arange(n + 1), fresh_t, "torch")
+    fresh_d = head.new_cache(B, n + 1)
+    head(hidden[:, :n - 1], seq[:, 1:n], torch.arange(n - 1), fresh_d, n_sink, window, "torch")
+    for got, ref, upto in ((caches[0], fresh_t, n + 1), (oracle.cache, fresh_d, n - 1)):
+        for layer in range(len(ref.k)):
+            for a, b in ((got.k[layer], ref.k[layer]), (got.v[layer], ref.v[layer])):
+                assert torch.allclose(a[:, :, :upto], b[:, :, :upto], rtol=0, atol=1e-10)
+
+
+def test_one_row_counts_as_speculative_generate(models):
+    """A batch of one with drafts that match: the same steps, matches, tokens and draft keys."""
+    target, head = models
+    ps = prompts(1, 10, seed=12)
+    for n_sink, window in [(None, None), (2, 8)]:
+        oracle, _ = oracle_for(target, head, ps, 5, 30)
+        _, alone = wmtp.speculative_generate(target, oracle, ps[0], 30, 5, n_sink, window)
+        oracle, _ = oracle_for(target, head, ps, 5, 30)
+        _, lock = lockstep_generate(target, oracle, ps, 30, 5, n_sink, window)
+        assert alone.accepted > 0 and (lock.steps, lock.accepted, lock.committed, lock.draft_keys_read) == (
+            alone.steps, alone.accepted, alone.committed, alone.draft_keys_read)
+
+
+def test_a_stopped_row_no_longer_limits_the_batch(models):
+    """Row 0 stops at its first token and would match nothing; row 1 then sets every step's m."""
+    target, head = models
+    ps, new, depth = prompts(2, 8, seed=13), 30, 4
+    first = [int(wmtp.greedy_generate(target, p, 1)[0]) for p in ps]
+    rest = wmtp.greedy_generate(target, ps[1], new)
+    eos = first[0]
+    assert eos not in rest.tolist()  # row 1 runs to max_new_tokens
+    oracle, want = oracle_for(target, head, ps, depth, new, j=lambda b, n: 0 if b == 0 else (3 * n) % (depth + 1))
+    out, stats = lockstep_generate(target, oracle, ps, new, depth, eos_id=eos)
+    assert [o.tolist() for o in out] == [[eos], rest.tolist()]
+    n, steps, accepted = 8, 0, 0
+    while steps == 0 or n - 8 + 1 < new:
+        m = min((3 * n) % (depth + 1), depth)
+        n, steps, accepted = n + m + 1, steps + 1, accepted + m
+    assert (stats.steps, stats.accepted) == (steps, accepted) and accepted > 0
+    assert stats.live_steps == [0, steps] and stats.accepted_alone == [0, accepted]
+    assert stats.lockstep_efficiency == 1.0  # the one live row kept all it matched
 
 
 def test_rows_that_match_alike_lose_nothing(models):
@@ -150,6 +217,16 @@ def test_one_row_makes_the_head_calls_of_speculative_generate(models, n_sink, wi
     assert all(torch.equal(a[1], b[1]) and torch.equal(a[2], b[2]) for a, b in zip(alone.calls, lock.calls))
 
 
+def test_a_row_stops_inside_a_step_that_commits_several_tokens(models):
+    target, head = models
+    ps, new, depth = prompts(3, 6, seed=14), 30, 5
+    oracle, want = oracle_for(target, head, ps, depth, new, j=lambda b, n: depth)  # every draft right
+    eos = int(want[1][7])  # row 1's eighth token, committed within a step of six tokens
+    out, stats = lockstep_generate(target, oracle, ps, new, depth, eos_id=eos)
+    assert [o.tolist() for o in out] == [wmtp.greedy_generate(target, p, new, eos_id=eos).tolist() for p in ps]
+    assert len(out[1]) <= 8 and stats.accepted > 0
+
+
 def test_each_row_stops_at_its_own_eos(models):
     target, _ = models
     ps = prompts(3, 8, seed=11)
@@ -170,12 +247,13 @@ def test_short_requests(models):
         out, stats = lockstep_generate(target, head, ps, new, 4)
         assert [o.tolist() for o in out] == [w.tolist() for w in want]
         assert stats.committed == max(new - 1, 0)
+        assert new > 1 or (stats.steps == 0 and stats.lockstep_efficiency == 1.0)  # no step ran
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the Triton kernels on the GPU")
 @pytest.mark.parametrize("impl", ["torch", "triton"])
 def test_every_row_is_its_dense_greedy_decoding_on_cuda(models, impl):
-    target, head = (m.cuda() for m in models)
+    target, head = (m.cuda() for m in harness_models())  # fresh models: the fixture's stay on the CPU
     ps = prompts(3, 30, seed=4).cuda()
     want = [wmtp.greedy_generate(target, p, 20, impl=impl) for p in ps]
     out, _ = lockstep_generate(target, head, ps, 20, 4, 4, 16, impl=impl)

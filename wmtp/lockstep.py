@@ -9,15 +9,18 @@ choices, so ``y_m`` of row ``b`` is its target's greedy token after a greedy pre
 output is its dense greedy decoding, token for token: the batch's rows stay at one position, and
 the caches, position-indexed, overwrite the entries of drafts a row accepted past ``m`` in the next
 step (wmtp/kvcache.py), as they do a rejected draft's. Lockstep costs acceptance, not exactness: a
-row keeps ``m + 1`` tokens where alone it might have kept ``a_b + 1`` (``LockstepStats``). What it
-buys is the batch: one pass of the head and of the target serves ``B`` rows, and a model whose
-step is launch-bound (docs/results/step-anatomy.md) pays its launches once for all of them.
+row keeps ``m + 1`` tokens where alone it might have kept ``a_b + 1`` (``LockstepStats``). A row
+that has stopped (its ``eos_id``, or ``max_new_tokens``) decodes on with the batch, its tokens cut
+from its output, and no longer counts in ``m``. What lockstep buys is the batch: one pass of the
+head and of the target serves ``B`` rows, and a model whose step is launch-bound
+(docs/results/step-anatomy.md) pays its launches once for all of them (measured on the CPU only:
+docs/results/lockstep.md).
 
 NOTE [Batch exactness]: a row of a batched pass and the same row computed alone can differ in the
 last bits (a matrix product of ``B`` rows may sum in another order). As decode.py NOTE
 [Exactness] says of verify against decode passes, the equality with ``greedy_generate`` of each
 row alone is exact in real arithmetic; tests/test_lockstep.py checks it with ``torch.equal`` in
-float64, and against ``batched_greedy_generate`` (the same batch, dense) in float32 too.
+float64.
 """
 
 from __future__ import annotations
@@ -33,17 +36,18 @@ from .keyset import key_count
 from .model import TargetLM
 from .mtp import MTPHead
 from .policy import DepthPolicy, as_policy, next_depth
-from .request import check_request, check_spec_request
+from .request import check_request, check_spec_request, spec_extra
 
 __all__ = ["LockstepStats", "batched_greedy_generate", "lockstep_generate"]
 
 
 @dataclass
 class LockstepStats:
-    """Counters of one lockstep run of ``batch`` rows: every row's steps add ``committed`` tokens
-    (counted up to ``max_new_tokens``, not cut at an ``eos_id``: the rows decode on in the batch) in
-    ``steps`` verify passes; ``accepted`` sums each step's ``m``, ``accepted_alone[b]`` the drafts
-    row ``b`` itself matched."""
+    """Counters of one lockstep run of ``batch`` rows: the steps add ``committed`` tokens to every row
+    (counted up to ``max_new_tokens``, also past a row's ``eos_id``: a stopped row decodes on) in
+    ``steps`` verify passes; ``accepted`` sums each step's ``m``. While row ``b`` has not stopped
+    (``live_steps[b]`` steps) it matched ``accepted_alone[b]`` drafts itself and kept ``kept_live``'s
+    share."""
 
     depth: int
     batch: int
@@ -51,6 +55,8 @@ class LockstepStats:
     committed: int = 0
     accepted: int = 0
     accepted_alone: list[int] = field(default_factory=list)
+    live_steps: list[int] = field(default_factory=list)
+    kept_live: int = 0  # tokens the live rows kept, summed over rows and steps
     draft_keys_read: int = 0  # keys the draft's attention read for one row (each row reads as many)
     steps_by_depth: list[int] = field(default_factory=list)  # steps that drafted k (all at depth without a policy)
     draft_times_s: list[float] = field(default_factory=list)
@@ -58,19 +64,22 @@ class LockstepStats:
 
     def __post_init__(self) -> None:
         self.accepted_alone = self.accepted_alone or [0] * self.batch
+        self.live_steps = self.live_steps or [0] * self.batch
         self.steps_by_depth = self.steps_by_depth or [0] * (self.depth + 1)
 
     @property
     def mean_accept_length(self) -> float:
-        """Tokens a row commits per verify pass (the paper's AL, of the batch)."""
+        """Tokens the steps add to a row per verify pass (the paper's AL for the batch, counted up to
+        ``max_new_tokens`` and past an ``eos_id``)."""
         return self.committed / max(self.steps, 1)
 
     @property
     def lockstep_efficiency(self) -> float:
-        """Tokens the batch kept over the tokens its rows' own matches would have kept in the same
-        steps, ``sum(m + 1) / mean_b sum(a_b + 1)``: 1 when every row matched alike."""
-        alone = sum(a + self.steps for a in self.accepted_alone) / max(self.batch, 1)
-        return (self.accepted + self.steps) / max(alone, 1)
+        """Tokens the live rows kept over the tokens their own matches would have kept in the same
+        steps, ``sum_b sum(m + 1) / sum_b sum(a_b + 1)`` over each row's live steps (without an
+        ``eos_id``: ``sum(m + 1) / mean_b sum(a_b + 1)``); 1 when every row matched alike, or no step ran."""
+        own = sum(a + s for a, s in zip(self.accepted_alone, self.live_steps))
+        return self.kept_live / own if own else 1.0
 
 
 def _check_shape(prompts: torch.Tensor) -> None:
@@ -82,7 +91,13 @@ def _check_rows(target: TargetLM, prompts: torch.Tensor, max_new_tokens: int, ex
                 eos_id: int | None) -> int:
     """Every row checked as ``check_request`` checks a prompt; returns the positions a row writes."""
     _check_shape(prompts)
-    return max(check_request(target, row, max_new_tokens, extra, eos_id) for row in prompts)
+    needed = 0
+    for b, row in enumerate(prompts):
+        try:
+            needed = max(needed, check_request(target, row, max_new_tokens, extra, eos_id))
+        except ValueError as e:
+            raise ValueError(f"prompts row {b}: {e}") from None
+    return needed
 
 
 def _cut(rows: list[list[int]], max_new_tokens: int, eos_id: int | None) -> list[list[int]]:
@@ -142,6 +157,9 @@ def lockstep_generate(target: TargetLM, draft: MTPHead, prompts: torch.Tensor, m
         impl: attention implementation for draft and target.
         eos_id: a row stops after this token (included); the batch runs until every row has stopped.
 
+    ``speculative_generate``'s other options (``prefill``, ``draft_cache``, ``positions``, ``gate``,
+    ``verifier``) have no lockstep form; this loop is eager (no CUDA-graph form either).
+
     Returns:
         One 1-D LongTensor of new tokens a row (each ``greedy_generate`` of its prompt: NOTE [Batch
         exactness]) and the batch's ``LockstepStats``.
@@ -150,7 +168,7 @@ def lockstep_generate(target: TargetLM, draft: MTPHead, prompts: torch.Tensor, m
     policy = as_policy(depth)
     depth = policy.max_depth  # the caches hold a step of the most drafts
     needed = check_spec_request(target, draft, prompts[0], max_new_tokens, depth, n_sink, window, eos_id)
-    _check_rows(target, prompts, max_new_tokens, depth - 1 if max_new_tokens > 1 else -1, eos_id)
+    _check_rows(target, prompts, max_new_tokens, spec_extra(max_new_tokens, depth), eos_id)
     prompts, (B, P) = prompts.long(), prompts.shape
     dev = prompts.device
     impl = resolve_impl(impl, dev, target.embed.dtype, target.config.head_dim,
@@ -164,10 +182,12 @@ def lockstep_generate(target: TargetLM, draft: MTPHead, prompts: torch.Tensor, m
     rows = [[t] for t in x.tolist()]
     head_start, h_new, next_tokens, n = P - 1, hidden[:, -1:], x[:, None], P  # (B, 1, d), (B, 1)
     while not _done(rows, max_new_tokens, eos_id):
+        live = [not _done([r], max_new_tokens, eos_id) for r in rows]
         k = next_depth(policy, n, depth)
         synchronize(dev)
         t0 = time.perf_counter()
-        dlogits, g = draft(h_new, next_tokens, torch.arange(head_start, n, device=dev), dcache, n_sink, window, impl)
+        dlogits, g = draft(h_new, next_tokens, torch.arange(head_start, n, device=dev), dcache, n_sink, window,
+                           impl)  # (B, n - head_start, V), (B, n - head_start, d)
         drafts = [dlogits[:, -1].argmax(-1)]  # (B,) d_1 guesses position n + 1
         for i in range(1, k):  # recursive drafting, every row at position n - 1 + i
             dlogits, g = draft(g[:, -1:], drafts[-1][:, None], torch.tensor([n - 1 + i], device=dev), dcache,
@@ -181,19 +201,21 @@ def lockstep_generate(target: TargetLM, draft: MTPHead, prompts: torch.Tensor, m
                                   tcache, impl)  # (B, k+1, V), (B, k+1, d)
         choice = vlogits.argmax(-1)  # (B, k+1): each row's greedy token after each prefix
         alone = (d == choice[:, :k]).long().cumprod(dim=1).sum(dim=1)  # (B,) a_b
-        m = int(alone.min())
+        m = min(a for a, on in zip(alone.tolist(), live) if on)  # the live rows' least match
         x = choice[:, m]  # (B,) each row's target token after m accepted drafts
         synchronize(dev)
         t2 = time.perf_counter()
         stats.steps += 1
         stats.accepted += m
-        stats.accepted_alone = [s + a for s, a in zip(stats.accepted_alone, alone.tolist())]
+        stats.accepted_alone = [s + a * on for s, a, on in zip(stats.accepted_alone, alone.tolist(), live)]
+        stats.live_steps = [s + on for s, on in zip(stats.live_steps, live)]
+        stats.kept_live += (m + 1) * sum(live)
         stats.draft_times_s.append(t1 - t0)
         stats.verify_times_s.append(t2 - t1)
         stats.steps_by_depth[k] += 1
         policy.update(k, m, t1 - t0, t2 - t1)
         kept = torch.cat([d[:, :m], x[:, None]], dim=1)  # (B, m + 1)
-        rows = [r + k for r, k in zip(rows, kept.tolist())]
+        rows = [r + new for r, new in zip(rows, kept.tolist())]
         stats.committed = min(stats.committed + m + 1, max_new_tokens - 1)  # tokens kept (the cut's)
         head_start, h_new, next_tokens = n, vhidden[:, : m + 1], kept  # the head's next extend: n .. n + m
         n += m + 1

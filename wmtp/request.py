@@ -17,7 +17,7 @@ from .model import TargetLM
 from .mtp import MTPHead
 from .policy import check_gate
 
-__all__ = ["check_draft", "check_request", "check_spec_request", "draft_ring", "with_positions"]
+__all__ = ["check_draft", "check_request", "check_spec_request", "draft_ring", "spec_extra", "with_positions"]
 
 DRAFT_CACHES = ("full", "ring")  # the draft's KV: every position, or a ring of its key set (wmtp/ringcache.py)
 RING_PREFILL = 256  # positions a ring's prefill writes a call: its spare slots are at least this minus one
@@ -64,8 +64,12 @@ def check_spec_request(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tenso
     # a step runs while fewer than max_new_tokens are out, so x sits at n <= P + max_new_tokens - 2 and
     # the verify pass writes n .. n + depth: positions up to P + max_new_tokens + depth - 2; with
     # max_new_tokens <= 1 no step runs and only the prefill's P positions are written
-    return check_request(target, prompt_ids, max_new_tokens, extra=depth - 1 if max_new_tokens > 1 else -1,
-                         eos_id=eos_id)
+    return check_request(target, prompt_ids, max_new_tokens, extra=spec_extra(max_new_tokens, depth), eos_id=eos_id)
+
+
+def spec_extra(max_new_tokens: int, depth: int) -> int:
+    """Positions a speculative run writes past ``P + max_new_tokens`` (``check_spec_request``'s ``extra``)."""
+    return depth - 1 if max_new_tokens > 1 else -1
 
 
 def draft_ring(draft_cache: str, n_sink: int | None, window: int | None, depth: int,
