@@ -11,14 +11,13 @@ against the planner's.
 
 Usage: python3 metrics/experiments/exp28-short-splits.py OUT.json
 """
-import statistics
 import sys
 
 import torch
+from graph_timing import us_per_call
 
 from wmtp.attention.plan import launch_config
 from wmtp.attention.triton_attention import attention_triton
-from wmtp.device import capture_graph
 from wmtp.metrics import environment, write_json
 
 S, B, H, D, CALLS, REPS, ROUNDS = 16384, 1, 4, 64, 20, 50, 5
@@ -32,20 +31,7 @@ cases = {"draft_1q_sink8_win64": (1, 8, 64), "extend_8q_sink8_win64": (8, 8, 64)
 
 
 def per_call_us(fn, calls):
-    graph = capture_graph(lambda: [fn() for _ in range(calls)])
-    for _ in range(10):
-        graph.replay()
-    out = []
-    for _ in range(ROUNDS):
-        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-        torch.cuda.synchronize()
-        ev[0].record()
-        for _ in range(REPS):
-            graph.replay()
-        ev[1].record()
-        torch.cuda.synchronize()
-        out.append(ev[0].elapsed_time(ev[1]) / REPS / calls * 1e3)
-    return statistics.median(out)
+    return us_per_call(fn, calls, REPS, ROUNDS, warm=10)
 
 
 result = {"experiment": 28, "command": "python3 metrics/experiments/exp28-short-splits.py OUT.json",

@@ -10,14 +10,13 @@ planner's launch.
 Usage: python3 metrics/experiments/exp29-fp32-full-sweep.py OUT.json
 """
 import itertools
-import statistics
 import sys
 
 import torch
+from graph_timing import us_per_call
 
 from wmtp.attention.plan import launch_config
 from wmtp.attention.triton_attention import attention_triton
-from wmtp.device import capture_graph
 from wmtp.metrics import environment, write_json
 
 B, H, D, CALLS, REPS, ROUNDS = 1, 4, 64, 20, 50, 3
@@ -27,20 +26,7 @@ sm = torch.cuda.get_device_properties(dev).multi_processor_count
 
 
 def per_call_us(fn):
-    graph = capture_graph(lambda: [fn() for _ in range(CALLS)])
-    for _ in range(5):
-        graph.replay()
-    out = []
-    for _ in range(ROUNDS):
-        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-        torch.cuda.synchronize()
-        ev[0].record()
-        for _ in range(REPS):
-            graph.replay()
-        ev[1].record()
-        torch.cuda.synchronize()
-        out.append(ev[0].elapsed_time(ev[1]) / REPS / CALLS * 1e3)
-    return statistics.median(out)
+    return us_per_call(fn, CALLS, REPS, ROUNDS, warm=5)
 
 
 result = {"experiment": 29, "command": "python3 metrics/experiments/exp29-fp32-full-sweep.py OUT.json",

@@ -15,15 +15,14 @@ reference's + 1e-6) evaluated.
 
 Usage: python3 metrics/experiments/exp31-tf32x3.py OUT.json
 """
-import statistics
 import sys
 
+import graph_timing
 import torch
 
 from wmtp.attention import triton_attention, triton_merge, triton_plan
 from wmtp.attention.reference import attention_torch
 from wmtp.attention.triton_attention import attention_triton
-from wmtp.device import capture_graph
 from wmtp.metrics import environment, write_json
 
 B, H, D, REPS, ROUNDS = 1, 4, 64, 50, 5
@@ -47,20 +46,7 @@ def use(precision: str) -> None:
 
 
 def us_per_call(fn, calls):
-    graph = capture_graph(lambda: [fn() for _ in range(calls)])
-    for _ in range(5):
-        graph.replay()
-    out = []
-    for _ in range(ROUNDS):
-        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-        torch.cuda.synchronize()
-        ev[0].record()
-        for _ in range(REPS):
-            graph.replay()
-        ev[1].record()
-        torch.cuda.synchronize()
-        out.append(ev[0].elapsed_time(ev[1]) / REPS / calls * 1e3)
-    return statistics.median(out)
+    return graph_timing.us_per_call(fn, calls, REPS, ROUNDS, warm=5)
 
 
 result = {"experiment": 31, "command": "python3 metrics/experiments/exp31-tf32x3.py OUT.json",
