@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TUTORIALS = ROOT / "tutorials"
 NOTEBOOKS = ["01_key_set", "02_target_and_mtp_head", "03_greedy_verification", "04_triton_kernel",
              "05_long_context_draft_tax", "06_ring_buffer", "07_sampled_verification", "08_reindexed_positions",
-             "09_draft_depth", "10_paged_cache"]
+             "09_draft_depth", "10_paged_cache", "11_lockstep_batches"]
 ARC = ["What you will learn", "Naive reference", "Mechanism", "Check", "Measure", "Discussion"]
 CELL_TIMEOUT_S = 120
 

@@ -1,0 +1,201 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 11 · Lockstep batches
+#
+# ## What you will learn
+#
+# The paper decodes one sequence at a time. A server decodes many, and a batch lets one pass of the
+# head and of the target serve them all. The simplest batched speculative decoding keeps every row at
+# one position: each step, row `b` accepts `a_b` of its `K` drafts, and the batch commits
+#
+#     m = min_b a_b
+#
+# drafts of every row, then each row's own target token. You will see why every row is still its own
+# dense greedy decoding, check it token for token, watch `m` follow the least of the rows' matches,
+# compute what that costs in accept length as the batch grows (`1 + sum_i alpha^(i B)`), and read the
+# committed CPU measurement, where plain dense batching wins.
+
+# %%
+import json
+from pathlib import Path
+
+import torch
+
+import wmtp
+from wmtp.grading import harness_models
+
+torch.manual_seed(0)
+target, head = harness_models()  # the tiny preset in float64, weights drawn wide (greedy output varies)
+V = target.config.vocab_size
+prompts = torch.randint(0, V, (3, 12), generator=torch.Generator().manual_seed(1))  # (B, P)
+print("prompts:", tuple(prompts.shape))
+
+# %% [markdown]
+# ## Naive reference
+#
+# Decode each prompt alone, densely: the output every batched method must reproduce, row for row.
+
+# %%
+NEW = 24
+alone = [wmtp.greedy_generate(target, p, NEW) for p in prompts]
+for b, out in enumerate(alone):
+    print(f"row {b}:", out.tolist()[:12], "...")
+
+# %% [markdown]
+# ## Mechanism
+#
+# One step by hand. Each row drafts `K` tokens; one target pass over `[x, d_1 .. d_K]` of every row
+# gives each row's greedy choice after each prefix; `a_b` is the length of the matching prefix
+# (`verify_greedy`'s cumprod, row by row). The batch keeps `m = min_b a_b` drafts of every row and
+# then `choice[b, m]`.
+#
+# Why is that each row's greedy decoding? Row `b`'s first `m` drafts equal its target's choices, so
+# positions up to `n + m` are its greedy chain, and `choice[b, m]` is its target's greedy token after
+# that chain. A row that matched more than `m` simply keeps fewer tokens this step: its cache entries
+# past `n + m` are overwritten by the next step, which starts at `n + m + 1` for every row (the caches
+# are position-indexed, as for a rejected draft).
+
+# %%
+K = 4
+drafts = torch.tensor([[5, 7, 9, 2], [5, 7, 1, 1], [5, 7, 9, 3]])  # (B, K) made-up drafts
+choice = torch.tensor([[5, 7, 9, 2, 8], [5, 7, 9, 4, 6], [5, 7, 9, 3, 0]])  # (B, K+1) made-up choices
+a = (drafts == choice[:, :K]).long().cumprod(dim=1).sum(dim=1)  # (B,) each row's own match
+m = int(a.min())
+kept = torch.cat([drafts[:, :m], choice[:, m:m + 1]], dim=1)  # (B, m + 1)
+print("a_b =", a.tolist(), " m =", m)
+print("kept this step:", kept.tolist())
+
+# %% [markdown]
+# ## Check
+#
+# `wmtp.lockstep_generate` runs that step until every row has its tokens, and
+# `wmtp.batched_greedy_generate` is the dense batch. Both equal the reference row for row (float64:
+# a row of a batched product may round differently from the same row alone, NOTE [Batch exactness]
+# in wmtp/lockstep.py). The random head matches little, so an *oracle* head shows `m` at work: it
+# runs the real head but replaces its guesses, right for the first `j(b, n)` drafts of row `b` at
+# the step from position `n`, then wrong.
+
+# %%
+dense = wmtp.batched_greedy_generate(target, prompts, NEW)
+lock, stats = wmtp.lockstep_generate(target, head, prompts, NEW, K, 4, 16)
+assert all(torch.equal(x, y) for x, y in zip(dense, alone)) and all(torch.equal(x, y) for x, y in zip(lock, alone))
+print("dense batch and lockstep equal every row's greedy decoding; random head's AL:", stats.mean_accept_length)
+
+truth = torch.cat([prompts, torch.stack([wmtp.greedy_generate(target, p, NEW + K + 2) for p in prompts])], dim=1)
+
+
+def j(b, n):  # drafts row b gets right at the step verifying from position n
+    return (7 * n + b) % (K + 1)
+
+
+class Oracle:
+    """The real head with its guesses replaced (a recursive call passes a view of the last output)."""
+
+    def __init__(self):
+        self.last, self.index = None, 0
+
+    def new_cache(self, *args, **kwargs):
+        return head.new_cache(*args, **kwargs)
+
+    def __call__(self, hidden, next_ids, pos, cache, n_sink, window, impl):
+        last = self.last
+        recursive = last is not None and hidden.untyped_storage().data_ptr() == last.untyped_storage().data_ptr()
+        self.index = self.index + 1 if recursive else 0
+        logits, self.last = head(hidden, next_ids, pos, cache, n_sink, window, impl)
+        t = int(pos[-1])
+        n = t + 1 - self.index
+        right = torch.tensor([self.index < j(b, n) for b in range(hidden.shape[0])])
+        tok = truth[:, t + 2]
+        tok = torch.where(right, tok, (tok + 1) % V)
+        out = torch.zeros_like(logits)
+        out[:, -1].scatter_(1, tok[:, None], 1.0)
+        return out, self.last
+
+
+class Record:
+    """A fixed depth that records what each step was told."""
+
+    max_depth = K
+
+    def __init__(self):
+        self.steps = []
+
+    def depth(self, position):
+        self.steps.append(position)
+        return K
+
+    def update(self, depth, accepted, draft_s, verify_s):
+        self.steps[-1] = (self.steps[-1], accepted)
+
+
+policy = Record()
+lock, stats = wmtp.lockstep_generate(target, Oracle(), prompts, NEW, policy)
+assert all(torch.equal(x, y) for x, y in zip(lock, alone))
+for n, got in policy.steps[:6]:
+    print(f"step at n={n}: rows' matches {[min(j(b, n), K) for b in range(3)]} -> m = {got}")
+    assert got == min(min(j(b, n), K) for b in range(3))
+print(f"AL {stats.mean_accept_length:.2f}; the rows' own matches would have kept "
+      f"{1 / stats.lockstep_efficiency:.2f}x as many tokens")
+
+# %% [markdown]
+# ## Measure
+#
+# If every draft of every row is accepted with probability `alpha` once the ones before it were, and
+# rows are independent, a row alone keeps `1 + alpha + ... + alpha^K` tokens a step, and a batch of
+# `B` keeps
+#
+#     E[AL | K, B] = 1 + sum_{i=1..K} alpha^(i B)
+#
+# (all `B` rows must accept draft `i`). The batch's accept length collapses toward 1 as `B` grows.
+
+# %%
+alpha = 0.8
+print("B  E[AL | K=7, B]")
+for B in (1, 2, 4, 8):
+    print(f"{B}  {1 + sum(alpha ** (i * B) for i in range(1, 8)):.2f}")
+
+# %% [markdown]
+# The committed CPU run (`metrics/experiments/lockstep-cpu-exp33.json`: WikiText-2 small models,
+# float64, 2-core CPU; docs/results/lockstep.md) shows the same collapse, and what it costs against
+# plain dense batching:
+
+# %%
+root = next(p for p in [Path.cwd(), *Path.cwd().parents] if (p / "pyproject.toml").exists())
+path = root / "metrics" / "experiments" / "lockstep-cpu-exp33.json"
+if path.exists():
+    run = json.loads(path.read_text())
+    print("B  AL(lockstep 8+64)  ms/token/row: alone  dense batch  lockstep  lockstep adaptive")
+    for row in run["rows"]:
+        ms = {k: v["ms_per_token_per_row"] for k, v in row["methods"].items()}
+        print(f"{row['B']}  {row['methods']['lockstep/sink8+win64']['mean_accept_length']:17.2f}"
+              f"  {ms['dense_alone']:18.3f}  {ms['dense_batch']:11.3f}  {ms['lockstep/sink8+win64']:8.3f}"
+              f"  {ms['lockstep-adaptive/sink8+win64']:17.3f}")
+else:
+    print("no committed run here:", path)
+
+# %% [markdown]
+# ## Discussion
+#
+# - Lockstep is exact for every row and needs nothing new from the caches or the kernels: all rows
+#   sit at one position, as in one sequence.
+# - Its price is acceptance: the batch keeps the least match, and `E[AL | K, B]` falls fast with `B`.
+#   Drafting less helps (`wmtp.AdaptiveDepth`, told each step's `m`), but on the committed CPU run a
+#   plain dense batch is still faster from two prompts on: batching and speculation draw on the same
+#   spare capacity of a step there.
+# - A GPU step of these small models is launch-bound (docs/results/step-anatomy.md), so a batch costs
+#   nearly what one row costs there; how lockstep fares against dense batching on the H200 has not
+#   been measured.
+# - Rows that keep their own matches would need a position per row: in the attention ops (`q_pos`
+#   of shape `(B, Lq)`), the cache writes and RoPE. Then no row waits for the slowest.
