@@ -192,8 +192,8 @@ else:
 #   sit at one position, as in one sequence.
 # - Its price is acceptance: the batch keeps the least match, and `E[AL | K, B]` falls fast with `B`.
 #   Drafting less helps (`wmtp.AdaptiveDepth`, told each step's `m`), but on the committed CPU run a
-#   plain dense batch is still faster from two prompts on: batching and speculation draw on the same
-#   spare capacity of a step there.
+#   plain dense batch is still faster from two prompts on. Our reading (not measured): batching and
+#   speculation draw on the same spare capacity of a step there.
 # - A GPU step of these small models is launch-bound (docs/results/step-anatomy.md), so a batch costs
 #   nearly what one row costs there; how lockstep fares against dense batching on the H200 has not
 #   been measured.
