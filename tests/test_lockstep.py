@@ -2,6 +2,8 @@
 decoding token for token (float64, NOTE [Batch exactness]), for every depth, key set and impl; the
 batch commits the least of its rows' matches each step, and its counters say so."""
 
+import copy
+
 import pytest
 import torch
 from decode_harness import Cycling, V
@@ -253,7 +255,8 @@ def test_short_requests(models):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the Triton kernels on the GPU")
 @pytest.mark.parametrize("impl", ["torch", "triton"])
 def test_every_row_is_its_dense_greedy_decoding_on_cuda(models, impl):
-    target, head = (m.cuda() for m in harness_models())  # fresh models: the fixture's stay on the CPU
+    # copies: harness_models() is cached, and Module.cuda() moves it in place for every later test in this process
+    target, head = (m.cuda() for m in copy.deepcopy(harness_models()))
     ps = prompts(3, 30, seed=4).cuda()
     want = [wmtp.greedy_generate(target, p, 20, impl=impl) for p in ps]
     out, _ = lockstep_generate(target, head, ps, 20, 4, 4, 16, impl=impl)
