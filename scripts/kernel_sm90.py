@@ -43,6 +43,9 @@ CELLS = {  # (Hq, Hkv, D, Lq, window, paged[, dtype, q_sink]): the benchmark's d
     "verify-D128-Lq8": (32, 8, 128, 8, None, False), "verify-D256-Lq8-paged": (16, 2, 256, 8, None, True),
     "reindexed-D256-Lq8": (16, 2, 256, 8, 4096, False, torch.bfloat16, True),
     "reindexed-D256-Lq8-fp32": (16, 2, 256, 8, 4096, False, torch.float32, True),
+    # the small preset's fp32 calls, whose dots are tf32x3 (NOTE [tf32x3] in attention/triton_plan.py)
+    "small-verify-D64-Lq8-fp32": (4, 4, 64, 8, None, False, torch.float32),
+    "small-draft-D64-fp32": (4, 4, 64, 1, 64, False, torch.float32),
 }
 TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64",
          torch.int32: "i32", torch.int64: "i64"}
@@ -106,6 +109,7 @@ def main(argv=None) -> int:
         compiled = compile_sm90(call)
         result["cells"][name] = {"grid": list(call.grid), "block_n": call.kwargs["BLOCK_N"],
                                  "num_warps": call.kwargs["num_warps"], "num_stages": call.kwargs["num_stages"],
+                                 "precision": call.kwargs["PRECISION"],
                                  **resources(compiled)}
         if args.sass:
             os.makedirs(args.sass, exist_ok=True)

@@ -48,9 +48,18 @@ def test_plan_call_on_meta_tensors_is_the_h200_launch():
 def test_every_benchmark_launch_fits_the_h200(compiled):
     assert set(compiled["cells"]) == {"draft-D256", "draft-D128", "draft-D256-Lq8", "draft-D128-Lq8-paged",
                                       "verify-D256", "verify-D256-Lq8", "verify-D128-Lq8", "verify-D256-Lq8-paged",
-                                      "reindexed-D256-Lq8", "reindexed-D256-Lq8-fp32"}
+                                      "reindexed-D256-Lq8", "reindexed-D256-Lq8-fp32", "small-verify-D64-Lq8-fp32",
+                                      "small-draft-D64-fp32"}
     for name, cell in compiled["cells"].items():
         assert 0 < cell["shared"] <= H200[1], (name, cell)
+
+
+def test_the_small_presets_float32_launches_compile_tf32x3_without_spills(compiled):
+    """NOTE [tf32x3]: the tiles that take it fit in shared memory (a D256 one of 64 rows did not)."""
+    for name in ("small-verify-D64-Lq8-fp32", "small-draft-D64-fp32"):
+        cell = compiled["cells"][name]
+        assert cell["precision"] == "tf32x3" and cell["spill_bytes"] == 0, (name, cell)
+    assert compiled["cells"]["reindexed-D256-Lq8-fp32"]["precision"] == "ieee"
 
 
 def test_one_query_draft_launches_never_spill(compiled):

@@ -359,6 +359,16 @@ def test_launch_config_defaults(args, expected):
     assert tuple(launch_config(*args, num_splits=3, block_n=16, num_warps=2, num_stages=1))[1:] == (16, 3, 2, 1)
 
 
+def test_float32_dots_take_tf32x3_only_where_measured():
+    """NOTE [tf32x3]: one 16-row float32 tile at D <= 64 off the CPU; everything else as before."""
+    from wmtp.attention.triton_plan import precision
+
+    assert precision(F32, "cuda", 16, 64) == precision(F32, "meta", 16, 16) == "tf32x3"
+    assert precision(F32, "cpu", 16, 64) == "ieee"  # the interpreter
+    assert precision(F32, "cuda", 32, 64) == precision(F32, "cuda", 16, 128) == "ieee"
+    assert precision(F64, "cuda", 16, 64) == "ieee" and precision(BF16, "cuda", 16, 64) == "tf32"
+
+
 def test_a_second_query_tile_takes_its_shared_memory_from_the_stages():
     """Re-indexed sinks (q_sink) hold two query tiles: the fp32 D256 draft-extend (64 x 256 rows, 64 KiB a
     tile) drops from 4 stages of 16-key blocks to 2 (it compiled 1.3 KB over an H200's limit with 4);

@@ -98,7 +98,8 @@ n_sink`` whenever a sink exists), so no key is scored by the wrong query. Withou
 NOTE [Precision]: ``tl.dot`` accumulates in fp32 (fp64 for fp64 inputs, which the GPU
 losslessness tests use: decode.py NOTE [Exactness]); softmax runs in the log2 domain
 (``qk_scale = log2(e) / sqrt(D)``, computed in the kernel in the accumulator's dtype, ``exp2``).
-fp32 and fp64 inputs use ``input_precision="ieee"`` (no tf32). fp16/bf16 use native tensor-core
+fp64 inputs use ``input_precision="ieee"``, fp32 ``"ieee"`` or, for one 16-row tile at D <= 64 on
+a GPU, ``"tf32x3"`` (NOTE [tf32x3] in attention/triton_plan.py). fp16/bf16 use native tensor-core
 dots; under the CPU interpreter, which cannot multiply bf16, bf16 tiles are upcast to fp32 after
 loading (``UPCAST``).
 """

@@ -18,6 +18,16 @@ the workspace are this call's fresh allocations, whose dtypes the static key fix
 cache keys only the caller's tensors' alignment, so ``plan_call`` asserts that the allocator's
 blocks are 16-byte aligned (PyTorch's CUDA caching allocator: 512 bytes; its CPU allocator: 64).
 The merge's launch is planned with the attention's, in ``_static_plan``.
+
+NOTE [tf32x3]: float32 dots as IEEE FMA loops keep the small preset's full-attention calls far from
+the bandwidth floor (48 us a call where 16K keys' bytes take 7 us on the H200). ``"tf32x3"`` splits
+each float32 operand into a TF32 part and a TF32 remainder and adds three tensor-core products,
+dropping only the remainders' product: on the H200 it took 58.2-70.8 % less time a full-set call
+and 14.6-18.4 % less over short ranges, and met NOTE [Tolerances]' kernel rule where plain TF32 did
+not (metrics/experiments/tf32x3-h200-exp31.json). Its operands take more shared memory (a D256
+tile of 64 rows compiled to 256 KiB, over the H200's limit; scripts/kernel_sm90.py compiles the
+launches offline), so ``precision`` takes it only where it was measured: one 16-row tile at
+``D <= 64``, on a GPU. The CPU interpreter keeps ``"ieee"``.
 """
 
 from __future__ import annotations
@@ -90,7 +100,7 @@ def _static_plan(q_shape, q_stride, k_shape, k_stride, bt_stride, page_size, pag
     kwargs = dict(GROUP=Hq // Hkv, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=D, PAGE_SIZE=page_size,
                   PAGED=0 if not paged else 2 if num_stages > 1 else 1, SPLIT=split,  # NOTE [Pages]
                   UPCAST=device_type == "cpu" and dtype == torch.bfloat16,
-                  PRECISION="ieee" if dtype in (torch.float32, torch.float64) else "tf32",
+                  PRECISION=precision(dtype, device_type, BLOCK_M, D),  # NOTE [tf32x3]
                   ACC=tl.float64 if fp64 else tl.float32, PDL=pdl, QSINK=q_sink,
                   # NOTE [Offsets]: paged row offsets' width
                   OFF=tl.int32 if paged and max_offset(k_shape, k_stride) < 2**31 else tl.int64,
@@ -101,6 +111,15 @@ def _static_plan(q_shape, q_stride, k_shape, k_stride, bt_stride, page_size, pag
         merge = (*_merge_plan(*merge_static[:7]), merge_static)
     ws_numel = n_rows * (D + 2) if split else 0
     return _Plan((B * Hkv, num_splits), ints, MappingProxyType(kwargs), ws_numel, merge)
+
+
+def precision(dtype: torch.dtype, device_type: str, block_m: int, D: int) -> str:
+    """The dots' ``input_precision``: ``"tf32x3"`` for float32 tiles of 16 rows at ``D <= 64`` off the
+    CPU (NOTE [tf32x3]), ``"ieee"`` for other float32 and for float64, ``"tf32"`` for fp16 and bf16
+    (where it is unused: the operands are not float32)."""
+    if dtype == torch.float32 and device_type != "cpu" and block_m == 16 and D <= 64:
+        return "tf32x3"
+    return "ieee" if dtype in (torch.float32, torch.float64) else "tf32"
 
 
 def max_offset(shape, stride) -> int:
