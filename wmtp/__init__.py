@@ -18,6 +18,7 @@ from .policy import AdaptiveDepth, FixedDepth
 from .prefill import Prefill, prefill_prompt
 from .sampling import sample_generate, speculative_sample, verify_rejection
 from .static_decode import static_greedy_generate, static_speculative_generate
+from .static_lockstep import static_batched_greedy_generate, static_lockstep_generate
 from .stats import SpecStats
 
 __version__ = "0.1.0"
@@ -43,7 +44,8 @@ __all__ = [
     "attention", "paged_attention", "ring_slot", "resolve_impl", "draft_key_indices", "draft_key_mask",
     "draft_key_csr", "TargetLM", "MTPHead", "build_models", "greedy_generate", "speculative_generate", "SpecStats",
     "static_greedy_generate", "static_speculative_generate", "Prefill", "prefill_prompt",
-    "batched_greedy_generate", "lockstep_generate", "LockstepStats",
+    "batched_greedy_generate", "lockstep_generate", "LockstepStats", "static_batched_greedy_generate",
+    "static_lockstep_generate",
     "sample_generate", "speculative_sample", "verify_rejection", "FixedDepth", "AdaptiveDepth",
     "verify_greedy", "verify_greedy_loop", "PRESETS", "get_preset", "ModelConfig", "MTPConfig",
     "KeySetConfig", "SpecConfig", "TrainConfig", "__version__",

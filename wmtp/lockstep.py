@@ -110,6 +110,22 @@ def _done(rows: list[list[int]], max_new_tokens: int, eos_id: int | None) -> boo
     return all(len(r) >= max_new_tokens or eos_id in r for r in rows)
 
 
+def _prefill_batch(target: TargetLM, draft: MTPHead | None, prompts: torch.Tensor, needed: int, impl: str,
+                   n_sink: int | None = None, window: int | None = None, checked: bool = True):
+    """New caches of ``needed`` positions for the ``(B, P)`` prompts: the target over the prompts, then
+    the head (if any) over their true chains, positions ``0 .. P-2``. Returns both caches (the head's
+    ``None`` without a head), the target's last logits ``(B, V)`` and last hidden states ``(B, 1, d)``.
+    ``checked``: the caches' range check (off for the static loops, NOTE in wmtp/kvcache.py)."""
+    B, P = prompts.shape
+    dev = prompts.device
+    tcache = target.new_cache(B, needed, checked=checked)
+    logits, hidden = target(prompts, torch.arange(P, device=dev), tcache, impl)  # (B, P, V), (B, P, d)
+    dcache = None if draft is None else draft.new_cache(B, needed, checked=checked)
+    if draft is not None and P > 1:  # the head's true chain over the prompt, positions 0 .. P-2
+        draft(hidden[:, :-1], prompts[:, 1:], torch.arange(P - 1, device=dev), dcache, n_sink, window, impl)
+    return tcache, dcache, logits[:, -1], hidden[:, -1:]
+
+
 @torch.no_grad()
 def batched_greedy_generate(target: TargetLM, prompts: torch.Tensor, max_new_tokens: int, eos_id: int | None = None,
                             impl: str = "auto") -> list[torch.Tensor]:
@@ -125,13 +141,12 @@ def batched_greedy_generate(target: TargetLM, prompts: torch.Tensor, max_new_tok
         One 1-D LongTensor of new tokens a row.
     """
     needed = _check_rows(target, prompts, max_new_tokens, extra=-1, eos_id=eos_id)
-    prompts, (B, P) = prompts.long(), prompts.shape
+    prompts, P = prompts.long(), prompts.shape[1]
     dev = prompts.device
     impl = resolve_impl(impl, dev, target.embed.dtype, target.config.head_dim,
                         target.config.n_heads // target.config.n_kv_heads)
-    cache = target.new_cache(B, needed)
-    logits, _ = target(prompts, torch.arange(P, device=dev), cache, impl)  # (B, P, V)
-    x = logits[:, -1].argmax(-1)  # (B,)
+    cache, _, last, _ = _prefill_batch(target, None, prompts, needed, impl)  # (B, V) last logits
+    x = last.argmax(-1)  # (B,)
     rows, n = [[t] for t in x.tolist()], P
     while not _done(rows, max_new_tokens, eos_id):
         logits, _ = target(x[:, None], torch.tensor([n], device=dev), cache, impl)  # (B, 1, V)
@@ -174,13 +189,10 @@ def lockstep_generate(target: TargetLM, draft: MTPHead, prompts: torch.Tensor, m
     impl = resolve_impl(impl, dev, target.embed.dtype, target.config.head_dim,
                         target.config.n_heads // target.config.n_kv_heads)
     stats = LockstepStats(depth=depth, batch=B)
-    tcache, dcache = target.new_cache(B, needed), draft.new_cache(B, needed)
-    logits, hidden = target(prompts, torch.arange(P, device=dev), tcache, impl)  # (B, P, V), (B, P, d)
-    if P > 1:  # the head's true chain over the prompt, positions 0 .. P-2
-        draft(hidden[:, :-1], prompts[:, 1:], torch.arange(P - 1, device=dev), dcache, n_sink, window, impl)
-    x = logits[:, -1].argmax(-1)  # (B,) the first new token of each row, at position P
+    tcache, dcache, last, h_last = _prefill_batch(target, draft, prompts, needed, impl, n_sink, window)
+    x = last.argmax(-1)  # (B,) the first new token of each row, at position P
     rows = [[t] for t in x.tolist()]
-    head_start, h_new, next_tokens, n = P - 1, hidden[:, -1:], x[:, None], P  # (B, 1, d), (B, 1)
+    head_start, h_new, next_tokens, n = P - 1, h_last, x[:, None], P  # (B, 1, d), (B, 1)
     while not _done(rows, max_new_tokens, eos_id):
         live = [not _done([r], max_new_tokens, eos_id) for r in rows]
         k = next_depth(policy, n, depth)
