@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 from .attention import IMPLS, attention
 from .config import ModelConfig
+from .fused import logn_scale, silu_mul
 from .keyset import check_positions, sink_query_position
 from .kvcache import KVCache
 from .pagedcache import PagedKVCache
@@ -98,8 +99,9 @@ def linear(x: torch.Tensor, w: torch.Tensor, zero: torch.Tensor) -> torch.Tensor
 
 
 def op_impl(impl: str, device: torch.device | str) -> str:
-    """The norms' and RoPE's impl (``rms_norm`` in wmtp/rmsnorm.py, ``rope`` in wmtp/rope.py) beside
-    attention's ``impl``.
+    """The impl of the norms, RoPE, log-length scaling and SwiGLU's activation (``rms_norm`` in
+    wmtp/rmsnorm.py, ``rope`` in wmtp/rope.py, ``logn_scale`` and ``silu_mul`` in wmtp/fused.py)
+    beside attention's ``impl``.
 
     Args:
         impl: attention's, ``"auto"``, ``"torch"`` or ``"triton"``.
@@ -177,11 +179,10 @@ class Attention(nn.Module):
             if reindexed:
                 q_sink = rope(q, sink_query_position(pos, n_sink, window), f, oi)  # (B, Hq, L, D)
             q, k = rope(q, pos, f, oi), rope(k, pos, f, oi)  # (B, Hq, L, D), (B, Hkv, L, D)
-        if self.logn_scale:  # in at least fp32, as RoPE: fp16 rounds positions past 65519 to inf
-            acc = torch.promote_types(q.dtype, torch.float32)
-            scale = (torch.log(pos.to(acc) + 1) / math.log(c.train_seq_len)).clamp(min=1.0)  # (L,)
-            q = q * scale[:, None].to(q.dtype)
-            q_sink = None if q_sink is None else q_sink * scale[:, None].to(q.dtype)  # (no model has both today)
+        if self.logn_scale:  # one kernel on CUDA (wmtp/fused.py)
+            oi = op_impl(impl, x.device)
+            q = logn_scale(q, pos, c.train_seq_len, oi)  # (B, Hq, L, D)
+            q_sink = None if q_sink is None else logn_scale(q_sink, pos, c.train_seq_len, oi)  # (no model has both)
         if cache is not None:  # a KVCache, or the draft's RingKVCache (wmtp/ringcache.py)
             cache.update(layer, pos, k, v)
             y = cache.attend(layer, q, pos, n_sink, window, impl, q_sink)  # (B, Hq, L, D)
@@ -200,9 +201,11 @@ class MLP(nn.Module):
         self.w_down = _weight(cfg.d_model, cfg.d_ff)
         self.register_buffer("zero", zero_bias(max(cfg.d_ff, cfg.d_model)), persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, impl: str = "torch") -> torch.Tensor:
+        """SwiGLU: ``w_down (silu(w_gate x) * w_up x)``, the activation by ``silu_mul`` (wmtp/fused.py;
+        ``impl`` as ``RMSNorm.forward``'s)."""
         z = self.zero
-        return linear(F.silu(linear(x, self.w_gate, z)) * linear(x, self.w_up, z), self.w_down, z)
+        return linear(silu_mul(linear(x, self.w_gate, z), linear(x, self.w_up, z), impl), self.w_down, z)
 
 
 class Block(nn.Module):
@@ -219,7 +222,7 @@ class Block(nn.Module):
                 n_sink: int | None, window: int | None, impl: str, positions: str = "absolute") -> torch.Tensor:
         ni = op_impl(impl, x.device)
         x = x + self.attn(self.attn_norm(x, ni), pos, cache, layer, n_sink, window, impl, positions)
-        return x + self.mlp(self.mlp_norm(x, ni))
+        return x + self.mlp(self.mlp_norm(x, ni), ni)
 
 
 def init_weights(module: nn.Module, generator: torch.Generator, n_layers: int) -> None:

@@ -1,0 +1,157 @@
+"""Log-length scaling and SwiGLU's activation (wmtp/fused.py): each kernel against its reference in
+one parametrized test over both impls; the references are the model's formulas; the model takes
+the kernels on CUDA.
+
+Tolerance: the kernel rule of NOTE [Tolerances] in tests/attention_truth.py (``assert_op_close``);
+the truth is float64 throughout. The Triton cases run on CUDA, or on CPU tensors under Triton's
+interpreter (no bf16 there).
+"""
+
+import math
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from attention_truth import assert_op_close
+
+import wmtp
+from wmtp.fused import logn_scale, logn_scale_torch, silu_mul, silu_mul_torch
+
+CUDA = torch.cuda.is_available()
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+DEVICE = "cuda" if CUDA else "cpu"
+IMPLS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not (CUDA or INTERPRETED),
+                                                                  reason="needs CUDA or TRITON_INTERPRET=1"))]
+DTYPES = [torch.float32, torch.float64, torch.float16] + ([torch.bfloat16] if CUDA else [])
+
+
+def _randn(shape, dtype, seed, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g, dtype=torch.float64) * scale).to(DEVICE, dtype)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,start,train_len", [((1, 1, 1, 4), 0, 256), ((1, 4, 1, 64), 16383, 256),
+                                                   ((2, 3, 17, 32), 200, 256), ((1, 2, 40, 128), 1_000_000, 4096),
+                                                   ((1, 1, 5, 6), 70000, 2), ((2, 2, 16, 256), 131071, 8192)])
+def test_logn_scale_matches_the_reference(impl, dtype, shape, start, train_len):
+    """Rows not a multiple of the kernel's block (17, 40, 5), a head_dim not a power of two (6),
+    positions below the training length (scale 1) and up to a million."""
+    q = _randn(shape, dtype, sum(shape) + start, 2.0)
+    g = torch.Generator().manual_seed(start)
+    pos = (start + torch.randperm(shape[2], generator=g)).to(DEVICE)  # (L,), in any order
+    truth = q.double() * (torch.log(pos.double() + 1) / math.log(train_len)).clamp(min=1.0)[:, None]
+    got = logn_scale(q, pos, train_len, impl)
+    assert got.shape == q.shape and got.dtype == dtype and got.device == q.device
+    assert_op_close(got, logn_scale_torch(q, pos, train_len), truth)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_logn_scale_literal_values(impl):
+    """T = e^2 rounded to an int is 7: log(7) / log(7) = 1 at position 6; below it the scale is 1."""
+    q = torch.ones(1, 1, 4, 2, dtype=torch.float64, device=DEVICE)
+    pos = torch.tensor([0, 5, 6, 48], device=DEVICE)  # log(49) / log(7) = 2
+    got = logn_scale(q, pos, 7, impl)[0, 0, :, 0].tolist()
+    assert got == pytest.approx([1.0, 1.0, 1.0, 2.0], abs=1e-14)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_logn_scale_reads_any_layout_and_int32_positions(impl):
+    """The model's layout (heads a transposed view), a strided slice, int32 and strided positions."""
+    y = _randn((2, 9, 3, 16), torch.float64, 1)  # (B, L, H, D)
+    every_other = torch.arange(5000, 5018, device=DEVICE)[::2]  # (9,), stride 2
+    for x in (y.transpose(1, 2), y.transpose(1, 2)[:, ::2]):
+        want = logn_scale_torch(x.contiguous(), every_other.contiguous(), 256)
+        for pos in (every_other, every_other.int()):
+            got = logn_scale(x, pos, 256, impl)
+            assert torch.allclose(got, want, rtol=0, atol=1e-12)
+    assert logn_scale(y[:0].transpose(1, 2), every_other, 256, impl).shape == (0, 3, 9, 16)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1,), (1, 1, 512), (2, 2, 1024), (3, 8, 1000), (2, 5, 4097)])
+def test_silu_mul_matches_the_reference(impl, dtype, shape):
+    """Sizes below, at, a multiple of and past the kernel's block of 1024, gates far into both tails."""
+    gate, up = _randn(shape, dtype, sum(shape), 6.0), _randn(shape, dtype, sum(shape) + 1)
+    truth = F.silu(gate.double()) * up.double()
+    got = silu_mul(gate, up, impl)
+    assert got.shape == gate.shape and got.dtype == dtype and got.device == gate.device
+    assert_op_close(got, silu_mul_torch(gate, up), truth)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_silu_mul_reads_any_layout(impl):
+    x = _randn((4, 6, 32), torch.float64, 3)
+    gate, up = x[..., :16], x[..., 16:]  # the halves of one tensor: strided views
+    assert torch.allclose(silu_mul(gate, up, impl), F.silu(gate) * up, rtol=0, atol=1e-14)
+    assert silu_mul(gate[:0], up[:0], impl).shape == (0, 6, 16)
+
+
+def test_the_references_are_the_models_formulas():
+    """Bit for bit what wmtp/model.py computed before the ops existed (CPU results do not move)."""
+    q = torch.randn(1, 2, 5, 8, generator=torch.Generator().manual_seed(0))
+    pos = torch.tensor([0, 255, 256, 9999, 1_000_000])
+    scale = (torch.log(pos.to(torch.float32) + 1) / math.log(256)).clamp(min=1.0)
+    assert torch.equal(logn_scale_torch(q, pos, 256), q * scale[:, None])
+    g, u = torch.randn(2, 3, 10), torch.randn(2, 3, 10)
+    assert torch.equal(silu_mul_torch(g, u), F.silu(g) * u)
+
+
+@pytest.mark.parametrize("impl", IMPLS + ["auto"])
+def test_bad_input_is_a_value_error_for_every_impl(impl):
+    q, pos = torch.ones(1, 1, 2, 4, device=DEVICE), torch.arange(2, device=DEVICE)
+    for args, match in (((q[0], pos, 256), "shape \\(B, H, L, D\\)"), ((q.long(), pos, 256), "floating"),
+                        ((q, pos[:1], 256), "pos must be \\(2,\\)"), ((q, pos.float(), 256), "int32 or int64"),
+                        ((q, pos.cpu() if CUDA else pos.to("meta"), 256), "pos must be"),
+                        ((q, pos, 1), "train_len"), ((q, pos, 256.0), "train_len"), ((q, pos, True), "train_len")):
+        with pytest.raises(ValueError, match=match):
+            logn_scale(*args, impl=impl)
+    g = torch.ones(3, 4, device=DEVICE)
+    for up in (torch.ones(3, 5, device=DEVICE), g.double(), g.long()):
+        with pytest.raises(ValueError, match="one shape, dtype and device"):
+            silu_mul(g.long() if up.dtype == torch.long else g, up, impl)
+    with pytest.raises(ValueError, match="impl"):
+        silu_mul(g, g, "cuda")
+
+
+@pytest.mark.skipif(not (CUDA or INTERPRETED), reason="needs CUDA or TRITON_INTERPRET=1")
+def test_the_kernels_raise_where_they_have_no_backward():
+    q = torch.ones(1, 1, 2, 4, device=DEVICE, requires_grad=True)
+    pos = torch.arange(2, device=DEVICE)
+    with pytest.raises(ValueError, match="no backward"):
+        logn_scale(q, pos, 256, "triton")
+    g, u = torch.ones(3, device=DEVICE), torch.ones(3, device=DEVICE, requires_grad=True)
+    with pytest.raises(ValueError, match="no backward"):
+        silu_mul(g, u, "triton")
+    logn_scale(q, pos, 256, "auto").sum().backward()  # "auto" takes the reference under autograd
+    silu_mul(g, u, "auto").sum().backward()
+    assert q.grad is not None and u.grad is not None
+    with torch.no_grad():
+        assert torch.equal(logn_scale(q, pos, 256, "triton"), logn_scale_torch(q, pos, 256))
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA: the model's Triton ops")
+@torch.no_grad()
+def test_a_model_pass_on_cuda_takes_the_kernels(monkeypatch):
+    """Every global layer's scaling and every block's activation (the target's and the head's) run
+    the kernels with Triton attention, none with impl='torch'."""
+    from wmtp import model
+
+    calls = []
+    plain_logn, plain_silu = model.logn_scale, model.silu_mul
+    monkeypatch.setattr(model, "logn_scale", lambda q, p, t, impl: calls.append(("logn", impl)) or
+                        plain_logn(q, p, t, impl))
+    monkeypatch.setattr(model, "silu_mul", lambda g, u, impl: calls.append(("silu", impl)) or plain_silu(g, u, impl))
+    target, head = (m.cuda().float() for m in wmtp.build_models("tiny", seed=0))
+    n_global, n = len(target.config.global_layers), target.config.n_layers
+    ids, pos = torch.arange(8, device="cuda")[None], torch.arange(8, device="cuda")
+    logits, hidden = target(ids, pos, target.new_cache(1, 16), impl="triton")
+    head(hidden, ids, pos, head.new_cache(1, 16), impl="triton")
+    assert sorted(calls) == sorted([("logn", "triton")] * n_global + [("silu", "triton")] * (n + 1)) and n_global
+    calls.clear()
+    ref, _ = target(ids, pos, target.new_cache(1, 16), impl="torch")
+    assert sorted(calls) == sorted([("logn", "torch")] * n_global + [("silu", "torch")] * n)
+    assert (logits - ref).abs().max() <= 1e-3 * ref.abs().max()

@@ -1,0 +1,195 @@
+"""Two elementwise chains of a decode step as one kernel each: the global layers' log-length query
+scaling and SwiGLU's activation, each with a PyTorch reference and a Triton kernel of one signature.
+
+The target's full-attention layers (arXiv 2607.21535, Sec. 5: the few layers of a hybrid model that
+hold the whole KV) scale their queries by ``max(1, log(t + 1) / log(train_seq_len))`` (wmtp/model.py).
+In PyTorch that is six kernels a layer on a GPU (a cast, an add, a log, a division, a clamp, the
+product), and SwiGLU's ``silu(gate) * up`` two a block. Inside a CUDA graph each kernel costs a few
+microseconds however little it computes: experiment 27 counted 14 µs of a dense step's 287 µs in the
+scaling's twelve kernels and 11 µs in the activations' eight
+(metrics/experiments/kernel-census-h200-exp27.json). ``impl="triton"`` does each chain in one kernel.
+
+Both kernels compute in at least float32, as the references do: the scale as ``log(t + 1) /
+log(T)`` in the accumulation dtype (``T`` passed as an int: Triton would pass a float as float32,
+NOTE [eps] in wmtp/rmsnorm.py), rounded to the query's dtype before the product, as the reference
+rounds it; ``silu(g) = g / (1 + exp(-g))``. They agree with the references to rounding, not
+bit for bit (their logarithm and exponential are Triton's): decoding needs no more, since a dense step
+and a verify pass scale with the same op (decode.py NOTE [Exactness]). The model takes the kernels on
+CUDA unless asked for ``impl="torch"`` or a gradient is needed (``op_impl`` in wmtp/model.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .attention import IMPLS, resolve_impl
+
+__all__ = ["logn_scale", "logn_scale_torch", "silu_mul", "silu_mul_torch"]
+
+BLOCK_L = 16  # query rows a program scales
+BLOCK = 1024  # elements a program of the activation computes
+
+
+def logn_scale_torch(q: torch.Tensor, pos: torch.Tensor, train_len: int) -> torch.Tensor:
+    """The reference: ``q`` ``(B, H, L, D)`` times ``max(1, log(pos[l] + 1) / log(train_len))`` per
+    row, the scale computed in at least float32 and rounded to ``q``'s dtype."""
+    acc = torch.promote_types(q.dtype, torch.float32)  # fp16 would round positions past 65519 to inf
+    scale = (torch.log(pos.to(acc) + 1) / math.log(train_len)).clamp(min=1.0)  # (L,)
+    return q * scale[:, None].to(q.dtype)
+
+
+def silu_mul_torch(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """The reference: SwiGLU's ``silu(gate) * up``."""
+    return F.silu(gate) * up
+
+
+@functools.cache
+def _kernels():
+    """The Triton kernels, defined on first use (importing wmtp never imports triton)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _logn_kernel(Q, Pos, Out,  # q (B, H, L, D); pos (L,); out (B, H, L, D) contiguous
+                     sb, sh, sl, H, L, n_lblk, T,  # q's strides (its last is 1); train_len
+                     D: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, ACC: tl.constexpr):
+        pid = tl.program_id(0).to(tl.int64)  # int64 offsets: B * H * L * D may pass 2**31
+        bh = pid // n_lblk
+        b, h = bh // H, bh % H
+        rows = (pid % n_lblk) * BLOCK_L + tl.arange(0, BLOCK_L)  # (BLOCK_L,)
+        cols = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
+        mask = (rows < L)[:, None] & (cols < D)[None, :]  # (BLOCK_L, BLOCK_D)
+        p = tl.load(Pos + rows, mask=rows < L, other=0).to(ACC)  # (BLOCK_L,)
+        scale = tl.maximum(tl.log(p + 1) / tl.log(T.to(ACC)), 1.0)  # (BLOCK_L,); T an int: no float32 argument
+        x = tl.load(Q + b * sb + h * sh + rows.to(tl.int64)[:, None] * sl + cols[None, :], mask=mask, other=0.0)
+        s = scale.to(x.dtype).to(ACC)  # rounded to q's dtype first, as the reference
+        dst = Out + (bh * L + rows.to(tl.int64))[:, None] * D + cols[None, :]
+        tl.store(dst, (x.to(ACC) * s[:, None]).to(x.dtype), mask=mask)
+
+    @triton.jit
+    def _silu_mul_kernel(G, U, Out, n, BLOCK: tl.constexpr, ACC: tl.constexpr):  # flat contiguous (n,) each
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        g = tl.load(G + offs, mask=mask, other=0.0)
+        u = tl.load(U + offs, mask=mask, other=0.0)
+        a = g.to(ACC)
+        silu = (a / (1 + tl.exp(-a))).to(g.dtype).to(ACC)  # rounded to g's dtype, as F.silu returns it
+        tl.store(Out + offs, (silu * u.to(ACC)).to(g.dtype), mask=mask)
+
+    return _logn_kernel, _silu_mul_kernel
+
+
+def _acc(dtype: torch.dtype):
+    import triton.language as tl
+
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def _on_device(x: torch.Tensor):
+    """Triton launches on the current device: make ``x``'s current (no-op off CUDA)."""
+    import contextlib
+
+    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
+
+
+def logn_scale_triton(q: torch.Tensor, pos: torch.Tensor, train_len: int) -> torch.Tensor:
+    """``logn_scale_torch`` with a program per ``BLOCK_L`` rows of a head (CUDA, or the CPU
+    interpreter). Unchecked: ``logn_scale`` checks first. Returns a contiguous ``(B, H, L, D)``."""
+    import triton
+
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    B, H, L, D = q.shape
+    out = torch.empty((B, H, L, D), dtype=q.dtype, device=q.device)  # (B, H, L, D)
+    if out.numel():
+        n_lblk = triton.cdiv(L, BLOCK_L)
+        with _on_device(q):
+            _kernels()[0][(n_lblk * B * H,)](q, pos, out, q.stride(0), q.stride(1), q.stride(2), H, L, n_lblk,
+                                             train_len, D=D, BLOCK_L=BLOCK_L, BLOCK_D=triton.next_power_of_2(D),
+                                             ACC=_acc(q.dtype))
+    return out
+
+
+def silu_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu_mul_torch`` in one kernel (CUDA, or the CPU interpreter). Unchecked: ``silu_mul`` checks
+    first. Returns a contiguous tensor of ``gate``'s shape."""
+    import triton
+
+    gate, up = gate.contiguous(), up.contiguous()
+    out = torch.empty_like(gate, memory_format=torch.contiguous_format)
+    if out.numel():
+        with _on_device(gate):
+            _kernels()[1][(triton.cdiv(out.numel(), BLOCK),)](gate, up, out, out.numel(), BLOCK=BLOCK,
+                                                              ACC=_acc(gate.dtype))
+    return out
+
+
+def _resolve(impl: str, op: str, *xs: torch.Tensor) -> str:
+    """``impl`` for an op without a backward on tensors ``xs``: ``"auto"`` takes the reference under
+    autograd."""
+    if impl not in IMPLS:
+        raise ValueError(f"{op} takes impl 'auto', 'torch' or 'triton', got {impl!r}")
+    grad = torch.is_grad_enabled() and any(x.requires_grad for x in xs)
+    impl = resolve_impl("torch" if impl == "auto" and grad else impl, xs[0].device)  # where the kernel can run
+    if impl == "triton" and grad:
+        raise ValueError(f"{op}'s impl='triton' has no backward: a tensor needs a gradient (use impl='torch', "
+                         "or no_grad)")
+    return impl
+
+
+def logn_scale(q: torch.Tensor, pos: torch.Tensor, train_len: int, impl: str = "auto") -> torch.Tensor:
+    """Scale each query row by ``max(1, log(pos + 1) / log(train_len))`` (log-length scaling).
+
+    Args:
+        q: ``(B, H, L, D)`` floating, any layout.
+        pos: ``(L,)`` integer positions (int32 or int64) on ``q``'s device.
+        train_len: the training context, an int >= 2.
+        impl: ``"torch"`` (the reference), ``"triton"`` (one kernel; CUDA, or CPU tensors under
+            ``TRITON_INTERPRET=1``; no backward), or ``"auto"``: the kernel for CUDA tensors when
+            triton imports and ``q`` needs no gradient, else the reference.
+
+    Returns:
+        ``(B, H, L, D)`` in ``q``'s dtype.
+
+    Raises:
+        ValueError: for another ``impl``, shape, dtype or device (for every impl; no device value is
+            read), a ``train_len`` below 2, and for ``"triton"`` a gradient or a device where the
+            kernel cannot run.
+    """
+    if q.dim() != 4 or not q.is_floating_point():
+        raise ValueError(f"logn_scale takes a floating q of shape (B, H, L, D), got {tuple(q.shape)} {q.dtype}")
+    if pos.shape != (q.shape[2],) or pos.dtype not in (torch.int32, torch.int64) or pos.device != q.device:
+        raise ValueError(f"logn_scale's pos must be ({q.shape[2]},) int32 or int64 on {q.device}; got "
+                         f"{tuple(pos.shape)} {pos.dtype} on {pos.device}")
+    if isinstance(train_len, bool) or not isinstance(train_len, int) or train_len < 2:
+        raise ValueError(f"logn_scale's train_len must be an int >= 2, got {train_len!r}")
+    if _resolve(impl, "logn_scale", q) == "torch":
+        return logn_scale_torch(q, pos, train_len)
+    return logn_scale_triton(q, pos.contiguous(), train_len)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor, impl: str = "auto") -> torch.Tensor:
+    """SwiGLU's activation ``silu(gate) * up``.
+
+    Args:
+        gate, up: floating tensors of one shape, dtype and device, any layout.
+        impl: as ``logn_scale``'s (the kernel when ``"auto"`` on CUDA and neither needs a gradient).
+
+    Returns:
+        A tensor of ``gate``'s shape and dtype.
+
+    Raises:
+        ValueError: for another ``impl``, mismatched tensors, and for ``"triton"`` a gradient or a
+            device where the kernel cannot run.
+    """
+    if not gate.is_floating_point() or (gate.shape, gate.dtype, gate.device) != (up.shape, up.dtype, up.device):
+        raise ValueError(f"silu_mul takes floating gate and up of one shape, dtype and device; got "
+                         f"{tuple(gate.shape)} {gate.dtype} on {gate.device} and {tuple(up.shape)} {up.dtype} "
+                         f"on {up.device}")
+    if _resolve(impl, "silu_mul", gate, up) == "torch":
+        return silu_mul_torch(gate, up)
+    return silu_mul_triton(gate, up)
