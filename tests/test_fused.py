@@ -1,6 +1,6 @@
-"""Log-length scaling and SwiGLU's activation (wmtp/fused.py): each kernel against its reference in
-one parametrized test over both impls; the references are the model's formulas; the model takes
-the kernels on CUDA.
+"""Log-length scaling, SwiGLU's activation and the KV cache write (wmtp/fused.py): each kernel
+against its reference in one parametrized test over both impls; the references are the model's
+formulas; the model takes the kernels on CUDA.
 
 Tolerance: the kernel rule of NOTE [Tolerances] in tests/attention_truth.py (``assert_op_close``);
 the truth is float64 throughout. The Triton cases run on CUDA, or on CPU tensors under Triton's
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from attention_truth import assert_op_close
 
 import wmtp
-from wmtp.fused import logn_scale, logn_scale_torch, silu_mul, silu_mul_torch
+from wmtp.fused import kv_write, kv_write_torch, logn_scale, logn_scale_torch, silu_mul, silu_mul_torch
 
 CUDA = torch.cuda.is_available()
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -90,6 +90,63 @@ def test_silu_mul_reads_any_layout(impl):
     assert silu_mul(gate[:0], up[:0], impl).shape == (0, 6, 16)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype,buf_dtype", [(torch.float32, torch.float32), (torch.float64, torch.float64),
+                                             (torch.float16, torch.float16), (torch.float64, torch.float32)])
+@pytest.mark.parametrize("B,H,L,D,S", [(1, 1, 1, 4, 8), (2, 3, 17, 6, 40), (1, 2, 16, 64, 100), (3, 1, 5, 128, 9)])
+def test_kv_write_is_the_indexed_assignment(impl, dtype, buf_dtype, B, H, L, D, S):
+    """Positions in any order (int32 and int64), rows not a multiple of the kernel's block (17, 5), a
+    head_dim not a power of two (6), keys and values in the model's transposed layout, a cast to the
+    buffers' dtype: the same buffers bit for bit, every other position untouched."""
+    g = torch.Generator().manual_seed(B * H * L + D)
+    y = torch.randn(2, B, L, H, D, generator=g, dtype=torch.float64).to(DEVICE, dtype)
+    k, v = y[0].transpose(1, 2), y[1].transpose(1, 2)  # (B, H, L, D) each, strided views
+    pos = torch.randperm(S, generator=g)[:L].to(DEVICE)  # (L,)
+    bufs = torch.randn(2, B, H, S, D, generator=g, dtype=torch.float64).to(DEVICE, buf_dtype)
+    want = bufs.clone()
+    kv_write_torch(want[0], want[1], pos, k, v)
+    for p in (pos, pos.int()):
+        got = bufs.clone()
+        kv_write(got[0], got[1], p, k, v, impl)
+        assert torch.equal(got, want)
+    empty = bufs.clone()
+    kv_write(empty[0], empty[1], pos[:0], k[:, :, :0], v[:, :, :0], impl)  # no rows: nothing written
+    assert torch.equal(empty, bufs)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_cache_update_writes_with_the_impl_it_is_given(impl):
+    """``KVCache.update`` writes the same buffers with either impl; the ring and paged caches take the
+    argument (their writes stay indexed assignment) and refuse an unknown one."""
+    target, head = (m.to(DEVICE) for m in wmtp.build_models("tiny", seed=0))
+    k = torch.randn(2, target.config.n_kv_heads, 3, target.config.head_dim, device=DEVICE)
+    pos = torch.tensor([7, 2, 5], device=DEVICE)
+    ref, got = target.new_cache(2, 10), target.new_cache(2, 10)
+    ref.update(1, pos, k, 2 * k)
+    got.update(1, pos, k, 2 * k, impl)
+    assert torch.equal(got.k, ref.k) and torch.equal(got.v, ref.v) and got.k[1, :, :, 7].abs().sum() > 0
+    for cache in (head.new_cache(2, 10, ring=(2, 4, 3)), head.new_cache(2, 10, page_size=4)):
+        cache.update(0, pos, k, k, impl)
+        with pytest.raises(ValueError, match="unknown impl"):
+            cache.update(0, pos, k, k, "cuda")
+    with pytest.raises(ValueError, match="impl"):
+        ref.update(1, pos, k, k, "cuda")
+
+
+@pytest.mark.parametrize("impl", IMPLS + ["auto"])
+def test_bad_kv_writes_are_value_errors(impl):
+    bufs, k = torch.zeros(2, 1, 2, 8, 4, device=DEVICE), torch.ones(1, 2, 3, 4, device=DEVICE)
+    pos = torch.arange(3, device=DEVICE)
+    for args, match in (((bufs[0], bufs[1], pos, k[0], k[0]), r"k, v \(B, Hkv, L, D\)"),
+                        ((bufs[0], bufs[1], pos[:2], k, k), r"k, v \(B, Hkv, L, D\)"),
+                        ((bufs[0], bufs[1][:, :1], pos, k, k), r"k, v \(B, Hkv, L, D\)"),
+                        ((bufs[0, :, :, :, :3], bufs[1, :, :, :, :3], pos, k, k), r"k, v \(B, Hkv, L, D\)"),
+                        ((bufs[0], bufs[1], pos.float(), k, k), "int32 or int64"),
+                        ((bufs[0].mT.contiguous().mT, bufs[1], pos, k, k), "contiguous in their last")):
+        with pytest.raises(ValueError, match=match):
+            kv_write(*args, impl=impl)
+
+
 def test_the_references_are_the_models_formulas():
     """Bit for bit what wmtp/model.py computed before the ops existed (CPU results do not move)."""
     q = torch.randn(1, 2, 5, 8, generator=torch.Generator().manual_seed(0))
@@ -136,22 +193,24 @@ def test_the_kernels_raise_where_they_have_no_backward():
 @pytest.mark.skipif(not CUDA, reason="needs CUDA: the model's Triton ops")
 @torch.no_grad()
 def test_a_model_pass_on_cuda_takes_the_kernels(monkeypatch):
-    """Every global layer's scaling and every block's activation (the target's and the head's) run
-    the kernels with Triton attention, none with impl='torch'."""
-    from wmtp import model
+    """Every global layer's scaling, every block's activation and every layer's cache write (the
+    target's and the head's) run the kernels with Triton attention, none with impl='torch'."""
+    from wmtp import kvcache, model
 
     calls = []
-    plain_logn, plain_silu = model.logn_scale, model.silu_mul
+    plain_logn, plain_silu, plain_kv = model.logn_scale, model.silu_mul, kvcache.kv_write
     monkeypatch.setattr(model, "logn_scale", lambda q, p, t, impl: calls.append(("logn", impl)) or
                         plain_logn(q, p, t, impl))
     monkeypatch.setattr(model, "silu_mul", lambda g, u, impl: calls.append(("silu", impl)) or plain_silu(g, u, impl))
+    monkeypatch.setattr(kvcache, "kv_write", lambda *a: calls.append(("kv", a[-1])) or plain_kv(*a))
     target, head = (m.cuda().float() for m in wmtp.build_models("tiny", seed=0))
     n_global, n = len(target.config.global_layers), target.config.n_layers
     ids, pos = torch.arange(8, device="cuda")[None], torch.arange(8, device="cuda")
     logits, hidden = target(ids, pos, target.new_cache(1, 16), impl="triton")
     head(hidden, ids, pos, head.new_cache(1, 16), impl="triton")
-    assert sorted(calls) == sorted([("logn", "triton")] * n_global + [("silu", "triton")] * (n + 1)) and n_global
+    assert sorted(calls) == sorted([("logn", "triton")] * n_global + [("silu", "triton")] * (n + 1) +
+                                   [("kv", "triton")] * (n + 1)) and n_global
     calls.clear()
     ref, _ = target(ids, pos, target.new_cache(1, 16), impl="torch")
-    assert sorted(calls) == sorted([("logn", "torch")] * n_global + [("silu", "torch")] * n)
+    assert sorted(calls) == sorted([("logn", "torch")] * n_global + [("silu", "torch")] * n + [("kv", "torch")] * n)
     assert (logits - ref).abs().max() <= 1e-3 * ref.abs().max()

@@ -1,13 +1,15 @@
-"""Two elementwise chains of a decode step as one kernel each: the global layers' log-length query
-scaling and SwiGLU's activation, each with a PyTorch reference and a Triton kernel of one signature.
+"""Small chains of a decode step as one kernel each: the global layers' log-length query scaling,
+SwiGLU's activation, and a layer's key and value writes into a contiguous KV cache, each with a
+PyTorch reference and a Triton kernel of one signature.
 
 The target's full-attention layers (arXiv 2607.21535, Sec. 5: the few layers of a hybrid model that
 hold the whole KV) scale their queries by ``max(1, log(t + 1) / log(train_seq_len))`` (wmtp/model.py).
 In PyTorch that is six kernels a layer on a GPU (a cast, an add, a log, a division, a clamp, the
 product), and SwiGLU's ``silu(gate) * up`` two a block. Inside a CUDA graph each kernel costs a few
 microseconds however little it computes: experiment 27 counted 14 µs of a dense step's 287 µs in the
-scaling's twelve kernels and 11 µs in the activations' eight
-(metrics/experiments/kernel-census-h200-exp27.json). ``impl="triton"`` does each chain in one kernel.
+scaling's twelve kernels, 11 µs in the activations' eight and 16 µs in the caches' eight writes
+(two a layer, keys and values: metrics/experiments/kernel-census-h200-exp27.json). ``impl="triton"``
+does each chain in one kernel. (The ring and paged caches keep their indexed writes.)
 
 Both kernels compute in at least float32, as the references do: the scale as ``log(t + 1) /
 log(T)`` in the accumulation dtype (``T`` passed as an int: Triton would pass a float as float32,
@@ -31,7 +33,7 @@ import torch.nn.functional as F
 
 from .attention import IMPLS, resolve_impl
 
-__all__ = ["logn_scale", "logn_scale_torch", "silu_mul", "silu_mul_torch"]
+__all__ = ["kv_write", "kv_write_torch", "logn_scale", "logn_scale_torch", "silu_mul", "silu_mul_torch"]
 
 BLOCK_L = 16  # query rows a program scales
 BLOCK = 1024  # elements a program of the activation computes
@@ -48,6 +50,15 @@ def logn_scale_torch(q: torch.Tensor, pos: torch.Tensor, train_len: int) -> torc
 def silu_mul_torch(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """The reference: SwiGLU's ``silu(gate) * up``."""
     return F.silu(gate) * up
+
+
+def kv_write_torch(k_buf: torch.Tensor, v_buf: torch.Tensor, pos: torch.Tensor, k: torch.Tensor,
+                   v: torch.Tensor) -> None:
+    """The reference: ``k, v`` ``(B, Hkv, L, D)`` written into ``k_buf, v_buf`` ``(B, Hkv, S, D)`` at
+    positions ``pos`` ``(L,)``, cast to the buffers' dtype (indexed assignment: wmtp/kvcache.py)."""
+    pos = pos.long()
+    k_buf[:, :, pos] = k.to(k_buf.dtype)
+    v_buf[:, :, pos] = v.to(v_buf.dtype)
 
 
 @functools.cache
@@ -83,7 +94,25 @@ def _kernels():
         silu = (a / (1 + tl.exp(-a))).to(g.dtype).to(ACC)  # rounded to g's dtype, as F.silu returns it
         tl.store(Out + offs, (silu * u.to(ACC)).to(g.dtype), mask=mask)
 
-    return _logn_kernel, _silu_mul_kernel
+    @triton.jit
+    def _kv_write_kernel(K, V, Kb, Vb, Pos,  # k, v (B, Hkv, L, D); buffers (B, Hkv, S, D); pos (L,)
+                         skb, skh, skl, svb, svh, svl,  # k's and v's strides (their last is 1)
+                         sbb, sbh, sbs, tbb, tbh, tbs,  # the key and value buffers' strides (their last is 1)
+                         H, L, n_lblk, D: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr):
+        pid = tl.program_id(0).to(tl.int64)  # int64 offsets: a buffer may pass 2**31 elements
+        bh = pid // n_lblk
+        b, h = bh // H, bh % H
+        rows = (pid % n_lblk) * BLOCK_L + tl.arange(0, BLOCK_L)  # (BLOCK_L,)
+        cols = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
+        mask = (rows < L)[:, None] & (cols < D)[None, :]  # (BLOCK_L, BLOCK_D)
+        p = tl.load(Pos + rows, mask=rows < L, other=0).to(tl.int64)[:, None]  # (BLOCK_L, 1)
+        r = rows.to(tl.int64)[:, None]
+        k = tl.load(K + b * skb + h * skh + r * skl + cols[None, :], mask=mask)
+        v = tl.load(V + b * svb + h * svh + r * svl + cols[None, :], mask=mask)
+        tl.store(Kb + b * sbb + h * sbh + p * sbs + cols[None, :], k.to(Kb.dtype.element_ty), mask=mask)
+        tl.store(Vb + b * tbb + h * tbh + p * tbs + cols[None, :], v.to(Vb.dtype.element_ty), mask=mask)
+
+    return _logn_kernel, _silu_mul_kernel, _kv_write_kernel
 
 
 def _acc(dtype: torch.dtype):
@@ -129,6 +158,52 @@ def silu_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
             _kernels()[1][(triton.cdiv(out.numel(), BLOCK),)](gate, up, out, out.numel(), BLOCK=BLOCK,
                                                               ACC=_acc(gate.dtype))
     return out
+
+
+def kv_write_triton(k_buf: torch.Tensor, v_buf: torch.Tensor, pos: torch.Tensor, k: torch.Tensor,
+                    v: torch.Tensor) -> None:
+    """``kv_write_torch`` in one kernel, a program per ``BLOCK_L`` rows of a head (CUDA, or the CPU
+    interpreter). Unchecked: ``kv_write`` checks first."""
+    import triton
+
+    k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (k, v))
+    B, H, L, D = k.shape
+    if k.numel():
+        n_lblk = triton.cdiv(L, BLOCK_L)
+        with _on_device(k):
+            _kernels()[2][(n_lblk * B * H,)](k, v, k_buf, v_buf, pos, *k.stride()[:3], *v.stride()[:3],
+                                             *k_buf.stride()[:3], *v_buf.stride()[:3], H, L, n_lblk, D=D,
+                                             BLOCK_L=BLOCK_L, BLOCK_D=triton.next_power_of_2(D))
+
+
+def kv_write(k_buf: torch.Tensor, v_buf: torch.Tensor, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             impl: str = "auto") -> None:
+    """Write a layer's keys and values ``k, v`` ``(B, Hkv, L, D)`` into its cache buffers ``k_buf,
+    v_buf`` ``(B, Hkv, S, D)`` at positions ``pos`` ``(L,)``, cast to the buffers' dtype. The caller
+    checks the positions' range (``KVCache.update``): an out-of-range position is not detected here.
+
+    Args:
+        impl: as ``logn_scale``'s (the kernel when ``"auto"`` on CUDA and ``k, v`` need no gradient).
+
+    Raises:
+        ValueError: for another ``impl``; tensors of other shapes or devices, buffers whose last
+            dimension is strided, positions not int32 or int64; and for ``"triton"`` a gradient or a
+            device where the kernel cannot run.
+    """
+    B, H, L, D = k.shape if k.dim() == 4 else (None,) * 4
+    if (k.dim() != 4 or v.shape != k.shape or k_buf.shape[:2] != (B, H) or k_buf.dim() != 4
+            or k_buf.shape[3] != D or v_buf.shape != k_buf.shape or pos.shape != (L,)):
+        raise ValueError(f"kv_write takes k, v (B, Hkv, L, D), buffers (B, Hkv, S, D) and pos (L,); got k "
+                         f"{tuple(k.shape)}, v {tuple(v.shape)}, buffers {tuple(k_buf.shape)}, "
+                         f"{tuple(v_buf.shape)}, pos {tuple(pos.shape)}")
+    if pos.dtype not in (torch.int32, torch.int64) or len({t.device for t in (k_buf, v_buf, pos, k, v)}) != 1:
+        raise ValueError(f"kv_write's pos must be int32 or int64 and every tensor on one device; got pos {pos.dtype} "
+                         f"and devices {[str(t.device) for t in (k_buf, v_buf, pos, k, v)]}")
+    if k_buf.stride(-1) != 1 or v_buf.stride(-1) != 1:
+        raise ValueError("kv_write's buffers must be contiguous in their last dimension")
+    if _resolve(impl, "kv_write", k, v) == "torch":
+        return kv_write_torch(k_buf, v_buf, pos, k, v)
+    return kv_write_triton(k_buf, v_buf, pos.contiguous(), k, v)
 
 
 def _resolve(impl: str, op: str, *xs: torch.Tensor) -> str:

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from .attention import attention
+from .attention import IMPLS, attention
+from .fused import kv_write
 from .keyset import is_integer_tensor
 
 
@@ -50,22 +51,22 @@ class KVCache:
         new.k, new.v = self.k.clone(), self.v.clone()  # (n_layers, B, Hkv, S, D) each
         return new
 
-    def update(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    def update(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str = "torch"
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write ``k, v`` ``(B, Hkv, L, D)`` at positions ``pos`` ``(L,)``; return the layer's buffers.
+        ``impl``: the write's, ``kv_write``'s in wmtp/fused.py (``"triton"``: keys and values in one
+        kernel; the model passes ``op_impl``'s).
 
         Raises:
             ValueError: for a layer outside the cache (-1 is not the last one), positions that are not
-                a non-empty 1-D integer tensor or (when ``checked``) do not fit in the cache, or ``k, v``
-                of another shape.
+                a non-empty 1-D integer tensor or (when ``checked``) do not fit in the cache, ``k, v``
+                of another shape, or an impl ``kv_write`` refuses.
         """
         n_layers, B, Hkv, _, D = self.k.shape
         check_write(layer, pos, k, v, (n_layers, B, Hkv, D), self.max_len if self.checked else None)
-        pos = pos.long()
-        # Indexed assignment (index_put_), not index_copy_: MPS has no index_copy_ before torch 2.8,
-        # and its kernel there visits the whole buffer for every write (pytorch/pytorch#185750).
-        self.k[layer][:, :, pos] = k.to(self.k.dtype)
-        self.v[layer][:, :, pos] = v.to(self.v.dtype)
+        # The reference is indexed assignment (index_put_), not index_copy_: MPS has no index_copy_
+        # before torch 2.8, and its kernel there visits the whole buffer for every write (pytorch/pytorch#185750).
+        kv_write(self.k[layer], self.v[layer], pos.long(), k, v, impl)  # any integer dtype (uint8 is no mask here)
         return self.k[layer], self.v[layer]  # (B, Hkv, S, D) each
 
     def read(self, layer: int, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,6 +79,12 @@ class KVCache:
         key set ``(n_sink, window)``: ``wmtp.attention`` on the position-indexed buffers (``q_sink``:
         the queries that score the sinks, re-indexed positions)."""
         return attention(q, self.k[layer], self.v[layer], pos, n_sink=n_sink, window=window, impl=impl, q_sink=q_sink)
+
+
+def check_impl(impl: str) -> None:
+    """A write's ``impl`` must be one of ``wmtp.attention``'s (the ring and paged caches ignore it)."""
+    if impl not in IMPLS:
+        raise ValueError(f"unknown impl {impl!r}; choose one of {', '.join(IMPLS)}")
 
 
 def check_write(layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: tuple[int, int, int, int],

@@ -174,17 +174,17 @@ class Attention(nn.Module):
         v = linear(x, self.wv, self.zero).view(B, L, c.n_kv_heads, c.head_dim).transpose(1, 2)  # (B, Hkv, L, D)
         q_sink = None  # re-indexed positions (wmtp/keyset.py): sinks scored from min(t, n_sink + window - 1)
         reindexed = check_positions(positions) == "reindexed" and window is not None and bool(n_sink)
+        oi = op_impl(impl, x.device)  # the small ops' impl: RoPE's, the scaling's, the cache write's
         if self.rope:
-            f, oi = self.frequencies(q), op_impl(impl, x.device)  # (D/2,); RoPE's impl
+            f = self.frequencies(q)  # (D/2,)
             if reindexed:
                 q_sink = rope(q, sink_query_position(pos, n_sink, window), f, oi)  # (B, Hq, L, D)
             q, k = rope(q, pos, f, oi), rope(k, pos, f, oi)  # (B, Hq, L, D), (B, Hkv, L, D)
         if self.logn_scale:  # one kernel on CUDA (wmtp/fused.py)
-            oi = op_impl(impl, x.device)
             q = logn_scale(q, pos, c.train_seq_len, oi)  # (B, Hq, L, D)
             q_sink = None if q_sink is None else logn_scale(q_sink, pos, c.train_seq_len, oi)  # (no model has both)
         if cache is not None:  # a KVCache, or the draft's RingKVCache (wmtp/ringcache.py)
-            cache.update(layer, pos, k, v)
+            cache.update(layer, pos, k, v, oi)
             y = cache.attend(layer, q, pos, n_sink, window, impl, q_sink)  # (B, Hq, L, D)
         elif int(pos[0]) != 0:
             raise ValueError("a forward pass without a cache must start at position 0")

@@ -35,7 +35,7 @@ import torch
 
 from .attention import paged_attention
 from .attention.paged import page_rows
-from .kvcache import check_write
+from .kvcache import check_impl, check_write
 
 __all__ = ["PagedKVCache", "fork_pages", "fork_table"]
 
@@ -177,8 +177,10 @@ class PagedKVCache:
         weakref.finalize(new, self._free.give, ids)
         return new
 
-    def update(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Write ``k, v`` ``(B, Hkv, L, D)`` at positions ``pos`` ``(L,)``.
+    def update(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str = "torch") -> None:
+        """Write ``k, v`` ``(B, Hkv, L, D)`` at positions ``pos`` ``(L,)``, by indexed assignment for
+        every ``impl`` (``KVCache.update``'s signature; the one-kernel write is for contiguous caches:
+        wmtp/fused.py).
 
         Raises:
             ValueError: as ``KVCache.update``.
@@ -188,6 +190,7 @@ class PagedKVCache:
         n_layers, _, _, Hkv, D = self.k.shape
         check_write(layer, pos, k, v, (n_layers, self.block_table.shape[0], Hkv, D),
                     self._writable if self.checked else None)
+        check_impl(impl)
         page, row = page_rows(self.block_table, self.page_size, pos)  # (B, L), (L,)
         self.k[layer][page, row] = k.transpose(1, 2).to(self.k.dtype)  # (B, L, Hkv, D) into (B, L) rows
         self.v[layer][page, row] = v.transpose(1, 2).to(self.v.dtype)

@@ -25,7 +25,7 @@ import torch
 
 from .attention import paged_attention
 from .keyset import check_key_set_args
-from .kvcache import check_write, ring_slot
+from .kvcache import check_impl, check_write, ring_slot
 
 __all__ = ["RingKVCache"]
 
@@ -91,8 +91,10 @@ class RingKVCache:
                 self.k[layer][rows, 0] = k.transpose(1, 2).reshape(-1, Hkv, D)
                 self.v[layer][rows, 0] = v.transpose(1, 2).reshape(-1, Hkv, D)
 
-    def update(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Write ``k, v`` ``(B, Hkv, L, D)`` at positions ``pos`` ``(L,)``, each into its slot.
+    def update(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str = "torch") -> None:
+        """Write ``k, v`` ``(B, Hkv, L, D)`` at positions ``pos`` ``(L,)``, each into its slot, by indexed
+        assignment for every ``impl`` (``KVCache.update``'s signature; the one-kernel write is for
+        contiguous caches: wmtp/fused.py).
 
         Raises:
             ValueError: for a layer outside the cache, positions that are not a non-empty 1-D integer
@@ -102,6 +104,7 @@ class RingKVCache:
         n_layers, _, _, Hkv, D = self.k.shape
         check_write(layer, pos, k, v, (n_layers, self.block_table.shape[0], Hkv, D),
                     self.max_len if self.checked else None)
+        check_impl(impl)
         if pos.numel() > self.spare + 1:
             raise ValueError(f"a ring of {self.spare} spare slots takes at most {self.spare + 1} positions a write, "
                              f"got {pos.numel()} (NOTE [Ring writes] in wmtp/ringcache.py)")
