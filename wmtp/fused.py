@@ -18,9 +18,10 @@ rounds it; ``silu(g) = g / (1 + exp(-g))``. They agree with the references to ro
 bit for bit (their logarithm and exponential are Triton's): decoding needs no more, since a dense step
 and a verify pass scale with the same op (decode.py NOTE [Exactness]). The model takes the kernels on
 CUDA unless asked for ``impl="torch"`` or a gradient is needed (``op_impl`` in wmtp/model.py).
-In the CUDA-graph decode loop on the H200 the two kernels took 5.8-10.8 % off dense decoding's time a
-token and 1.9-5.1 % off speculative decoding's, every run lossless
-(metrics/experiments/fused-ops-h200-exp35.json).
+In the CUDA-graph decode loop on the H200, every run lossless, the scaling and activation kernels
+took 5.8-10.8 % off dense decoding's time a token and 1.9-5.1 % off speculative decoding's
+(metrics/experiments/fused-ops-h200-exp35.json); then the write kernel 3.4-7.1 % and 2.8-6.6 %
+(metrics/experiments/kv-write-h200-exp36.json).
 """
 
 from __future__ import annotations
