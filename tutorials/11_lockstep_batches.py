@@ -186,6 +186,36 @@ else:
     print("no committed run here:", path)
 
 # %% [markdown]
+# On a GPU the eager loop is bound by the host's kernel launches, so it cannot say what a batch costs
+# the device. `wmtp.static_lockstep_generate` is the same loop with device-resident steps, each phase
+# one CUDA graph (`wmtp/static_lockstep.py`); off CUDA it runs eagerly, and its rows and counters
+# are the eager loop's (the harness head is untrained, so its drafts rarely match and AL is near 1
+# here; the run below uses trained models):
+
+# %%
+static, static_stats = wmtp.static_lockstep_generate(target, head, prompts, NEW, K, 4, 16)
+eager, eager_stats = wmtp.lockstep_generate(target, head, prompts, NEW, K, 4, 16)
+assert [x.tolist() for x in static] == [x.tolist() for x in eager]
+assert (static_stats.steps, static_stats.accepted) == (eager_stats.steps, eager_stats.accepted)
+print(f"static loop: {static_stats.steps} steps, AL {static_stats.mean_accept_length:.2f}, as the eager loop")
+
+# %% [markdown]
+# The committed H200 run (`metrics/experiments/lockstep-graph-h200-exp34.json`: the same models in
+# float32, the CUDA-graph loops, 1024-token prompts) times the graphs' device seconds:
+
+# %%
+path = root / "metrics" / "experiments" / "lockstep-graph-h200-exp34.json"
+if path.exists():
+    run = json.loads(path.read_text())
+    print("B   us/token/row: dense batch  lockstep 8+64 adaptive  (AL)")
+    for row in (r for r in run["rows"] if r["context"] == 1024):
+        dense, lock = row["methods"]["dense_batch"], row["methods"]["lockstep-adaptive/sink8+win64"]
+        print(f"{row['B']:<3} {dense['us_per_token_per_row']:27.1f}  {lock['us_per_token_per_row']:22.1f}"
+              f"  ({lock['mean_accept_length']:.2f})")
+else:
+    print("no committed run here:", path)
+
+# %% [markdown]
 # ## Discussion
 #
 # - Lockstep is exact for every row and needs nothing new from the caches or the kernels: all rows
@@ -195,7 +225,9 @@ else:
 #   plain dense batch is still faster from two prompts on. Our reading (not measured): batching and
 #   speculation draw on the same spare capacity of a step there.
 # - A GPU step of these small models is launch-bound (docs/results/step-anatomy.md), so a batch costs
-#   nearly what one row costs there; how lockstep fares against dense batching on the H200 has not
-#   been measured.
+#   little more than one row there: on the H200 a dense step of 64 rows took 2.5 times one row's
+#   device time. Lockstep gains from batching too, but its acceptance falls as rows are added:
+#   adaptive lockstep beat the dense batch by 6-7 % at two prompts, and from four on the dense batch
+#   was faster (docs/results/lockstep.md).
 # - Rows that keep their own matches would need a position per row: in the attention ops (`q_pos`
 #   of shape `(B, Lq)`), the cache writes and RoPE. Then no row waits for the slowest.
