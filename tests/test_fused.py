@@ -92,7 +92,8 @@ def test_silu_mul_reads_any_layout(impl):
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype,buf_dtype", [(torch.float32, torch.float32), (torch.float64, torch.float64),
-                                             (torch.float16, torch.float16), (torch.float64, torch.float32)])
+                                             (torch.float16, torch.float16), (torch.float64, torch.float32),
+                                             (torch.float32, torch.float16)])
 @pytest.mark.parametrize("B,H,L,D,S", [(1, 1, 1, 4, 8), (2, 3, 17, 6, 40), (1, 2, 16, 64, 100), (3, 1, 5, 128, 9)])
 def test_kv_write_is_the_indexed_assignment(impl, dtype, buf_dtype, B, H, L, D, S):
     """Positions in any order (int32 and int64), rows not a multiple of the kernel's block (17, 5), a
@@ -114,6 +115,18 @@ def test_kv_write_is_the_indexed_assignment(impl, dtype, buf_dtype, B, H, L, D, 
     assert torch.equal(empty, bufs)
 
 
+@pytest.mark.skipif(not (CUDA or INTERPRETED), reason="needs CUDA or TRITON_INTERPRET=1")
+def test_the_kernel_writes_nothing_outside_the_buffers():
+    """A negative position and one past the end (which the caches' range check refuses first) write
+    nothing, not the neighbouring head's or layer's rows; the positions inside are written."""
+    bufs = torch.zeros(2, 3, 2, 2, 8, 4, device=DEVICE)  # (k|v, layers, B, Hkv, S, D)
+    k = torch.ones(2, 2, 3, 4, device=DEVICE)  # (B, Hkv, L, D)
+    kv_write(bufs[0, 1], bufs[1, 1], torch.tensor([-1, 8, 3], device=DEVICE), k, 2 * k, "triton")
+    want = torch.zeros_like(bufs)
+    want[0, 1, :, :, 3], want[1, 1, :, :, 3] = 1.0, 2.0
+    assert torch.equal(bufs, want)
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_a_cache_update_writes_with_the_impl_it_is_given(impl):
     """``KVCache.update`` writes the same buffers with either impl; the ring and paged caches take the
@@ -125,6 +138,9 @@ def test_a_cache_update_writes_with_the_impl_it_is_given(impl):
     ref.update(1, pos, k, 2 * k)
     got.update(1, pos, k, 2 * k, impl)
     assert torch.equal(got.k, ref.k) and torch.equal(got.v, ref.v) and got.k[1, :, :, 7].abs().sum() > 0
+    host = target.new_cache(2, 10)
+    host.update(1, pos.cpu().int(), k, 2 * k, impl)  # positions on the host, as before the kernel
+    assert torch.equal(host.k, ref.k) and torch.equal(host.v, ref.v)
     for cache in (head.new_cache(2, 10, ring=(2, 4, 3)), head.new_cache(2, 10, page_size=4)):
         cache.update(0, pos, k, k, impl)
         with pytest.raises(ValueError, match="unknown impl"):

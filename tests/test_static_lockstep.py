@@ -123,6 +123,31 @@ def test_a_batch_of_one_counts_as_static_speculative_generate(models, n_sink, wi
         alone.steps, alone.accepted, alone.committed, alone.draft_keys_read)
 
 
+def test_the_capture_warm_up_and_restore_change_nothing(models, monkeypatch):
+    """The CPU has no graphs: a runner that runs each phase once at capture (its warm-up) and
+    restores the state, as wmtp/graphs.py's does, then runs the phase itself on every call. Depths
+    cycle (new phases captured mid-run) and a row stops early: the eager loop's run."""
+    import wmtp.static_lockstep as sl
+
+    def warm_then_restore(step, state, graph, pool=None):
+        saved = [t.clone() for t in state]
+        step()
+        for t, s in zip(state, saved):
+            t.copy_(s)
+        return step
+
+    monkeypatch.setattr(sl, "runner", warm_then_restore)
+    target, head = models
+    ps = prompts(3, 10, seed=21)
+    eos = int(wmtp.greedy_generate(target, ps[1], 30)[6])
+    head_o = oracle(target, head, ps, 30)
+    static = sl.static_lockstep_generate(target, head_o, ps, 30, Cycling([2, 5, 1, 4]), 4, 16, eos_id=eos)
+    assert_same_run(static, lockstep_generate(target, head_o, ps, 30, Cycling([2, 5, 1, 4]), 4, 16, eos_id=eos))
+    assert static[1].accepted > 0 and static[1].live_steps[1] < static[1].steps
+    dense = sl.static_batched_greedy_generate(target, ps, 30, eos_id=eos)
+    assert [o.tolist() for o in dense] == [o.tolist() for o in batched_greedy_generate(target, ps, 30, eos_id=eos)]
+
+
 def test_short_requests(models):
     target, head = models
     ps = prompts(2, 1, seed=2)  # one-token prompts: no true chain for the head
@@ -141,11 +166,17 @@ def test_every_row_is_its_dense_greedy_decoding_on_cuda(impl):
     ps = prompts(3, 30, seed=4).cuda()
     want = [wmtp.greedy_generate(target, p, 24, impl=impl).tolist() for p in ps]
     eos = want[2][9]
+    cut = [w[: w.index(eos) + 1] if eos in w else w for w in want]
+    eager = lockstep_generate(target, head, ps, 24, Cycling([3, 1, 4]), 4, 16, impl=impl, eos_id=eos)
     for graph in ([False, True] if impl == "triton" else [False]):
         out, stats = static_lockstep_generate(target, head, ps, 24, 4, 4, 16, impl=impl, cuda_graph=graph)
         assert [o.tolist() for o in out] == want and stats.steps > 0
+        run = static_lockstep_generate(target, head, ps, 24, Cycling([3, 1, 4]), 4, 16, impl=impl, eos_id=eos,
+                                       cuda_graph=graph)
+        assert_same_run(run, eager)
+        assert [o.tolist() for o in run[0]] == cut
         out = static_batched_greedy_generate(target, ps, 24, eos_id=eos, impl=impl, cuda_graph=graph)
-        assert [o.tolist() for o in out] == [w[: w.index(eos) + 1] if eos in w else w for w in want]
+        assert [o.tolist() for o in out] == cut
 
 
 def test_triton_under_the_interpreter(models):

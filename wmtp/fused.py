@@ -11,13 +11,16 @@ scaling's twelve kernels, 11 µs in the activations' eight and 16 µs in the cac
 (two a layer, keys and values: metrics/experiments/kernel-census-h200-exp27.json). ``impl="triton"``
 does each chain in one kernel. (The ring and paged caches keep their indexed writes.)
 
-Both kernels compute in at least float32, as the references do: the scale as ``log(t + 1) /
+The scaling and the activation compute in at least float32, as the references do: the scale as ``log(t + 1) /
 log(T)`` in the accumulation dtype (``T`` passed as an int: Triton would pass a float as float32,
 NOTE [eps] in wmtp/rmsnorm.py), rounded to the query's dtype before the product, as the reference
 rounds it; ``silu(g) = g / (1 + exp(-g))``. They agree with the references to rounding, not
 bit for bit (their logarithm and exponential are Triton's): decoding needs no more, since a dense step
 and a verify pass scale with the same op (decode.py NOTE [Exactness]). The model takes the kernels on
 CUDA unless asked for ``impl="torch"`` or a gradient is needed (``op_impl`` in wmtp/model.py).
+The write copies and casts, so it is the indexed assignment bit for bit, for positions in ``[0, S)``:
+the kernel writes no other (the reference would wrap a negative one and raise for one past the
+end), and the caller checks the range (``KVCache.update``, unless its caller checked once).
 In the CUDA-graph decode loop on the H200, every run lossless, the scaling and activation kernels
 took 5.8-10.8 % off dense decoding's time a token and 1.9-5.1 % off speculative decoding's
 (metrics/experiments/fused-ops-h200-exp35.json); then the write kernel 3.4-7.1 % and 2.8-6.6 %
@@ -99,7 +102,7 @@ def _kernels():
     def _kv_write_kernel(K, V, Kb, Vb, Pos,  # k, v (B, Hkv, L, D); buffers (B, Hkv, S, D); pos (L,)
                          skb, skh, skl, svb, svh, svl,  # k's and v's strides (their last is 1)
                          sbb, sbh, sbs, tbb, tbh, tbs,  # the key and value buffers' strides (their last is 1)
-                         H, L, n_lblk, D: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr):
+                         H, L, S, n_lblk, D: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr):
         pid = tl.program_id(0).to(tl.int64)  # int64 offsets: a buffer may pass 2**31 elements
         bh = pid // n_lblk
         b, h = bh // H, bh % H
@@ -110,8 +113,9 @@ def _kernels():
         r = rows.to(tl.int64)[:, None]
         k = tl.load(K + b * skb + h * skh + r * skl + cols[None, :], mask=mask)
         v = tl.load(V + b * svb + h * svh + r * svl + cols[None, :], mask=mask)
-        tl.store(Kb + b * sbb + h * sbh + p * sbs + cols[None, :], k.to(Kb.dtype.element_ty), mask=mask)
-        tl.store(Vb + b * tbb + h * tbh + p * tbs + cols[None, :], v.to(Vb.dtype.element_ty), mask=mask)
+        inside = mask & (p >= 0) & (p < S)  # a position outside the buffer writes nothing
+        tl.store(Kb + b * sbb + h * sbh + p * sbs + cols[None, :], k.to(Kb.dtype.element_ty), mask=inside)
+        tl.store(Vb + b * tbb + h * tbh + p * tbs + cols[None, :], v.to(Vb.dtype.element_ty), mask=inside)
 
     return _logn_kernel, _silu_mul_kernel, _kv_write_kernel
 
@@ -173,15 +177,16 @@ def kv_write_triton(k_buf: torch.Tensor, v_buf: torch.Tensor, pos: torch.Tensor,
         n_lblk = triton.cdiv(L, BLOCK_L)
         with _on_device(k):
             _kernels()[2][(n_lblk * B * H,)](k, v, k_buf, v_buf, pos, *k.stride()[:3], *v.stride()[:3],
-                                             *k_buf.stride()[:3], *v_buf.stride()[:3], H, L, n_lblk, D=D,
-                                             BLOCK_L=BLOCK_L, BLOCK_D=triton.next_power_of_2(D))
+                                             *k_buf.stride()[:3], *v_buf.stride()[:3], H, L, k_buf.shape[2], n_lblk,
+                                             D=D, BLOCK_L=BLOCK_L, BLOCK_D=triton.next_power_of_2(D))
 
 
 def kv_write(k_buf: torch.Tensor, v_buf: torch.Tensor, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              impl: str = "auto") -> None:
     """Write a layer's keys and values ``k, v`` ``(B, Hkv, L, D)`` into its cache buffers ``k_buf,
     v_buf`` ``(B, Hkv, S, D)`` at positions ``pos`` ``(L,)``, cast to the buffers' dtype. The caller
-    checks the positions' range (``KVCache.update``): an out-of-range position is not detected here.
+    checks the positions' range (``KVCache.update``): here the kernel writes nothing for a position
+    outside ``[0, S)``, where the reference wraps a negative one and raises for one past the end.
 
     Args:
         impl: as ``logn_scale``'s (the kernel when ``"auto"`` on CUDA and ``k, v`` need no gradient).

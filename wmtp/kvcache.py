@@ -66,7 +66,8 @@ class KVCache:
         check_write(layer, pos, k, v, (n_layers, B, Hkv, D), self.max_len if self.checked else None)
         # The reference is indexed assignment (index_put_), not index_copy_: MPS has no index_copy_
         # before torch 2.8, and its kernel there visits the whole buffer for every write (pytorch/pytorch#185750).
-        kv_write(self.k[layer], self.v[layer], pos.long(), k, v, impl)  # any integer dtype (uint8 is no mask here)
+        # any integer dtype (uint8 is no mask here), on the host or the cache's device
+        kv_write(self.k[layer], self.v[layer], pos.to(self.k.device, torch.long), k, v, impl)
         return self.k[layer], self.v[layer]  # (B, Hkv, S, D) each
 
     def read(self, layer: int, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

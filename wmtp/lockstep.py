@@ -13,8 +13,8 @@ row keeps ``m + 1`` tokens where alone it might have kept ``a_b + 1`` (``Lockste
 that has stopped (its ``eos_id``, or ``max_new_tokens``) decodes on with the batch, its tokens cut
 from its output, and no longer counts in ``m``. What lockstep buys is the batch: one pass of the
 head and of the target serves ``B`` rows, and a model whose step is launch-bound
-(docs/results/step-anatomy.md) pays its launches once for all of them (measured on the CPU only:
-docs/results/lockstep.md).
+(docs/results/step-anatomy.md) pays its launches once for all of them (measured on the CPU and, with
+the CUDA-graph form of wmtp/static_lockstep.py, on the H200: docs/results/lockstep.md).
 
 NOTE [Batch exactness]: a row of a batched pass and the same row computed alone can differ in the
 last bits (a matrix product of ``B`` rows may sum in another order). As decode.py NOTE
@@ -173,7 +173,8 @@ def lockstep_generate(target: TargetLM, draft: MTPHead, prompts: torch.Tensor, m
         eos_id: a row stops after this token (included); the batch runs until every row has stopped.
 
     ``speculative_generate``'s other options (``prefill``, ``draft_cache``, ``positions``, ``gate``,
-    ``verifier``) have no lockstep form; this loop is eager (no CUDA-graph form either).
+    ``verifier``) have no lockstep form; this loop is eager (``static_lockstep_generate`` in
+    wmtp/static_lockstep.py is its CUDA-graph form).
 
     Returns:
         One 1-D LongTensor of new tokens a row (each ``greedy_generate`` of its prompt: NOTE [Batch
