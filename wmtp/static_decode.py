@@ -94,18 +94,29 @@ def _greedy(target: TargetLM, prompt_ids: torch.Tensor, max_new_tokens: int, eos
                         target.config.n_heads // target.config.n_kv_heads)
     graph = use_graph(cuda_graph, dev, impl)
     cache, _, last, _ = start(target, None, prompt_ids, needed=needed, impl=impl, checked=False, prefill=prefill)
-    P = prompt_ids.numel()
-    tok = last.argmax().view(1, 1)  # (1, 1) the latest token, fed to the next step
-    out = torch.zeros(max(max_new_tokens, 1), dtype=torch.long, device=dev)  # (max_new_tokens,)
-    out[:1] = tok[0]
-    pos = torch.full((1,), P, device=dev)  # (1,) the latest token's position
-    slot = torch.ones(1, dtype=torch.long, device=dev)  # (1,) where the step's token goes in out
+    rows = greedy_steps(target, cache, last.argmax().view(1), prompt_ids.numel(), max_new_tokens, eos_id, impl,
+                        graph, step_times)
+    return torch.tensor(_finish(rows[0], max_new_tokens, eos_id)[0], dtype=torch.long, device=dev)
+
+
+def greedy_steps(target: TargetLM, cache, first: torch.Tensor, P: int, max_new_tokens: int, eos_id: int | None,
+                 impl: str, graph: bool, step_times: list[float] | None) -> list[list[int]]:
+    """The device-resident dense loop of ``B`` rows after a prefill of ``P`` positions into ``cache``:
+    from each row's first new token ``first`` ``(B,)``, one token a row a step (the step one CUDA graph
+    with ``graph``) until ``max_new_tokens``, or until every row holds ``eos_id`` (read every
+    ``EOS_CHECK`` steps). Returns each row's tokens, uncut (the steps run past an eos included)."""
+    B, dev = first.numel(), first.device
+    tok = first.view(B, 1).clone()  # (B, 1) each row's latest token, fed to the next step
+    out = torch.zeros(B, max(max_new_tokens, 1), dtype=torch.long, device=dev)  # (B, max_new_tokens)
+    out[:, :1] = tok
+    pos = torch.full((1,), P, device=dev)  # (1,) the latest tokens' position
+    slot = torch.ones(1, dtype=torch.long, device=dev)  # (1,) where the step's tokens go in out
 
     def step() -> None:
-        logits, _ = target(tok, pos, cache, impl)
-        nxt = logits[0, -1].argmax().view(1, 1)  # (1, 1)
+        logits, _ = target(tok, pos, cache, impl)  # (B, 1, V)
+        nxt = logits[:, -1].argmax(-1)[:, None]  # (B, 1)
         tok.copy_(nxt)
-        out.index_copy_(0, slot, nxt[0])
+        out.index_copy_(1, slot, nxt)
         pos.add_(1)
         slot.add_(1)
 
@@ -113,14 +124,14 @@ def _greedy(target: TargetLM, prompt_ids: torch.Tensor, max_new_tokens: int, eos
     clock, done = Clock(dev), 1
     clock.mark()
     while done < max_new_tokens:
-        if eos_id is not None and done % EOS_CHECK == 1 and eos_id in out[:done].tolist():
+        if eos_id is not None and done % EOS_CHECK == 1 and all(eos_id in r for r in out[:, :done].tolist()):
             break
         run()
         clock.mark()
         done += 1
     if step_times is not None:
         step_times.extend(clock.spans())
-    return torch.tensor(_finish(out[:done].tolist(), max_new_tokens, eos_id)[0], dtype=torch.long, device=dev)
+    return out[:, :done].tolist()
 
 
 @torch.no_grad()

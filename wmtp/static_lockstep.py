@@ -42,7 +42,7 @@ from .model import TargetLM
 from .mtp import MTPHead
 from .policy import DepthPolicy, as_policy, next_depth
 from .request import check_spec_request, spec_extra
-from .static_decode import EOS_CHECK
+from .static_decode import greedy_steps
 
 __all__ = ["static_batched_greedy_generate", "static_lockstep_generate"]
 
@@ -69,38 +69,13 @@ def static_batched_greedy_generate(target: TargetLM, prompts: torch.Tensor, max_
     """
     with on_device_of(prompts):
         needed = _check_rows(target, prompts, max_new_tokens, extra=-1, eos_id=eos_id)
-        prompts, (B, P) = prompts.long(), prompts.shape
+        prompts, P = prompts.long(), prompts.shape[1]
         dev = prompts.device
         impl = _impl(target, impl, dev)
         graph = use_graph(cuda_graph, dev, impl)
         cache, _, last, _ = _prefill_batch(target, None, prompts, needed, impl, checked=False)
-        tok = last.argmax(-1)[:, None]  # (B, 1) each row's latest token
-        out = torch.zeros(B, max(max_new_tokens, 1), dtype=torch.long, device=dev)  # (B, max_new_tokens)
-        out[:, :1] = tok
-        pos = torch.full((1,), P, device=dev)  # (1,) the latest tokens' position
-        slot = torch.ones(1, dtype=torch.long, device=dev)  # (1,) where the step's tokens go in out
-
-        def step() -> None:
-            logits, _ = target(tok, pos, cache, impl)  # (B, 1, V)
-            nxt = logits[:, -1].argmax(-1)[:, None]  # (B, 1)
-            tok.copy_(nxt)
-            out.index_copy_(1, slot, nxt)
-            pos.add_(1)
-            slot.add_(1)
-
-        run = runner(step, (tok, pos, slot), graph) if max_new_tokens > 1 else step
-        clock, done = Clock(dev), 1
-        clock.mark()
-        while done < max_new_tokens:
-            if eos_id is not None and done % EOS_CHECK == 1 and _done(out[:, :done].tolist(), max_new_tokens, eos_id):
-                break
-            run()
-            clock.mark()
-            done += 1
-        if step_times is not None:
-            step_times.extend(clock.spans())
-        rows = _cut(out[:, :done].tolist(), max_new_tokens, eos_id)
-        return [torch.tensor(r, dtype=torch.long, device=dev) for r in rows]
+        rows = greedy_steps(target, cache, last.argmax(-1), P, max_new_tokens, eos_id, impl, graph, step_times)
+        return [torch.tensor(r, dtype=torch.long, device=dev) for r in _cut(rows, max_new_tokens, eos_id)]
 
 
 @torch.no_grad()
