@@ -1,5 +1,5 @@
-"""What the decoding tests share (tests/test_lossless.py, test_static_decode.py, test_prefill.py):
-the vocabulary of ``wmtp.grading.harness_models``, a seeded random prompt, the counts that two
+"""What the decoding tests share (tests/test_lossless.py, test_static_decode.py, test_prefill.py, the lockstep tests):
+the vocabulary of ``wmtp.grading.harness_models``, seeded random prompts, the counts that two
 runs of one request must agree on, a scripted depth policy and a device-side oracle draft."""
 
 import torch
@@ -12,6 +12,11 @@ V = 512  # the tiny preset's vocabulary, harness_models()'s
 def random_prompt(n: int, seed: int = 0) -> torch.Tensor:
     """``n`` token ids drawn uniformly from the vocabulary by a generator seeded with ``seed``."""
     return torch.randint(0, V, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def random_prompts(B: int, P: int, seed: int = 0) -> torch.Tensor:
+    """``B`` prompts of ``P`` token ids ``(B, P)``, drawn as ``random_prompt`` draws one."""
+    return torch.randint(0, V, (B, P), generator=torch.Generator().manual_seed(seed))
 
 
 def same_counts(a: wmtp.SpecStats, b: wmtp.SpecStats) -> None:

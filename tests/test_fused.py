@@ -8,21 +8,16 @@ interpreter (no bf16 there).
 """
 
 import math
-import os
 
 import pytest
 import torch
 import torch.nn.functional as F
 from attention_truth import assert_op_close
+from op_impls import CUDA, DEVICE, IMPLS, INTERPRETED
 
 import wmtp
 from wmtp.fused import kv_write, kv_write_torch, logn_scale, logn_scale_torch, silu_mul, silu_mul_torch
 
-CUDA = torch.cuda.is_available()
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-DEVICE = "cuda" if CUDA else "cpu"
-IMPLS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not (CUDA or INTERPRETED),
-                                                                  reason="needs CUDA or TRITON_INTERPRET=1"))]
 DTYPES = [torch.float32, torch.float64, torch.float16] + ([torch.bfloat16] if CUDA else [])
 
 

@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 from decode_harness import Cycling, V
+from decode_harness import random_prompts as prompts
 
 import wmtp
 from wmtp.grading_checks import harness_models
@@ -18,10 +19,6 @@ KEYSETS = [(None, None), (4, 16), (0, 8), (2, 1)]
 @pytest.fixture(scope="module")
 def models():
     return harness_models()
-
-
-def prompts(B: int, P: int, seed: int = 0) -> torch.Tensor:
-    return torch.randint(0, V, (B, P), generator=torch.Generator().manual_seed(seed))
 
 
 class Oracle:

@@ -6,21 +6,16 @@ the one statement of it. The Triton cases run on CUDA, or on CPU tensors under T
 interpreter (float32 and float64 only: the interpreter has no bf16).
 """
 
-import os
 
 import pytest
 import torch
 from attention_truth import assert_op_close
+from op_impls import CUDA, DEVICE, IMPLS, INTERPRETED
 
 import wmtp
 from wmtp.model import op_impl
 from wmtp.rmsnorm import eps_halves, rms_norm, rms_norm_torch
 
-CUDA = torch.cuda.is_available()
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-DEVICE = "cuda" if CUDA else "cpu"
-IMPLS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not (CUDA or INTERPRETED),
-                                                                  reason="needs CUDA or TRITON_INTERPRET=1"))]
 DTYPES = [torch.float32, torch.float64] + ([torch.bfloat16, torch.float16] if CUDA else [])
 
 

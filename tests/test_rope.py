@@ -9,21 +9,16 @@ The Triton cases run on CUDA, or on CPU tensors under Triton's interpreter (no b
 """
 
 import math
-import os
 
 import pytest
 import torch
 from attention_truth import assert_op_close
+from op_impls import CUDA, DEVICE, IMPLS, INTERPRETED
 
 import wmtp
 from wmtp.model import apply_rope
 from wmtp.rope import rope, rope_frequencies, rope_torch
 
-CUDA = torch.cuda.is_available()
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-DEVICE = "cuda" if CUDA else "cpu"
-IMPLS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not (CUDA or INTERPRETED),
-                                                                  reason="needs CUDA or TRITON_INTERPRET=1"))]
 DTYPES = [torch.float32, torch.float64, torch.float16] + ([torch.bfloat16] if CUDA else [])
 
 
