@@ -29,6 +29,7 @@ took 5.8-10.8 % off dense decoding's time a token and 1.9-5.1 % off speculative 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
@@ -128,8 +129,6 @@ def _acc(dtype: torch.dtype):
 
 def _on_device(x: torch.Tensor):
     """Triton launches on the current device: make ``x``'s current (no-op off CUDA)."""
-    import contextlib
-
     return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
 
 
