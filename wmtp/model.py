@@ -43,7 +43,7 @@ from .fused import logn_scale, silu_mul
 from .keyset import check_positions, sink_query_position
 from .kvcache import KVCache
 from .pagedcache import PagedKVCache
-from .rmsnorm import rms_norm
+from .rmsnorm import add_rms_norm, rms_norm
 from .rope import rope, rope_frequencies, rope_torch
 
 FEW_ROWS = 16  # NOTE [Few-row products]: on CUDA, products of 2 .. FEW_ROWS rows go through cuBLASLt
@@ -220,9 +220,21 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache | None, layer: int,
                 n_sink: int | None, window: int | None, impl: str, positions: str = "absolute") -> torch.Tensor:
+        x, pending = self.step(x, None, pos, cache, layer, n_sink, window, impl, positions)
+        return x + pending
+
+    def step(self, x: torch.Tensor, pending: torch.Tensor | None, pos: torch.Tensor, cache: KVCache | None,
+             layer: int, n_sink: int | None, window: int | None, impl: str, positions: str = "absolute"
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward`` on the residual stream ``x + pending`` (``pending=None``: ``x``), with its last
+        addition left pending: returns ``(y, p)`` where ``forward`` returns ``y + p``. NOTE [Pending
+        addition]: each addition is made by the norm that reads its sum (``add_rms_norm``, one kernel
+        on CUDA), so a stack of blocks launches no addition of its own; the sums are torch's, bit for bit."""
         ni = op_impl(impl, x.device)
-        x = x + self.attn(self.attn_norm(x, ni), pos, cache, layer, n_sink, window, impl, positions)
-        return x + self.mlp(self.mlp_norm(x, ni), ni)
+        x, h = add_rms_norm(x, pending, self.attn_norm.weight, self.attn_norm.eps, ni)  # (B, L, d) each
+        a = self.attn(h, pos, cache, layer, n_sink, window, impl, positions)
+        x, h = add_rms_norm(x, a, self.mlp_norm.weight, self.mlp_norm.eps, ni)
+        return x, self.mlp(h, ni)
 
 
 def init_weights(module: nn.Module, generator: torch.Generator, n_layers: int) -> None:
@@ -275,7 +287,17 @@ class TargetLM(nn.Module):
 
     def logits(self, hidden: torch.Tensor, impl: str = "torch") -> torch.Tensor:
         """Final norm and LM head (shared, frozen, with the MTP head); ``impl`` the norm's (``rms_norm``)."""
-        return linear(self.norm(hidden, impl), self.embed, self.zero)  # (B, L, V)
+        return self.lm_head(self.norm(hidden, impl))  # (B, L, V)
+
+    def lm_head(self, normed: torch.Tensor) -> torch.Tensor:
+        """The LM head (the embedding, tied) on final-normed hidden states ``(B, L, d)``."""
+        return linear(normed, self.embed, self.zero)  # (B, L, V)
+
+    def final(self, x: torch.Tensor, pending: torch.Tensor, impl: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
+        """The last pending addition of a stack of ``Block.step`` and the logits after it: ``(logits,
+        hidden)`` with ``hidden = x + pending`` (NOTE [Pending addition]); ``impl`` the norm's."""
+        hidden, normed = add_rms_norm(x, pending, self.norm.weight, self.norm.eps, impl)  # (B, L, d) each
+        return self.lm_head(normed), hidden
 
     def forward(self, ids: torch.Tensor, pos: torch.Tensor | None = None, cache: KVCache | None = None,
                 impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
@@ -288,7 +310,7 @@ class TargetLM(nn.Module):
         """
         if pos is None:
             pos = torch.arange(ids.shape[1], device=ids.device)
-        x = F.embedding(ids, self.embed)  # (B, L, d)
+        x, pending = F.embedding(ids, self.embed), None  # (B, L, d)
         for i, block in enumerate(self.layers):
-            x = block(x, pos, cache, i, *self.layer_key_set(i), impl)
-        return self.logits(x, op_impl(impl, x.device)), x
+            x, pending = block.step(x, pending, pos, cache, i, *self.layer_key_set(i), impl)
+        return self.final(x, pending, op_impl(impl, x.device))

@@ -93,5 +93,5 @@ class MTPHead(nn.Module):
         ni = op_impl(impl, hidden.device)
         x = linear(torch.cat([self.hidden_norm(hidden, ni), self.embed_norm(e, ni)], dim=-1), self.proj,
                    self.zero)  # (B, L, d)
-        g = self.block(x, pos, cache, 0, n_sink, window, impl, positions)  # (B, L, d)
-        return self.target.logits(g, ni), g
+        g, pending = self.block.step(x, None, pos, cache, 0, n_sink, window, impl, positions)  # (B, L, d) each
+        return self.target.final(g, pending, ni)  # logits, g = g + pending (NOTE [Pending addition])

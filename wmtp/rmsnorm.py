@@ -17,6 +17,10 @@ wmtp/model.py; ``"auto"`` falls back to the reference under autograd, as attenti
 (experiment 25, metrics/experiments/fused-norm-h200-exp25.json, the CUDA-graph loop): dense decoding
 takes 6.5-18.4 % less time a token, speculative decoding 7.9-22.1 % less.
 
+``add_rms_norm`` makes a residual addition and the norm that reads its sum one kernel (NOTE
+[Pending addition] in wmtp/model.py): the sum rounded as torch's ``x + r``, then this norm, so both
+outputs are the unfused ops' bit for bit, and a block launches no addition of its own.
+
 NOTE [eps]: Triton passes a Python float to a kernel as float32, and 1e-5 in float32 is off by
 2.5e-13, which a float64 norm would carry (50-100 ulps on the H200). The launcher passes ``eps``
 as the sum of two float32 numbers, its float32 rounding and the rest, exact to about 1e-20
@@ -25,6 +29,7 @@ as the sum of two float32 numbers, its float32 rounding and the rest, exact to a
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import numpy as np
@@ -32,7 +37,7 @@ import torch
 
 from .attention import IMPLS, resolve_impl
 
-__all__ = ["eps_halves", "rms_norm", "rms_norm_torch", "rms_norm_triton"]
+__all__ = ["add_rms_norm", "eps_halves", "rms_norm", "rms_norm_torch", "rms_norm_triton"]
 
 
 def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -62,7 +67,24 @@ def _kernel():
         w = tl.load(W + cols, mask=mask, other=0.0)
         tl.store(Out + row * N + cols, (acc * scale).to(x.dtype) * w, mask=mask)
 
-    return _rms_norm_kernel
+    @triton.jit
+    def _add_rms_norm_kernel(X, R, W, Sum, Out,  # rows (R, N) of x and r; weight (N,); sum, out (R, N) contiguous
+                             stride_x, stride_r, N, eps_hi, eps_lo,  # eps = eps_hi + eps_lo (NOTE [eps])
+                             BLOCK: tl.constexpr, ACC: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < N
+        x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0)  # (BLOCK,)
+        r = tl.load(R + row * stride_r + cols, mask=mask, other=0.0)
+        s = (x.to(ACC) + r.to(ACC)).to(x.dtype)  # torch's x + r: in float32 (float64) and rounded once
+        tl.store(Sum + row * N + cols, s, mask=mask)
+        acc = s.to(ACC)  # from here _rms_norm_kernel's steps on the sum
+        mean = tl.sum(acc * acc, axis=0) / N
+        scale = 1.0 / tl.sqrt(mean + eps_hi + eps_lo)
+        w = tl.load(W + cols, mask=mask, other=0.0)
+        tl.store(Out + row * N + cols, (acc * scale).to(x.dtype) * w, mask=mask)
+
+    return _rms_norm_kernel, _add_rms_norm_kernel
 
 
 @functools.lru_cache(maxsize=64)
@@ -88,7 +110,7 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
         rows = rows.contiguous()
     out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)  # (R, N)
     if rows.shape[0]:
-        _kernel()[(rows.shape[0],)](rows, weight, out, rows.stride(0), N, *eps_halves(eps),
+        _kernel()[0][(rows.shape[0],)](rows, weight, out, rows.stride(0), N, *eps_halves(eps),
                                     BLOCK=triton.next_power_of_2(N), ACC=tl.float64 if x.dtype == torch.float64
                                     else tl.float32)
     return out.view(x.shape)
@@ -126,3 +148,54 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, impl: str = "aut
     if not x.shape[-1]:
         raise ValueError("rms_norm needs N >= 1 entries a row")
     return rms_norm_triton(x, weight, eps)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """``x`` ``(..., N)`` as rows ``(R, N)`` with a unit last stride (a view when it can be)."""
+    rows = x.reshape(-1, x.shape[-1])
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
+def add_rms_norm(x: torch.Tensor, r: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                 impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """A residual addition and the RMSNorm after it: ``(x + r, rms_norm(x + r, weight, eps))``, with
+    ``impl="triton"`` in one kernel (the sum rounded as torch's ``x + r``, so both outputs are the
+    unfused ops' bit for bit); ``r=None``: ``(x, rms_norm(x, ...))``.
+
+    Args:
+        x, r: ``(..., N)`` of one shape, dtype and device, any layout.
+        weight, eps, impl: as ``rms_norm``'s.
+
+    Raises:
+        ValueError: as ``rms_norm``, and for an ``r`` of another shape, dtype or device.
+    """
+    if r is None:
+        return x, rms_norm(x, weight, eps, impl)
+    if (r.shape, r.dtype, r.device) != (x.shape, x.dtype, x.device):
+        raise ValueError(f"add_rms_norm's x and r must be of one shape, dtype and device; got {tuple(x.shape)} "
+                         f"{x.dtype} on {x.device} and {tuple(r.shape)} {r.dtype} on {r.device}")
+    if impl not in IMPLS:
+        raise ValueError(f"add_rms_norm takes impl 'auto', 'torch' or 'triton', got {impl!r}")
+    grad = torch.is_grad_enabled() and (x.requires_grad or r.requires_grad or weight.requires_grad)
+    if resolve_impl("torch" if impl == "auto" and grad else impl, x.device) == "torch":
+        s = x + r
+        return s, rms_norm_torch(s, weight, eps)
+    if grad:
+        raise ValueError("impl='triton' has no backward: a tensor needs a gradient (use impl='torch', or no_grad)")
+    if weight.shape != (x.shape[-1],) or weight.stride(0) != 1 or (weight.dtype, weight.device) != (x.dtype, x.device):
+        raise ValueError(f"add_rms_norm's weight must be ({x.shape[-1]},), contiguous, {x.dtype} on {x.device}; got "
+                         f"{tuple(weight.shape)} of stride {weight.stride()}, {weight.dtype} on {weight.device}")
+    if not x.shape[-1]:
+        raise ValueError("add_rms_norm needs N >= 1 entries a row")
+    import triton
+    import triton.language as tl
+
+    xr, rr = _rows(x), _rows(r)
+    total, out = torch.empty(xr.shape, dtype=x.dtype, device=x.device), torch.empty(xr.shape, dtype=x.dtype,
+                                                                                    device=x.device)  # (R, N) each
+    if xr.shape[0]:
+        with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():  # Triton's current device
+            _kernel()[1][(xr.shape[0],)](xr, rr, weight, total, out, xr.stride(0), rr.stride(0), x.shape[-1],
+                                         *eps_halves(eps), BLOCK=triton.next_power_of_2(x.shape[-1]),
+                                         ACC=tl.float64 if x.dtype == torch.float64 else tl.float32)
+    return total.view(x.shape), out.view(x.shape)
