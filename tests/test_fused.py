@@ -82,6 +82,8 @@ def test_silu_mul_reads_any_layout(impl):
     x = _randn((4, 6, 32), torch.float64, 3)
     gate, up = x[..., :16], x[..., 16:]  # the halves of one tensor: strided views
     assert torch.allclose(silu_mul(gate, up, impl), F.silu(gate) * up, rtol=0, atol=1e-14)
+    g, u = gate.transpose(0, 1), x[..., ::2].transpose(0, 1)  # rows not evenly spaced, a strided last dim
+    assert torch.allclose(silu_mul(g, u, impl), F.silu(g) * u, rtol=0, atol=1e-14)
     assert silu_mul(gate[:0], up[:0], impl).shape == (0, 6, 16)
 
 

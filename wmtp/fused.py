@@ -90,11 +90,13 @@ def _kernels():
         tl.store(dst, (x.to(ACC) * s[:, None]).to(x.dtype), mask=mask)
 
     @triton.jit
-    def _silu_mul_kernel(G, U, Out, n, BLOCK: tl.constexpr, ACC: tl.constexpr):  # flat contiguous (n,) each
+    def _silu_mul_kernel(G, U, Out, n, C, sg, su,  # gate, up (R, C), rows sg / su apart; out (n = R * C,)
+                         BLOCK: tl.constexpr, ACC: tl.constexpr):
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
-        g = tl.load(G + offs, mask=mask, other=0.0)
-        u = tl.load(U + offs, mask=mask, other=0.0)
+        row, col = offs // C, offs % C
+        g = tl.load(G + row * sg + col, mask=mask, other=0.0)
+        u = tl.load(U + row * su + col, mask=mask, other=0.0)
         a = g.to(ACC)
         silu = (a / (1 + tl.exp(-a))).to(g.dtype).to(ACC)  # rounded to g's dtype, as F.silu returns it
         tl.store(Out + offs, (silu * u.to(ACC)).to(g.dtype), mask=mask)
@@ -152,16 +154,25 @@ def logn_scale_triton(q: torch.Tensor, pos: torch.Tensor, train_len: int) -> tor
 
 def silu_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``silu_mul_torch`` in one kernel (CUDA, or the CPU interpreter). Unchecked: ``silu_mul`` checks
-    first. Returns a contiguous tensor of ``gate``'s shape."""
+    first. Returns a contiguous tensor of ``gate``'s shape. Reads rows of ``gate`` and ``up`` in place
+    when they are evenly spaced with contiguous last dims (the halves of one stacked product:
+    wmtp/stacked.py), else from contiguous copies."""
     import triton
 
-    gate, up = gate.contiguous(), up.contiguous()
     out = torch.empty_like(gate, memory_format=torch.contiguous_format)
     if out.numel():
+        C = gate.shape[-1]
+        g, u = (_rows(x, C) for x in (gate, up))  # (R, C) each, last stride 1
         with _on_device(gate):
-            _kernels()[1][(triton.cdiv(out.numel(), BLOCK),)](gate, up, out, out.numel(), BLOCK=BLOCK,
-                                                              ACC=_acc(gate.dtype))
+            _kernels()[1][(triton.cdiv(out.numel(), BLOCK),)](g, u, out, out.numel(), C, g.stride(0), u.stride(0),
+                                                              BLOCK=BLOCK, ACC=_acc(gate.dtype))
     return out
+
+
+def _rows(x: torch.Tensor, C: int) -> torch.Tensor:
+    """``x`` as ``(R, C)`` rows with a contiguous last dim: a view where one exists, else a copy."""
+    r = x.reshape(-1, C)  # a view when x's leading dims flatten
+    return r if r.stride(-1) == 1 or C == 1 else r.contiguous()
 
 
 def kv_write_triton(k_buf: torch.Tensor, v_buf: torch.Tensor, pos: torch.Tensor, k: torch.Tensor,

@@ -45,6 +45,7 @@ from .kvcache import KVCache
 from .pagedcache import PagedKVCache
 from .rmsnorm import add_rms_norm, rms_norm
 from .rope import rope, rope_frequencies, rope_torch
+from .stacked import WeightStack, stacks
 
 FEW_ROWS = 16  # NOTE [Few-row products]: on CUDA, products of 2 .. FEW_ROWS rows go through cuBLASLt
 
@@ -96,6 +97,16 @@ def linear(x: torch.Tensor, w: torch.Tensor, zero: torch.Tensor) -> torch.Tensor
                          "parameters alone)")
     out = F.linear(x.reshape(rows, x.shape[-1]), w, zero[: w.shape[0]])  # (rows, out): addmm
     return out.view(*x.shape[:-1], w.shape[0])
+
+
+def project(module: nn.Module, stack: WeightStack, x: torch.Tensor, impl: str) -> tuple[torch.Tensor, ...]:
+    """``x`` times each of ``stack``'s weights of ``module``: one product of the stacked weights when
+    ``stacks`` says so (NOTE [Stacked weights] in wmtp/stacked.py; the outputs are then views of one
+    tensor), else one ``linear`` each. ``impl`` is the small ops' (``op_impl``)."""
+    ws = stack.weights(module)
+    if not stacks(impl, x, ws):
+        return tuple(linear(x, w, module.zero) for w in ws)
+    return linear(x, stack.get(module), module.zero).split(stack.sizes(module), dim=-1)  # (..., out) each
 
 
 def op_impl(impl: str, device: torch.device | str) -> str:
@@ -150,7 +161,9 @@ class Attention(nn.Module):
         self.wk = _weight(cfg.n_kv_heads * cfg.head_dim, cfg.d_model)
         self.wv = _weight(cfg.n_kv_heads * cfg.head_dim, cfg.d_model)
         self.wo = _weight(cfg.d_model, cfg.n_heads * cfg.head_dim)
-        self.register_buffer("zero", zero_bias(max(cfg.n_heads * cfg.head_dim, cfg.d_model)), persistent=False)
+        self.qkv = WeightStack("wq", "wk", "wv")  # one product on CUDA (wmtp/stacked.py)
+        width = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim  # the stacked product's
+        self.register_buffer("zero", zero_bias(max(width, cfg.d_model)), persistent=False)
         self._freqs: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}  # RoPE's, by (device, dtype)
 
     def frequencies(self, x: torch.Tensor) -> torch.Tensor:
@@ -169,12 +182,13 @@ class Attention(nn.Module):
                 n_sink: int | None, window: int | None, impl: str, positions: str = "absolute") -> torch.Tensor:
         B, L, _ = x.shape
         c = self.cfg
-        q = linear(x, self.wq, self.zero).view(B, L, c.n_heads, c.head_dim).transpose(1, 2)  # (B, Hq, L, D)
-        k = linear(x, self.wk, self.zero).view(B, L, c.n_kv_heads, c.head_dim).transpose(1, 2)  # (B, Hkv, L, D)
-        v = linear(x, self.wv, self.zero).view(B, L, c.n_kv_heads, c.head_dim).transpose(1, 2)  # (B, Hkv, L, D)
+        oi = op_impl(impl, x.device)  # the small ops' impl: RoPE's, the scaling's, the cache write's
+        q, k, v = project(self, self.qkv, x, oi)  # (B, L, Hq * D), (B, L, Hkv * D) twice
+        q = q.view(B, L, c.n_heads, c.head_dim).transpose(1, 2)  # (B, Hq, L, D)
+        k = k.view(B, L, c.n_kv_heads, c.head_dim).transpose(1, 2)  # (B, Hkv, L, D)
+        v = v.view(B, L, c.n_kv_heads, c.head_dim).transpose(1, 2)  # (B, Hkv, L, D)
         q_sink = None  # re-indexed positions (wmtp/keyset.py): sinks scored from min(t, n_sink + window - 1)
         reindexed = check_positions(positions) == "reindexed" and window is not None and bool(n_sink)
-        oi = op_impl(impl, x.device)  # the small ops' impl: RoPE's, the scaling's, the cache write's
         if self.rope:
             f = self.frequencies(q)  # (D/2,)
             if reindexed:
@@ -199,13 +213,14 @@ class MLP(nn.Module):
         self.w_gate = _weight(cfg.d_ff, cfg.d_model)
         self.w_up = _weight(cfg.d_ff, cfg.d_model)
         self.w_down = _weight(cfg.d_model, cfg.d_ff)
-        self.register_buffer("zero", zero_bias(max(cfg.d_ff, cfg.d_model)), persistent=False)
+        self.gate_up = WeightStack("w_gate", "w_up")  # one product on CUDA (wmtp/stacked.py)
+        self.register_buffer("zero", zero_bias(max(2 * cfg.d_ff, cfg.d_model)), persistent=False)
 
     def forward(self, x: torch.Tensor, impl: str = "torch") -> torch.Tensor:
         """SwiGLU: ``w_down (silu(w_gate x) * w_up x)``, the activation by ``silu_mul`` (wmtp/fused.py;
-        ``impl`` as ``RMSNorm.forward``'s)."""
-        z = self.zero
-        return linear(silu_mul(linear(x, self.w_gate, z), linear(x, self.w_up, z), impl), self.w_down, z)
+        ``impl`` as ``RMSNorm.forward``'s; gate and up one product on CUDA: wmtp/stacked.py)."""
+        gate, up = project(self, self.gate_up, x, impl)  # (B, L, d_ff) each
+        return linear(silu_mul(gate, up, impl), self.w_down, self.zero)
 
 
 class Block(nn.Module):
