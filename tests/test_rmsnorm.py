@@ -155,9 +155,10 @@ def test_gradients_flow_through_the_norms_with_impl_auto_on_cuda():
 @torch.no_grad()
 def test_a_model_pass_on_cuda_norms_with_the_kernel(monkeypatch):
     """Every norm of a target pass and a head pass with Triton attention runs a kernel (2 a layer and
-    the final one, each with the addition before it but the first; the head's 2 alone, its block's 2
-    and the final one with their additions), none with impl='torch'."""
-    from wmtp import model
+    the final one, each with the addition before it but the first; the head's 2 on its input as one
+    kernel, wmtp/head_input.py; its block's 2 and the final one with their additions), none with
+    impl='torch'."""
+    from wmtp import model, mtp
 
     impls = []
     plain, plain_add = model.rms_norm, model.add_rms_norm
@@ -165,13 +166,15 @@ def test_a_model_pass_on_cuda_norms_with_the_kernel(monkeypatch):
                         plain(x, w, eps, impl))
     monkeypatch.setattr(model, "add_rms_norm", lambda x, r, w, eps, impl: impls.append(
         ("add" if r is not None else "first", impl)) or plain_add(x, r, w, eps, impl))
+    plain_input = mtp.head_input
+    monkeypatch.setattr(mtp, "head_input", lambda *a: impls.append(("input", a[-1])) or plain_input(*a))
     target, head = (m.cuda().float() for m in wmtp.build_models("tiny", seed=0))
     n = target.config.n_layers
     ids, pos = torch.arange(8, device="cuda")[None], torch.arange(8, device="cuda")
     logits, hidden = target(ids, pos, target.new_cache(1, 16), impl="triton")
     head(hidden, ids, pos, head.new_cache(1, 16), impl="triton")
     assert sorted(impls) == sorted([("first", "triton")] * 2 + [("add", "triton")] * (2 * n + 2) +
-                                   [("norm", "triton")] * 2)
+                                   [("input", "triton")])
     impls.clear()
     ref, _ = target(ids, pos, target.new_cache(1, 16), impl="torch")
     assert sorted(impls) == sorted([("first", "torch")] + [("add", "torch")] * (2 * n))

@@ -17,7 +17,7 @@ from op_impls import CUDA, DEVICE, IMPLS, INTERPRETED
 
 import wmtp
 from wmtp.model import apply_rope
-from wmtp.rope import rope, rope_frequencies, rope_torch
+from wmtp.rope import rope, rope_frequencies, rope_pair, rope_torch
 
 DTYPES = [torch.float32, torch.float64, torch.float16] + ([torch.bfloat16] if CUDA else [])
 
@@ -170,20 +170,53 @@ def test_frequencies_first_asked_for_in_a_capture_are_not_kept():
 @pytest.mark.skipif(not CUDA, reason="needs CUDA: the model's Triton RoPE")
 @torch.no_grad()
 def test_a_model_pass_on_cuda_rotates_with_the_kernel(monkeypatch):
-    """Every rotation of a target pass and a head pass with Triton attention runs the kernel (queries
-    and keys of each local layer and of the head's block), none with impl='torch'."""
-    from wmtp import model
+    """Every rotation of a target pass and a head pass with Triton attention runs the kernel, queries
+    and keys of each local layer and of the head's block in one call (their stacked product's
+    neighbouring heads: ``rope_pair``); with impl='torch' the reference, two calls a layer."""
+    from wmtp import rope as rope_mod
 
-    impls = []
-    plain = model.rope
-    monkeypatch.setattr(model, "rope", lambda x, pos, f, impl: impls.append(impl) or plain(x, pos, f, impl))
+    calls = []
+    plain = rope_mod.rope
+    monkeypatch.setattr(rope_mod, "rope", lambda x, pos, f, impl: calls.append((impl, x.shape[1])) or
+                        plain(x, pos, f, impl))
     target, head = (m.cuda().float() for m in wmtp.build_models("tiny", seed=0))
-    n_local = target.config.n_layers - len(target.config.global_layers)
+    c = target.config
+    n_local = c.n_layers - len(c.global_layers)
     ids, pos = torch.arange(8, device="cuda")[None], torch.arange(8, device="cuda")
     logits, hidden = target(ids, pos, target.new_cache(1, 16), impl="triton")
     head(hidden, ids, pos, head.new_cache(1, 16), impl="triton")
-    assert impls == ["triton"] * (2 * n_local + 2) and n_local > 0
-    impls.clear()
+    assert calls == [("triton", c.n_heads + c.n_kv_heads)] * (n_local + 1) and n_local > 0
+    calls.clear()
     ref, _ = target(ids, pos, target.new_cache(1, 16), impl="torch")
-    assert impls == ["torch"] * (2 * n_local)
+    assert calls == [("torch", c.n_heads), ("torch", c.n_kv_heads)] * n_local
     assert (logits - ref).abs().max() <= 1e-3 * ref.abs().max()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_rope_pair_is_rope_on_each_joined_or_not(impl, monkeypatch):
+    """Queries and keys as the stacked q/k/v product leaves them (neighbouring heads of one tensor):
+    one rotation call, each output bit for bit ``rope``'s alone; any other pair: two calls."""
+    from wmtp import rope as rope_mod
+
+    B, L, Hq, Hkv, D = 2, 5, 4, 2, 16
+    g = torch.Generator().manual_seed(0)
+    y = torch.randn(B, L, (Hq + 2 * Hkv + 1) * D, generator=g, dtype=torch.float64).to(DEVICE)
+    pos = torch.arange(100, 100 + L, device=DEVICE)
+    f = rope_frequencies(D, 10000.0, DEVICE, torch.float64)
+    heads = y.view(B, L, -1, D).transpose(1, 2)  # (B, Hq + 2 Hkv + 1, L, D) views
+    calls = []
+    plain = rope_mod.rope
+    monkeypatch.setattr(rope_mod, "rope", lambda x, *a: calls.append(x.shape[1]) or plain(x, *a))
+    for q, k, joined in [(heads[:, :Hq], heads[:, Hq:Hq + Hkv], True),  # the stacked product's views
+                         (heads[:, :Hq], heads[:, Hq + 1:Hq + 1 + Hkv], False),  # a head between them
+                         (heads[:, :Hq].contiguous(), heads[:, Hq:Hq + Hkv].contiguous(), False),
+                         (heads[:, :Hq], heads[:, Hq:Hq + Hkv].float(), False)]:
+        calls.clear()
+        got_q, got_k = rope_pair(q, k, pos, f, impl) if k.dtype == q.dtype else (None, None)
+        if k.dtype != q.dtype:  # two calls: the second refuses k's frequencies' dtype, as rope does
+            with pytest.raises(ValueError, match="inv_freq"):
+                rope_pair(q, k, pos, f, impl)
+            continue
+        assert calls == ([Hq + Hkv] if joined else [Hq, Hkv])
+        assert torch.equal(got_q, plain(q, pos, f, impl)) and torch.equal(got_k, plain(k, pos, f, impl))
+        assert got_q.shape == q.shape and got_k.shape == k.shape

@@ -44,7 +44,7 @@ from .keyset import check_positions, sink_query_position
 from .kvcache import KVCache
 from .pagedcache import PagedKVCache
 from .rmsnorm import add_rms_norm, rms_norm
-from .rope import rope, rope_frequencies, rope_torch
+from .rope import rope, rope_frequencies, rope_pair, rope_torch
 from .stacked import WeightStack, stacks
 
 FEW_ROWS = 16  # NOTE [Few-row products]: on CUDA, products of 2 .. FEW_ROWS rows go through cuBLASLt
@@ -193,7 +193,7 @@ class Attention(nn.Module):
             f = self.frequencies(q)  # (D/2,)
             if reindexed:
                 q_sink = rope(q, sink_query_position(pos, n_sink, window), f, oi)  # (B, Hq, L, D)
-            q, k = rope(q, pos, f, oi), rope(k, pos, f, oi)  # (B, Hq, L, D), (B, Hkv, L, D)
+            q, k = rope_pair(q, k, pos, f, oi)  # (B, Hq, L, D), (B, Hkv, L, D): one kernel when stacked
         if self.logn_scale:  # one kernel on CUDA (wmtp/fused.py)
             q = logn_scale(q, pos, c.train_seq_len, oi)  # (B, Hq, L, D)
             q_sink = None if q_sink is None else logn_scale(q_sink, pos, c.train_seq_len, oi)  # (no model has both)

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from .config import MTPConfig
+from .head_input import head_input
 from .kvcache import KVCache
 from .model import Block, RMSNorm, TargetLM, init_weights, linear, op_impl, rezero, zero_bias
 from .pagedcache import PagedKVCache
@@ -89,9 +89,9 @@ class MTPHead(nn.Module):
         """
         if pos is None:
             pos = torch.arange(hidden.shape[1], device=hidden.device)
-        e = F.embedding(next_ids, self.target.embed)  # (B, L, d)
         ni = op_impl(impl, hidden.device)
-        x = linear(torch.cat([self.hidden_norm(hidden, ni), self.embed_norm(e, ni)], dim=-1), self.proj,
-                   self.zero)  # (B, L, d)
+        h, e = self.hidden_norm, self.embed_norm  # [norm(h_t), norm(e_{t+1})]: one kernel on CUDA (wmtp/head_input.py)
+        x = head_input(hidden, next_ids, self.target.embed, h.weight, e.weight, h.eps, e.eps, ni)  # (B, L, 2d)
+        x = linear(x, self.proj, self.zero)  # (B, L, d)
         g, pending = self.block.step(x, None, pos, cache, 0, n_sink, window, impl, positions)  # (B, L, d) each
         return self.target.final(g, pending, ni)  # logits, g = g + pending (NOTE [Pending addition])

@@ -19,6 +19,10 @@ needs no more: a dense step and a verify pass rotate with the same op, row by ro
 [Exactness]). The model rotates with the kernel on CUDA unless asked for ``impl="torch"`` or a
 gradient is needed (``op_impl`` in wmtp/model.py; ``"auto"`` falls back to the reference under
 autograd, as attention does).
+
+``rope_pair`` rotates a layer's queries and keys with one call when they are neighbouring heads of
+one tensor, as the stacked q/k/v product leaves them (wmtp/stacked.py): one kernel where there were
+two. The rotation is per element, so each output is what ``rope`` gives it alone, bit for bit.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import torch
 
 from .attention import IMPLS, resolve_impl
 
-__all__ = ["check_rope_args", "rope", "rope_frequencies", "rope_torch", "rope_triton"]
+__all__ = ["check_rope_args", "rope", "rope_frequencies", "rope_pair", "rope_torch", "rope_triton"]
 
 BLOCK_L = 16  # rows (positions) a program rotates
 
@@ -135,6 +139,39 @@ def rope(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor, impl: str =
     if grad:
         raise ValueError("impl='triton' has no backward: x needs a gradient (use impl='torch', or no_grad)")
     return rope_triton(x, pos.contiguous(), inv_freq)
+
+
+def rope_pair(q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor,
+              impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rope(q, ...), rope(k, ...))``, as one ``rope`` call over both when ``k``'s heads follow
+    ``q``'s in one tensor with the same strides (the stacked projection's views: ``_joined``), else as two.
+
+    Args:
+        q, k: ``(B, Hq, L, D)`` and ``(B, Hkv, L, D)`` of one dtype and device.
+        pos, inv_freq, impl: as ``rope``'s.
+
+    Returns:
+        The rotated ``q`` and ``k``, bit for bit ``rope``'s on each (views of one tensor when joined).
+
+    Raises:
+        ValueError: as ``rope``.
+    """
+    qk = _joined(q, k)
+    if qk is None:
+        return rope(q, pos, inv_freq, impl), rope(k, pos, inv_freq, impl)
+    out = rope(qk, pos, inv_freq, impl)  # (B, Hq + Hkv, L, D)
+    return out[:, : q.shape[1]], out[:, q.shape[1]:]
+
+
+def _joined(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
+    """``(B, Hq + Hkv, L, D)``: ``q``'s heads then ``k``'s as one view, when ``k`` starts where a next head
+    of ``q`` would and both have one stride per dimension (and shape apart from heads), else ``None``."""
+    if (q.dim() != 4 or k.dim() != 4 or q.stride() != k.stride() or (q.dtype, q.device) != (k.dtype, k.device)
+            or q.shape[:1] + q.shape[2:] != k.shape[:1] + k.shape[2:]
+            or q.untyped_storage().data_ptr() != k.untyped_storage().data_ptr()
+            or k.storage_offset() != q.storage_offset() + q.shape[1] * q.stride(1)):
+        return None
+    return q.as_strided((q.shape[0], q.shape[1] + k.shape[1], *q.shape[2:]), q.stride())
 
 
 def check_rope_args(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor) -> None:

@@ -1,0 +1,102 @@
+"""The MTP head's input row (wmtp/head_input.py): one parametrized test over both impls against the
+unfused ops, bit for bit; ids out of range; bad input; the head's use of it.
+
+The Triton cases run on CUDA, or on CPU tensors under Triton's interpreter (no bf16 there)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from op_impls import CUDA, DEVICE, IMPLS, INTERPRETED
+
+import wmtp
+from wmtp.head_input import head_input, head_input_torch
+from wmtp.rmsnorm import rms_norm
+
+DTYPES = [torch.float32, torch.float64, torch.float16] + ([torch.bfloat16] if CUDA else [])
+
+
+def _case(shape, dtype, V=50, seed=0):
+    g = torch.Generator().manual_seed(seed + sum(shape))
+    N = shape[-1]
+    hidden = (torch.randn(shape, generator=g, dtype=torch.float64) * 3).to(DEVICE, dtype)
+    ids = torch.randint(0, V, shape[:-1], generator=g).to(DEVICE)
+    embed = torch.randn(V, N, generator=g, dtype=torch.float64).to(DEVICE, dtype)
+    wh, we = ((1 + torch.randn(N, generator=g, dtype=torch.float64) / 4).to(DEVICE, dtype) for _ in range(2))
+    return hidden, ids, embed, wh, we
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1, 16), (1, 8, 64), (2, 3, 100), (5, 256), (3, 1)])
+def test_head_input_is_the_unfused_ops(impl, dtype, shape):
+    """Each half is ``rms_norm`` of the same impl on its input, bit for bit; ``"torch"`` is the code
+    the head ran before (an embedding lookup, two norms, a concatenation)."""
+    hidden, ids, embed, wh, we = _case(shape, dtype)
+    got = head_input(hidden, ids, embed, wh, we, 1e-5, 1e-6, impl)
+    want = torch.cat([rms_norm(hidden, wh, 1e-5, impl), rms_norm(F.embedding(ids, embed), we, 1e-6, impl)], -1)
+    assert got.shape == (*shape[:-1], 2 * shape[-1]) and got.dtype == dtype and got.device == hidden.device
+    assert torch.equal(got, want)
+    if impl == "torch":
+        assert torch.equal(got, head_input_torch(hidden, ids, embed, wh, we, 1e-5, 1e-6))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_head_input_reads_any_layout_and_int32_ids(impl):
+    hidden, ids, embed, wh, we = _case((4, 6, 32), torch.float64)
+    view = hidden.transpose(0, 1)[:, ::2]  # (6, 2, 32): strided, no view flattens it
+    sub = ids.T[:, ::2].int()
+    want = head_input_torch(view, sub, embed, wh, we, 1e-5, 1e-5)
+    assert torch.allclose(head_input(view, sub, embed, wh, we, 1e-5, 1e-5, impl), want, rtol=0, atol=1e-12)
+    assert head_input(hidden[:0], ids[:0], embed, wh, we, 1e-5, 1e-5, impl).shape == (0, 6, 64)
+
+
+@pytest.mark.skipif(not (CUDA or INTERPRETED), reason="needs CUDA or TRITON_INTERPRET=1")
+def test_an_id_out_of_range_gives_a_nan_row_never_a_stray_read():
+    hidden, ids, embed, wh, we = _case((1, 4, 16), torch.float32, V=10)
+    bad = ids.clone()
+    bad[0, 1], bad[0, 3] = 10, -1
+    got = head_input(hidden, bad, embed, wh, we, 1e-5, 1e-5, "triton")
+    ok = head_input(hidden, ids, embed, wh, we, 1e-5, 1e-5, "triton")
+    assert got[0, [1, 3], 16:].isnan().all() and torch.equal(got[0, [0, 2]], ok[0, [0, 2]])
+    assert torch.equal(got[..., :16], ok[..., :16])
+
+
+def test_bad_input_is_a_value_error():
+    hidden, ids, embed, wh, we = _case((2, 3, 8), torch.float32)
+    cases = [((hidden, ids, embed, wh, we), "bogus", "impl"),
+             ((hidden.long(), ids, embed, wh, we), "torch", "floating hidden"),
+             ((hidden, ids, embed[:, :4], wh, we), "torch", "embed \\(V, N\\)"),
+             ((hidden, ids[:, :2], embed, wh, we), "torch", "ids must be"),
+             ((hidden, ids.float(), embed, wh, we), "torch", "ids must be"),
+             ((hidden, ids, embed.double(), wh, we), "torch", "embed must be"),
+             ((hidden, ids, embed, wh[:4], we), "torch", "w_hidden must be"),
+             ((hidden, ids, embed, wh, we.to("meta")), "torch", "w_embed must be on")]
+    for args, impl, match in cases:
+        with pytest.raises(ValueError, match=match):
+            head_input(*args, 1e-5, 1e-5, impl)
+    if CUDA or INTERPRETED:
+        with pytest.raises(ValueError, match="no backward"):
+            head_input(hidden.clone().requires_grad_(), ids, embed, wh, we, 1e-5, 1e-5, "triton")
+    grads = head_input(hidden.clone().requires_grad_(), ids, embed, wh, we, 1e-5, 1e-5, "auto")  # the reference
+    grads.sum().backward()
+
+
+def test_the_head_takes_its_input_from_head_input(monkeypatch):
+    """The head's forward passes its norms' weights and eps and the shared embedding, with the small
+    ops' impl; off CUDA its logits are those of the code before, bit for bit."""
+    from wmtp import mtp
+
+    target, head = (m.double() for m in wmtp.build_models("tiny", seed=0))
+    hidden = torch.randn(1, 6, target.config.d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    ids = torch.arange(6)[None]
+    seen = []
+    plain = mtp.head_input
+    monkeypatch.setattr(mtp, "head_input", lambda *a: seen.append(a) or plain(*a))
+    with torch.no_grad():
+        logits, g = head(hidden, ids, impl="auto")
+        e = F.embedding(ids, target.embed)
+        x = torch.cat([head.hidden_norm(hidden), head.embed_norm(e)], dim=-1)
+    (h, i, emb, wh, we, eh, ee, impl), = seen
+    assert h is hidden and i is ids and emb is target.embed and wh is head.hidden_norm.weight
+    assert we is head.embed_norm.weight and (eh, ee) == (head.hidden_norm.eps, head.embed_norm.eps)
+    assert impl == "torch" and torch.equal(plain(*seen[0]), x)  # op_impl off CUDA
