@@ -66,6 +66,7 @@ def test_bad_input_is_a_value_error():
     cases = [((hidden, ids, embed, wh, we), "bogus", "impl"),
              ((hidden.long(), ids, embed, wh, we), "torch", "floating hidden"),
              ((hidden, ids, embed[:, :4], wh, we), "torch", "embed \\(V, N\\)"),
+             ((hidden, ids, embed[:0], wh, we), "torch", "V >= 1"),
              ((hidden, ids[:, :2], embed, wh, we), "torch", "ids must be"),
              ((hidden, ids.float(), embed, wh, we), "torch", "ids must be"),
              ((hidden, ids, embed.double(), wh, we), "torch", "embed must be"),

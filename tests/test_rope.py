@@ -220,3 +220,19 @@ def test_rope_pair_is_rope_on_each_joined_or_not(impl, monkeypatch):
         assert calls == ([Hq + Hkv] if joined else [Hq, Hkv])
         assert torch.equal(got_q, plain(q, pos, f, impl)) and torch.equal(got_k, plain(k, pos, f, impl))
         assert got_q.shape == q.shape and got_k.shape == k.shape
+
+
+def test_rope_pair_keeps_both_gradients():
+    """Under autograd the pair is rotated as two calls: the joined view's backward would reach q alone."""
+    D, Hq, Hkv = 8, 2, 1
+    y = torch.randn(1, 3, (Hq + 2 * Hkv) * D, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    f = rope_frequencies(D, 10000.0, "cpu", torch.float64)
+    pos = torch.arange(3)
+    grads = []
+    for pair in (rope_pair, lambda q, k, *a: (rope(q, *a), rope(k, *a))):
+        leaf = y.clone().requires_grad_()
+        heads = leaf.view(1, 3, -1, D).transpose(1, 2)
+        q, k = pair(heads[:, :Hq], heads[:, Hq:Hq + Hkv], pos, f, "auto")
+        (q.square().sum() + 3 * k.square().sum()).backward()
+        grads.append(leaf.grad)
+    assert grads[0][..., Hq * D:(Hq + Hkv) * D].abs().sum() > 0 and torch.equal(grads[0], grads[1])

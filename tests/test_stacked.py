@@ -1,16 +1,18 @@
-"""Stacked weights (wmtp/stacked.py): one product for a block's q/k/v and one for SwiGLU's gate/up.
+"""Stacked weights (wmtp/stacked.py): one product for a block's q/k/v and one for SwiGLU's gate/up,
+over parameters kept as neighbouring rows of one tensor (NOTE [Stacked weights]).
 
 On the CPU the model never stacks (``stacks`` needs CUDA), so these tests force it where they need it
 and compare with the separate products; the CUDA tests run the model's own choice."""
 
 import copy
+import io
 
 import pytest
 import torch
 
 import wmtp
 from wmtp import model
-from wmtp.stacked import WeightStack, stacks
+from wmtp.stacked import pack, stacked_view, stacks
 
 CUDA = torch.cuda.is_available()
 
@@ -27,48 +29,79 @@ def _attention():
     return target.double().layers[0].attn
 
 
-def test_the_stack_is_the_weights_rows_in_order():
-    attn = _attention()
-    s = attn.qkv.get(attn)
-    assert torch.equal(s, torch.cat([attn.wq, attn.wk, attn.wv])) and not s.requires_grad
-    assert attn.qkv.sizes(attn) == [attn.wq.shape[0], attn.wk.shape[0], attn.wv.shape[0]]
-    assert attn.qkv.get(attn) is s  # kept while nothing changed
-    with pytest.raises(ValueError, match="at least one"):
-        WeightStack()
+def _view(m):
+    return stacked_view([getattr(m, n) for n in m.STACK])
 
 
-def test_the_stack_is_built_again_when_a_weight_changes():
-    """In place (an optimizer step, ``load_state_dict``), a new tensor (``param.data = ...``, ``.to``)."""
+def _cat(m):
+    return torch.cat([getattr(m, n).detach() for n in m.STACK])
+
+
+def test_the_stack_is_a_view_of_the_weights_rows_in_order():
     attn = _attention()
-    first = attn.qkv.get(attn)
+    s = _view(attn)
+    assert torch.equal(s, _cat(attn)) and not s.requires_grad and attn.STACK == ("wq", "wk", "wv")
+    assert s.untyped_storage().data_ptr() == attn.wq.untyped_storage().data_ptr()  # no copy
+    assert [n for n, _ in attn.named_parameters()] == ["wq", "wk", "wv", "wo"]  # checkpoints as before
+    assert stacked_view([attn.wq, attn.wv]) is None  # not neighbours
+    assert stacked_view([attn.wq[:, :4], attn.wk[:, :4]]) is None  # rows not whole
+
+
+def test_every_update_is_seen_and_conversions_pack_again():
+    """In place, by any route (a fused optimizer, ``.data``, ``load_state_dict``, inference mode):
+    the view reads the new values. A conversion packs again; what leaves the weights apart makes
+    ``stacked_view`` return None (the products then run one per weight), never a stale stack."""
+    attn = _attention()
     with torch.no_grad():
-        attn.wk.add_(1.0)  # in place: the version counter
-    second = attn.qkv.get(attn)
-    assert second is not first and torch.equal(second, torch.cat([attn.wq, attn.wk, attn.wv]))
-    state = {k: v + 2.0 for k, v in attn.state_dict().items()}
-    attn.load_state_dict(state)
-    assert torch.equal(attn.qkv.get(attn), torch.cat([state["wq"], state["wk"], state["wv"]]))
-    attn.wv.data = torch.zeros_like(attn.wv)  # a new tensor of the same shape, dtype and device
-    assert not attn.qkv.get(attn)[-attn.wv.shape[0]:].any()
-    attn.float()
-    assert attn.qkv.get(attn).dtype == torch.float32
-    opt = torch.optim.SGD(attn.parameters(), lr=0.5)
+        attn.wk.add_(1.0)
+    attn.wv.data.mul_(2.0)
+    assert torch.equal(_view(attn), _cat(attn))
+    opt = torch.optim.Adam(attn.parameters(), lr=0.5, fused=False, foreach=False)
     attn.wq.grad = torch.ones_like(attn.wq)
     opt.step()
-    assert torch.equal(attn.qkv.get(attn), torch.cat([attn.wq, attn.wk, attn.wv]).detach())
+    assert torch.equal(_view(attn), _cat(attn))
+    state = {k: v + 2.0 for k, v in attn.state_dict().items()}
+    with torch.inference_mode():
+        attn.load_state_dict(state)
+    assert torch.equal(_view(attn), torch.cat([state["wq"], state["wk"], state["wv"]]))
+    attn.load_state_dict({k: v.clone() for k, v in state.items()}, assign=True)  # new tensors: packed again
+    assert _view(attn) is not None and torch.equal(_view(attn), torch.cat([state["wq"], state["wk"], state["wv"]]))
+    for convert in (lambda m: m.float(), lambda m: m.to(torch.float64), lambda m: m.to_empty(device="cpu")):
+        convert(attn)
+        assert _view(attn) is not None and _view(attn).dtype == attn.wq.dtype
+    twin = copy.deepcopy(attn)  # each parameter cloned apart
+    assert _view(twin) is None and torch.equal(_cat(twin), _cat(attn))
+    twin.double()
+    assert _view(twin) is not None
+    side = attn.wv.data
+    attn.wv.data = attn.wv.data.clone()
+    assert _view(attn) is None
+    pack(attn, attn.STACK)
+    assert _view(attn) is not None and torch.equal(attn.wv, side)
+    square = torch.nn.Module()
+    square.a, square.b = (torch.nn.Parameter(torch.randn(3, 3, dtype=torch.float64)) for _ in range(2))
+    pack(square, ("a", "b"))
+    square.b.data = square.b.data.t()  # same address, another layout
+    assert stacked_view([square.a, square.b]) is None
 
 
-def test_a_copy_stacks_its_own_weights():
+def test_a_whole_module_saves_and_loads_as_before():
     attn = _attention()
-    attn.qkv.get(attn)
-    twin = copy.deepcopy(attn)
-    with torch.no_grad():
-        twin.wq.mul_(3.0)
-    assert torch.equal(twin.qkv.get(twin)[: twin.wq.shape[0]], twin.wq)
-    assert torch.equal(attn.qkv.get(attn)[: attn.wq.shape[0]], attn.wq)
+    f = io.BytesIO()
+    torch.save(attn, f)
+    f.seek(0)
+    back = torch.load(f, weights_only=False)
+    assert _view(back) is not None and torch.equal(_cat(back), _cat(attn))
 
 
-def test_stacks_needs_cuda_a_kernel_impl_and_no_gradient():
+def test_pack_leaves_mismatched_weights_apart():
+    m = torch.nn.Module()
+    m.a, m.b = torch.nn.Parameter(torch.ones(2, 3)), torch.nn.Parameter(torch.ones(2, 3, dtype=torch.float64))
+    pack(m, ("a", "b"))
+    assert stacked_view([m.a, m.b]) is None and m.a.dtype == torch.float32
+
+
+def test_stacks_needs_cuda_a_kernel_impl_and_no_weight_gradient():
     w = torch.nn.Parameter(torch.ones(2, 2))
     assert not stacks("auto", torch.ones(2), [w])  # the CPU: its numbers never move
     if CUDA:
@@ -77,40 +110,57 @@ def test_stacks_needs_cuda_a_kernel_impl_and_no_gradient():
         assert not stacks("auto", x, [wc]) and not stacks("torch", x, [wc])
         with torch.no_grad():
             assert stacks("auto", x, [wc]) and stacks("triton", x, [wc]) and not stacks("torch", x, [wc])
-        assert stacks("auto", x, [wc.detach()])
+        assert stacks("auto", x.requires_grad_(), [wc.detach()])
 
 
 def test_stacked_products_are_the_separate_ones(monkeypatch):
     """A block's q/k/v and gate/up outputs, stacked (forced on the CPU) against one product each,
-    float64: equal to rounding, of the same shapes."""
+    float64: equal to rounding, of the same shapes, views of one tensor."""
     attn = _attention()
     mlp = wmtp.build_models("tiny", seed=1)[0].double().layers[1].mlp
     x = torch.randn(2, 5, attn.cfg.d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        separate = model.project(attn, attn.qkv, x, "torch") + model.project(mlp, mlp.gate_up, x, "torch")
+        separate = model.project(attn, x, "torch") + model.project(mlp, x, "torch")
         _force_stacking(monkeypatch)
-        stacked = model.project(attn, attn.qkv, x, "auto") + model.project(mlp, mlp.gate_up, x, "auto")
+        stacked = model.project(attn, x, "auto") + model.project(mlp, x, "auto")
     assert len(stacked) == 5 and stacked[0].untyped_storage().data_ptr() == stacked[2].untyped_storage().data_ptr()
+    assert separate[0].untyped_storage().data_ptr() != separate[2].untyped_storage().data_ptr()
     for s, p in zip(stacked, separate, strict=True):
         assert s.shape == p.shape and torch.allclose(s, p, rtol=0, atol=1e-13)
 
 
 def test_speculative_decoding_with_stacked_products_is_lossless(monkeypatch):
     """The model's stacked route (forced on the CPU), float64: speculative output equals the dense
-    greedy output of the same route, token for token, and training still takes the separate products
-    (a gradient reaches every weight)."""
+    greedy output of the same route, token for token."""
     _force_stacking(monkeypatch)
+    used = []
+    plain = model.stacked_view
+    monkeypatch.setattr(model, "stacked_view", lambda ws: used.append(len(ws)) or plain(ws))
     target, head = (m.double() for m in wmtp.build_models("tiny", seed=3))
     prompt = torch.randint(0, target.config.vocab_size, (24,), generator=torch.Generator().manual_seed(3))
     dense = wmtp.greedy_generate(target, prompt, 24)
-    assert target.layers[0].attn.qkv._stack is not None and head.block.mlp.gate_up._stack is None
+    assert used and set(used) == {2, 3}
     for window in (None, 8):
         spec, _ = wmtp.speculative_generate(target, head, prompt, 24, 3, n_sink=2, window=window)
         assert torch.equal(spec, dense)
-    assert head.block.mlp.gate_up._stack is not None
-    logits, _ = target(prompt[None], impl="auto")
-    logits.sum().backward()
-    assert all(p.grad is not None for p in target.parameters())
+
+
+def test_gradients_through_frozen_stacked_weights_are_the_separate_ones(monkeypatch):
+    """Frozen blocks, a trainable embedding: the stacked route runs (no weight of it needs a
+    gradient), and the embedding's gradient is that of one product a weight, q/k rotations included."""
+    target, _ = (m.double() for m in wmtp.build_models("tiny", seed=4))
+    for block in target.layers:
+        block.requires_grad_(False)
+    ids = torch.arange(10)[None]
+    grads = []
+    for force in (False, True):
+        if force:
+            _force_stacking(monkeypatch)
+        target.embed.grad = None
+        logits, _ = target(ids, impl="auto")
+        logits.square().sum().backward()
+        grads.append(target.embed.grad.clone())
+    assert torch.allclose(grads[0], grads[1], rtol=0, atol=1e-9 * grads[0].abs().max())
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA: the model's own stacking")

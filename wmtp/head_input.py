@@ -56,7 +56,7 @@ def _kernel():
         else:
             tok = tl.load(Ids + row).to(tl.int64)
             ok = (tok >= 0) & (tok < V)
-            x = tl.load(E + tl.where(ok, tok, 0) * N + cols, mask=mask, other=0.0)  # (BLOCK,), the gathered row
+            x = tl.load(E + tl.where(ok, tok, 0) * N + cols, mask=mask & ok, other=0.0)  # (BLOCK,), the gathered row
             acc = tl.where(ok, x.to(ACC), float("nan"))  # an id out of range: a NaN row, never a stray read
             w = tl.load(We + cols, mask=mask, other=0.0)
             eps_hi, eps_lo = ee_hi, ee_lo
@@ -113,8 +113,8 @@ def head_input(hidden: torch.Tensor, ids: torch.Tensor, embed: torch.Tensor, w_h
     if impl not in IMPLS:
         raise ValueError(f"head_input takes impl 'auto', 'torch' or 'triton', got {impl!r}")
     N = hidden.shape[-1] if hidden.dim() else 0
-    if not hidden.is_floating_point() or not N or embed.dim() != 2 or embed.shape[1] != N:
-        raise ValueError(f"head_input takes floating hidden (..., N) with N >= 1 and embed (V, N); got "
+    if not hidden.is_floating_point() or not N or embed.dim() != 2 or embed.shape[1] != N or not embed.shape[0]:
+        raise ValueError(f"head_input takes floating hidden (..., N) with N >= 1 and embed (V, N) with V >= 1; got "
                          f"{tuple(hidden.shape)} {hidden.dtype} and {tuple(embed.shape)}")
     if ids.shape != hidden.shape[:-1] or ids.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"head_input's ids must be int32 or int64 of shape {tuple(hidden.shape[:-1])}; got "

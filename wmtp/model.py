@@ -45,7 +45,7 @@ from .kvcache import KVCache
 from .pagedcache import PagedKVCache
 from .rmsnorm import add_rms_norm, rms_norm
 from .rope import rope, rope_frequencies, rope_pair, rope_torch
-from .stacked import WeightStack, stacks
+from .stacked import StackedWeights, stacked_view, stacks
 
 FEW_ROWS = 16  # NOTE [Few-row products]: on CUDA, products of 2 .. FEW_ROWS rows go through cuBLASLt
 
@@ -99,14 +99,15 @@ def linear(x: torch.Tensor, w: torch.Tensor, zero: torch.Tensor) -> torch.Tensor
     return out.view(*x.shape[:-1], w.shape[0])
 
 
-def project(module: nn.Module, stack: WeightStack, x: torch.Tensor, impl: str) -> tuple[torch.Tensor, ...]:
-    """``x`` times each of ``stack``'s weights of ``module``: one product of the stacked weights when
-    ``stacks`` says so (NOTE [Stacked weights] in wmtp/stacked.py; the outputs are then views of one
-    tensor), else one ``linear`` each. ``impl`` is the small ops' (``op_impl``)."""
-    ws = stack.weights(module)
-    if not stacks(impl, x, ws):
-        return tuple(linear(x, w, module.zero) for w in ws)
-    return linear(x, stack.get(module), module.zero).split(stack.sizes(module), dim=-1)  # (..., out) each
+def project(module: StackedWeights, x: torch.Tensor, impl: str) -> tuple[torch.Tensor, ...]:
+    """``x`` times each weight of ``module.STACK``: one product of the stacked weights when ``stacks``
+    says so and they are packed (NOTE [Stacked weights] in wmtp/stacked.py; the outputs are then views
+    of one tensor), else one ``linear`` each. ``impl`` is the small ops' (``op_impl``)."""
+    ws = [getattr(module, n) for n in module.STACK]
+    w = stacked_view(ws) if stacks(impl, x, ws) else None  # (sum of outs, in)
+    if w is None:
+        return tuple(linear(x, wi, module.zero) for wi in ws)
+    return linear(x, w, module.zero).split([wi.shape[0] for wi in ws], dim=-1)  # (..., out) each
 
 
 def op_impl(impl: str, device: torch.device | str) -> str:
@@ -149,8 +150,10 @@ def apply_rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor
     return rope_torch(x, pos, rope_frequencies(x.shape[-1], theta, x.device, acc))
 
 
-class Attention(nn.Module):
+class Attention(StackedWeights):
     """GQA self-attention over a key set; RoPE optional; optional per-query log-length scaling."""
+
+    STACK = ("wq", "wk", "wv")  # one product on CUDA (wmtp/stacked.py)
 
     def __init__(self, cfg: ModelConfig, *, rope: bool, logn_scale: bool = False) -> None:
         super().__init__()
@@ -161,7 +164,7 @@ class Attention(nn.Module):
         self.wk = _weight(cfg.n_kv_heads * cfg.head_dim, cfg.d_model)
         self.wv = _weight(cfg.n_kv_heads * cfg.head_dim, cfg.d_model)
         self.wo = _weight(cfg.d_model, cfg.n_heads * cfg.head_dim)
-        self.qkv = WeightStack("wq", "wk", "wv")  # one product on CUDA (wmtp/stacked.py)
+        self.keep_packed()
         width = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim  # the stacked product's
         self.register_buffer("zero", zero_bias(max(width, cfg.d_model)), persistent=False)
         self._freqs: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}  # RoPE's, by (device, dtype)
@@ -183,7 +186,7 @@ class Attention(nn.Module):
         B, L, _ = x.shape
         c = self.cfg
         oi = op_impl(impl, x.device)  # the small ops' impl: RoPE's, the scaling's, the cache write's
-        q, k, v = project(self, self.qkv, x, oi)  # (B, L, Hq * D), (B, L, Hkv * D) twice
+        q, k, v = project(self, x, oi)  # (B, L, Hq * D), (B, L, Hkv * D) twice
         q = q.view(B, L, c.n_heads, c.head_dim).transpose(1, 2)  # (B, Hq, L, D)
         k = k.view(B, L, c.n_kv_heads, c.head_dim).transpose(1, 2)  # (B, Hkv, L, D)
         v = v.view(B, L, c.n_kv_heads, c.head_dim).transpose(1, 2)  # (B, Hkv, L, D)
@@ -207,19 +210,21 @@ class Attention(nn.Module):
         return linear(y.transpose(1, 2).reshape(B, L, -1), self.wo, self.zero)
 
 
-class MLP(nn.Module):
+class MLP(StackedWeights):
+    STACK = ("w_gate", "w_up")  # one product on CUDA (wmtp/stacked.py)
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.w_gate = _weight(cfg.d_ff, cfg.d_model)
         self.w_up = _weight(cfg.d_ff, cfg.d_model)
         self.w_down = _weight(cfg.d_model, cfg.d_ff)
-        self.gate_up = WeightStack("w_gate", "w_up")  # one product on CUDA (wmtp/stacked.py)
+        self.keep_packed()
         self.register_buffer("zero", zero_bias(max(2 * cfg.d_ff, cfg.d_model)), persistent=False)
 
     def forward(self, x: torch.Tensor, impl: str = "torch") -> torch.Tensor:
         """SwiGLU: ``w_down (silu(w_gate x) * w_up x)``, the activation by ``silu_mul`` (wmtp/fused.py;
         ``impl`` as ``RMSNorm.forward``'s; gate and up one product on CUDA: wmtp/stacked.py)."""
-        gate, up = project(self, self.gate_up, x, impl)  # (B, L, d_ff) each
+        gate, up = project(self, x, impl)  # (B, L, d_ff) each
         return linear(silu_mul(gate, up, impl), self.w_down, self.zero)
 
 

@@ -144,7 +144,8 @@ def rope(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor, impl: str =
 def rope_pair(q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor,
               impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """``(rope(q, ...), rope(k, ...))``, as one ``rope`` call over both when ``k``'s heads follow
-    ``q``'s in one tensor with the same strides (the stacked projection's views: ``_joined``), else as two.
+    ``q``'s in one tensor with the same strides (the stacked projection's views: ``_joined``) and
+    neither needs a gradient (the joined view's backward would reach only ``q``), else as two.
 
     Args:
         q, k: ``(B, Hq, L, D)`` and ``(B, Hkv, L, D)`` of one dtype and device.
@@ -156,7 +157,8 @@ def rope_pair(q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, inv_freq: tor
     Raises:
         ValueError: as ``rope``.
     """
-    qk = _joined(q, k)
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
+    qk = None if grad else _joined(q, k)
     if qk is None:
         return rope(q, pos, inv_freq, impl), rope(k, pos, inv_freq, impl)
     out = rope(qk, pos, inv_freq, impl)  # (B, Hq + Hkv, L, D)

@@ -13,12 +13,15 @@ takes the same route, which is all losslessness needs (decode.py NOTE [Exactness
 the H200 (experiment 38, metrics/experiments/stacked-h200-exp38.json, the CUDA-graph loop): dense
 decoding takes 8.6-18.3 % less time a token, speculative decoding 6.9-13.8 % less.
 
-NOTE [Stacked weights]: the parameters stay separate (checkpoints, training and the CPU's numbers do
-not change); ``WeightStack`` keeps their concatenation, a second copy of those weights, and builds it
-again when any of them changes: a new tensor (``.to()``, ``param.data = ...``: a new data pointer;
-the stack keeps the old tensors alive, so no new one can take their address) or an in-place update
-(an optimizer step, ``load_state_dict``: the version counter). It is not kept when first built while a
-CUDA graph is being captured: the graph's warm-up builds it before capture (wmtp/static_decode.py).
+NOTE [Stacked weights]: the parameters stay separate ``nn.Parameter``s (names, checkpoints, training
+and the CPU's numbers do not change), but their data are neighbouring rows of one tensor (``pack``),
+so the stacked matrix is a view of them (``stacked_view``): nothing is copied or cached, and every
+in-place update (an optimizer step of any kind, ``load_state_dict``, a write through ``.data``) is
+seen at once. A conversion (``.to()``, ``.double()``, ``to_empty``) gives each parameter a tensor of
+its own; the modules pack them again after it (their ``_apply``) and after ``load_state_dict(...,
+assign=True)``. Anything else that leaves them apart (``copy.deepcopy``, ``param.data = t``, a new
+``nn.Parameter``) makes ``stacked_view`` return ``None`` and the products run one per weight: slower,
+never stale. ``pack`` is not for a CUDA graph's capture (it allocates and copies).
 """
 
 from __future__ import annotations
@@ -26,50 +29,65 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-__all__ = ["WeightStack", "stacks"]
+__all__ = ["StackedWeights", "pack", "repack", "stacked_view", "stacks"]
 
 
 def stacks(impl: str, x: torch.Tensor, weights: list[torch.Tensor]) -> bool:
     """Whether ``x``'s products with ``weights`` go stacked: on CUDA, the small ops' ``impl`` (``op_impl``
-    in wmtp/model.py) not ``"torch"``, and no weight needs a gradient (the stack is detached)."""
+    in wmtp/model.py) not ``"torch"``, and no weight needs a gradient (the stacked view is detached;
+    a gradient for ``x`` is fine)."""
     needs_grad = torch.is_grad_enabled() and any(w.requires_grad for w in weights)
     return x.is_cuda and impl != "torch" and not needs_grad
 
 
-class WeightStack:
-    """The parameters ``names`` of a module, concatenated along their rows and kept (NOTE [Stacked weights]).
+def stacked_view(weights: list[torch.Tensor]) -> torch.Tensor | None:
+    """``cat(weights)`` ``(sum of rows, in)`` as a detached view, when the 2-D ``weights`` are
+    neighbouring rows of one tensor with unit column stride (as ``pack`` leaves them); else ``None``."""
+    w0 = weights[0]
+    if w0.dim() != 2:
+        return None
+    cols, offset = w0.shape[1], w0.storage_offset()
+    for w in weights:
+        if (w.dim() != 2 or w.shape[1] != cols or w.stride() != (cols, 1) or w.storage_offset() != offset
+                or (w.dtype, w.device) != (w0.dtype, w0.device)
+                or w.untyped_storage().data_ptr() != w0.untyped_storage().data_ptr()):
+            return None
+        offset += w.shape[0] * cols
+    return w0.detach().as_strided((sum(w.shape[0] for w in weights), cols), (cols, 1))  # (rows, in)
 
-    Args:
-        names: attribute names of 2-D parameters with one number of columns.
-    """
 
-    def __init__(self, *names: str) -> None:
-        if not names:
-            raise ValueError("a WeightStack needs at least one parameter name")
-        self.names = names
-        self._key: tuple | None = None
-        self._sources: list[torch.Tensor] = []  # the stacked tensors, kept alive (their addresses stay taken)
-        self._stack: torch.Tensor | None = None
+def pack(module: nn.Module, names: tuple[str, ...]) -> None:
+    """Make the parameters ``names`` of ``module`` neighbouring rows of one new tensor, values kept (a
+    no-op when they already are, or when their dtypes, devices or column counts differ)."""
+    ws = [getattr(module, n) for n in names]
+    if stacked_view(ws) is not None or not all(isinstance(w, nn.Parameter) and w.dim() == 2 for w in ws):
+        return
+    if len({(w.dtype, w.device, w.shape[1]) for w in ws}) != 1:
+        return
+    with torch.no_grad():
+        buf = torch.cat([w.detach() for w in ws])  # (sum of rows, in), contiguous
+        start = 0
+        for w in ws:
+            w.data = buf[start:start + w.shape[0]]  # the same Parameter object, its data a view of buf
+            start += w.shape[0]
 
-    def weights(self, module: nn.Module) -> list[torch.Tensor]:
-        """The parameters, in order."""
-        return [getattr(module, n) for n in self.names]
 
-    def sizes(self, module: nn.Module) -> list[int]:
-        """Each parameter's number of rows: the stacked product's output splits."""
-        return [w.shape[0] for w in self.weights(module)]
+def repack(module: nn.Module, *_) -> None:
+    """``pack`` ``module``'s ``STACK`` (a ``load_state_dict`` post-hook: ``assign=True`` replaces tensors)."""
+    pack(module, module.STACK)
 
-    def get(self, module: nn.Module) -> torch.Tensor:
-        """The stacked weight ``(sum of rows, in)``, built again if any parameter changed."""
-        ws = self.weights(module)
-        key = tuple((w.data_ptr(), w._version, w.dtype, w.device, tuple(w.shape)) for w in ws)
-        if key == self._key:
-            return self._stack
-        stack = torch.cat([w.detach() for w in ws])  # (sum of rows, in)
-        if not (stack.is_cuda and torch.cuda.is_current_stream_capturing()):
-            self._key, self._sources, self._stack = key, [w.detach() for w in ws], stack
-        return stack
 
-    def __deepcopy__(self, memo: dict) -> WeightStack:
-        """A fresh, empty stack: a copy of a module stacks its own parameters."""
-        return WeightStack(*self.names)
+class StackedWeights(nn.Module):
+    """A module whose parameters ``STACK`` stay packed across conversions (NOTE [Stacked weights]).
+    Subclasses create them, then call ``keep_packed``."""
+
+    STACK: tuple[str, ...] = ()
+
+    def keep_packed(self) -> None:
+        pack(self, self.STACK)
+        self.register_load_state_dict_post_hook(repack)
+
+    def _apply(self, fn, recurse: bool = True):
+        super()._apply(fn, recurse)
+        pack(self, self.STACK)
+        return self
