@@ -85,6 +85,7 @@ def test_silu_mul_reads_any_layout(impl):
     g, u = gate.transpose(0, 1), x[..., ::2].transpose(0, 1)  # rows not evenly spaced, a strided last dim
     assert torch.allclose(silu_mul(g, u, impl), F.silu(g) * u, rtol=0, atol=1e-14)
     assert silu_mul(gate[:0], up[:0], impl).shape == (0, 6, 16)
+    assert torch.allclose(silu_mul(gate[1, 2, 3], up[1, 2, 3], impl), F.silu(gate[1, 2, 3]) * up[1, 2, 3])  # 0-d
 
 
 @pytest.mark.parametrize("impl", IMPLS)

@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from .attention import IMPLS, resolve_impl
+from .rmsnorm import rows_of
 
 __all__ = ["kv_write", "kv_write_torch", "logn_scale", "logn_scale_torch", "silu_mul", "silu_mul_torch"]
 
@@ -159,20 +160,16 @@ def silu_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     wmtp/stacked.py), else from contiguous copies."""
     import triton
 
+    if gate.dim() == 0:  # one element: as a row of one
+        return silu_mul_triton(gate[None], up[None])[0]
     out = torch.empty_like(gate, memory_format=torch.contiguous_format)
     if out.numel():
         C = gate.shape[-1]
-        g, u = (_rows(x, C) for x in (gate, up))  # (R, C) each, last stride 1
+        g, u = rows_of(gate), rows_of(up)  # (R, C) each, last stride 1
         with _on_device(gate):
             _kernels()[1][(triton.cdiv(out.numel(), BLOCK),)](g, u, out, out.numel(), C, g.stride(0), u.stride(0),
                                                               BLOCK=BLOCK, ACC=_acc(gate.dtype))
     return out
-
-
-def _rows(x: torch.Tensor, C: int) -> torch.Tensor:
-    """``x`` as ``(R, C)`` rows with a contiguous last dim: a view where one exists, else a copy."""
-    r = x.reshape(-1, C)  # a view when x's leading dims flatten
-    return r if r.stride(-1) == 1 or C == 1 else r.contiguous()
 
 
 def kv_write_triton(k_buf: torch.Tensor, v_buf: torch.Tensor, pos: torch.Tensor, k: torch.Tensor,

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from .attention import IMPLS, resolve_impl
-from .rmsnorm import eps_halves, rms_norm_torch
+from .rmsnorm import eps_halves, rms_norm_torch, rows_of
 
 __all__ = ["head_input", "head_input_torch", "head_input_triton"]
 
@@ -75,9 +75,7 @@ def head_input_triton(hidden: torch.Tensor, ids: torch.Tensor, embed: torch.Tens
     import triton.language as tl
 
     N = hidden.shape[-1]
-    rows = hidden.reshape(-1, N)  # (R, N): a view with evenly strided rows, or a contiguous copy
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
+    rows = rows_of(hidden)  # (R, N)
     embed = embed if embed.is_contiguous() else embed.contiguous()
     out = torch.empty((*hidden.shape[:-1], 2 * N), dtype=hidden.dtype, device=hidden.device)  # (..., 2N)
     if rows.shape[0]:

@@ -42,6 +42,14 @@ from .attention import IMPLS, resolve_impl
 __all__ = ["add_rms_norm", "eps_halves", "rms_norm", "rms_norm_torch", "rms_norm_triton"]
 
 
+def rows_of(x: torch.Tensor) -> torch.Tensor:
+    """``x`` ``(..., N)`` as rows ``(R, N)`` with a unit last stride: a view with evenly strided rows
+    when one exists, else a contiguous copy (what the row kernels here and in wmtp/fused.py and
+    wmtp/head_input.py read)."""
+    rows = x.reshape(-1, x.shape[-1])
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
 def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """The reference: ``x`` ``(..., N)`` normalised over its last dimension, times ``weight`` ``(N,)``."""
     acc = x.to(torch.promote_types(x.dtype, torch.float32))
@@ -107,9 +115,7 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
         with torch.cuda.device(x.device):  # Triton launches on the current device (and its stream)
             return rms_norm_triton(x, weight, eps)
     N = x.shape[-1]
-    rows = x.reshape(-1, N)  # (R, N): a view with evenly strided rows, or a contiguous copy
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
+    rows = rows_of(x)  # (R, N)
     out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)  # (R, N)
     if rows.shape[0]:
         _kernel()[0][(rows.shape[0],)](rows, weight, out, rows.stride(0), N, *eps_halves(eps),
@@ -152,12 +158,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, impl: str = "aut
     return rms_norm_triton(x, weight, eps)
 
 
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    """``x`` ``(..., N)`` as rows ``(R, N)`` with a unit last stride (a view when it can be)."""
-    rows = x.reshape(-1, x.shape[-1])
-    return rows if rows.stride(-1) == 1 else rows.contiguous()
-
-
 def add_rms_norm(x: torch.Tensor, r: torch.Tensor | None, weight: torch.Tensor, eps: float,
                  impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """A residual addition and the RMSNorm after it: ``(x + r, rms_norm(x + r, weight, eps))``, with
@@ -192,7 +192,7 @@ def add_rms_norm(x: torch.Tensor, r: torch.Tensor | None, weight: torch.Tensor, 
     import triton
     import triton.language as tl
 
-    xr, rr = _rows(x), _rows(r)
+    xr, rr = rows_of(x), rows_of(r)
     total, out = torch.empty(xr.shape, dtype=x.dtype, device=x.device), torch.empty(xr.shape, dtype=x.dtype,
                                                                                     device=x.device)  # (R, N) each
     if xr.shape[0]:
