@@ -142,20 +142,28 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, impl: str = "aut
         ValueError: for another ``impl``, or (``"triton"``) a tensor that needs a gradient, a weight of
             another shape, stride, dtype or device, or a device where the kernel cannot run.
     """
-    if impl not in IMPLS:
-        raise ValueError(f"rms_norm takes impl 'auto', 'torch' or 'triton', got {impl!r}")
-    grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
-    impl = resolve_impl("torch" if impl == "auto" and grad else impl, x.device)  # where the kernel can run
-    if impl == "torch":
+    if not _takes_kernel("rms_norm", impl, x, weight):
         return rms_norm_torch(x, weight, eps)
+    return rms_norm_triton(x, weight, eps)
+
+
+def _takes_kernel(op: str, impl: str, x: torch.Tensor, weight: torch.Tensor, *more: torch.Tensor) -> bool:
+    """Whether ``op`` runs its kernel: ``impl`` resolved as ``rms_norm`` documents it (``"auto"``: the
+    reference when any of ``x, weight, *more`` needs a gradient), and for the kernel its inputs
+    checked. Raises ``ValueError`` for an unknown ``impl`` and what the kernel cannot take."""
+    if impl not in IMPLS:
+        raise ValueError(f"{op} takes impl 'auto', 'torch' or 'triton', got {impl!r}")
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, weight, *more))
+    if resolve_impl("torch" if impl == "auto" and grad else impl, x.device) == "torch":  # where the kernel can run
+        return False
     if grad:
         raise ValueError("impl='triton' has no backward: a tensor needs a gradient (use impl='torch', or no_grad)")
     if weight.shape != (x.shape[-1],) or weight.stride(0) != 1 or (weight.dtype, weight.device) != (x.dtype, x.device):
-        raise ValueError(f"rms_norm's weight must be ({x.shape[-1]},), contiguous, {x.dtype} on {x.device}; got "
+        raise ValueError(f"{op}'s weight must be ({x.shape[-1]},), contiguous, {x.dtype} on {x.device}; got "
                          f"{tuple(weight.shape)} of stride {weight.stride()}, {weight.dtype} on {weight.device}")
     if not x.shape[-1]:
-        raise ValueError("rms_norm needs N >= 1 entries a row")
-    return rms_norm_triton(x, weight, eps)
+        raise ValueError(f"{op} needs N >= 1 entries a row")
+    return True
 
 
 def add_rms_norm(x: torch.Tensor, r: torch.Tensor | None, weight: torch.Tensor, eps: float,
@@ -176,19 +184,9 @@ def add_rms_norm(x: torch.Tensor, r: torch.Tensor | None, weight: torch.Tensor, 
     if (r.shape, r.dtype, r.device) != (x.shape, x.dtype, x.device):
         raise ValueError(f"add_rms_norm's x and r must be of one shape, dtype and device; got {tuple(x.shape)} "
                          f"{x.dtype} on {x.device} and {tuple(r.shape)} {r.dtype} on {r.device}")
-    if impl not in IMPLS:
-        raise ValueError(f"add_rms_norm takes impl 'auto', 'torch' or 'triton', got {impl!r}")
-    grad = torch.is_grad_enabled() and (x.requires_grad or r.requires_grad or weight.requires_grad)
-    if resolve_impl("torch" if impl == "auto" and grad else impl, x.device) == "torch":
+    if not _takes_kernel("add_rms_norm", impl, x, weight, r):
         s = x + r
         return s, rms_norm_torch(s, weight, eps)
-    if grad:
-        raise ValueError("impl='triton' has no backward: a tensor needs a gradient (use impl='torch', or no_grad)")
-    if weight.shape != (x.shape[-1],) or weight.stride(0) != 1 or (weight.dtype, weight.device) != (x.dtype, x.device):
-        raise ValueError(f"add_rms_norm's weight must be ({x.shape[-1]},), contiguous, {x.dtype} on {x.device}; got "
-                         f"{tuple(weight.shape)} of stride {weight.stride()}, {weight.dtype} on {weight.device}")
-    if not x.shape[-1]:
-        raise ValueError("add_rms_norm needs N >= 1 entries a row")
     import triton
     import triton.language as tl
 
