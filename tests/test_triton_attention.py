@@ -121,11 +121,29 @@ SPLIT_CASES = [
 @pytest.mark.parametrize("num_splits", [1, 3, 16])  # 16 > the key blocks: some splits get no keys
 @pytest.mark.parametrize("B, Hq, Hkv, Lq, S, n_sink, window, dtype, layout", SPLIT_CASES)
 def test_split_k(B, Hq, Hkv, Lq, S, n_sink, window, dtype, layout, num_splits, num_stages):
-    """Split-K with small key blocks (masked and unmasked blocks in both ranges), empty splits included."""
+    """Split-K with small key blocks (masked and unmasked blocks in both ranges), empty splits included;
+    the output in a query's-heads-side-by-side layout (NOTE [Output layout]), written by the kernel
+    (one split) or by the merge."""
     q, k, v, q_pos = make_inputs(B, Hq, Hkv, Lq, S, 32, dtype, seed=5, device=DEVICE)
     out = _run("triton", layout, q, k, v, q_pos, n_sink, window, num_splits=num_splits, block_n=16,
                num_stages=num_stages)
     assert_kernel_close(out, q, k, v, q_pos, n_sink, window)
+    assert out.shape == q.shape and out.transpose(1, 2).is_contiguous()
+
+
+@NEEDS_TRITON
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_both_output_layouts_hold_the_same_bits(num_splits, monkeypatch):
+    """NOTE [Output layout]: the head-major layout of the code before (``TOKEN_MAJOR = False``, in the
+    static key) and the token-major one differ only in where each row is stored."""
+    from wmtp.attention import triton_plan
+
+    q, k, v, q_pos = make_inputs(1, 4, 2, 3, 90, 32, torch.float32, seed=6, device=DEVICE)
+    outs = []
+    for token_major in (True, False):
+        monkeypatch.setattr(triton_plan, "TOKEN_MAJOR", token_major)
+        outs.append(_run("triton", "contiguous", q, k, v, q_pos, 2, 30, num_splits=num_splits, block_n=16))
+    assert outs[0].transpose(1, 2).is_contiguous() and outs[1].is_contiguous() and torch.equal(outs[0], outs[1])
 
 
 @NEEDS_TRITON

@@ -19,6 +19,14 @@ cache keys only the caller's tensors' alignment, so ``plan_call`` asserts that t
 blocks are 16-byte aligned (PyTorch's CUDA caching allocator: 512 bytes; its CPU allocator: 64).
 The merge's launch is planned with the attention's, in ``_static_plan``.
 
+NOTE [Output layout]: the output ``(B, Hq, Lq, D)`` lives in ``(B, Lq, Hq, D)`` memory, a query's
+heads side by side, as the model's output projection reads them: ``y.transpose(1, 2).reshape(B, Lq,
+Hq * D)`` in wmtp/model.py is then a view, where a head-major output made it a copy kernel a layer
+for ``Lq >= 2`` (4 of a verify pass's 51 kernels: metrics/experiments/kernel-census-h200-exp27-2396f73.json).
+Both kernels store through the output's strides; at ``Lq = 1`` the two layouts are the same memory.
+``TOKEN_MAJOR = False`` gives the head-major layout of the code before (experiment 41 times both;
+the flag is in the static key, so no plan or compiled launch of the other layout is reused).
+
 NOTE [tf32x3]: float32 dots as IEEE FMA loops keep the small preset's full-attention calls far from
 the bandwidth floor (48 us a call where 16K keys' bytes take 7 us on the H200). ``"tf32x3"`` splits
 each float32 operand into a TF32 part and a TF32 remainder and adds three tensor-core products,
@@ -48,6 +56,8 @@ from .triton_merge import MergeCall, _merge_plan
 __all__ = ["FULL", "KernelCall", "plan_call"]
 
 FULL = 1 << 30  # window=None: a window longer than any position (int32-safe: t - FULL does not wrap)
+
+TOKEN_MAJOR = True  # NOTE [Output layout]: the output in (B, Lq, Hq, D) memory
 
 
 @functools.lru_cache(maxsize=None)
@@ -80,7 +90,7 @@ class _Plan(NamedTuple):
 
 @functools.lru_cache(maxsize=1024)
 def _static_plan(q_shape, q_stride, k_shape, k_stride, bt_stride, page_size, paged, capacity, dtype, device_type,
-                 n_sink, window, tuning, limits, q_sink=False) -> _Plan:
+                 n_sink, window, tuning, limits, q_sink=False, token_major=True) -> _Plan:
     """Everything of a call that shapes, strides and Python ints fix, computed once per distinct key."""
     B, Hq, Lq, D = q_shape
     Hkv = k_shape[2]  # k is (outer, position, Hkv, D) in both layouts
@@ -96,7 +106,7 @@ def _static_plan(q_shape, q_stride, k_shape, k_stride, bt_stride, page_size, pag
     if pdl and not has_pdl:
         raise ValueError("pdl=True needs a CUDA GPU of compute capability 9.0 or newer")
     pdl = split and (has_pdl if pdl is None else pdl)  # NOTE [PDL]
-    out_stride = (Hq * Lq * D, Lq * D, D, 1)  # (B, Hq, Lq, D) contiguous
+    out_stride = (Lq * Hq * D, D, Hq * D, 1) if token_major else (Hq * Lq * D, Lq * D, D, 1)  # NOTE [Output layout]
     n_rows = B * Hkv * num_splits * BLOCK_M  # partial rows: m and l have n_rows each, acc n_rows * D
     ints = (*q_stride, *k_stride, bt_stride, *out_stride, Hkv, Lq, capacity, n_sink, window, num_splits, n_rows)
     kwargs = dict(GROUP=Hq // Hkv, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=D, PAGE_SIZE=page_size,
@@ -154,9 +164,10 @@ def plan_call(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning, li
         bt, k_shape, k_stride = block_table, tuple(k.shape), k.stride()
         capacity = block_table.shape[1] * page_size  # key positions
     static = (tuple(q.shape), q.stride(), k_shape, k_stride, bt.stride(0), page_size, block_table is not None,
-              capacity, q.dtype, q.device.type, n_sink, window, tuning, limits, q_sink is not None)
+              capacity, q.dtype, q.device.type, n_sink, window, tuning, limits, q_sink is not None, TOKEN_MAJOR)
     plan = _static_plan(*static)
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)  # (B, Hq, Lq, D)
+    B, Hq, Lq, D = q.shape
+    out = q.new_empty((B, Lq, Hq, D)).transpose(1, 2) if TOKEN_MAJOR else q.new_empty(q.shape)  # (B, Hq, Lq, D)
     merge = None
     if plan.ws_numel:  # NOTE [Workspace]: one allocation, m | l | acc
         ws = q.new_empty(plan.ws_numel, dtype=ws_dtype(q.dtype))
