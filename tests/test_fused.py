@@ -207,24 +207,23 @@ def test_the_kernels_raise_where_they_have_no_backward():
 @pytest.mark.skipif(not CUDA, reason="needs CUDA: the model's Triton ops")
 @torch.no_grad()
 def test_a_model_pass_on_cuda_takes_the_kernels(monkeypatch):
-    """Every global layer's scaling, every block's activation and every layer's cache write (the
-    target's and the head's) run the kernels with Triton attention, none with impl='torch'."""
-    from wmtp import kvcache, model
+    """Every global layer's scaling and every block's activation (the target's and the head's) run
+    the kernels with Triton attention, none with impl='torch'. Passes with paged caches: with a
+    contiguous cache the scaling and the write are ``qkv_write``'s one kernel (tests/test_qkv_write.py)."""
+    from wmtp import model, qkv_write
 
     calls = []
-    plain_logn, plain_silu, plain_kv = model.logn_scale, model.silu_mul, kvcache.kv_write
-    monkeypatch.setattr(model, "logn_scale", lambda q, p, t, impl: calls.append(("logn", impl)) or
+    plain_logn, plain_silu = qkv_write.logn_scale, model.silu_mul
+    monkeypatch.setattr(qkv_write, "logn_scale", lambda q, p, t, impl: calls.append(("logn", impl)) or
                         plain_logn(q, p, t, impl))
     monkeypatch.setattr(model, "silu_mul", lambda g, u, impl: calls.append(("silu", impl)) or plain_silu(g, u, impl))
-    monkeypatch.setattr(kvcache, "kv_write", lambda *a: calls.append(("kv", a[-1])) or plain_kv(*a))
     target, head = (m.cuda().float() for m in wmtp.build_models("tiny", seed=0))
     n_global, n = len(target.config.global_layers), target.config.n_layers
     ids, pos = torch.arange(8, device="cuda")[None], torch.arange(8, device="cuda")
-    logits, hidden = target(ids, pos, target.new_cache(1, 16), impl="triton")
-    head(hidden, ids, pos, head.new_cache(1, 16), impl="triton")
-    assert sorted(calls) == sorted([("logn", "triton")] * n_global + [("silu", "triton")] * (n + 1) +
-                                   [("kv", "triton")] * (n + 1)) and n_global
+    logits, hidden = target(ids, pos, target.new_cache(1, 16, page_size=4), impl="triton")
+    head(hidden, ids, pos, head.new_cache(1, 16, page_size=4), impl="triton")
+    assert sorted(calls) == sorted([("logn", "triton")] * n_global + [("silu", "triton")] * (n + 1)) and n_global
     calls.clear()
-    ref, _ = target(ids, pos, target.new_cache(1, 16), impl="torch")
-    assert sorted(calls) == sorted([("logn", "torch")] * n_global + [("silu", "torch")] * n + [("kv", "torch")] * n)
+    ref, _ = target(ids, pos, target.new_cache(1, 16, page_size=4), impl="torch")
+    assert sorted(calls) == sorted([("logn", "torch")] * n_global + [("silu", "torch")] * n)
     assert (logits - ref).abs().max() <= 1e-3 * ref.abs().max()

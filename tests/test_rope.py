@@ -170,8 +170,9 @@ def test_frequencies_first_asked_for_in_a_capture_are_not_kept():
 @pytest.mark.skipif(not CUDA, reason="needs CUDA: the model's Triton RoPE")
 @torch.no_grad()
 def test_a_model_pass_on_cuda_rotates_with_the_kernel(monkeypatch):
-    """Every rotation of a target pass and a head pass with Triton attention runs the kernel, queries
-    and keys of each local layer and of the head's block in one call (their stacked product's
+    """Every rotation of a target pass and a head pass with paged caches (with a contiguous cache the
+    rotation is part of ``qkv_write``: tests/test_qkv_write.py) with Triton attention runs the kernel,
+    queries and keys of each local layer and of the head's block in one call (their stacked product's
     neighbouring heads: ``rope_pair``); with impl='torch' the reference, two calls a layer."""
     from wmtp import rope as rope_mod
 
@@ -183,11 +184,11 @@ def test_a_model_pass_on_cuda_rotates_with_the_kernel(monkeypatch):
     c = target.config
     n_local = c.n_layers - len(c.global_layers)
     ids, pos = torch.arange(8, device="cuda")[None], torch.arange(8, device="cuda")
-    logits, hidden = target(ids, pos, target.new_cache(1, 16), impl="triton")
-    head(hidden, ids, pos, head.new_cache(1, 16), impl="triton")
+    logits, hidden = target(ids, pos, target.new_cache(1, 16, page_size=4), impl="triton")
+    head(hidden, ids, pos, head.new_cache(1, 16, page_size=4), impl="triton")
     assert calls == [("triton", c.n_heads + c.n_kv_heads)] * (n_local + 1) and n_local > 0
     calls.clear()
-    ref, _ = target(ids, pos, target.new_cache(1, 16), impl="torch")
+    ref, _ = target(ids, pos, target.new_cache(1, 16, page_size=4), impl="torch")
     assert calls == [("torch", c.n_heads), ("torch", c.n_kv_heads)] * n_local
     assert (logits - ref).abs().max() <= 1e-3 * ref.abs().max()
 

@@ -24,7 +24,9 @@ end), and the caller checks the range (``KVCache.update``, unless its caller che
 In the CUDA-graph decode loop on the H200, every run lossless, the scaling and activation kernels
 took 5.8-10.8 % off dense decoding's time a token and 1.9-5.1 % off speculative decoding's
 (metrics/experiments/fused-ops-h200-exp35.json); then the write kernel 3.4-7.1 % and 2.8-6.6 %
-(metrics/experiments/kv-write-h200-exp36.json).
+(metrics/experiments/kv-write-h200-exp36.json). Since experiment 42 the model writes a contiguous
+cache through ``qkv_write`` (wmtp/qkv_write.py), this write with the layer's rotation or scaling in
+the same kernel; ``KVCache.update`` still writes with this one.
 """
 
 from __future__ import annotations
@@ -124,13 +126,13 @@ def _kernels():
     return _logn_kernel, _silu_mul_kernel, _kv_write_kernel
 
 
-def _acc(dtype: torch.dtype):
+def acc_type(dtype: torch.dtype):
     import triton.language as tl
 
     return tl.float64 if dtype == torch.float64 else tl.float32
 
 
-def _on_device(x: torch.Tensor):
+def on_device(x: torch.Tensor):
     """Triton launches on the current device: make ``x``'s current (no-op off CUDA)."""
     return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
 
@@ -146,10 +148,10 @@ def logn_scale_triton(q: torch.Tensor, pos: torch.Tensor, train_len: int) -> tor
     out = torch.empty((B, H, L, D), dtype=q.dtype, device=q.device)  # (B, H, L, D)
     if out.numel():
         n_lblk = triton.cdiv(L, BLOCK_L)
-        with _on_device(q):
+        with on_device(q):
             _kernels()[0][(n_lblk * B * H,)](q, pos, out, q.stride(0), q.stride(1), q.stride(2), H, L, n_lblk,
                                              train_len, D=D, BLOCK_L=BLOCK_L, BLOCK_D=triton.next_power_of_2(D),
-                                             ACC=_acc(q.dtype))
+                                             ACC=acc_type(q.dtype))
     return out
 
 
@@ -166,9 +168,9 @@ def silu_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if out.numel():
         C = gate.shape[-1]
         g, u = rows_of(gate), rows_of(up)  # (R, C) each, last stride 1
-        with _on_device(gate):
+        with on_device(gate):
             _kernels()[1][(triton.cdiv(out.numel(), BLOCK),)](g, u, out, out.numel(), C, g.stride(0), u.stride(0),
-                                                              BLOCK=BLOCK, ACC=_acc(gate.dtype))
+                                                              BLOCK=BLOCK, ACC=acc_type(gate.dtype))
     return out
 
 
@@ -182,7 +184,7 @@ def kv_write_triton(k_buf: torch.Tensor, v_buf: torch.Tensor, pos: torch.Tensor,
     B, H, L, D = k.shape
     if k.numel():
         n_lblk = triton.cdiv(L, BLOCK_L)
-        with _on_device(k):
+        with on_device(k):
             _kernels()[2][(n_lblk * B * H,)](k, v, k_buf, v_buf, pos, *k.stride()[:3], *v.stride()[:3],
                                              *k_buf.stride()[:3], *v_buf.stride()[:3], H, L, k_buf.shape[2], n_lblk,
                                              D=D, BLOCK_L=BLOCK_L, BLOCK_D=triton.next_power_of_2(D))
@@ -203,23 +205,30 @@ def kv_write(k_buf: torch.Tensor, v_buf: torch.Tensor, pos: torch.Tensor, k: tor
             dimension is strided, positions not int32 or int64; and for ``"triton"`` a gradient or a
             device where the kernel cannot run.
     """
-    B, H, L, D = k.shape if k.dim() == 4 else (None,) * 4
-    if (k.dim() != 4 or v.shape != k.shape or k_buf.shape[:2] != (B, H) or k_buf.dim() != 4
-            or k_buf.shape[3] != D or v_buf.shape != k_buf.shape or pos.shape != (L,)):
-        raise ValueError(f"kv_write takes k, v (B, Hkv, L, D), buffers (B, Hkv, S, D) and pos (L,); got k "
-                         f"{tuple(k.shape)}, v {tuple(v.shape)}, buffers {tuple(k_buf.shape)}, "
-                         f"{tuple(v_buf.shape)}, pos {tuple(pos.shape)}")
-    if pos.dtype not in (torch.int32, torch.int64) or len({t.device for t in (k_buf, v_buf, pos, k, v)}) != 1:
-        raise ValueError(f"kv_write's pos must be int32 or int64 and every tensor on one device; got pos {pos.dtype} "
-                         f"and devices {[str(t.device) for t in (k_buf, v_buf, pos, k, v)]}")
-    if k_buf.stride(-1) != 1 or v_buf.stride(-1) != 1:
-        raise ValueError("kv_write's buffers must be contiguous in their last dimension")
-    if _resolve(impl, "kv_write", k, v) == "torch":
+    check_kv_write(k_buf, v_buf, pos, k, v)
+    if route(impl, "kv_write", k, v) == "torch":
         return kv_write_torch(k_buf, v_buf, pos, k, v)
     return kv_write_triton(k_buf, v_buf, pos.contiguous(), k, v)
 
 
-def _resolve(impl: str, op: str, *xs: torch.Tensor) -> str:
+def check_kv_write(k_buf: torch.Tensor, v_buf: torch.Tensor, pos: torch.Tensor, k: torch.Tensor,
+                   v: torch.Tensor, op: str = "kv_write") -> None:
+    """``kv_write``'s checks (and ``qkv_write``'s, wmtp/qkv_write.py: ``op`` names the op in the
+    errors), from shapes, strides, dtypes and devices only."""
+    B, H, L, D = k.shape if k.dim() == 4 else (None,) * 4
+    if (k.dim() != 4 or v.shape != k.shape or k_buf.shape[:2] != (B, H) or k_buf.dim() != 4
+            or k_buf.shape[3] != D or v_buf.shape != k_buf.shape or pos.shape != (L,)):
+        raise ValueError(f"{op} takes k, v (B, Hkv, L, D), buffers (B, Hkv, S, D) and pos (L,); got k "
+                         f"{tuple(k.shape)}, v {tuple(v.shape)}, buffers {tuple(k_buf.shape)}, "
+                         f"{tuple(v_buf.shape)}, pos {tuple(pos.shape)}")
+    if pos.dtype not in (torch.int32, torch.int64) or len({t.device for t in (k_buf, v_buf, pos, k, v)}) != 1:
+        raise ValueError(f"{op}'s pos must be int32 or int64 and every tensor on one device; got pos {pos.dtype} "
+                         f"and devices {[str(t.device) for t in (k_buf, v_buf, pos, k, v)]}")
+    if k_buf.stride(-1) != 1 or v_buf.stride(-1) != 1:
+        raise ValueError(f"{op}'s buffers must be contiguous in their last dimension")
+
+
+def route(impl: str, op: str, *xs: torch.Tensor) -> str:
     """``impl`` for an op without a backward on tensors ``xs``: ``"auto"`` takes the reference under
     autograd."""
     if impl not in IMPLS:
@@ -258,7 +267,7 @@ def logn_scale(q: torch.Tensor, pos: torch.Tensor, train_len: int, impl: str = "
                          f"{tuple(pos.shape)} {pos.dtype} on {pos.device}")
     if isinstance(train_len, bool) or not isinstance(train_len, int) or train_len < 2:
         raise ValueError(f"logn_scale's train_len must be an int >= 2, got {train_len!r}")
-    if _resolve(impl, "logn_scale", q) == "torch":
+    if route(impl, "logn_scale", q) == "torch":
         return logn_scale_torch(q, pos, train_len)
     return logn_scale_triton(q, pos.contiguous(), train_len)
 
@@ -281,6 +290,6 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, impl: str = "auto") -> torch.
         raise ValueError(f"silu_mul takes floating gate and up of one shape, dtype and device; got "
                          f"{tuple(gate.shape)} {gate.dtype} on {gate.device} and {tuple(up.shape)} {up.dtype} "
                          f"on {up.device}")
-    if _resolve(impl, "silu_mul", gate, up) == "torch":
+    if route(impl, "silu_mul", gate, up) == "torch":
         return silu_mul_torch(gate, up)
     return silu_mul_triton(gate, up)

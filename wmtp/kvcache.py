@@ -17,6 +17,7 @@ import torch
 from .attention import IMPLS, attention
 from .fused import kv_write
 from .keyset import is_integer_tensor
+from .qkv_write import qkv_write
 
 
 class KVCache:
@@ -69,6 +70,20 @@ class KVCache:
         # any integer dtype (uint8 is no mask here), on the host or the cache's device
         kv_write(self.k[layer], self.v[layer], pos.to(self.k.device, torch.long), k, v, impl)
         return self.k[layer], self.v[layer]  # (B, Hkv, S, D) each
+
+    def update_qkv(self, layer: int, pos: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   inv_freq: torch.Tensor | None, train_len: int | None, impl: str = "torch") -> torch.Tensor:
+        """A layer's queries and keys rotated (``inv_freq``: RoPE's frequencies) or its queries scaled
+        (``train_len``: log-length scaling), and ``update`` with the keys, as one op: ``qkv_write``
+        (wmtp/qkv_write.py; ``"triton"``: one kernel). Returns the prepared queries ``(B, Hq, L, D)``.
+
+        Raises:
+            ValueError: as ``update``, and for arguments ``qkv_write`` refuses.
+        """
+        n_layers, B, Hkv, _, D = self.k.shape
+        check_write(layer, pos, k, v, (n_layers, B, Hkv, D), self.max_len if self.checked else None)
+        return qkv_write(q, k, v, pos.to(self.k.device, torch.long), self.k[layer], self.v[layer], inv_freq,
+                         train_len, impl)
 
     def read(self, layer: int, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values ``(B, Hkv, L, D)`` at positions ``pos`` ``(L,)``."""

@@ -43,8 +43,9 @@ from .fused import logn_scale, silu_mul
 from .keyset import check_positions, sink_query_position
 from .kvcache import KVCache
 from .pagedcache import PagedKVCache
+from .qkv_write import prepare_qk
 from .rmsnorm import add_rms_norm, rms_norm
-from .rope import rope, rope_frequencies, rope_pair, rope_torch
+from .rope import rope, rope_frequencies, rope_torch
 from .stacked import StackedWeights, stacked_view, stacks
 
 FEW_ROWS = 16  # NOTE [Few-row products]: on CUDA, products of 2 .. FEW_ROWS rows go through cuBLASLt
@@ -190,22 +191,20 @@ class Attention(StackedWeights):
         q = q.view(B, L, c.n_heads, c.head_dim).transpose(1, 2)  # (B, Hq, L, D)
         k = k.view(B, L, c.n_kv_heads, c.head_dim).transpose(1, 2)  # (B, Hkv, L, D)
         v = v.view(B, L, c.n_kv_heads, c.head_dim).transpose(1, 2)  # (B, Hkv, L, D)
+        f = self.frequencies(q) if self.rope else None  # (D/2,)
+        T = c.train_seq_len if self.logn_scale else None  # log-length scaling's
         q_sink = None  # re-indexed positions (wmtp/keyset.py): sinks scored from min(t, n_sink + window - 1)
         reindexed = check_positions(positions) == "reindexed" and window is not None and bool(n_sink)
-        if self.rope:
-            f = self.frequencies(q)  # (D/2,)
-            if reindexed:
-                q_sink = rope(q, sink_query_position(pos, n_sink, window), f, oi)  # (B, Hq, L, D)
-            q, k = rope_pair(q, k, pos, f, oi)  # (B, Hq, L, D), (B, Hkv, L, D): one kernel when stacked
-        if self.logn_scale:  # one kernel on CUDA (wmtp/fused.py)
-            q = logn_scale(q, pos, c.train_seq_len, oi)  # (B, Hq, L, D)
-            q_sink = None if q_sink is None else logn_scale(q_sink, pos, c.train_seq_len, oi)  # (no model has both)
-        if cache is not None:  # a KVCache, or the draft's RingKVCache (wmtp/ringcache.py)
-            cache.update(layer, pos, k, v, oi)
+        if reindexed and f is not None:
+            q_sink = rope(q, sink_query_position(pos, n_sink, window), f, oi)  # (B, Hq, L, D)
+            q_sink = q_sink if T is None else logn_scale(q_sink, pos, T, oi)  # (no model has both)
+        if cache is not None:  # a KVCache (one kernel: wmtp/qkv_write.py), a ring or a paged cache
+            q = cache.update_qkv(layer, pos, q, k, v, f, T, oi)  # (B, Hq, L, D): rotated or scaled
             y = cache.attend(layer, q, pos, n_sink, window, impl, q_sink)  # (B, Hq, L, D)
         elif int(pos[0]) != 0:
             raise ValueError("a forward pass without a cache must start at position 0")
         else:
+            q, k = prepare_qk(q, k, pos, f, T, oi)  # (B, Hq, L, D), (B, Hkv, L, D)
             y = attention(q, k, v, pos, n_sink=n_sink, window=window, impl=impl, q_sink=q_sink)  # (B, Hq, L, D)
         return linear(y.transpose(1, 2).reshape(B, L, -1), self.wo, self.zero)
 

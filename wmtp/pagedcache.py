@@ -36,6 +36,7 @@ import torch
 from .attention import paged_attention
 from .attention.paged import page_rows
 from .kvcache import check_impl, check_write
+from .qkv_write import SeparateWrites
 
 __all__ = ["PagedKVCache", "fork_pages", "fork_table"]
 
@@ -77,7 +78,7 @@ def fork_table(block_table: torch.Tensor, page_size: int, filled: int, needed: i
     return table, copies
 
 
-class PagedKVCache:
+class PagedKVCache(SeparateWrites):  # update_qkv: the separate ops, then update
     """Keys and values of ``n_layers`` layers in pages of ``page_size`` positions.
 
     Args:

@@ -26,11 +26,12 @@ import torch
 from .attention import paged_attention
 from .keyset import check_key_set_args
 from .kvcache import check_impl, check_write, ring_slot
+from .qkv_write import SeparateWrites
 
 __all__ = ["RingKVCache"]
 
 
-class RingKVCache:
+class RingKVCache(SeparateWrites):  # update_qkv: the separate ops, then update
     """Keys and values of ``n_layers`` draft layers in ``n_sink + window + spare`` slots each.
 
     The same interface as ``KVCache`` (wmtp/kvcache.py): ``update`` writes positions, ``attend``
