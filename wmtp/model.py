@@ -205,6 +205,8 @@ class Attention(StackedWeights):
             raise ValueError("a forward pass without a cache must start at position 0")
         else:
             q, k = prepare_qk(q, k, pos, f, T, oi)  # (B, Hq, L, D), (B, Hkv, L, D)
+            if impl != "torch" and k.stride() != v.stride():  # the Triton kernels read k and v in one layout
+                k, v = k.contiguous(), v.contiguous()  # (B, Hkv, L, D) each
             y = attention(q, k, v, pos, n_sink=n_sink, window=window, impl=impl, q_sink=q_sink)  # (B, Hq, L, D)
         return linear(y.transpose(1, 2).reshape(B, L, -1), self.wo, self.zero)
 
