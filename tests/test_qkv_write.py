@@ -72,6 +72,47 @@ def test_qkv_write_is_the_separate_ops(impl, dtype, rotate, train_len, B, Hq, Hk
     assert_op_close(got[0][:, :, pos], ref[0][:, :, pos], _truth(k, pos, f, None))
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype,buf_dtype", [(torch.float16, torch.float32), (torch.float32, torch.float16),
+                                             (torch.float64, torch.float32)])
+@pytest.mark.parametrize("rotate,train_len", [(True, None), (False, 256), (True, 7)])
+def test_the_cache_dtype_is_cast_last(impl, dtype, buf_dtype, rotate, train_len):
+    """A cache of another dtype than the layer's (``new_cache(dtype=...)``): the keys rounded to the
+    layer's dtype after the rotation, then cast, as the separate ops do, bit for bit."""
+    q, k, v = _layer(2, 4, 2, 5, 8, dtype, seed=11)
+    pos = torch.tensor([9, 0, 4, 7, 2], device=DEVICE)
+    f = rope_frequencies(8, 10000.0, DEVICE, torch.promote_types(dtype, torch.float32)) if rotate else None
+    bufs = torch.randn(2, 2, 2, 10, 8, generator=torch.Generator().manual_seed(12)).to(DEVICE, buf_dtype)
+    want = bufs.clone()
+    want_q, want_k = prepare_qk(q, k, pos, f, train_len, impl)
+    kv_write(want[0], want[1], pos, want_k, v, impl)
+    got = bufs.clone()
+    assert torch.equal(qkv_write(q, k, v, pos, got[0], got[1], f, train_len, impl), want_q)
+    assert torch.equal(got, want) and got.dtype == buf_dtype
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("D,rotate,train_len", [(8, True, 300), (5, False, 300), (6, True, None)])
+def test_strided_rows_and_an_odd_head_dim(impl, D, rotate, train_len):
+    """Inputs strided in their last dimension (copied to a contiguous layout first), an odd head_dim
+    (scaled, not rotated): the separate ops' bits; without preparation ``q`` comes back as it was."""
+    g = torch.Generator().manual_seed(D)
+    y = torch.randn(3, 1, 4, 6, 2 * D, generator=g, dtype=torch.float64).to(DEVICE, torch.float32)
+    q, k, v = (t[..., ::2].transpose(1, 2) for t in y)  # (1, 6, 4, D) each: last stride 2
+    q, k = q[:, :4], k[:, :2]
+    v = v[:, :2]
+    pos = torch.tensor([301, 5, 0, 1000], device=DEVICE)
+    f = rope_frequencies(D, 10000.0, DEVICE, torch.float32) if rotate else None
+    bufs = torch.zeros(2, 1, 2, 1001, D, device=DEVICE)
+    want = bufs.clone()
+    want_q, want_k = prepare_qk(q, k, pos, f, train_len, impl)
+    kv_write(want[0], want[1], pos, want_k, v, impl)
+    got = bufs.clone()
+    assert q.stride(-1) == 2 and torch.equal(qkv_write(q, k, v, pos, got[0], got[1], f, train_len, impl), want_q)
+    assert torch.equal(got, want)
+    assert qkv_write(q, k, v, pos, got[0], got[1], None, None, impl) is q
+
+
 @KERNEL
 def test_the_kernel_writes_nothing_outside_the_buffers():
     """A negative position and one past the end (which the cache's range check refuses first) write no
@@ -125,15 +166,20 @@ def test_bad_input_is_a_value_error_for_every_impl(impl):
     q, k, v = _layer(1, 2, 1, 3, 4, torch.float32, seed=3)
     bufs, pos = torch.zeros(2, 1, 1, 8, 4, device=DEVICE), torch.arange(3, device=DEVICE)
     f = rope_frequencies(4, 10000.0, DEVICE, torch.float32)
-    for args, match in (((q[0], k, v, pos, *bufs), r"q \(B, Hq, L, D\)"), ((q[:, :, :2], k, v, pos, *bufs), "q "),
-                        ((q.long(), k.long(), v.long(), pos, *bufs), "floating"),
-                        ((q, k, v.double(), pos, *bufs), "v "),
-                        ((q, k, v, pos[:2], *bufs), r"k, v \(B, Hkv, L, D\)"),
-                        ((q, k, v, pos.float(), *bufs), "int32 or int64"),
-                        ((q, k, v, pos, bufs[0].mT.contiguous().mT, bufs[1]), "contiguous in their last"),
-                        ((q, k, v, pos, *bufs, f[:1]), "inv_freq"), ((q, k, v, pos, *bufs, f.double()), "inv_freq"),
-                        ((q, k, v, pos, *bufs, None, 1), "train_len"), ((q, k, v, pos, *bufs, None, 8.0), "train_len"),
-                        ((q, k, v, pos, *bufs, None, True), "train_len")):
+    odd = torch.ones(1, 2, 3, 5, device=DEVICE)
+    mine, buffers = "qkv_write takes floating q", r"qkv_write takes k, v \(B, Hkv, L, D\), buffers"
+    for args, match in (((q[0], k, v, pos, *bufs), mine), ((q[:, :, :2], k, v, pos, *bufs), mine),
+                        ((q.long(), k.long(), v.long(), pos, *bufs), mine), ((q, k, v.double(), pos, *bufs), mine),
+                        ((q, k, v, pos[:2], *bufs), buffers), ((q, k[:, :, :, :3], v, pos, *bufs), mine),
+                        ((q, k, v, pos.float(), *bufs), "qkv_write's pos must be int32 or int64"),
+                        ((q, k, v, pos, bufs[0].mT.contiguous().mT, bufs[1]), "qkv_write's buffers must be contiguous"),
+                        ((q, k, v, pos, *bufs, f[:1]), "qkv_write's inv_freq"),
+                        ((q, k, v, pos, *bufs, f.double()), "qkv_write's inv_freq"),
+                        ((odd, odd[:, :1], odd[:, :1], pos, *torch.zeros(2, 1, 1, 8, 5, device=DEVICE), f),
+                         "qkv_write takes a floating q .* with D even to rotate"),
+                        ((q, k, v, pos, *bufs, None, 1), "qkv_write's train_len"),
+                        ((q, k, v, pos, *bufs, None, 8.0), "qkv_write's train_len"),
+                        ((q, k, v, pos, *bufs, None, True), "qkv_write's train_len")):
         with pytest.raises(ValueError, match=match):
             qkv_write(*args, impl=impl)
     with pytest.raises(ValueError, match="impl"):

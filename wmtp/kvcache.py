@@ -17,7 +17,7 @@ import torch
 from .attention import IMPLS, attention
 from .fused import kv_write
 from .keyset import is_integer_tensor
-from .qkv_write import qkv_write
+from .qkv_write import prepare_qk, qkv_write
 
 
 class KVCache:
@@ -95,6 +95,18 @@ class KVCache:
         key set ``(n_sink, window)``: ``wmtp.attention`` on the position-indexed buffers (``q_sink``:
         the queries that score the sinks, re-indexed positions)."""
         return attention(q, self.k[layer], self.v[layer], pos, n_sink=n_sink, window=window, impl=impl, q_sink=q_sink)
+
+
+class SeparateWrites:
+    """``update_qkv`` for caches whose writes stay indexed assignments (the ring and the paged
+    caches): the separate ops (``prepare_qk``), then the cache's own ``update``."""
+
+    def update_qkv(self, layer: int, pos: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   inv_freq: torch.Tensor | None, train_len: int | None, impl: str = "torch") -> torch.Tensor:
+        """``KVCache.update_qkv``'s signature: returns the prepared queries."""
+        q, k = prepare_qk(q, k, pos, inv_freq, train_len, impl)
+        self.update(layer, pos, k, v, impl)
+        return q
 
 
 def check_impl(impl: str) -> None:

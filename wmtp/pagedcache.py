@@ -35,8 +35,7 @@ import torch
 
 from .attention import paged_attention
 from .attention.paged import page_rows
-from .kvcache import check_impl, check_write
-from .qkv_write import SeparateWrites
+from .kvcache import SeparateWrites, check_impl, check_write
 
 __all__ = ["PagedKVCache", "fork_pages", "fork_table"]
 

@@ -20,8 +20,8 @@ pass prepare with the same op, decode.py NOTE [Exactness]). As ``kv_write``'s, t
 position outside ``[0, S)``; the cache checks the range first (``KVCache.update_qkv``).
 
 Only the contiguous cache writes this way; the ring and paged caches keep their indexed writes
-after the separate ops (``SeparateWrites``). The model takes the kernel on CUDA unless asked for
-``impl="torch"`` or a gradient is needed (``op_impl`` in wmtp/model.py). A dense step of the small
+after the separate ops (``SeparateWrites`` in wmtp/kvcache.py). The model takes the kernel on CUDA
+unless asked for ``impl="torch"`` or a gradient is needed (``op_impl`` in wmtp/model.py). A dense step of the small
 preset launches 4 kernels fewer, a one-row head call 1. In the CUDA-graph decode loop on the H200,
 every run lossless, dense decoding took 1.6-2.8 % less time a token and speculative decoding
 1.1-3.5 % less (metrics/experiments/qkv-write-h200-exp42.json).
@@ -36,7 +36,7 @@ import torch
 from .fused import acc_type, check_kv_write, kv_write_torch, logn_scale, logn_scale_torch, on_device, route
 from .rope import check_rope_args, rope_pair, rope_torch
 
-__all__ = ["SeparateWrites", "prepare_qk", "qkv_write", "qkv_write_torch", "qkv_write_triton"]
+__all__ = ["prepare_qk", "qkv_write", "qkv_write_torch", "qkv_write_triton"]
 
 BLOCK_L = 16  # rows (positions) a program prepares or writes
 
@@ -58,10 +58,10 @@ def qkv_write_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torc
     """The reference: the separate references one after the other (``rope_torch`` on ``q`` and ``k``,
     ``logn_scale_torch`` on ``q``, ``kv_write_torch``); returns the prepared ``q``."""
     if inv_freq is not None:
-        q, k = rope_torch(q, pos, inv_freq), rope_torch(k, pos, inv_freq)
+        q, k = rope_torch(q, pos, inv_freq), rope_torch(k, pos, inv_freq)  # (B, Hq, L, D), (B, Hkv, L, D)
     if train_len is not None:
-        q = logn_scale_torch(q, pos, train_len)
-    kv_write_torch(k_buf, v_buf, pos, k, v)
+        q = logn_scale_torch(q, pos, train_len)  # (B, Hq, L, D)
+    kv_write_torch(k_buf, v_buf, pos, k, v)  # into (B, Hkv, S, D) each
     return q
 
 
@@ -90,24 +90,24 @@ def _kernel():
         mask = (rows < L)[:, None] & (cols < D)[None, :]  # (BLOCK_L, BLOCK_D)
         if ROPE:
             angle = p.to(ACC)[:, None] * tl.load(F + half, mask=half < D // 2, other=0.0)[None, :]  # rope.py's
-            cos, sin = tl.cos(angle), tl.sin(angle)
+            cos, sin = tl.cos(angle), tl.sin(angle)  # (BLOCK_L, BLOCK_H) each
         if h < Hq:  # a query head: rotated or scaled, to Qo (B, Hq, L, D) contiguous
-            src = Q + b * sqb + h * sqh + r * sql
-            dst = Qo + ((b * Hq + h) * L + r) * D
+            src = Q + b * sqb + h * sqh + r * sql  # (BLOCK_L, 1) row starts
+            dst = Qo + ((b * Hq + h) * L + r) * D  # (BLOCK_L, 1)
             if LOGN:  # fused.py's: the scale rounded to q's dtype before the product
                 scale = tl.maximum(tl.log(p.to(ACC) + 1) / tl.log(T.to(ACC)), 1.0)  # (BLOCK_L,)
-                s = scale.to(Q.dtype.element_ty).to(ACC)[:, None]
+                s = scale.to(Q.dtype.element_ty).to(ACC)[:, None]  # (BLOCK_L, 1)
             if ROPE:
-                x1 = tl.load(src + half[None, :], mask=hmask, other=0.0)
-                x2 = tl.load(src + D // 2 + half[None, :], mask=hmask, other=0.0)
+                x1 = tl.load(src + half[None, :], mask=hmask, other=0.0)  # (BLOCK_L, BLOCK_H)
+                x2 = tl.load(src + D // 2 + half[None, :], mask=hmask, other=0.0)  # (BLOCK_L, BLOCK_H)
                 a1, a2 = x1.to(ACC), x2.to(ACC)
-                y1, y2 = (a1 * cos - a2 * sin).to(x1.dtype), (a1 * sin + a2 * cos).to(x1.dtype)
+                y1, y2 = (a1 * cos - a2 * sin).to(x1.dtype), (a1 * sin + a2 * cos).to(x1.dtype)  # rope.py's
                 if LOGN:
                     y1, y2 = (y1.to(ACC) * s).to(x1.dtype), (y2.to(ACC) * s).to(x1.dtype)
                 tl.store(dst + half[None, :], y1, mask=hmask)
                 tl.store(dst + D // 2 + half[None, :], y2, mask=hmask)
             else:
-                x = tl.load(src + cols[None, :], mask=mask, other=0.0)
+                x = tl.load(src + cols[None, :], mask=mask, other=0.0)  # (BLOCK_L, BLOCK_D)
                 if LOGN:  # (without either, the launcher passes no query heads)
                     x = (x.to(ACC) * s).to(x.dtype)
                 tl.store(dst + cols[None, :], x, mask=mask)
@@ -115,19 +115,19 @@ def _kernel():
             hk = h - Hq
             pp = p.to(tl.int64)[:, None]  # (BLOCK_L, 1)
             inside = (pp >= 0) & (pp < S)  # a position outside the buffers writes nothing
-            kdst = Kb + b * sbb + hk * sbh + pp * sbs
-            ksrc = K + b * skb + hk * skh + r * skl
+            kdst = Kb + b * sbb + hk * sbh + pp * sbs  # (BLOCK_L, 1) the rows' cache rows
+            ksrc = K + b * skb + hk * skh + r * skl  # (BLOCK_L, 1)
             if ROPE:
-                x1 = tl.load(ksrc + half[None, :], mask=hmask, other=0.0)
-                x2 = tl.load(ksrc + D // 2 + half[None, :], mask=hmask, other=0.0)
+                x1 = tl.load(ksrc + half[None, :], mask=hmask, other=0.0)  # (BLOCK_L, BLOCK_H)
+                x2 = tl.load(ksrc + D // 2 + half[None, :], mask=hmask, other=0.0)  # (BLOCK_L, BLOCK_H)
                 a1, a2 = x1.to(ACC), x2.to(ACC)
-                y1, y2 = (a1 * cos - a2 * sin).to(x1.dtype), (a1 * sin + a2 * cos).to(x1.dtype)
+                y1, y2 = (a1 * cos - a2 * sin).to(x1.dtype), (a1 * sin + a2 * cos).to(x1.dtype)  # rope.py's
                 tl.store(kdst + half[None, :], y1.to(Kb.dtype.element_ty), mask=hmask & inside)
                 tl.store(kdst + D // 2 + half[None, :], y2.to(Kb.dtype.element_ty), mask=hmask & inside)
             else:
-                x = tl.load(ksrc + cols[None, :], mask=mask)
+                x = tl.load(ksrc + cols[None, :], mask=mask)  # (BLOCK_L, BLOCK_D)
                 tl.store(kdst + cols[None, :], x.to(Kb.dtype.element_ty), mask=mask & inside)
-            x = tl.load(V + b * svb + hk * svh + r * svl + cols[None, :], mask=mask)
+            x = tl.load(V + b * svb + hk * svh + r * svl + cols[None, :], mask=mask)  # (BLOCK_L, BLOCK_D)
             tl.store(Vb + b * tbb + hk * tbh + pp * tbs + cols[None, :], x.to(Vb.dtype.element_ty), mask=mask & inside)
 
     return _qkv_write_kernel
@@ -141,11 +141,11 @@ def qkv_write_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
     ``inv_freq`` nor ``train_len`` is given, else a contiguous ``(B, Hq, L, D)``."""
     import triton
 
+    prepared = inv_freq is not None or train_len is not None
+    out = q if not prepared else torch.empty(q.shape, dtype=q.dtype, device=q.device)  # (B, Hq, L, D)
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     B, Hq, L, D = q.shape
     Hkv = k.shape[1]
-    prepared = inv_freq is not None or train_len is not None
-    out = torch.empty((B, Hq, L, D), dtype=q.dtype, device=q.device) if prepared else q  # (B, Hq, L, D)
     Hw = Hq if prepared else 0  # query heads the kernel writes
     if B * L * D and Hw + Hkv:
         n_lblk = triton.cdiv(L, BLOCK_L)
@@ -192,21 +192,10 @@ def qkv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tens
                          f"{k.device}, v {v.dtype}")
     check_kv_write(k_buf, v_buf, pos, k, v, "qkv_write")  # k, v, the buffers, pos: shapes, dtypes, one device
     if inv_freq is not None:
-        check_rope_args(q, pos, inv_freq)
+        check_rope_args(q, pos, inv_freq, "qkv_write", "q")
     if train_len is not None and (isinstance(train_len, bool) or not isinstance(train_len, int) or train_len < 2):
         raise ValueError(f"qkv_write's train_len must be an int >= 2 or None, got {train_len!r}")
     if route(impl, "qkv_write", q, k, v) == "torch":
         return qkv_write_torch(q, k, v, pos, k_buf, v_buf, inv_freq, train_len)
     return qkv_write_triton(q, k, v, pos.contiguous(), k_buf, v_buf, inv_freq, train_len)
 
-
-class SeparateWrites:
-    """``update_qkv`` for caches whose writes stay indexed assignments (the ring and the paged
-    caches): the separate ops (``prepare_qk``), then the cache's own ``update``."""
-
-    def update_qkv(self, layer: int, pos: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   inv_freq: torch.Tensor | None, train_len: int | None, impl: str = "torch") -> torch.Tensor:
-        """``KVCache.update_qkv``'s signature: returns the prepared queries."""
-        q, k = prepare_qk(q, k, pos, inv_freq, train_len, impl)
-        self.update(layer, pos, k, v, impl)
-        return q

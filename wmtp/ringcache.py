@@ -25,8 +25,7 @@ import torch
 
 from .attention import paged_attention
 from .keyset import check_key_set_args
-from .kvcache import check_impl, check_write, ring_slot
-from .qkv_write import SeparateWrites
+from .kvcache import SeparateWrites, check_impl, check_write, ring_slot
 
 __all__ = ["RingKVCache"]
 

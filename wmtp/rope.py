@@ -176,16 +176,19 @@ def _joined(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
     return q.as_strided((q.shape[0], q.shape[1] + k.shape[1], *q.shape[2:]), q.stride())
 
 
-def check_rope_args(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor) -> None:
-    """``rope``'s checks, from shapes, strides, dtypes and devices only (no host sync on a GPU)."""
+def check_rope_args(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor, op: str = "rope",
+                    name: str = "x") -> None:
+    """``rope``'s checks, from shapes, strides, dtypes and devices only (no host sync on a GPU);
+    ``op`` and ``name`` (the rotated argument's) name them in the errors (``qkv_write``'s: wmtp/qkv_write.py)."""
     if x.dim() != 4 or x.shape[-1] % 2 or not x.is_floating_point():
-        raise ValueError(f"rope takes a floating x of shape (B, H, L, D) with D even, got {tuple(x.shape)} {x.dtype}")
+        raise ValueError(f"{op} takes a floating {name} of shape (B, H, L, D) with D even to rotate, got "
+                         f"{tuple(x.shape)} {x.dtype}")
     acc = torch.promote_types(x.dtype, torch.float32)
     if inv_freq.shape != (x.shape[-1] // 2,) or inv_freq.stride(0) != 1 or (inv_freq.dtype, inv_freq.device) != (
             acc, x.device):
-        raise ValueError(f"rope's inv_freq must be ({x.shape[-1] // 2},), contiguous, {acc} on {x.device}; got "
+        raise ValueError(f"{op}'s inv_freq must be ({x.shape[-1] // 2},), contiguous, {acc} on {x.device}; got "
                          f"{tuple(inv_freq.shape)} of stride {inv_freq.stride()}, {inv_freq.dtype} on "
                          f"{inv_freq.device}")
     if pos.shape != (x.shape[2],) or pos.dtype not in (torch.int32, torch.int64) or pos.device != x.device:
-        raise ValueError(f"rope's pos must be ({x.shape[2]},) int32 or int64 on {x.device}; got {tuple(pos.shape)} "
+        raise ValueError(f"{op}'s pos must be ({x.shape[2]},) int32 or int64 on {x.device}; got {tuple(pos.shape)} "
                          f"{pos.dtype} on {pos.device}")

@@ -13,7 +13,7 @@ Usage: python3 metrics/experiments/exp26-rope.py BUNDLE_DIR OUT.json [CONTEXT ..
 
 import sys
 
-from side_by_side import run
+from side_by_side import run, stale_since
 
 from wmtp import model as model_mod
 from wmtp import rope as rope_mod
@@ -27,4 +27,5 @@ def triton_rope() -> None:
     model_mod.rope = rope_mod.rope
 
 
+stale_since(hasattr(rope_mod, "rope_pair"), "2396f73", "the model rotates through rope_pair, not its own rope name")
 run(26, {"torch_rope": torch_rope, "triton_rope": triton_rope}, sys.argv)

@@ -12,10 +12,11 @@ Usage: python3 metrics/experiments/exp35-fused-ops.py BUNDLE_DIR OUT.json [CONTE
 
 import sys
 
-from side_by_side import run
+from side_by_side import run, stale_since
 
 from wmtp import fused
 from wmtp import model as model_mod
+from wmtp.kvcache import KVCache
 
 
 def reference() -> None:
@@ -31,4 +32,7 @@ def logn_silu() -> None:
     model_mod.logn_scale, model_mod.silu_mul = fused.logn_scale, fused.silu_mul
 
 
+stale_since(hasattr(KVCache, "update_qkv"), "bf17760",
+            "a contiguous cache's layer scales its queries inside qkv_write (wmtp/qkv_write.py), "
+            "not through the model's logn_scale")
 run(35, {"reference": reference, "logn": logn, "logn+silu": logn_silu}, sys.argv)

@@ -11,9 +11,10 @@ Usage: python3 metrics/experiments/exp36-kv-write.py BUNDLE_DIR OUT.json [CONTEX
 
 import sys
 
-from side_by_side import run
+from side_by_side import run, stale_since
 
 from wmtp import fused, kvcache
+from wmtp.kvcache import KVCache
 
 
 def indexed() -> None:
@@ -24,4 +25,6 @@ def kernel() -> None:
     kvcache.kv_write = fused.kv_write
 
 
+stale_since(hasattr(KVCache, "update_qkv"), "bf17760",
+            "a contiguous cache writes through qkv_write (wmtp/qkv_write.py), not through kvcache.kv_write")
 run(36, {"indexed": indexed, "kernel": kernel}, sys.argv)

@@ -16,12 +16,13 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from side_by_side import run
+from side_by_side import run, stale_since
 
 from wmtp import head_input as head_input_mod
 from wmtp import model as model_mod
 from wmtp import mtp as mtp_mod
 from wmtp import rope as rope_mod
+from wmtp.kvcache import KVCache
 from wmtp.rmsnorm import rms_norm
 
 
@@ -45,4 +46,6 @@ def both() -> None:
     model_mod.rope_pair, mtp_mod.head_input = rope_mod.rope_pair, head_input_mod.head_input
 
 
+stale_since(hasattr(KVCache, "update_qkv"), "bf17760",
+            "the model rotates through qkv_write or prepare_qk (wmtp/qkv_write.py), not through its own rope_pair name")
 run(39, {"apart": apart, "rope_pair": rope_pair, "both": both}, sys.argv)

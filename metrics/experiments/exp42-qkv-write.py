@@ -15,8 +15,7 @@ import sys
 
 from side_by_side import run
 
-from wmtp.kvcache import KVCache
-from wmtp.qkv_write import SeparateWrites
+from wmtp.kvcache import KVCache, SeparateWrites
 
 ONE_KERNEL = KVCache.update_qkv
 

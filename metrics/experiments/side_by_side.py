@@ -13,6 +13,7 @@ reductions (1 - new/old) and each variant's arms against its dense decoding as s
 
 import dataclasses
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +26,14 @@ from wmtp.bench_common import loop_generators, timed_prefill, with_capacity
 from wmtp.config import KeySetConfig, get_preset
 from wmtp.metrics import environment, write_json
 from wmtp.policy import FixedDepth
+
+
+def stale_since(stale: bool, revision: str, why: str) -> None:
+    """Stop a script whose variants would run the same code: the code no longer takes the path it
+    patches (``stale``) since ``revision``. Its committed JSON names the revision it ran at."""
+    if stale:
+        sys.exit(f"since {revision} {why}, so this script's variants would run the same code; run it at the "
+                 "revision its JSON's code_revision names (metrics/README.md)")
 
 
 def _arms(runs: dict, keysets) -> dict:
