@@ -158,6 +158,9 @@ def _bad_inputs():
     return {
         "q_pos-too-long": ((q, k, v, torch.arange(4)), "q_pos"),
         "q_pos-too-short": ((q, k, v, torch.arange(2)), "q_pos"),
+        "q_pos-rows!=B": ((q, k, v, torch.arange(3).repeat(2, 1)), r"q_pos must have shape \(3,\) or \(1, 3\)"),
+        "q_pos-3-D": ((q, k, v, torch.arange(3)[None, None]), "q_pos"),
+        "q_pos-row>=S": ((q, k, v, torch.tensor([[7, 8, 10]])), "positions"),
         "q_pos>=S": ((q, k, v, torch.tensor([7, 8, 10])), "positions"),
         "q_pos<0": ((q, k, v, torch.tensor([-1, 0, 1])), "positions"),
         "Hq%Hkv": ((q[:, :3], k, v, q_pos), "Hq"),

@@ -66,6 +66,26 @@ def test_logn_scale_reads_any_layout_and_int32_positions(impl):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_logn_scale_takes_positions_per_batch_row(impl, dtype):
+    """Positions ``(B, L)``, each sequence of a batch at its own (batched speculative decoding), rows
+    far apart (the first below the training length), ``L`` not a multiple of the kernel's block, the
+    model's layout, int32: row ``b`` bit for bit what the op gives it alone at ``pos[b]``; ``(1, L)``
+    positions are ``(L,)`` ones."""
+    B, H, L, D = 3, 2, 21, 8
+    q = _randn((B, L, H, D), dtype, 4, 2.0).transpose(1, 2)  # (B, H, L, D), a strided view
+    g = torch.Generator().manual_seed(5)
+    pos = (torch.tensor([0, 70000, 1_000_000])[:, None] + torch.randperm(L, generator=g)).to(DEVICE)  # (B, L)
+    got = logn_scale(q, pos, 256, impl)
+    assert got.shape == q.shape and got.dtype == dtype
+    for b in range(B):
+        assert torch.equal(got[b], logn_scale(q[b:b + 1], pos[b], 256, impl)[0])
+    assert not torch.equal(got[2], logn_scale(q[2:], pos[0], 256, impl)[0])  # the rows' positions matter
+    assert torch.equal(logn_scale(q, pos.int(), 256, impl), got)
+    assert torch.equal(logn_scale(q[:1], pos[:1], 256, impl), logn_scale(q[:1], pos[0], 256, impl))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(1,), (1, 1, 512), (2, 2, 1024), (3, 8, 1000), (2, 5, 4097)])
 def test_silu_mul_matches_the_reference(impl, dtype, shape):
@@ -111,6 +131,48 @@ def test_kv_write_is_the_indexed_assignment(impl, dtype, buf_dtype, B, H, L, D, 
     empty = bufs.clone()
     kv_write(empty[0], empty[1], pos[:0], k[:, :, :0], v[:, :, :0], impl)  # no rows: nothing written
     assert torch.equal(empty, bufs)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype,buf_dtype", [(torch.float32, torch.float32), (torch.float16, torch.float16),
+                                             (torch.float64, torch.float32)])
+def test_kv_write_takes_positions_per_batch_row(impl, dtype, buf_dtype):
+    """Positions ``(B, L)``, each sequence of a batch at its own (batched speculative decoding), rows
+    far apart in the buffers, ``L`` not a multiple of the kernel's block, GQA's few key heads, the
+    model's layout, int32: the buffers bit for bit what writing each row alone at ``pos[b]`` leaves,
+    every other row untouched; ``(1, L)`` positions are ``(L,)`` ones."""
+    B, H, L, D, S = 3, 2, 21, 6, 300
+    g = torch.Generator().manual_seed(6)
+    y = torch.randn(2, B, L, H, D, generator=g, dtype=torch.float64).to(DEVICE, dtype)
+    k, v = y[0].transpose(1, 2), y[1].transpose(1, 2)  # (B, H, L, D) each, strided views
+    pos = torch.stack([b * 135 + torch.randperm(30, generator=g)[:L] for b in range(B)]).to(DEVICE)  # (B, L)
+    bufs = torch.randn(2, B, H, S, D, generator=g, dtype=torch.float64).to(DEVICE, buf_dtype)
+    want = bufs.clone()
+    for b in range(B):  # row b alone, into its own rows of the buffers
+        kv_write(want[0, b:b + 1], want[1, b:b + 1], pos[b], k[b:b + 1], v[b:b + 1], impl)
+    for p in (pos, pos.int()):
+        got = bufs.clone()
+        kv_write(got[0], got[1], p, k, v, impl)
+        assert torch.equal(got, want)
+    kept = ~torch.zeros(B, S, dtype=torch.bool, device=DEVICE).scatter_(1, pos, True)  # (B, S): rows not written
+    assert torch.equal(got.transpose(2, 3)[:, kept], bufs.transpose(2, 3)[:, kept])  # (2, n, H, D) each
+    one, flat = bufs.clone(), bufs.clone()
+    kv_write(one[0, :1], one[1, :1], pos[:1], k[:1], v[:1], impl)
+    kv_write(flat[0, :1], flat[1, :1], pos[0], k[:1], v[:1], impl)
+    assert torch.equal(one, flat)
+
+
+@pytest.mark.skipif(not (CUDA or INTERPRETED), reason="needs CUDA or TRITON_INTERPRET=1")
+def test_the_kernel_writes_nothing_outside_the_buffers_per_row():
+    """Per-row positions ``(B, L)`` outside ``[0, S)`` write nothing, not the neighbouring row's,
+    head's or layer's rows; each row's positions inside are written at that row."""
+    bufs = torch.zeros(2, 3, 2, 2, 8, 4, device=DEVICE)  # (k|v, layers, B, Hkv, S, D)
+    k = torch.ones(2, 2, 3, 4, device=DEVICE)  # (B, Hkv, L, D)
+    kv_write(bufs[0, 1], bufs[1, 1], torch.tensor([[-1, 8, 3], [5, -9, 16]], device=DEVICE), k, 2 * k, "triton")
+    want = torch.zeros_like(bufs)
+    want[0, 1, 0, :, 3], want[1, 1, 0, :, 3] = 1.0, 2.0
+    want[0, 1, 1, :, 5], want[1, 1, 1, :, 5] = 1.0, 2.0
+    assert torch.equal(bufs, want)
 
 
 @pytest.mark.skipif(not (CUDA or INTERPRETED), reason="needs CUDA or TRITON_INTERPRET=1")
@@ -159,6 +221,20 @@ def test_bad_kv_writes_are_value_errors(impl):
                         ((bufs[0].mT.contiguous().mT, bufs[1], pos, k, k), "contiguous in their last")):
         with pytest.raises(ValueError, match=match):
             kv_write(*args, impl=impl)
+
+
+@pytest.mark.parametrize("impl", IMPLS + ["auto"])
+def test_per_row_positions_of_another_shape_are_value_errors(impl):
+    """``(B + 1, L)``, ``(B, L + 1)`` and ``(B, 1, L)`` positions: refused by every impl."""
+    q, bufs, k = (torch.ones(2, 1, 3, 4, device=DEVICE), torch.zeros(2, 2, 2, 8, 4, device=DEVICE),
+                  torch.ones(2, 2, 3, 4, device=DEVICE))
+    for shape in ((3, 3), (2, 4), (2, 1, 3)):
+        bad = torch.zeros(shape, dtype=torch.long, device=DEVICE)
+        with pytest.raises(ValueError, match=r"logn_scale's pos must be \(3,\) or \(2, 3\) int32 or int64"):
+            logn_scale(q, bad, 256, impl)
+        with pytest.raises(ValueError, match=r"kv_write takes .* and pos \(L,\) or \(B, L\); got "):
+            kv_write(bufs[0], bufs[1], bad, k, k, impl)
+        assert not bufs.any()
 
 
 def test_the_references_are_the_models_formulas():

@@ -73,6 +73,41 @@ def test_qkv_write_is_the_separate_ops(impl, dtype, rotate, train_len, B, Hq, Hk
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+@pytest.mark.parametrize("rotate,train_len", [(True, None), (False, 256), (True, 7), (False, None)])
+def test_qkv_write_takes_positions_per_batch_row(impl, dtype, rotate, train_len):
+    """Positions ``(B, L)``, each sequence of a batch at its own (batched speculative decoding), rows
+    far apart in the cache, ``L`` not a multiple of the kernel's block, GQA, a head_dim of three
+    rotated pairs, int32: the queries and buffers bit for bit what the op gives each row alone at
+    ``pos[b]`` (a program takes one row) and the separate ops' with the same positions, every other
+    cache row untouched; ``(1, L)`` positions are ``(L,)`` ones."""
+    B, Hq, Hkv, L, D, S = 3, 4, 2, 21, 6, 300
+    q, k, v = _layer(B, Hq, Hkv, L, D, dtype, seed=7)
+    g = torch.Generator().manual_seed(8)
+    pos = torch.stack([b * 135 + torch.randperm(30, generator=g)[:L] for b in range(B)]).to(DEVICE)  # (B, L)
+    f = rope_frequencies(D, 10000.0, DEVICE, torch.promote_types(dtype, torch.float32)) if rotate else None
+    bufs = torch.randn(2, B, Hkv, S, D, generator=g, dtype=torch.float64).to(DEVICE, dtype)
+    want, rows = bufs.clone(), []
+    for b in range(B):  # row b alone, into its own rows of the buffers
+        rows.append(qkv_write(q[b:b + 1], k[b:b + 1], v[b:b + 1], pos[b], want[0, b:b + 1], want[1, b:b + 1], f,
+                              train_len, impl))
+    for p in (pos, pos.int()):
+        got = bufs.clone()
+        got_q = qkv_write(q, k, v, p, got[0], got[1], f, train_len, impl)
+        assert torch.equal(got_q, torch.cat(rows)) and torch.equal(got, want)
+    kept = ~torch.zeros(B, S, dtype=torch.bool, device=DEVICE).scatter_(1, pos, True)  # (B, S): rows not written
+    assert torch.equal(got.transpose(2, 3)[:, kept], bufs.transpose(2, 3)[:, kept])  # (2, n, Hkv, D) each
+    apart = bufs.clone()
+    apart_q, apart_k = prepare_qk(q, k, pos, f, train_len, impl)
+    kv_write(apart[0], apart[1], pos, apart_k, v, impl)
+    assert torch.equal(got_q, apart_q) and torch.equal(got, apart)
+    one, flat = bufs.clone(), bufs.clone()
+    one_q = qkv_write(q[:1], k[:1], v[:1], pos[:1], one[0, :1], one[1, :1], f, train_len, impl)
+    assert torch.equal(one_q, qkv_write(q[:1], k[:1], v[:1], pos[0], flat[0, :1], flat[1, :1], f, train_len, impl))
+    assert torch.equal(one, flat)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype,buf_dtype", [(torch.float16, torch.float32), (torch.float32, torch.float16),
                                              (torch.float64, torch.float32)])
 @pytest.mark.parametrize("rotate,train_len", [(True, None), (False, 256), (True, 7)])
@@ -126,6 +161,24 @@ def test_the_kernel_writes_nothing_outside_the_buffers():
     assert torch.equal(bufs, want)
     scale = [1.0, math.log(9) / math.log(2), math.log(4) / math.log(2)]  # log(0) / log(2) = -inf: clamped to 1
     assert torch.allclose(got_q[0, :, :, 0].cpu(), torch.tensor([scale] * 2), rtol=1e-6, atol=0)
+
+
+@KERNEL
+def test_the_kernel_writes_nothing_outside_the_buffers_per_row():
+    """Per-row positions ``(B, L)`` outside ``[0, S)`` write no key or value, not the neighbouring
+    row's, head's or layer's rows; each row's positions inside are written at that row, and every
+    row's queries are scaled by its own positions."""
+    bufs = torch.zeros(2, 3, 2, 2, 8, 4, device=DEVICE)  # (k|v, layers, B, Hkv, S, D)
+    q, k = torch.ones(2, 2, 3, 4, device=DEVICE), torch.ones(2, 2, 3, 4, device=DEVICE)
+    pos = torch.tensor([[-1, 8, 3], [5, -1, 16]], device=DEVICE)
+    got_q = qkv_write(q, k, 2 * k, pos, bufs[0, 1], bufs[1, 1], None, 2, "triton")
+    want = torch.zeros_like(bufs)
+    want[0, 1, 0, :, 3], want[1, 1, 0, :, 3] = 1.0, 2.0
+    want[0, 1, 1, :, 5], want[1, 1, 1, :, 5] = 1.0, 2.0
+    assert torch.equal(bufs, want)
+    scale = [[1.0, math.log(9) / math.log(2), math.log(4) / math.log(2)],  # log(0) / log(2) = -inf: clamped to 1
+             [math.log(6) / math.log(2), 1.0, math.log(17) / math.log(2)]]
+    assert torch.allclose(got_q[:, :, :, 0].cpu(), torch.tensor(scale)[:, None].expand(2, 2, 3), rtol=1e-6, atol=0)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -184,6 +237,21 @@ def test_bad_input_is_a_value_error_for_every_impl(impl):
             qkv_write(*args, impl=impl)
     with pytest.raises(ValueError, match="impl"):
         qkv_write(q, k, v, pos, *bufs, f, None, "cuda")
+
+
+@pytest.mark.parametrize("impl", IMPLS + ["auto"])
+def test_per_row_positions_of_another_shape_are_value_errors(impl):
+    """``(B + 1, L)``, ``(B, L + 1)`` and ``(B, 1, L)`` positions: refused by every impl, with or
+    without rotation, nothing written."""
+    q, k, v = _layer(2, 2, 1, 3, 4, torch.float32, seed=9)
+    bufs = torch.zeros(2, 2, 1, 8, 4, device=DEVICE)
+    f = rope_frequencies(4, 10000.0, DEVICE, torch.float32)
+    for shape in ((3, 3), (2, 4), (2, 1, 3)):
+        bad = torch.zeros(shape, dtype=torch.long, device=DEVICE)
+        for freqs, train_len in ((f, None), (None, 256), (None, None)):
+            with pytest.raises(ValueError, match=r"qkv_write takes k, v .* and pos \(L,\) or \(B, L\); got "):
+                qkv_write(q, k, v, bad, *bufs, freqs, train_len, impl)
+    assert not bufs.any()
 
 
 @KERNEL

@@ -76,6 +76,46 @@ def test_rope_takes_int32_and_strided_positions_and_empty_tensors(impl):
         assert rope(empty, pos, f, impl).shape == empty.shape
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_rope_takes_positions_per_batch_row(impl, dtype):
+    """Positions ``(B, L)``, each sequence of a batch at its own (batched speculative decoding), rows
+    far apart, ``L`` not a multiple of the kernel's block, three pairs (a row's angles not aligned to
+    a vector on a CPU), the model's layout, int32 and strided positions: row ``b`` bit for bit what
+    the op gives it alone at ``pos[b]`` (a program of the kernel takes one row); ``rope_pair`` joined
+    the same; ``(1, L)`` positions are ``(L,)`` ones."""
+    B, H, L, D = 3, 2, 21, 6
+    g = torch.Generator().manual_seed(3)
+    y = (torch.randn(B, L, 2 * H, D, generator=g, dtype=torch.float64) * 2).to(DEVICE, dtype)  # (B, L, 2H, D)
+    x = y.transpose(1, 2)[:, :H]  # (B, H, L, D), a strided view
+    pos = (torch.tensor([0, 70000, 1_000_000])[:, None] + torch.randperm(L, generator=g)).to(DEVICE)  # (B, L)
+    f = rope_frequencies(D, 10000.0, DEVICE, _acc(dtype))
+    got = rope(x, pos, f, impl)
+    assert got.shape == x.shape and got.dtype == dtype
+    for b in range(B):
+        assert torch.equal(got[b], rope(x[b:b + 1], pos[b], f, impl)[0])
+    assert not torch.equal(got[1], rope(x[1:2], pos[0], f, impl)[0])  # the rows' positions matter
+    wide = torch.stack([pos, pos], dim=-1).view(B, 2 * L)[:, ::2]  # (B, L), strided in its last dimension
+    for p in (pos.int(), wide):
+        assert torch.equal(rope(x, p, f, impl), got)
+    q, k = y.transpose(1, 2)[:, :H], y.transpose(1, 2)[:, H:]  # neighbouring heads: rope_pair joins them
+    got_q, got_k = rope_pair(q, k, pos, f, impl)
+    assert torch.equal(got_q, got) and torch.equal(got_k, rope(k, pos, f, impl))
+    assert torch.equal(rope(x[:1], pos[:1], f, impl), rope(x[:1], pos[0], f, impl))
+
+
+@pytest.mark.parametrize("impl", IMPLS + ["auto"])
+def test_per_row_positions_of_another_shape_are_a_value_error(impl):
+    """``(B + 1, L)``, ``(B, L + 1)`` and ``(B, 1, L)`` positions: refused by every impl, pair or not."""
+    x, f = torch.ones(2, 1, 5, 4, device=DEVICE), rope_frequencies(4, 10000.0, DEVICE, torch.float32)
+    for shape in ((3, 5), (2, 6), (2, 1, 5)):
+        bad = torch.zeros(shape, dtype=torch.long, device=DEVICE)
+        with pytest.raises(ValueError, match=r"rope's pos must be \(5,\) or \(2, 5\) int32 or int64"):
+            rope(x, bad, f, impl)
+        with pytest.raises(ValueError, match=r"rope's pos must be \(5,\) or \(2, 5\)"):
+            rope_pair(x, x, bad, f, impl)
+
+
 @pytest.mark.skipif(not CUDA, reason="needs CUDA: 65538 programs are too many for the interpreter")
 def test_rope_launches_more_heads_than_a_grid_axis_holds():
     """B * H past 65535, CUDA's cap on a grid's second axis: the kernel's grid has one axis."""

@@ -107,6 +107,38 @@ def test_reads_only_the_key_set(Lq, S, n_sink, window, positions, layout):
     assert_kernel_close(out, q, k, v, q_pos, n_sink, window)
 
 
+# (B, Hq, Hkv, Lq, D, n_sink, window): rows at positions 3.., S/2.. and the cache's last Lq
+ROW_CASES = [
+    pytest.param(3, 4, 2, 4, 32, 4, 16, id="draft-extend"),
+    pytest.param(3, 4, 1, 8, 32, None, None, id="verify-full"),
+    pytest.param(2, 2, 2, 1, 64, 2, 8, id="decode"),
+    pytest.param(2, 4, 1, 100, 32, 4, 16, id="prefill-chunked"),  # 400 rows a kv head: 2 launches a row
+]
+
+
+@pytest.mark.parametrize("impl", ["torch", pytest.param("triton", marks=NEEDS_TRITON)])
+@pytest.mark.parametrize("layout", ["contiguous", "paged16"])
+@pytest.mark.parametrize("B, Hq, Hkv, Lq, D, n_sink, window", ROW_CASES)
+def test_positions_per_row(B, Hq, Hkv, Lq, D, n_sink, window, layout, impl):
+    """``q_pos`` ``(B, Lq)``: every batch row at its own positions, far apart (a row near the cache's
+    start reads few keys, one at its end many). Each row is the op on that row alone at its positions
+    (the reference's bit for bit), within the kernel rule of truth, and NaN outside a row's own key
+    sets (in that row's cache) does not reach its output."""
+    S = 300
+    q, k, v, _ = make_inputs(B, Hq, Hkv, Lq, S, D, torch.float32, seed=Lq + D, device=DEVICE)
+    q_pos = torch.stack([torch.arange(s, s + Lq) for s in (3, S // 2, S - Lq)[:B]]).to(DEVICE)  # (B, Lq)
+    outside = torch.stack([~draft_key_mask(p.cpu(), S, n_sink, window).any(dim=0) for p in q_pos]).to(DEVICE)  # (B, S)
+    assert outside[0].any()  # the first row reads few of its keys: the rest are poisoned
+    poison = outside[:, None, :, None]  # (B, 1, S, 1)
+    out = _run(impl, layout, q, k.masked_fill(poison, float("nan")), v.masked_fill(poison, float("nan")), q_pos,
+               n_sink, window)
+    assert torch.isfinite(out).all() and out.shape == q.shape
+    for b in range(B):
+        alone = _run(impl, layout, q[b : b + 1], k[b : b + 1], v[b : b + 1], q_pos[b], n_sink, window)
+        assert impl == "triton" or torch.equal(out[b : b + 1], alone)
+        assert_kernel_close(out[b : b + 1], q[b : b + 1], k[b : b + 1], v[b : b + 1], q_pos[b], n_sink, window)
+
+
 # (B, Hq, Hkv, Lq, S, n_sink, window, dtype, layout)
 SPLIT_CASES = [
     pytest.param(1, 8, 2, 8, 133, 4, 40, torch.float32, "contiguous", id="verify-window"),
@@ -483,6 +515,14 @@ def test_paged_op_checks_the_block_table_where_it_costs_no_sync(impl):
             paged_attention(q, k_pages, v_pages, bad, pos, 2, 4, impl=impl)
     with pytest.raises(ValueError, match="q's device"):
         paged_attention(q, k_pages, v_pages, table.to("meta"), pos, 2, 4, impl=impl)
+    if impl == "torch" or table.device.type == "cpu":  # positions per row: each row's own reach
+        q2, rows = torch.cat([q, q]), torch.stack([pos - 40, pos])  # (2, Hq, 2, D); row 0 at 22, 23: page 1
+        table2 = torch.cat([table, table])  # (2, 4)
+        table2[0, 2:] = -1  # past row 0's reach: never read
+        paged_attention(q2, k_pages, v_pages, table2, rows, 2, 4, impl=impl)
+        table2[0, 1] = -1  # row 0 reads page 1
+        with pytest.raises(ValueError, match="must lie in"):
+            paged_attention(q2, k_pages, v_pages, table2, rows, 2, 4, impl=impl)
 
 
 def test_key_plan_reads_the_union_and_masks_only_the_edges():

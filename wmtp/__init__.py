@@ -7,6 +7,7 @@ target verifies with full attention, so the output is exactly the target's greed
 import torch
 
 from .attention import attention, paged_attention, resolve_impl
+from .batched import BatchedStats, batched_speculative_generate
 from .config import PRESETS, KeySetConfig, ModelConfig, MTPConfig, SpecConfig, TrainConfig, get_preset
 from .decode import greedy_generate, speculative_generate, verify_greedy, verify_greedy_loop
 from .keyset import draft_key_csr, draft_key_indices, draft_key_mask
@@ -45,7 +46,7 @@ __all__ = [
     "draft_key_csr", "TargetLM", "MTPHead", "build_models", "greedy_generate", "speculative_generate", "SpecStats",
     "static_greedy_generate", "static_speculative_generate", "Prefill", "prefill_prompt",
     "batched_greedy_generate", "lockstep_generate", "LockstepStats", "static_batched_greedy_generate",
-    "static_lockstep_generate",
+    "static_lockstep_generate", "batched_speculative_generate", "BatchedStats",
     "sample_generate", "speculative_sample", "verify_rejection", "FixedDepth", "AdaptiveDepth",
     "verify_greedy", "verify_greedy_loop", "PRESETS", "get_preset", "ModelConfig", "MTPConfig",
     "KeySetConfig", "SpecConfig", "TrainConfig", "__version__",

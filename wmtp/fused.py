@@ -27,6 +27,10 @@ took 5.8-10.8 % off dense decoding's time a token and 1.9-5.1 % off speculative 
 (metrics/experiments/kv-write-h200-exp36.json). Since experiment 42 the model writes a contiguous
 cache through ``qkv_write`` (wmtp/qkv_write.py), this write with the layer's rotation or scaling in
 the same kernel; ``KVCache.update`` still writes with this one.
+
+Positions may be per row, ``(B, L)`` where they are otherwise ``(L,)``: batched speculative decoding
+with each sequence of the batch at its own position; row ``b`` is scaled or written as it would be
+alone at ``pos[b]``.
 """
 
 from __future__ import annotations
@@ -48,11 +52,14 @@ BLOCK = 1024  # elements a program of the activation computes
 
 
 def logn_scale_torch(q: torch.Tensor, pos: torch.Tensor, train_len: int) -> torch.Tensor:
-    """The reference: ``q`` ``(B, H, L, D)`` times ``max(1, log(pos[l] + 1) / log(train_len))`` per
-    row, the scale computed in at least float32 and rounded to ``q``'s dtype."""
+    """The reference: ``q`` ``(B, H, L, D)`` times ``max(1, log(pos[..., l] + 1) / log(train_len))`` per
+    row, positions ``pos`` ``(L,)`` or ``(B, L)`` (row ``b`` at ``pos[b]``), the scale computed in at
+    least float32 and rounded to ``q``'s dtype."""
     acc = torch.promote_types(q.dtype, torch.float32)  # fp16 would round positions past 65519 to inf
-    scale = (torch.log(pos.to(acc) + 1) / math.log(train_len)).clamp(min=1.0)  # (L,)
-    return q * scale[:, None].to(q.dtype)
+    scale = (torch.log(pos.to(acc) + 1) / math.log(train_len)).clamp(min=1.0)[..., None]  # (L, 1) or (B, L, 1)
+    if pos.dim() == 2:
+        scale = scale[:, None]  # (B, 1, L, 1): a row's scales for each of its heads
+    return q * scale.to(q.dtype)
 
 
 def silu_mul_torch(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -63,10 +70,16 @@ def silu_mul_torch(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 def kv_write_torch(k_buf: torch.Tensor, v_buf: torch.Tensor, pos: torch.Tensor, k: torch.Tensor,
                    v: torch.Tensor) -> None:
     """The reference: ``k, v`` ``(B, Hkv, L, D)`` written into ``k_buf, v_buf`` ``(B, Hkv, S, D)`` at
-    positions ``pos`` ``(L,)``, cast to the buffers' dtype (indexed assignment: wmtp/kvcache.py)."""
+    positions ``pos`` ``(L,)`` or ``(B, L)`` (row ``b`` at ``pos[b]``), cast to the buffers' dtype
+    (indexed assignment: wmtp/kvcache.py)."""
     pos = pos.long()
-    k_buf[:, :, pos] = k.to(k_buf.dtype)
-    v_buf[:, :, pos] = v.to(v_buf.dtype)
+    if pos.dim() == 1:
+        k_buf[:, :, pos] = k.to(k_buf.dtype)
+        v_buf[:, :, pos] = v.to(v_buf.dtype)
+        return
+    rows = torch.arange(k_buf.shape[0], device=pos.device)[:, None]  # (B, 1): each row's batch index
+    k_buf[rows, :, pos] = k.to(k_buf.dtype).transpose(1, 2)  # indexed (B, L, Hkv, D)
+    v_buf[rows, :, pos] = v.to(v_buf.dtype).transpose(1, 2)
 
 
 @functools.cache
@@ -76,8 +89,8 @@ def _kernels():
     import triton.language as tl
 
     @triton.jit
-    def _logn_kernel(Q, Pos, Out,  # q (B, H, L, D); pos (L,); out (B, H, L, D) contiguous
-                     sb, sh, sl, H, L, n_lblk, T,  # q's strides (its last is 1); train_len
+    def _logn_kernel(Q, Pos, Out,  # q (B, H, L, D); pos (L,) or (B, L); out (B, H, L, D) contiguous
+                     sb, sh, sl, sp, H, L, n_lblk, T,  # q's strides (its last is 1); pos's batch stride; train_len
                      D: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, ACC: tl.constexpr):
         pid = tl.program_id(0).to(tl.int64)  # int64 offsets: B * H * L * D may pass 2**31
         bh = pid // n_lblk
@@ -85,7 +98,7 @@ def _kernels():
         rows = (pid % n_lblk) * BLOCK_L + tl.arange(0, BLOCK_L)  # (BLOCK_L,)
         cols = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
         mask = (rows < L)[:, None] & (cols < D)[None, :]  # (BLOCK_L, BLOCK_D)
-        p = tl.load(Pos + rows, mask=rows < L, other=0).to(ACC)  # (BLOCK_L,)
+        p = tl.load(Pos + b * sp + rows, mask=rows < L, other=0).to(ACC)  # (BLOCK_L,): row b's positions
         scale = tl.maximum(tl.log(p + 1) / tl.log(T.to(ACC)), 1.0)  # (BLOCK_L,); T an int: no float32 argument
         x = tl.load(Q + b * sb + h * sh + rows.to(tl.int64)[:, None] * sl + cols[None, :], mask=mask, other=0.0)
         s = scale.to(x.dtype).to(ACC)  # rounded to q's dtype first, as the reference
@@ -105,9 +118,9 @@ def _kernels():
         tl.store(Out + offs, (silu * u.to(ACC)).to(g.dtype), mask=mask)
 
     @triton.jit
-    def _kv_write_kernel(K, V, Kb, Vb, Pos,  # k, v (B, Hkv, L, D); buffers (B, Hkv, S, D); pos (L,)
+    def _kv_write_kernel(K, V, Kb, Vb, Pos,  # k, v (B, Hkv, L, D); buffers (B, Hkv, S, D); pos (L,) or (B, L)
                          skb, skh, skl, svb, svh, svl,  # k's and v's strides (their last is 1)
-                         sbb, sbh, sbs, tbb, tbh, tbs,  # the key and value buffers' strides (their last is 1)
+                         sbb, sbh, sbs, tbb, tbh, tbs, sp,  # the buffers' strides (last 1); pos's batch stride
                          H, L, S, n_lblk, D: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr):
         pid = tl.program_id(0).to(tl.int64)  # int64 offsets: a buffer may pass 2**31 elements
         bh = pid // n_lblk
@@ -115,7 +128,7 @@ def _kernels():
         rows = (pid % n_lblk) * BLOCK_L + tl.arange(0, BLOCK_L)  # (BLOCK_L,)
         cols = tl.arange(0, BLOCK_D)  # (BLOCK_D,)
         mask = (rows < L)[:, None] & (cols < D)[None, :]  # (BLOCK_L, BLOCK_D)
-        p = tl.load(Pos + rows, mask=rows < L, other=0).to(tl.int64)[:, None]  # (BLOCK_L, 1)
+        p = tl.load(Pos + b * sp + rows, mask=rows < L, other=0).to(tl.int64)[:, None]  # (BLOCK_L, 1): row b's
         r = rows.to(tl.int64)[:, None]
         k = tl.load(K + b * skb + h * skh + r * skl + cols[None, :], mask=mask)
         v = tl.load(V + b * svb + h * svh + r * svl + cols[None, :], mask=mask)
@@ -139,7 +152,8 @@ def on_device(x: torch.Tensor):
 
 def logn_scale_triton(q: torch.Tensor, pos: torch.Tensor, train_len: int) -> torch.Tensor:
     """``logn_scale_torch`` with a program per ``BLOCK_L`` rows of a head (CUDA, or the CPU
-    interpreter). Unchecked: ``logn_scale`` checks first. Returns a contiguous ``(B, H, L, D)``."""
+    interpreter). Unchecked: ``logn_scale`` checks first; ``pos`` ``(L,)`` or ``(B, L)``, contiguous in
+    its last dimension. Returns a contiguous ``(B, H, L, D)``."""
     import triton
 
     if q.stride(-1) != 1:
@@ -148,8 +162,9 @@ def logn_scale_triton(q: torch.Tensor, pos: torch.Tensor, train_len: int) -> tor
     out = torch.empty((B, H, L, D), dtype=q.dtype, device=q.device)  # (B, H, L, D)
     if out.numel():
         n_lblk = triton.cdiv(L, BLOCK_L)
+        sp = pos.stride(0) if pos.dim() == 2 else 0  # one row of positions for every batch row: stride 0
         with on_device(q):
-            _kernels()[0][(n_lblk * B * H,)](q, pos, out, q.stride(0), q.stride(1), q.stride(2), H, L, n_lblk,
+            _kernels()[0][(n_lblk * B * H,)](q, pos, out, q.stride(0), q.stride(1), q.stride(2), sp, H, L, n_lblk,
                                              train_len, D=D, BLOCK_L=BLOCK_L, BLOCK_D=triton.next_power_of_2(D),
                                              ACC=acc_type(q.dtype))
     return out
@@ -177,25 +192,28 @@ def silu_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 def kv_write_triton(k_buf: torch.Tensor, v_buf: torch.Tensor, pos: torch.Tensor, k: torch.Tensor,
                     v: torch.Tensor) -> None:
     """``kv_write_torch`` in one kernel, a program per ``BLOCK_L`` rows of a head (CUDA, or the CPU
-    interpreter). Unchecked: ``kv_write`` checks first."""
+    interpreter). Unchecked: ``kv_write`` checks first; ``pos`` ``(L,)`` or ``(B, L)``, contiguous in its
+    last dimension."""
     import triton
 
     k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (k, v))
     B, H, L, D = k.shape
     if k.numel():
         n_lblk = triton.cdiv(L, BLOCK_L)
+        sp = pos.stride(0) if pos.dim() == 2 else 0  # one row of positions for every batch row: stride 0
         with on_device(k):
             _kernels()[2][(n_lblk * B * H,)](k, v, k_buf, v_buf, pos, *k.stride()[:3], *v.stride()[:3],
-                                             *k_buf.stride()[:3], *v_buf.stride()[:3], H, L, k_buf.shape[2], n_lblk,
-                                             D=D, BLOCK_L=BLOCK_L, BLOCK_D=triton.next_power_of_2(D))
+                                             *k_buf.stride()[:3], *v_buf.stride()[:3], sp, H, L, k_buf.shape[2],
+                                             n_lblk, D=D, BLOCK_L=BLOCK_L, BLOCK_D=triton.next_power_of_2(D))
 
 
 def kv_write(k_buf: torch.Tensor, v_buf: torch.Tensor, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              impl: str = "auto") -> None:
     """Write a layer's keys and values ``k, v`` ``(B, Hkv, L, D)`` into its cache buffers ``k_buf,
-    v_buf`` ``(B, Hkv, S, D)`` at positions ``pos`` ``(L,)``, cast to the buffers' dtype. The caller
-    checks the positions' range (``KVCache.update``): here the kernel writes nothing for a position
-    outside ``[0, S)``, where the reference wraps a negative one and raises for one past the end.
+    v_buf`` ``(B, Hkv, S, D)`` at positions ``pos`` ``(L,)`` or ``(B, L)`` (row ``b`` at ``pos[b]``), cast
+    to the buffers' dtype. The caller checks the positions' range (``KVCache.update``): here the kernel
+    writes nothing for a position outside ``[0, S)``, where the reference wraps a negative one and
+    raises for one past the end.
 
     Args:
         impl: as ``logn_scale``'s (the kernel when ``"auto"`` on CUDA and ``k, v`` need no gradient).
@@ -217,8 +235,8 @@ def check_kv_write(k_buf: torch.Tensor, v_buf: torch.Tensor, pos: torch.Tensor, 
     errors), from shapes, strides, dtypes and devices only."""
     B, H, L, D = k.shape if k.dim() == 4 else (None,) * 4
     if (k.dim() != 4 or v.shape != k.shape or k_buf.shape[:2] != (B, H) or k_buf.dim() != 4
-            or k_buf.shape[3] != D or v_buf.shape != k_buf.shape or pos.shape != (L,)):
-        raise ValueError(f"{op} takes k, v (B, Hkv, L, D), buffers (B, Hkv, S, D) and pos (L,); got k "
+            or k_buf.shape[3] != D or v_buf.shape != k_buf.shape or pos.shape not in ((L,), (B, L))):
+        raise ValueError(f"{op} takes k, v (B, Hkv, L, D), buffers (B, Hkv, S, D) and pos (L,) or (B, L); got k "
                          f"{tuple(k.shape)}, v {tuple(v.shape)}, buffers {tuple(k_buf.shape)}, "
                          f"{tuple(v_buf.shape)}, pos {tuple(pos.shape)}")
     if pos.dtype not in (torch.int32, torch.int64) or len({t.device for t in (k_buf, v_buf, pos, k, v)}) != 1:
@@ -246,7 +264,8 @@ def logn_scale(q: torch.Tensor, pos: torch.Tensor, train_len: int, impl: str = "
 
     Args:
         q: ``(B, H, L, D)`` floating, any layout.
-        pos: ``(L,)`` integer positions (int32 or int64) on ``q``'s device.
+        pos: ``(L,)`` or ``(B, L)`` (row ``b`` at ``pos[b]``) integer positions (int32 or int64) on
+            ``q``'s device.
         train_len: the training context, an int >= 2.
         impl: ``"torch"`` (the reference), ``"triton"`` (one kernel; CUDA, or CPU tensors under
             ``TRITON_INTERPRET=1``; no backward), or ``"auto"``: the kernel for CUDA tensors when
@@ -262,8 +281,9 @@ def logn_scale(q: torch.Tensor, pos: torch.Tensor, train_len: int, impl: str = "
     """
     if q.dim() != 4 or not q.is_floating_point():
         raise ValueError(f"logn_scale takes a floating q of shape (B, H, L, D), got {tuple(q.shape)} {q.dtype}")
-    if pos.shape != (q.shape[2],) or pos.dtype not in (torch.int32, torch.int64) or pos.device != q.device:
-        raise ValueError(f"logn_scale's pos must be ({q.shape[2]},) int32 or int64 on {q.device}; got "
+    B, L = q.shape[0], q.shape[2]
+    if pos.shape not in ((L,), (B, L)) or pos.dtype not in (torch.int32, torch.int64) or pos.device != q.device:
+        raise ValueError(f"logn_scale's pos must be ({L},) or ({B}, {L}) int32 or int64 on {q.device}; got "
                          f"{tuple(pos.shape)} {pos.dtype} on {pos.device}")
     if isinstance(train_len, bool) or not isinstance(train_len, int) or train_len < 2:
         raise ValueError(f"logn_scale's train_len must be an int >= 2, got {train_len!r}")

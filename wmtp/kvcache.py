@@ -54,7 +54,8 @@ class KVCache:
 
     def update(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str = "torch"
                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write ``k, v`` ``(B, Hkv, L, D)`` at positions ``pos`` ``(L,)``; return the layer's buffers.
+        """Write ``k, v`` ``(B, Hkv, L, D)`` at positions ``pos`` ``(L,)``, or ``(B, L)``: each row at its
+        own (batched decoding with every sequence at its own position); return the layer's buffers.
         ``impl``: the write's, ``kv_write``'s in wmtp/fused.py (``"triton"``: keys and values in one
         kernel; the model passes ``op_impl``'s).
 
@@ -86,7 +87,10 @@ class KVCache:
                          train_len, impl)
 
     def read(self, layer: int, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values ``(B, Hkv, L, D)`` at positions ``pos`` ``(L,)``."""
+        """Keys and values ``(B, Hkv, L, D)`` at positions ``pos`` ``(L,)`` or ``(B, L)`` (each row's own)."""
+        if pos.dim() == 2:
+            rows = torch.arange(pos.shape[0], device=pos.device)[:, None]  # (B, 1)
+            return self.k[layer][rows, :, pos].transpose(1, 2), self.v[layer][rows, :, pos].transpose(1, 2)
         return self.k[layer][:, :, pos], self.v[layer][:, :, pos]
 
     def attend(self, layer: int, q: torch.Tensor, pos: torch.Tensor, n_sink: int | None, window: int | None,
@@ -118,17 +122,19 @@ def check_impl(impl: str) -> None:
 def check_write(layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: tuple[int, int, int, int],
                 max_len: int | tuple[int, int] | None) -> None:
     """A cache write's checks (``KVCache.update``, ``RingKVCache.update``, ``PagedKVCache.update``):
-    ``shape`` is the cache's ``(n_layers, B, Hkv, D)``; positions are range-checked against
+    ``shape`` is the cache's ``(n_layers, B, Hkv, D)``; positions ``(L,)`` (every row's) or ``(B, L)``
+    (each row's own) are range-checked against
     ``[0, max_len)``, or ``[a, b)`` for ``max_len=(a, b)`` (a fork's, wmtp/pagedcache.py), unless it
     is ``None`` (one read of the device)."""
     n_layers, B, Hkv, D = shape
     if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n_layers:
         raise ValueError(f"layer must be an int in [0, {n_layers}), got {layer!r}")
-    if pos.dim() != 1 or not pos.numel() or not is_integer_tensor(pos):
-        raise ValueError(f"pos must be a non-empty 1-D tensor of integer positions, got {pos.dtype} "
-                         f"{tuple(pos.shape)}")
-    if k.shape != (B, Hkv, pos.numel(), D) or v.shape != k.shape:
-        raise ValueError(f"k, v must be {(B, Hkv, pos.numel(), D)}, got {tuple(k.shape)}, {tuple(v.shape)}")
+    if pos.dim() not in (1, 2) or not pos.numel() or not is_integer_tensor(pos) or pos.dim() == 2 and pos.shape[0] != B:
+        raise ValueError(f"pos must be a non-empty tensor of integer positions, (L,) or ({B}, L) (each row's own), "
+                         f"got {pos.dtype} {tuple(pos.shape)}")
+    L = pos.shape[-1]
+    if k.shape != (B, Hkv, L, D) or v.shape != k.shape:
+        raise ValueError(f"k, v must be {(B, Hkv, L, D)}, got {tuple(k.shape)}, {tuple(v.shape)}")
     if max_len is not None:
         a, b = (0, max_len) if isinstance(max_len, int) else max_len
         lo, hi = torch.stack(torch.aminmax(pos)).tolist()  # one read of the device

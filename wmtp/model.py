@@ -201,8 +201,8 @@ class Attention(StackedWeights):
         if cache is not None:  # a KVCache (one kernel: wmtp/qkv_write.py), a ring or a paged cache
             q = cache.update_qkv(layer, pos, q, k, v, f, T, oi)  # (B, Hq, L, D): rotated or scaled
             y = cache.attend(layer, q, pos, n_sink, window, impl, q_sink)  # (B, Hq, L, D)
-        elif int(pos[0]) != 0:
-            raise ValueError("a forward pass without a cache must start at position 0")
+        elif pos.dim() != 1 or int(pos[0]) != 0:
+            raise ValueError("a forward pass without a cache must start at position 0, every row at the same positions")
         else:
             q, k = prepare_qk(q, k, pos, f, T, oi)  # (B, Hq, L, D), (B, Hkv, L, D)
             if impl != "torch" and k.stride() != v.stride():  # the Triton kernels read k and v in one layout
@@ -322,7 +322,8 @@ class TargetLM(nn.Module):
 
     def forward(self, ids: torch.Tensor, pos: torch.Tensor | None = None, cache: KVCache | None = None,
                 impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
-        """Run tokens ``ids`` ``(B, L)`` at absolute positions ``pos`` ``(L,)`` (default ``0..L-1``).
+        """Run tokens ``ids`` ``(B, L)`` at absolute positions ``pos`` ``(L,)`` (default ``0..L-1``), or
+        ``(B, L)``: each row at its own positions (batched decoding; needs a ``cache``).
 
         With a ``cache``, keys are written at ``pos`` and every earlier position is read from it.
 

@@ -76,7 +76,8 @@ class MTPHead(nn.Module):
         Args:
             hidden: ``(B, L, d)`` target hidden (or the head's previous ``g``) at positions ``pos``.
             next_ids: ``(B, L)`` the token that follows each position.
-            pos: ``(L,)`` absolute positions (default ``0..L-1``).
+            pos: ``(L,)`` absolute positions (default ``0..L-1``), or ``(B, L)``: each row's own
+                (batched decoding; needs a ``cache``).
             cache: the draft KV cache (written at ``pos``, read through the key set).
             n_sink, window: the draft key set (``window=None``: full context, the native MTP).
             impl: attention implementation.

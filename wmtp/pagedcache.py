@@ -178,9 +178,9 @@ class PagedKVCache(SeparateWrites):  # update_qkv: the separate ops, then update
         return new
 
     def update(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str = "torch") -> None:
-        """Write ``k, v`` ``(B, Hkv, L, D)`` at positions ``pos`` ``(L,)``, by indexed assignment for
-        every ``impl`` (``KVCache.update``'s signature; the one-kernel write is for contiguous caches:
-        wmtp/fused.py).
+        """Write ``k, v`` ``(B, Hkv, L, D)`` at positions ``pos`` ``(L,)`` or ``(B, L)`` (each row's own),
+        by indexed assignment for every ``impl`` (``KVCache.update``'s signature; the one-kernel write
+        is for contiguous caches: wmtp/fused.py).
 
         Raises:
             ValueError: as ``KVCache.update``.
@@ -191,13 +191,13 @@ class PagedKVCache(SeparateWrites):  # update_qkv: the separate ops, then update
         check_write(layer, pos, k, v, (n_layers, self.block_table.shape[0], Hkv, D),
                     self._writable if self.checked else None)
         check_impl(impl)
-        page, row = page_rows(self.block_table, self.page_size, pos)  # (B, L), (L,)
+        page, row = page_rows(self.block_table, self.page_size, pos)  # (B, L), (L,) or (B, L)
         self.k[layer][page, row] = k.transpose(1, 2).to(self.k.dtype)  # (B, L, Hkv, D) into (B, L) rows
         self.v[layer][page, row] = v.transpose(1, 2).to(self.v.dtype)
 
     def read(self, layer: int, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values ``(B, Hkv, L, D)`` at positions ``pos`` ``(L,)`` (a gathered copy)."""
-        page, row = page_rows(self.block_table, self.page_size, pos)  # (B, L), (L,)
+        """Keys and values ``(B, Hkv, L, D)`` at positions ``pos`` ``(L,)`` or ``(B, L)`` (a gathered copy)."""
+        page, row = page_rows(self.block_table, self.page_size, pos)  # (B, L), (L,) or (B, L)
         return self.k[layer][page, row].transpose(1, 2), self.v[layer][page, row].transpose(1, 2)
 
     def attend(self, layer: int, q: torch.Tensor, pos: torch.Tensor, n_sink: int | None, window: int | None,

@@ -25,6 +25,10 @@ unless asked for ``impl="torch"`` or a gradient is needed (``op_impl`` in wmtp/m
 preset launches 4 kernels fewer, a one-row head call 1. In the CUDA-graph decode loop on the H200,
 every run lossless, dense decoding took 1.6-2.8 % less time a token and speculative decoding
 1.1-3.5 % less (metrics/experiments/qkv-write-h200-exp42.json).
+
+Positions may be per row, ``(B, L)`` where they are otherwise ``(L,)``: batched speculative decoding
+with each sequence of the batch at its own position; row ``b`` is prepared and written as it would be
+alone at ``pos[b]``.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ BLOCK_L = 16  # rows (positions) a program prepares or writes
 def prepare_qk(q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor | None,
                train_len: int | None, impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """The separate ops: ``q, k`` rotated by ``rope_pair`` when ``inv_freq`` is given, then ``q`` scaled
-    by ``logn_scale`` when ``train_len`` is; ``impl`` theirs."""
+    by ``logn_scale`` when ``train_len`` is, at positions ``pos`` ``(L,)`` or ``(B, L)``; ``impl`` theirs."""
     if inv_freq is not None:
         q, k = rope_pair(q, k, pos, inv_freq, impl)  # (B, Hq, L, D), (B, Hkv, L, D)
     if train_len is not None:
@@ -56,7 +60,8 @@ def qkv_write_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torc
                     v_buf: torch.Tensor, inv_freq: torch.Tensor | None = None,
                     train_len: int | None = None) -> torch.Tensor:
     """The reference: the separate references one after the other (``rope_torch`` on ``q`` and ``k``,
-    ``logn_scale_torch`` on ``q``, ``kv_write_torch``); returns the prepared ``q``."""
+    ``logn_scale_torch`` on ``q``, ``kv_write_torch``), ``pos`` ``(L,)`` or ``(B, L)``; returns the prepared
+    ``q``."""
     if inv_freq is not None:
         q, k = rope_torch(q, pos, inv_freq), rope_torch(k, pos, inv_freq)  # (B, Hq, L, D), (B, Hkv, L, D)
     if train_len is not None:
@@ -72,9 +77,10 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def _qkv_write_kernel(Q, K, V, Pos, F, Qo, Kb, Vb,  # q (B, Hq, L, D); k, v (B, Hkv, L, D); pos (L,); inv_freq
+    def _qkv_write_kernel(Q, K, V, Pos, F, Qo, Kb, Vb,  # q (B, Hq, L, D); k, v (B, Hkv, L, D); pos; inv_freq
                           sqb, sqh, sql, skb, skh, skl, svb, svh, svl,  # q's, k's and v's strides (last 1)
                           sbb, sbh, sbs, tbb, tbh, tbs,  # the key and value buffers' strides (last 1)
+                          sp,  # pos's batch stride: pos (L,) (0) or (B, L)
                           Hq, Hkv, L, S, n_lblk, T,  # Hq: the query heads prepared (0: none); T: train_len
                           D: tl.constexpr, ROPE: tl.constexpr, LOGN: tl.constexpr, BLOCK_L: tl.constexpr,
                           BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, ACC: tl.constexpr):
@@ -83,7 +89,7 @@ def _kernel():
         b, h = bh // (Hq + Hkv), bh % (Hq + Hkv)  # heads 0 .. Hq-1 are queries, then the key heads
         rows = (pid % n_lblk) * BLOCK_L + tl.arange(0, BLOCK_L)  # (BLOCK_L,)
         r = rows.to(tl.int64)[:, None]  # (BLOCK_L, 1)
-        p = tl.load(Pos + rows, mask=rows < L, other=0)  # (BLOCK_L,)
+        p = tl.load(Pos + b * sp + rows, mask=rows < L, other=0)  # (BLOCK_L,): row b's positions
         half = tl.arange(0, BLOCK_H)  # (BLOCK_H,): a rotation's pairs, columns c and c + D/2
         hmask = (rows < L)[:, None] & (half < D // 2)[None, :]  # (BLOCK_L, BLOCK_H)
         cols = tl.arange(0, BLOCK_D)  # (BLOCK_D,): a whole row
@@ -137,8 +143,9 @@ def qkv_write_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
                      v_buf: torch.Tensor, inv_freq: torch.Tensor | None = None,
                      train_len: int | None = None) -> torch.Tensor:
     """``qkv_write_torch`` in one kernel, a program per ``BLOCK_L`` rows of a head (CUDA, or the CPU
-    interpreter). Unchecked: ``qkv_write`` checks first. Returns ``q`` itself when neither
-    ``inv_freq`` nor ``train_len`` is given, else a contiguous ``(B, Hq, L, D)``."""
+    interpreter). Unchecked: ``qkv_write`` checks first; ``pos`` ``(L,)`` or ``(B, L)``, contiguous in its
+    last dimension. Returns ``q`` itself when neither ``inv_freq`` nor ``train_len`` is given, else a
+    contiguous ``(B, Hq, L, D)``."""
     import triton
 
     prepared = inv_freq is not None or train_len is not None
@@ -150,11 +157,12 @@ def qkv_write_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
     if B * L * D and Hw + Hkv:
         n_lblk = triton.cdiv(L, BLOCK_L)
         f = inv_freq if inv_freq is not None else q  # an unread pointer without RoPE
+        sp = pos.stride(0) if pos.dim() == 2 else 0  # one row of positions for every batch row: stride 0
         with on_device(q):
             _kernel()[(n_lblk * B * (Hw + Hkv),)](
                 q, k, v, pos, f, out, k_buf, v_buf, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-                *k_buf.stride()[:3], *v_buf.stride()[:3], Hw, Hkv, L, k_buf.shape[2], n_lblk, train_len or 2,
-                D=D, ROPE=inv_freq is not None, LOGN=train_len is not None, BLOCK_L=BLOCK_L,
+                *k_buf.stride()[:3], *v_buf.stride()[:3], sp, Hw, Hkv, L, k_buf.shape[2], n_lblk,
+                train_len or 2, D=D, ROPE=inv_freq is not None, LOGN=train_len is not None, BLOCK_L=BLOCK_L,
                 BLOCK_H=triton.next_power_of_2(max(D // 2, 1)), BLOCK_D=triton.next_power_of_2(D),
                 ACC=acc_type(inv_freq.dtype if inv_freq is not None else q.dtype))
     return out
@@ -169,7 +177,8 @@ def qkv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tens
 
     Args:
         q: ``(B, Hq, L, D)`` queries; ``k, v``: ``(B, Hkv, L, D)``; floating, one dtype, any layout.
-        pos: ``(L,)`` int32 or int64 positions, each in ``[0, S)`` (unchecked here, as ``kv_write``'s).
+        pos: ``(L,)`` or ``(B, L)`` (row ``b`` at ``pos[b]``) int32 or int64 positions, each in ``[0, S)``
+            (unchecked here, as ``kv_write``'s).
         k_buf, v_buf: ``(B, Hkv, S, D)`` cache buffers, contiguous in their last dimension.
         inv_freq: ``(D/2,)`` RoPE frequencies (``rope``'s), or ``None``: no rotation.
         train_len: the training context (``logn_scale``'s, an int >= 2), or ``None``: no scaling.

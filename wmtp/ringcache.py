@@ -92,9 +92,9 @@ class RingKVCache(SeparateWrites):  # update_qkv: the separate ops, then update
                 self.v[layer][rows, 0] = v.transpose(1, 2).reshape(-1, Hkv, D)
 
     def update(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str = "torch") -> None:
-        """Write ``k, v`` ``(B, Hkv, L, D)`` at positions ``pos`` ``(L,)``, each into its slot, by indexed
-        assignment for every ``impl`` (``KVCache.update``'s signature; the one-kernel write is for
-        contiguous caches: wmtp/fused.py).
+        """Write ``k, v`` ``(B, Hkv, L, D)`` at positions ``pos`` ``(L,)`` or ``(B, L)`` (each row's own),
+        each into its slot, by indexed assignment for every ``impl`` (``KVCache.update``'s signature;
+        the one-kernel write is for contiguous caches: wmtp/fused.py).
 
         Raises:
             ValueError: for a layer outside the cache, positions that are not a non-empty 1-D integer
@@ -105,10 +105,12 @@ class RingKVCache(SeparateWrites):  # update_qkv: the separate ops, then update
         check_write(layer, pos, k, v, (n_layers, self.block_table.shape[0], Hkv, D),
                     self.max_len if self.checked else None)
         check_impl(impl)
-        if pos.numel() > self.spare + 1:
+        if pos.shape[-1] > self.spare + 1:
             raise ValueError(f"a ring of {self.spare} spare slots takes at most {self.spare + 1} positions a write, "
-                             f"got {pos.numel()} (NOTE [Ring writes] in wmtp/ringcache.py)")
-        rows = self.block_table[:, pos.long()].long().flatten()  # (B * L,) slot rows, batch-major
+                             f"got {pos.shape[-1]} (NOTE [Ring writes] in wmtp/ringcache.py)")
+        pos = pos.long().to(self.block_table.device)
+        table = self.block_table.gather(1, pos) if pos.dim() == 2 else self.block_table[:, pos]  # (B, L)
+        rows = table.long().flatten()  # (B * L,) slot rows, batch-major
         self.k[layer][rows, 0] = k.transpose(1, 2).reshape(-1, Hkv, D).to(self.k.dtype)  # (B*L, Hkv, D)
         self.v[layer][rows, 0] = v.transpose(1, 2).reshape(-1, Hkv, D).to(self.v.dtype)
 

@@ -23,6 +23,10 @@ autograd, as attention does).
 ``rope_pair`` rotates a layer's queries and keys with one call when they are neighbouring heads of
 one tensor, as the stacked q/k/v product leaves them (wmtp/stacked.py): one kernel where there were
 two. The rotation is per element, so each output is what ``rope`` gives it alone, bit for bit.
+
+Positions may be per row, ``(B, L)`` where they are otherwise ``(L,)``: batched speculative decoding
+with each sequence of the batch at its own position; row ``b`` is rotated as it would be alone at
+``pos[b]``.
 """
 
 from __future__ import annotations
@@ -47,10 +51,13 @@ def rope_frequencies(head_dim: int, theta: float, device: torch.device | str, dt
 
 
 def rope_torch(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """The reference: ``x`` ``(B, H, L, D)`` rotated by the angles ``pos[l] * inv_freq`` of positions
-    ``pos`` ``(L,)``; halves ``x[..., :D/2]`` and ``x[..., D/2:]`` pair up (the Llama layout)."""
+    """The reference: ``x`` ``(B, H, L, D)`` rotated by the angles ``pos[..., l] * inv_freq`` of
+    positions ``pos`` ``(L,)`` or ``(B, L)`` (row ``b`` at ``pos[b]``); halves ``x[..., :D/2]`` and
+    ``x[..., D/2:]`` pair up (the Llama layout)."""
     acc = torch.promote_types(x.dtype, torch.float32)
-    angles = pos.to(acc)[:, None] * inv_freq[None, :]  # (L, D/2)
+    angles = pos.to(acc)[..., None] * inv_freq  # (L, D/2) or (B, L, D/2)
+    if pos.dim() == 2:
+        angles = angles[:, None]  # (B, 1, L, D/2): a row's angles for each of its heads
     cos, sin = angles.cos(), angles.sin()
     x1, x2 = x.to(acc).chunk(2, dim=-1)  # (B, H, L, D/2) each
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
@@ -63,8 +70,8 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def _rope_kernel(X, Pos, F, Out,  # x (B, H, L, D); pos (L,); inv_freq (D/2,); out (B, H, L, D) contiguous
-                     sb, sh, sl, H, L, n_lblk,  # x's strides (its last is 1); row blocks a head
+    def _rope_kernel(X, Pos, F, Out,  # x (B, H, L, D); pos (L,) or (B, L); inv_freq (D/2,); out contiguous
+                     sb, sh, sl, sp, H, L, n_lblk,  # x's strides (its last is 1); pos's batch stride (0: (L,))
                      HALF: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, ACC: tl.constexpr):
         pid = tl.program_id(0).to(tl.int64)  # int64 offsets: B * H * L * D may pass 2**31
         bh = pid // n_lblk
@@ -72,7 +79,7 @@ def _kernel():
         rows = (pid % n_lblk) * BLOCK_L + tl.arange(0, BLOCK_L)  # (BLOCK_L,)
         cols = tl.arange(0, BLOCK_D)  # (BLOCK_D,), BLOCK_D >= HALF
         mask = (rows < L)[:, None] & (cols < HALF)[None, :]  # (BLOCK_L, BLOCK_D)
-        p = tl.load(Pos + rows, mask=rows < L, other=0).to(ACC)  # (BLOCK_L,)
+        p = tl.load(Pos + b * sp + rows, mask=rows < L, other=0).to(ACC)  # (BLOCK_L,): row b's positions
         angle = p[:, None] * tl.load(F + cols, mask=cols < HALF, other=0.0)[None, :]  # the reference's product
         cos, sin = tl.cos(angle), tl.sin(angle)
         src = X + b * sb + h * sh + rows.to(tl.int64)[:, None] * sl + cols[None, :]
@@ -88,8 +95,8 @@ def _kernel():
 
 def rope_triton(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     """``rope_torch`` with a program per ``BLOCK_L`` rows of a head (CUDA, or the CPU interpreter).
-    Unchecked (a short ``pos`` reads out of bounds): ``rope`` checks first. Returns a contiguous
-    ``(B, H, L, D)``, as the reference does."""
+    Unchecked (a short ``pos`` reads out of bounds): ``rope`` checks first; ``pos`` ``(L,)`` or ``(B, L)``,
+    contiguous in its last dimension. Returns a contiguous ``(B, H, L, D)``, as the reference does."""
     import triton
     import triton.language as tl
 
@@ -103,7 +110,8 @@ def rope_triton(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor) -> t
     if out.numel():
         n_lblk = triton.cdiv(L, BLOCK_L)
         grid = (n_lblk * B * H,)  # one axis: CUDA caps a grid's second at 65535
-        _kernel()[grid](x, pos, inv_freq, out, x.stride(0), x.stride(1), x.stride(2), H, L, n_lblk,
+        sp = pos.stride(0) if pos.dim() == 2 else 0  # one row of positions for every batch row: stride 0
+        _kernel()[grid](x, pos, inv_freq, out, x.stride(0), x.stride(1), x.stride(2), sp, H, L, n_lblk,
                         HALF=D // 2, BLOCK_L=BLOCK_L, BLOCK_D=triton.next_power_of_2(D // 2),
                         ACC=tl.float64 if inv_freq.dtype == torch.float64 else tl.float32)
     return out
@@ -114,7 +122,7 @@ def rope(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor, impl: str =
 
     Args:
         x: ``(B, H, L, D)``, ``D`` even, any layout.
-        pos: ``(L,)`` integer positions on ``x``'s device.
+        pos: ``(L,)`` or ``(B, L)`` (row ``b`` at ``pos[b]``) int32 or int64 positions on ``x``'s device.
         inv_freq: ``(D/2,)`` frequencies from ``rope_frequencies``, in ``x``'s dtype promoted to at
             least float32, on ``x``'s device.
         impl: ``"torch"`` (the reference), ``"triton"`` (one kernel; CUDA, or CPU tensors under
@@ -189,6 +197,7 @@ def check_rope_args(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor, 
         raise ValueError(f"{op}'s inv_freq must be ({x.shape[-1] // 2},), contiguous, {acc} on {x.device}; got "
                          f"{tuple(inv_freq.shape)} of stride {inv_freq.stride()}, {inv_freq.dtype} on "
                          f"{inv_freq.device}")
-    if pos.shape != (x.shape[2],) or pos.dtype not in (torch.int32, torch.int64) or pos.device != x.device:
-        raise ValueError(f"{op}'s pos must be ({x.shape[2]},) int32 or int64 on {x.device}; got {tuple(pos.shape)} "
-                         f"{pos.dtype} on {pos.device}")
+    B, L = x.shape[0], x.shape[2]
+    if pos.shape not in ((L,), (B, L)) or pos.dtype not in (torch.int32, torch.int64) or pos.device != x.device:
+        raise ValueError(f"{op}'s pos must be ({L},) or ({B}, {L}) int32 or int64 on {x.device}; got "
+                         f"{tuple(pos.shape)} {pos.dtype} on {pos.device}")

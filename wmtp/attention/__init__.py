@@ -97,8 +97,8 @@ def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torc
         raise ValueError(f"q {tuple(q.shape)} does not fit k {tuple(k.shape)} (batch, head_dim, Hq % Hkv)")
     if k.shape[2] == 0:
         raise ValueError("the cache holds no positions (S = 0)")
-    if q_pos.shape != (Lq,):
-        raise ValueError(f"q_pos must have shape ({Lq},), got {tuple(q_pos.shape)}")
+    if q_pos.shape != (Lq,) and q_pos.shape != (B, Lq):
+        raise ValueError(f"q_pos must have shape ({Lq},) or ({B}, {Lq}), got {tuple(q_pos.shape)}")
     return Hq // k.shape[1]
 
 
@@ -114,11 +114,14 @@ def _check_positions(impl: str, q_pos: torch.Tensor, S: int) -> None:
 
 
 def _check_pages(impl: str, block_table: torch.Tensor, q_pos: torch.Tensor, num_pages: int, page_size: int) -> None:
-    """NOTE [Host sync], as for positions: the pages the queries can reach (``0 .. max(q_pos)``) must
-    lie in ``[0, num_pages)``; checked for the reference and for a table in host memory. (A negative
-    page id would index from the end in torch: another page, silently.)"""
+    """NOTE [Host sync], as for positions: the pages the queries can reach (``0 .. max(q_pos)``, a
+    row's own with positions per row) must lie in ``[0, num_pages)``; checked for the reference and
+    for a table in host memory. (A negative page id would index from the end in torch: another page,
+    silently.)"""
     if q_pos.numel() and (impl == "torch" or block_table.device.type == "cpu"):
-        used = block_table[:, : int(q_pos.max()) // page_size + 1]  # (B, pages read)
+        reach = q_pos.amax(dim=-1).to(block_table.device) // page_size + 1  # () or (B,): pages each row reads
+        cols = torch.arange(block_table.shape[1], device=block_table.device)  # (max_pages,)
+        used = block_table[(cols < reach.reshape(-1, 1)).expand(block_table.shape)]  # the pages read
         lo, hi = int(used.min()), int(used.max())
         if lo < 0 or hi >= num_pages:
             raise ValueError(f"block_table's pages for positions up to {int(q_pos.max())} must lie in "
@@ -147,7 +150,7 @@ def _prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos, impl: str
     q_pos = torch.as_tensor(q_pos)
     if not is_integer_tensor(q_pos):
         raise ValueError(f"q_pos must hold integer positions, got dtype {q_pos.dtype}")
-    q_pos = q_pos.long()  # (Lq,) where it was given
+    q_pos = q_pos.long()  # (Lq,) or (B, Lq) where it was given
     group = _check_shapes(q, logical if logical is not None else k, logical if logical is not None else v, q_pos)
     if not q.device == k.device == v.device:
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
@@ -201,9 +204,10 @@ def attention(
     Args:
         q: ``(B, Hq, Lq, D)`` queries.
         k, v: ``(B, Hkv, S, D)`` position-indexed keys and values (``Hq % Hkv == 0``).
-        q_pos: ``(Lq,)`` LongTensor of absolute query positions, in ``[0, S)``; queries are causal
-            among themselves through the key-set formula. Checked unless they are on the GPU and
-            ``impl`` resolves to ``"triton"`` (NOTE [Host sync] in ``_check_positions``).
+        q_pos: ``(Lq,)`` LongTensor of absolute query positions, in ``[0, S)``, or ``(B, Lq)``: each
+            batch row's own (batched decoding with every sequence at its own position); queries are
+            causal among themselves through the key-set formula. Checked unless they are on the GPU
+            and ``impl`` resolves to ``"triton"`` (NOTE [Host sync] in ``_check_positions``).
         n_sink: sink keys (``None`` = 0).
         window: recent keys including the query's own (``None`` = full causal set).
         impl: ``"auto"``, ``"torch"`` or ``"triton"``.
@@ -245,8 +249,9 @@ def paged_attention(
         q: ``(B, Hq, Lq, D)`` queries.
         k_pages, v_pages: ``(num_pages, page_size, Hkv, D)`` pages (``Hq % Hkv == 0``).
         block_table: ``(B, max_pages)`` int32 page indices.
-        q_pos: ``(Lq,)`` LongTensor of absolute query positions, each ``< max_pages * page_size``;
-            checked as in ``attention`` (not when on the GPU with ``impl`` resolving to ``"triton"``).
+        q_pos: ``(Lq,)`` or ``(B, Lq)`` (each row's own) LongTensor of absolute query positions, each
+            ``< max_pages * page_size``; checked as in ``attention`` (not when on the GPU with ``impl``
+            resolving to ``"triton"``).
         n_sink: sink keys (``None`` = 0).
         window: recent keys including the query's own (``None`` = full causal set).
         impl: ``"auto"``, ``"torch"`` or ``"triton"``.

@@ -23,9 +23,12 @@ __all__ = ["PagedView", "page_rows", "paged_attention_torch", "paginate"]
 
 
 def page_rows(block_table: torch.Tensor, page_size: int, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """THE paged address of positions ``pos`` ``(L,)``: page ``(B, L)`` and row ``(L,)``, position ``p``
-    of sequence ``b`` being row ``p % page_size`` of page ``block_table[b, p // page_size]``."""
+    """THE paged address of positions ``pos`` ``(L,)`` (every sequence's) or ``(B, L)`` (each its own):
+    page ``(B, L)`` and row ``(L,)`` or ``(B, L)``, position ``p`` of sequence ``b`` being row
+    ``p % page_size`` of page ``block_table[b, p // page_size]``."""
     pos = pos.long()
+    if pos.dim() == 2:
+        return block_table.gather(1, pos // page_size).long(), pos % page_size  # (B, L) each
     return block_table[:, pos // page_size].long(), pos % page_size
 
 
@@ -60,7 +63,8 @@ def paged_attention_torch(
         q: ``(B, Hq, Lq, D)`` queries.
         k_pages, v_pages: ``(num_pages, page_size, Hkv, D)`` pages of keys and values.
         block_table: ``(B, max_pages)`` page of each sequence's logical page (int32).
-        q_pos: ``(Lq,)`` absolute query positions, each ``< max_pages * page_size``.
+        q_pos: ``(Lq,)`` absolute query positions, each ``< max_pages * page_size``, or ``(B, Lq)``:
+            each batch row's own (computed row by row).
         n_sink: sink keys (``None`` = 0).
         window: recent keys including the query's own (``None`` = full causal set).
         q_sink: queries that score the sink keys, as in ``attention_torch``.
@@ -70,6 +74,10 @@ def paged_attention_torch(
     """
     if q_pos.numel() == 0:
         return torch.empty_like(q)
+    if q_pos.dim() == 2:  # positions per row: each row alone, through its own block-table row
+        return torch.cat([paged_attention_torch(q[b : b + 1], k_pages, v_pages, block_table[b : b + 1], q_pos[b],
+                                                n_sink, window, None if q_sink is None else q_sink[b : b + 1])
+                          for b in range(q.shape[0])])
     length = int(q_pos.max()) + 1  # positions past the last query are never read
     k, v = PagedView(k_pages, block_table, length), PagedView(v_pages, block_table, length)
     return attention_torch(q, k, v, q_pos, n_sink, window, q_sink)

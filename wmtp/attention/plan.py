@@ -160,7 +160,7 @@ def check_tensors(q, k, v, q_pos) -> None:
 
 def by_query_chunks(q, q_pos, group, run, q_sink=None):
     """Call ``run(q_chunk, pos_chunk, q_sink_chunk)`` on blocks of at most ``max_tile_rows(dtype, D) // group``
-    queries (``q_sink_chunk`` is ``None`` without ``q_sink``)."""
+    queries (``q_sink_chunk`` is ``None`` without ``q_sink``; ``q_pos`` ``(Lq,)`` or ``(B, Lq)``)."""
     Lq = q.shape[2]
     if Lq == 0:
         return torch.empty_like(q)
@@ -171,5 +171,5 @@ def by_query_chunks(q, q_pos, group, run, q_sink=None):
     chunk = max_rows // group
     if chunk >= Lq:
         return run(q, q_pos, q_sink)
-    return torch.cat([run(q[:, :, i : i + chunk], q_pos[i : i + chunk],
+    return torch.cat([run(q[:, :, i : i + chunk], q_pos[..., i : i + chunk],
                           None if q_sink is None else q_sink[:, :, i : i + chunk]) for i in range(0, Lq, chunk)], dim=2)

@@ -53,7 +53,8 @@ def attention_torch(
         q: ``(B, Hq, Lq, D)`` queries.
         k, v: ``(B, Hkv, S, D)`` keys and values indexed by absolute position (a KV cache);
             positions past ``max(q_pos)`` are never read, whatever they hold.
-        q_pos: ``(Lq,)`` absolute positions of the queries, each ``< S``.
+        q_pos: ``(Lq,)`` absolute positions of the queries, each ``< S``, or ``(B, Lq)``: each batch
+            row's own (computed row by row, each row as a batch of one).
         n_sink: sink keys (``None`` = 0).
         window: recent keys including the query's own (``None`` = full causal set).
         q_sink: ``(B, Hq, Lq, D)`` queries that score the sink keys (``j < n_sink``) in place of
@@ -62,6 +63,9 @@ def attention_torch(
     Returns:
         ``(B, Hq, Lq, D)`` in ``q.dtype``.
     """
+    if q_pos.dim() == 2:  # positions per row: each row alone
+        return torch.cat([attention_torch(q[b : b + 1], k[b : b + 1], v[b : b + 1], q_pos[b], n_sink, window,
+                                          None if q_sink is None else q_sink[b : b + 1]) for b in range(q.shape[0])])
     B, Hq, Lq, D = q.shape
     Hkv = k.shape[1]
     group = Hq // Hkv

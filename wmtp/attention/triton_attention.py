@@ -221,12 +221,13 @@ def _attention_kernel(
     QS,  # (B, Hq, Lq, D) queries that score the sinks, Q's strides (QSINK only; any tensor otherwise)
     K, V,  # contiguous: (B, Hkv, S, D); paged: (num_pages, PAGE_SIZE, Hkv, D); same strides for K and V
     BT,  # (B, max_pages) int32 block table (paged only; any tensor otherwise)
-    QPOS,  # (Lq,) absolute query positions (int64)
+    QPOS,  # (Lq,) absolute query positions (int64), or (B, Lq): each batch row's, rows stride_pb apart
     Out,  # (B, Hq, Lq, D) output in q.dtype (written when n_splits == 1)
     WS,  # partials (accumulator dtype), one flat workspace: m, l (n_rows each) and acc (n_rows * D); NOTE [Workspace]
     stride_qb, stride_qh, stride_ql, stride_qd,
     stride_kouter, stride_kpos, stride_kh, stride_kd,  # batch|page, position|page row, kv head, head dim
     stride_btb,
+    stride_pb,  # QPOS's batch stride: 0 when every row shares the positions
     stride_ob, stride_oh, stride_ol, stride_od,
     Hkv, Lq, capacity, n_sink, window, n_splits,  # capacity: key positions of the cache; window=None: FULL
     n_rows,  # B * Hkv * n_splits * BLOCK_M: partial rows in WS
@@ -258,7 +259,7 @@ def _attention_kernel(
             q_s = q_s.to(tl.float32)
     # (BLOCK_M,) padding rows repeat a real query's position. NOTE [Host sync]: positions are not
     # checked on the host; clamped to [0, capacity) (before the int32 cast) so that no read leaves the cache
-    t = tl.minimum(tl.maximum(tl.load(QPOS + rows % Lq), 0), capacity - 1).to(tl.int32)
+    t = tl.minimum(tl.maximum(tl.load(QPOS + b.to(tl.int64) * stride_pb + rows % Lq), 0), capacity - 1).to(tl.int32)
 
     sink_hi, n_blk_sink, sink_u2, rec_lo, rec_hi, n_blk_rec, rec_u1, rec_u2 = _key_plan(
         tl.min(t, 0), tl.max(t, 0), n_sink, window, BLOCK_N)  # NOTE [Host sync]: planned on device
@@ -333,7 +334,8 @@ def attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: t
             ``Hq // Hkv`` at most ``max_tile_rows(dtype, D)``, else ``ValueError``).
         k, v: ``(B, Hkv, S, D)`` position-indexed keys and values, any strides (head dim contiguous).
         q_pos: ``(Lq,)`` LongTensor of absolute query positions, each in ``[0, S)`` (not checked here,
-            which would need a host sync; the kernel clamps them to ``[0, S)``, so it never reads outside).
+            which would need a host sync; the kernel clamps them to ``[0, S)``, so it never reads outside),
+            or ``(B, Lq)``: each batch row's own (a program serves one row: the key ranges are its own).
         n_sink: sink keys (``None`` = 0).
         window: recent keys including the query's own (``None`` = full causal set).
         num_splits: split-K programs per (batch, kv head); ``None`` picks from the SM count.

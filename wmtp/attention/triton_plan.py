@@ -90,7 +90,7 @@ class _Plan(NamedTuple):
 
 @functools.lru_cache(maxsize=1024)
 def _static_plan(q_shape, q_stride, k_shape, k_stride, bt_stride, page_size, paged, capacity, dtype, device_type,
-                 n_sink, window, tuning, limits, q_sink=False, token_major=True) -> _Plan:
+                 n_sink, window, tuning, limits, q_sink=False, token_major=True, pos_stride=0) -> _Plan:
     """Everything of a call that shapes, strides and Python ints fix, computed once per distinct key."""
     B, Hq, Lq, D = q_shape
     Hkv = k_shape[2]  # k is (outer, position, Hkv, D) in both layouts
@@ -108,7 +108,8 @@ def _static_plan(q_shape, q_stride, k_shape, k_stride, bt_stride, page_size, pag
     pdl = split and (has_pdl if pdl is None else pdl)  # NOTE [PDL]
     out_stride = (Lq * Hq * D, D, Hq * D, 1) if token_major else (Hq * Lq * D, Lq * D, D, 1)  # NOTE [Output layout]
     n_rows = B * Hkv * num_splits * BLOCK_M  # partial rows: m and l have n_rows each, acc n_rows * D
-    ints = (*q_stride, *k_stride, bt_stride, *out_stride, Hkv, Lq, capacity, n_sink, window, num_splits, n_rows)
+    ints = (*q_stride, *k_stride, bt_stride, pos_stride, *out_stride, Hkv, Lq, capacity, n_sink, window, num_splits,
+            n_rows)
     kwargs = dict(GROUP=Hq // Hkv, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=D, PAGE_SIZE=page_size,
                   PAGED=0 if not paged else 2 if num_stages > 1 else 1, SPLIT=split,  # NOTE [Pages]
                   UPCAST=device_type == "cpu" and dtype == torch.bfloat16,
@@ -155,7 +156,8 @@ def plan_call(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning, li
     ``num_splits, block_n, num_warps, num_stages, pdl``; ``limits`` is ``_gpu_limits`` of the GPU to
     plan for, or None for the CPU interpreter. tests/test_kernel_sm90.py plans H200 calls on ``meta``
     tensors and compiles them offline. ``q_sink``: the queries that score the sinks, with q's strides
-    (NOTE [Re-indexed sinks] in attention/triton_attention.py), or None.
+    (NOTE [Re-indexed sinks] in attention/triton_attention.py), or None. ``q_pos``: ``(Lq,)``, or
+    ``(B, Lq)`` with a contiguous last dimension (each batch row's own positions).
     """
     if block_table is None:  # (B, Hkv, S, D) read as (B, S, Hkv, D): strides (batch, position, head, dim)
         bt, (B, H, S, D), (sb, sh, ss, sd) = q_pos, k.shape, k.stride()
@@ -163,8 +165,10 @@ def plan_call(q, k, v, block_table, page_size, q_pos, n_sink, window, tuning, li
     else:
         bt, k_shape, k_stride = block_table, tuple(k.shape), k.stride()
         capacity = block_table.shape[1] * page_size  # key positions
+    pos_stride = q_pos.stride(0) if q_pos.dim() == 2 else 0  # a batch row's positions apart (0: shared)
     static = (tuple(q.shape), q.stride(), k_shape, k_stride, bt.stride(0), page_size, block_table is not None,
-              capacity, q.dtype, q.device.type, n_sink, window, tuning, limits, q_sink is not None, TOKEN_MAJOR)
+              capacity, q.dtype, q.device.type, n_sink, window, tuning, limits, q_sink is not None, TOKEN_MAJOR,
+              pos_stride)
     plan = _static_plan(*static)
     B, Hq, Lq, D = q.shape
     out = q.new_empty((B, Lq, Hq, D)).transpose(1, 2) if TOKEN_MAJOR else q.new_empty(q.shape)  # (B, Hq, Lq, D)

@@ -1,0 +1,124 @@
+"""Batched speculative decoding with a position a row (wmtp/batched.py): prompts of different
+lengths in one batch, each row keeping its own matches, must give each prompt's dense greedy
+decoding alone, token for token, and accept what ``speculative_generate`` of the prompt alone
+accepts. float64 on the CPU, reference ops (NOTE [Batch exactness] in wmtp/lockstep.py)."""
+
+import pytest
+import torch
+
+import wmtp
+from wmtp.batched import batched_speculative_generate
+from wmtp.policy import AdaptiveDepth
+
+
+@pytest.fixture(scope="module")
+def models():
+    target, head = wmtp.build_models("tiny", seed=0)
+    return target.double(), head.double()
+
+
+def _prompts(lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 512, (n,), generator=g) for n in lengths]
+
+
+@pytest.mark.parametrize("depth", [1, 2, 4])
+@pytest.mark.parametrize("n_sink, window", [(None, None), (2, 8), (0, 4)])
+def test_each_row_is_its_prompt_alone(models, depth, n_sink, window):
+    """Prompts of 1, 9, 23 and 17 tokens: every row is ``greedy_generate`` of its prompt, and its
+    accepted drafts and kept tokens are ``speculative_generate``'s for the prompt alone."""
+    target, head = models
+    prompts = _prompts([1, 9, 23, 17])
+    outs, stats = batched_speculative_generate(target, head, prompts, 24, depth, n_sink, window, impl="torch")
+    for b, p in enumerate(prompts):
+        assert torch.equal(outs[b], wmtp.greedy_generate(target, p, 24, impl="torch"))
+        alone, s = wmtp.speculative_generate(target, head, p, 24, depth, n_sink, window, impl="torch")
+        assert torch.equal(outs[b], alone)
+        assert (stats.accepted[b], stats.committed[b], stats.live_steps[b]) == (s.accepted, s.committed, s.steps)
+    assert stats.steps == max(stats.live_steps) and sum(stats.committed) == sum(len(o) - 1 for o in outs)
+    assert stats.mean_accept_length == sum(stats.committed) / sum(stats.live_steps)
+
+
+class RowOracle:
+    """The real head with its logits replaced, a script a row: at a step whose row ``b`` verifies
+    from ``n``, that row's drafts are right for the first ``j(b, n) = (7 n + 3 b) % (K + 1)``, then
+    wrong. A fixed depth ``K`` makes the calls an extend and ``K - 1`` recursive drafts a step, so a
+    call's index in its step is its count (after the prompts' one chain call) modulo ``K``. Every
+    column at position ``t`` of call index ``i`` is scripted as a draft of the step at ``n = t + 1 -
+    i``: the extend's last real column gets its row's first draft, padded columns something unread."""
+
+    def __init__(self, head, sequences, depth):
+        self.head, self.seq, self.K, self.calls = head, sequences, depth, -1  # -1: the prompts' chain
+
+    def j(self, b, n):
+        return (7 * n + 3 * b) % (self.K + 1)
+
+    def new_cache(self, *args, **kwargs):
+        return self.head.new_cache(*args, **kwargs)
+
+    def __call__(self, hidden, next_ids, pos, cache, n_sink, window, impl):
+        logits, g = self.head(hidden, next_ids, pos, cache, n_sink, window, impl)
+        index, self.calls = max(self.calls, 0) % self.K, self.calls + 1
+        B, L = next_ids.shape
+        t = pos.expand(B, L)  # (B, L) each column's position
+        truth = self.seq.gather(1, (t + 2).clamp(max=self.seq.shape[1] - 1))  # (B, L): the token it guesses
+        right = torch.tensor([[index < self.j(b, int(t[b, c]) + 1 - index) for c in range(L)] for b in range(B)])
+        out = torch.zeros_like(logits)  # (B, L, V)
+        out.scatter_(2, torch.where(right, truth, (truth + 1) % 512)[..., None], 1.0)
+        return out, g
+
+
+def test_each_row_keeps_its_own_matches(models):
+    """With scripted matches (``RowOracle``) on prompts of 5, 9 and 14 tokens: each step keeps
+    ``j(b, n_b) + 1`` tokens of row ``b`` at its own ``n_b``; the rows' outputs are their greedy
+    decodings and the counters the sums the script implies."""
+    target, head = models
+    K, new, prompts = 3, 30, _prompts([5, 9, 14], seed=5)
+    want = [wmtp.greedy_generate(target, p, new + K + 2, impl="torch") for p in prompts]
+    seq = torch.zeros(3, 14 + new + K + 2, dtype=torch.long)
+    for b, (p, w) in enumerate(zip(prompts, want)):
+        seq[b, : p.numel() + w.numel()] = torch.cat([p, w])
+    oracle = RowOracle(head, seq, K)
+    outs, stats = batched_speculative_generate(target, oracle, prompts, new, K, impl="torch")
+    assert all(torch.equal(o, w[:new]) for o, w in zip(outs, want))
+    for b, p in enumerate(prompts):
+        n, kept, steps, accepted = p.numel(), 1, 0, 0
+        while kept < new:
+            a = oracle.j(b, n)
+            kept, n, steps, accepted = kept + a + 1, n + a + 1, steps + 1, accepted + a
+        assert (stats.live_steps[b], stats.accepted[b], stats.committed[b]) == (steps, accepted, new - 1)
+    assert len(set(stats.accepted)) > 1 and stats.steps == max(stats.live_steps)  # the rows drift apart
+    assert stats.mean_accept_length > 1.5  # the script accepts, unlike the untrained head
+
+
+def test_rows_that_stop_early_run_on_without_changing(models):
+    """A row that reaches its ``eos_id`` stops (the token included) while the others go on; a
+    ``(B, P)`` tensor of prompts works as the list of its rows."""
+    target, head = models
+    prompts = torch.stack(_prompts([12, 12, 12], seed=3))
+    free = [wmtp.greedy_generate(target, p, 20, impl="torch") for p in prompts]
+    eos = int(free[1][4])  # row 1 stops at its fifth token (or earlier, if that token came before)
+    outs, stats = batched_speculative_generate(target, head, prompts, 20, 3, 2, 8, impl="torch", eos_id=eos)
+    for b, p in enumerate(prompts):
+        assert torch.equal(outs[b], wmtp.greedy_generate(target, p, 20, eos_id=eos, impl="torch"))
+    assert len(outs[1]) <= 5 and stats.live_steps[1] < stats.steps
+
+
+def test_a_depth_policy_changes_the_drafts_not_the_output(models):
+    target, head = models
+    prompts = _prompts([5, 30, 14], seed=4)
+    outs, stats = batched_speculative_generate(target, head, prompts, 30, AdaptiveDepth(4), 2, 8, impl="torch")
+    for b, p in enumerate(prompts):
+        assert torch.equal(outs[b], wmtp.greedy_generate(target, p, 30, impl="torch"))
+    assert sum(stats.steps_by_depth) == stats.steps
+
+
+@pytest.mark.parametrize("prompts, match", [
+    ([], "non-empty"), (torch.zeros(3, dtype=torch.long), "non-empty"), ([torch.zeros(0, dtype=torch.long)], "row 0"),
+    ([torch.zeros(2, dtype=torch.long), torch.zeros(2, 2, dtype=torch.long)], "row 1"),
+    ([torch.zeros(2, dtype=torch.long), torch.zeros(2, dtype=torch.long, device="meta")], "one device"),
+])
+def test_bad_prompts_are_value_errors(models, prompts, match):
+    target, head = models
+    with pytest.raises(ValueError, match=match):
+        batched_speculative_generate(target, head, prompts, 8, 2, impl="torch")
