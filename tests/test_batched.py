@@ -3,6 +3,9 @@ lengths in one batch, each row keeping its own matches, must give each prompt's 
 decoding alone, token for token, and accept what ``speculative_generate`` of the prompt alone
 accepts. float64 on the CPU, reference ops (NOTE [Batch exactness] in wmtp/lockstep.py)."""
 
+import copy
+import os
+
 import pytest
 import torch
 
@@ -111,6 +114,39 @@ def test_a_depth_policy_changes_the_drafts_not_the_output(models):
     for b, p in enumerate(prompts):
         assert torch.equal(outs[b], wmtp.greedy_generate(target, p, 30, impl="torch"))
     assert sum(stats.steps_by_depth) == stats.steps
+
+
+def test_short_requests(models):
+    """One-token prompts (no true chain for the head) beside a longer one; 0, 1, 2 and 7 new tokens."""
+    target, head = models
+    prompts = _prompts([1, 1, 6], seed=6)
+    for new in (0, 1, 2, 7):
+        outs, stats = batched_speculative_generate(target, head, prompts, new, 3, 2, 8, impl="torch")
+        assert [o.tolist() for o in outs] == [wmtp.greedy_generate(target, p, new, impl="torch").tolist()
+                                              for p in prompts]
+        assert stats.committed == [max(new - 1, 0)] * 3 and (new > 1 or stats.steps == 0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the Triton kernels on the GPU")
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_each_row_is_its_prompt_alone_on_cuda(impl):
+    """The harness models (wide weights: varied greedy output) in float64 on the GPU, the Triton
+    kernels taking a position a row in every pass."""
+    from wmtp.grading_checks import harness_models
+
+    target, head = (m.cuda() for m in copy.deepcopy(harness_models()))
+    prompts = [p.cuda() for p in _prompts([4, 30, 17], seed=7)]
+    outs, _ = batched_speculative_generate(target, head, prompts, 20, 4, 4, 16, impl=impl)
+    assert all(torch.equal(o, wmtp.greedy_generate(target, p, 20, impl=impl)) for o, p in zip(outs, prompts))
+
+
+def test_triton_under_the_interpreter(models):
+    if os.environ.get("TRITON_INTERPRET") != "1" or torch.cuda.is_available():
+        pytest.skip("the Triton kernels under the CPU interpreter")
+    target, head = models
+    prompts = _prompts([3, 10], seed=8)
+    outs, _ = batched_speculative_generate(target, head, prompts, 8, 3, 2, 4, impl="triton")
+    assert all(torch.equal(o, wmtp.greedy_generate(target, p, 8, impl="torch")) for o, p in zip(outs, prompts))
 
 
 @pytest.mark.parametrize("prompts, match", [
