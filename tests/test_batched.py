@@ -42,19 +42,26 @@ def test_each_row_is_its_prompt_alone(models, depth, n_sink, window):
     assert stats.mean_accept_length == sum(stats.committed) / sum(stats.live_steps)
 
 
-class RowOracle:
-    """The real head with its logits replaced, a script a row: at a step whose row ``b`` verifies
-    from ``n``, that row's drafts are right for the first ``j(b, n) = (7 n + 3 b) % (K + 1)``, then
-    wrong. A fixed depth ``K`` makes the calls an extend and ``K - 1`` recursive drafts a step, so a
-    call's index in its step is its count (after the prompts' one chain call) modulo ``K``. Every
-    column at position ``t`` of call index ``i`` is scripted as a draft of the step at ``n = t + 1 -
-    i``: the extend's last real column gets its row's first draft, padded columns something unread."""
+class InputOracle:
+    """The real head with its logits replaced, a script a row, that also checks what it is fed: at a
+    step whose row ``b`` verifies from ``n``, the row's drafts are right for the first ``j(b, n)``
+    (default ``(7 n + 3 b) % (K + 1)``), then wrong, and any draft whose inputs are not the row's
+    true ones (the next token ``seq[b, t + 1]``; for a step's first call, the target's hidden state
+    at ``t``) is wrong too. A fixed depth ``K`` makes the calls an extend and ``K - 1`` recursive
+    drafts a step, so a call's index in its step is its count (after the prompts' one chain call)
+    modulo ``K``. Every column at position ``t`` of call index ``i`` is scripted as a draft of the
+    step at ``n = t + 1 - i``: the extend's last real column gets its row's first draft, padded
+    columns something the loop never reads."""
 
-    def __init__(self, head, sequences, depth):
-        self.head, self.seq, self.K, self.calls = head, sequences, depth, -1  # -1: the prompts' chain
-
-    def j(self, b, n):
-        return (7 * n + 3 * b) % (self.K + 1)
+    def __init__(self, target, head, prompts, depth, new, j=None):
+        want = [wmtp.greedy_generate(target, p, new + depth + 2, impl="torch") for p in prompts]
+        T = max(p.numel() + w.numel() for p, w in zip(prompts, want))
+        self.seq = torch.zeros(len(prompts), T, dtype=torch.long)  # (B, T): prompt, then greedy tokens
+        for b, (p, w) in enumerate(zip(prompts, want)):
+            self.seq[b, : p.numel() + w.numel()] = torch.cat([p, w])
+        self.hidden = target(self.seq)[1]  # (B, T, d): the target's hidden state at every position
+        self.head, self.K, self.want, self.calls = head, depth, want, -1  # -1: the prompts' chain
+        self.j = j or (lambda b, n: (7 * n + 3 * b) % (depth + 1))
 
     def new_cache(self, *args, **kwargs):
         return self.head.new_cache(*args, **kwargs)
@@ -63,27 +70,30 @@ class RowOracle:
         logits, g = self.head(hidden, next_ids, pos, cache, n_sink, window, impl)
         index, self.calls = max(self.calls, 0) % self.K, self.calls + 1
         B, L = next_ids.shape
+        T = self.seq.shape[1]
         t = pos.expand(B, L)  # (B, L) each column's position
-        truth = self.seq.gather(1, (t + 2).clamp(max=self.seq.shape[1] - 1))  # (B, L): the token it guesses
-        right = torch.tensor([[index < self.j(b, int(t[b, c]) + 1 - index) for c in range(L)] for b in range(B)])
+        fed = next_ids == self.seq.gather(1, (t + 1).clamp(max=T - 1))  # (B, L) the true next token
+        if index == 0:  # the target's own hidden states (the head's own ones later in a step)
+            true_h = self.hidden.gather(1, t.clamp(max=T - 1)[..., None].expand(-1, -1, hidden.shape[-1]))
+            fed &= ((hidden - true_h).abs().amax(-1) <= 1e-8 * true_h.abs().amax())
+        truth = self.seq.gather(1, (t + 2).clamp(max=T - 1))  # (B, L): the token a draft there guesses
+        script = torch.tensor([[index < self.j(b, int(t[b, c]) + 1 - index) for c in range(L)] for b in range(B)])
         out = torch.zeros_like(logits)  # (B, L, V)
-        out.scatter_(2, torch.where(right, truth, (truth + 1) % 512)[..., None], 1.0)
+        out.scatter_(2, torch.where(fed & script, truth, (truth + 1) % 512)[..., None], 1.0)
         return out, g
 
 
-def test_each_row_keeps_its_own_matches(models):
-    """With scripted matches (``RowOracle``) on prompts of 5, 9 and 14 tokens: each step keeps
-    ``j(b, n_b) + 1`` tokens of row ``b`` at its own ``n_b``; the rows' outputs are their greedy
-    decodings and the counters the sums the script implies."""
+@pytest.mark.parametrize("n_sink, window", [(None, None), (2, 8)])
+def test_each_row_keeps_its_own_matches(models, n_sink, window):
+    """With scripted matches (``InputOracle``) on prompts of 5, 9 and 14 tokens: each step keeps
+    ``j(b, n_b) + 1`` tokens of row ``b`` at its own ``n_b``, which holds only if the loop feeds each
+    row's head its true tokens and hidden states; the rows' outputs are their greedy decodings and
+    the counters the sums the script implies."""
     target, head = models
     K, new, prompts = 3, 30, _prompts([5, 9, 14], seed=5)
-    want = [wmtp.greedy_generate(target, p, new + K + 2, impl="torch") for p in prompts]
-    seq = torch.zeros(3, 14 + new + K + 2, dtype=torch.long)
-    for b, (p, w) in enumerate(zip(prompts, want)):
-        seq[b, : p.numel() + w.numel()] = torch.cat([p, w])
-    oracle = RowOracle(head, seq, K)
-    outs, stats = batched_speculative_generate(target, oracle, prompts, new, K, impl="torch")
-    assert all(torch.equal(o, w[:new]) for o, w in zip(outs, want))
+    oracle = InputOracle(target, head, prompts, K, new)
+    outs, stats = batched_speculative_generate(target, oracle, prompts, new, K, n_sink, window, impl="torch")
+    assert all(torch.equal(o, w[:new]) for o, w in zip(outs, oracle.want))
     for b, p in enumerate(prompts):
         n, kept, steps, accepted = p.numel(), 1, 0, 0
         while kept < new:
@@ -92,6 +102,25 @@ def test_each_row_keeps_its_own_matches(models):
         assert (stats.live_steps[b], stats.accepted[b], stats.committed[b]) == (steps, accepted, new - 1)
     assert len(set(stats.accepted)) > 1 and stats.steps == max(stats.live_steps)  # the rows drift apart
     assert stats.mean_accept_length > 1.5  # the script accepts, unlike the untrained head
+
+
+@pytest.mark.parametrize("stop", ["eos", "max_new_tokens"])
+def test_a_stopped_row_stays_where_it_stopped(stop):
+    """Row 0 matches every draft and row 1 none (a step a token). Row 0 stops after its first step
+    (its ``eos_id``) or when it has ``max_new_tokens`` (past them by up to K); row 1 goes on. Had row
+    0 moved past its last live step's positions, its next passes would have written past its cache
+    (checked). The harness models (wide weights): the tiny target's greedy tokens repeat, and the
+    eos stop needs a token new to both rows."""
+    from wmtp.grading_checks import harness_models
+
+    target, head = harness_models()
+    K, new, prompts = 3, 30, _prompts([8, 8], seed=9)
+    oracle = InputOracle(target, head, prompts, K, new, j=lambda b, n: K if b == 0 else 0)
+    eos = int(oracle.want[0][K + 1]) if stop == "eos" else None  # row 0's last token of its first step
+    assert eos is None or eos not in oracle.want[0][: K + 1].tolist() + oracle.want[1][:new].tolist()
+    outs, stats = batched_speculative_generate(target, oracle, prompts, new, K, impl="torch", eos_id=eos)
+    assert torch.equal(outs[0], oracle.want[0][: K + 2 if eos else new]) and torch.equal(outs[1], oracle.want[1][:new])
+    assert stats.live_steps == [1 if eos else -(-(new - 1) // (K + 1)), new - 1] and stats.steps == new - 1
 
 
 def test_rows_that_stop_early_run_on_without_changing(models):

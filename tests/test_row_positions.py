@@ -115,3 +115,13 @@ def test_positions_per_row_need_a_cache_and_a_row_each(models):
         target(ids, torch.arange(3).repeat(2, 1))
     with pytest.raises(ValueError, match=r"\(2, L\)"):
         target(ids, torch.arange(3).repeat(3, 1), target.new_cache(2, 8))
+
+
+@pytest.mark.parametrize("kind", ["contiguous", "paged"])
+def test_reads_refuse_positions_of_another_shape(models, kind):
+    target, _ = models
+    cache = _cache(target, kind, 2)
+    for pos in (torch.zeros(3, 2, dtype=torch.long), torch.zeros(1, 2, dtype=torch.long), torch.zeros(2, 2),
+                torch.zeros(2, 1, 2, dtype=torch.long)):
+        with pytest.raises(ValueError, match=r"read positions must be an integer tensor \(L,\) or \(2, L\)"):
+            cache.read(0, pos)

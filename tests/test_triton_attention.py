@@ -139,6 +139,25 @@ def test_positions_per_row(B, Hq, Hkv, Lq, D, n_sink, window, layout, impl):
         assert_kernel_close(out[b : b + 1], q[b : b + 1], k[b : b + 1], v[b : b + 1], q_pos[b], n_sink, window)
 
 
+@pytest.mark.parametrize("impl", ["torch", pytest.param("triton", marks=NEEDS_TRITON)])
+@pytest.mark.parametrize("layout", ["contiguous", "paged16"])
+def test_positions_per_row_with_reindexed_sinks(layout, impl):
+    """``q_pos`` ``(B, Lq)`` with ``q_sink`` (re-indexed positions: the sinks scored by other
+    queries), queries chunked (Lq 70 x group 4 > a tile): each row within the kernel rule of truth."""
+    B, Hq, Hkv, Lq, S, n_sink, window = 2, 4, 1, 70, 200, 4, 16
+    q, k, v, _ = make_inputs(B, Hq, Hkv, Lq, S, 32, torch.float32, seed=21, device=DEVICE)
+    q_sink = torch.randn(q.shape, generator=torch.Generator().manual_seed(22)).to(DEVICE)
+    q_pos = torch.stack([torch.arange(10, 10 + Lq), torch.arange(S - Lq, S)]).to(DEVICE)  # (B, Lq)
+    if layout == "contiguous":
+        out = wmtp.attention(q, k, v, q_pos, n_sink=n_sink, window=window, impl=impl, q_sink=q_sink)
+    else:
+        k_pages, v_pages, table = paginate(k, v, 16, torch.Generator().manual_seed(23))
+        out = paged_attention(q, k_pages, v_pages, table, q_pos, n_sink, window, impl=impl, q_sink=q_sink)
+    for b in range(B):
+        rows = slice(b, b + 1)
+        assert_kernel_close(out[rows], q[rows], k[rows], v[rows], q_pos[b], n_sink, window, q_sink[rows])
+
+
 # (B, Hq, Hkv, Lq, S, n_sink, window, dtype, layout)
 SPLIT_CASES = [
     pytest.param(1, 8, 2, 8, 133, 4, 40, torch.float32, "contiguous", id="verify-window"),

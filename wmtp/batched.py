@@ -6,9 +6,10 @@ extend, recursive drafts, one verify pass, commit), each row at its own position
 the head and of the target takes positions ``(B, L)`` (the attention ops, RoPE, log-length scaling
 and the caches' writes take a position a row). Row ``b`` with its latest token at ``n_b`` drafts
 ``K`` tokens at ``n_b + 1 ..``, the target verifies ``n_b .. n_b + K``, and the row keeps its own
-``a_b`` accepted drafts and its target token: ``n_b`` moves on by ``a_b + 1``. So each row drafts,
-accepts and outputs what it would alone (wmtp/lockstep.py's rows instead keep the batch's least
-match, and its prompts share one length).
+``a_b`` accepted drafts and its target token: ``n_b`` moves on by ``a_b + 1``. So at a fixed depth
+each row drafts, accepts and outputs what it would alone (wmtp/lockstep.py's rows instead keep the
+batch's least match, and its prompts share one length); with a depth policy the depths, and so the
+drafts, may differ from the row's alone, and the output does not.
 
 NOTE [Padded rows]: the batch's tensors are rectangular where the rows are not. Prompts are padded
 at their ends to the longest; the head's extend covers ``max_b(a_b + 1)`` positions a row. The
@@ -134,7 +135,8 @@ def batched_speculative_generate(target: TargetLM, draft: MTPHead, prompts, max_
         raise ValueError("every prompt must be on one device")
     policy = as_policy(depth)
     K = policy.max_depth  # the caches hold a step of the most drafts
-    needed = 0
+    one = torch.zeros(1, dtype=torch.long, device=dev)  # the arguments every row shares, checked once
+    needed = check_spec_request(target, draft, one, max_new_tokens, K, n_sink, window, eos_id)
     for b, r in enumerate(rows):
         try:
             needed = max(needed, check_spec_request(target, draft, r, max_new_tokens, K, n_sink, window, eos_id))

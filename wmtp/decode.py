@@ -108,8 +108,8 @@ class GreedyRule:
 def _each_prompt(prompts: list | tuple, run: Callable[[torch.Tensor], object]) -> list:
     """Batched generation over ragged prompts: ``run`` on each 1-D prompt in turn, results in order.
 
-    The sequences run one after another, each exactly as it would alone (the attention kernels take
-    one position vector per call, so prompts of different lengths are not fused into one batch).
+    The sequences run one after another, each exactly as it would alone (``batched_speculative_generate``
+    in wmtp/batched.py decodes prompts of different lengths as one batch, a position a row).
     """
     if not prompts:
         raise ValueError("a batch of prompts must hold at least one 1-D LongTensor of token ids")

@@ -61,8 +61,8 @@ class KVCache:
 
         Raises:
             ValueError: for a layer outside the cache (-1 is not the last one), positions that are not
-                a non-empty 1-D integer tensor or (when ``checked``) do not fit in the cache, ``k, v``
-                of another shape, or an impl ``kv_write`` refuses.
+                a non-empty ``(L,)`` or ``(B, L)`` integer tensor or (when ``checked``) do not fit in the
+                cache, ``k, v`` of another shape, or an impl ``kv_write`` refuses.
         """
         n_layers, B, Hkv, _, D = self.k.shape
         check_write(layer, pos, k, v, (n_layers, B, Hkv, D), self.max_len if self.checked else None)
@@ -87,7 +87,12 @@ class KVCache:
                          train_len, impl)
 
     def read(self, layer: int, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values ``(B, Hkv, L, D)`` at positions ``pos`` ``(L,)`` or ``(B, L)`` (each row's own)."""
+        """Keys and values ``(B, Hkv, L, D)`` at positions ``pos`` ``(L,)`` or ``(B, L)`` (each row's own).
+
+        Raises:
+            ValueError: for positions of another shape (``check_read``).
+        """
+        check_read(pos, self.k.shape[1])
         if pos.dim() == 2:
             rows = torch.arange(pos.shape[0], device=pos.device)[:, None]  # (B, 1)
             return self.k[layer][rows, :, pos].transpose(1, 2), self.v[layer][rows, :, pos].transpose(1, 2)
@@ -117,6 +122,13 @@ def check_impl(impl: str) -> None:
     """A write's ``impl`` must be one of ``wmtp.attention``'s (the ring and paged caches ignore it)."""
     if impl not in IMPLS:
         raise ValueError(f"unknown impl {impl!r}; choose one of {', '.join(IMPLS)}")
+
+
+def check_read(pos: torch.Tensor, batch: int) -> None:
+    """A cache read's positions: an integer tensor ``(L,)`` (every row's) or ``(batch, L)`` (each row's own)."""
+    if pos.dim() not in (1, 2) or not is_integer_tensor(pos) or pos.dim() == 2 and pos.shape[0] != batch:
+        raise ValueError(f"read positions must be an integer tensor (L,) or ({batch}, L), got {pos.dtype} "
+                         f"{tuple(pos.shape)}")
 
 
 def check_write(layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: tuple[int, int, int, int],

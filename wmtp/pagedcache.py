@@ -35,7 +35,7 @@ import torch
 
 from .attention import paged_attention
 from .attention.paged import page_rows
-from .kvcache import SeparateWrites, check_impl, check_write
+from .kvcache import SeparateWrites, check_impl, check_read, check_write
 
 __all__ = ["PagedKVCache", "fork_pages", "fork_table"]
 
@@ -196,7 +196,12 @@ class PagedKVCache(SeparateWrites):  # update_qkv: the separate ops, then update
         self.v[layer][page, row] = v.transpose(1, 2).to(self.v.dtype)
 
     def read(self, layer: int, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values ``(B, Hkv, L, D)`` at positions ``pos`` ``(L,)`` or ``(B, L)`` (a gathered copy)."""
+        """Keys and values ``(B, Hkv, L, D)`` at positions ``pos`` ``(L,)`` or ``(B, L)`` (a gathered copy).
+
+        Raises:
+            ValueError: as ``KVCache.read``.
+        """
+        check_read(pos, self.block_table.shape[0])
         page, row = page_rows(self.block_table, self.page_size, pos)  # (B, L), (L,) or (B, L)
         return self.k[layer][page, row].transpose(1, 2), self.v[layer][page, row].transpose(1, 2)
 

@@ -97,9 +97,9 @@ class RingKVCache(SeparateWrites):  # update_qkv: the separate ops, then update
         the one-kernel write is for contiguous caches: wmtp/fused.py).
 
         Raises:
-            ValueError: for a layer outside the cache, positions that are not a non-empty 1-D integer
-                tensor, more than ``spare + 1`` of them (NOTE [Ring writes]), or (when ``checked``)
-                positions outside ``[0, max_len)``; ``k, v`` of another shape.
+            ValueError: for a layer outside the cache, positions that are not a non-empty ``(L,)`` or
+                ``(B, L)`` integer tensor, more than ``spare + 1`` of them a row (NOTE [Ring writes]), or
+                (when ``checked``) positions outside ``[0, max_len)``; ``k, v`` of another shape.
         """
         n_layers, _, _, Hkv, D = self.k.shape
         check_write(layer, pos, k, v, (n_layers, self.block_table.shape[0], Hkv, D),
