@@ -1,6 +1,7 @@
-"""What the decoding tests share (tests/test_lossless.py, test_static_decode.py, test_prefill.py, the lockstep tests):
-the vocabulary of ``wmtp.grading.harness_models``, seeded random prompts, the counts that two
-runs of one request must agree on, a scripted depth policy and a device-side oracle draft."""
+"""What the decoding tests share (tests/test_lossless.py, test_static_decode.py, test_prefill.py, the
+lockstep and batched tests): the vocabulary of ``wmtp.grading.harness_models``, seeded random
+prompts, the counts that two runs of one request must agree on, a scripted depth policy, a
+device-side oracle draft and a per-row one that checks what it is fed."""
 
 import torch
 
@@ -68,3 +69,50 @@ class DeviceOracle:
         logits.scatter_(1, tok[:, None], 1.0)
         g = (index.to(hidden.dtype) + self.SENTINEL)[None, :, None].expand_as(hidden).contiguous()
         return logits[None], g
+
+
+def prompts_of(lengths, seed: int = 0) -> list[torch.Tensor]:
+    """Prompts of the given lengths (a list of 1-D tensors), drawn as ``random_prompt`` draws one."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, V, (n,), generator=g) for n in lengths]
+
+
+class InputOracle:
+    """The real head with its logits replaced, a script a row, that also checks what it is fed: at a
+    step whose row ``b`` verifies from ``n``, the row's drafts are right for the first ``j(b, n)``
+    (default ``(7 n + 3 b) % (K + 1)``), then wrong, and any draft whose inputs are not the row's
+    true ones (the next token ``seq[b, t + 1]``; for a step's first call, the target's hidden state
+    at ``t``) is wrong too. A fixed depth ``K`` makes the calls an extend and ``K - 1`` recursive
+    drafts a step, so a call's index in its step is its count (after the prompts' one chain call)
+    modulo ``K``. Every column at position ``t`` of call index ``i`` is scripted as a draft of the
+    step at ``n = t + 1 - i``: the extend's last real column gets its row's first draft, padded
+    columns something the loop never reads."""
+
+    def __init__(self, target, head, prompts, depth, new, j=None):
+        want = [wmtp.greedy_generate(target, p, new + depth + 2, impl="torch") for p in prompts]
+        T = max(p.numel() + w.numel() for p, w in zip(prompts, want))
+        self.seq = torch.zeros(len(prompts), T, dtype=torch.long)  # (B, T): prompt, then greedy tokens
+        for b, (p, w) in enumerate(zip(prompts, want)):
+            self.seq[b, : p.numel() + w.numel()] = torch.cat([p, w])
+        self.hidden = target(self.seq)[1]  # (B, T, d): the target's hidden state at every position
+        self.head, self.K, self.want, self.calls = head, depth, want, -1  # -1: the prompts' chain
+        self.j = j or (lambda b, n: (7 * n + 3 * b) % (depth + 1))
+
+    def new_cache(self, *args, **kwargs):
+        return self.head.new_cache(*args, **kwargs)
+
+    def __call__(self, hidden, next_ids, pos, cache, n_sink, window, impl):
+        logits, g = self.head(hidden, next_ids, pos, cache, n_sink, window, impl)
+        index, self.calls = max(self.calls, 0) % self.K, self.calls + 1
+        B, L = next_ids.shape
+        T = self.seq.shape[1]
+        t = pos.expand(B, L)  # (B, L) each column's position
+        fed = next_ids == self.seq.gather(1, (t + 1).clamp(max=T - 1))  # (B, L) the true next token
+        if index == 0:  # the target's own hidden states (the head's own ones later in a step)
+            true_h = self.hidden.gather(1, t.clamp(max=T - 1)[..., None].expand(-1, -1, hidden.shape[-1]))
+            fed &= ((hidden - true_h).abs().amax(-1) <= 1e-8 * true_h.abs().amax())
+        truth = self.seq.gather(1, (t + 2).clamp(max=T - 1))  # (B, L): the token a draft there guesses
+        script = torch.tensor([[index < self.j(b, int(t[b, c]) + 1 - index) for c in range(L)] for b in range(B)])
+        out = torch.zeros_like(logits)  # (B, L, V)
+        out.scatter_(2, torch.where(fed & script, truth, (truth + 1) % V)[..., None], 1.0)
+        return out, g

@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+from decode_harness import InputOracle, prompts_of
 
 import wmtp
 from wmtp.batched import batched_speculative_generate
@@ -20,18 +21,13 @@ def models():
     return target.double(), head.double()
 
 
-def _prompts(lengths, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, 512, (n,), generator=g) for n in lengths]
-
-
 @pytest.mark.parametrize("depth", [1, 2, 4])
 @pytest.mark.parametrize("n_sink, window", [(None, None), (2, 8), (0, 4)])
 def test_each_row_is_its_prompt_alone(models, depth, n_sink, window):
     """Prompts of 1, 9, 23 and 17 tokens: every row is ``greedy_generate`` of its prompt, and its
     accepted drafts and kept tokens are ``speculative_generate``'s for the prompt alone."""
     target, head = models
-    prompts = _prompts([1, 9, 23, 17])
+    prompts = prompts_of([1, 9, 23, 17])
     outs, stats = batched_speculative_generate(target, head, prompts, 24, depth, n_sink, window, impl="torch")
     for b, p in enumerate(prompts):
         assert torch.equal(outs[b], wmtp.greedy_generate(target, p, 24, impl="torch"))
@@ -42,47 +38,6 @@ def test_each_row_is_its_prompt_alone(models, depth, n_sink, window):
     assert stats.mean_accept_length == sum(stats.committed) / sum(stats.live_steps)
 
 
-class InputOracle:
-    """The real head with its logits replaced, a script a row, that also checks what it is fed: at a
-    step whose row ``b`` verifies from ``n``, the row's drafts are right for the first ``j(b, n)``
-    (default ``(7 n + 3 b) % (K + 1)``), then wrong, and any draft whose inputs are not the row's
-    true ones (the next token ``seq[b, t + 1]``; for a step's first call, the target's hidden state
-    at ``t``) is wrong too. A fixed depth ``K`` makes the calls an extend and ``K - 1`` recursive
-    drafts a step, so a call's index in its step is its count (after the prompts' one chain call)
-    modulo ``K``. Every column at position ``t`` of call index ``i`` is scripted as a draft of the
-    step at ``n = t + 1 - i``: the extend's last real column gets its row's first draft, padded
-    columns something the loop never reads."""
-
-    def __init__(self, target, head, prompts, depth, new, j=None):
-        want = [wmtp.greedy_generate(target, p, new + depth + 2, impl="torch") for p in prompts]
-        T = max(p.numel() + w.numel() for p, w in zip(prompts, want))
-        self.seq = torch.zeros(len(prompts), T, dtype=torch.long)  # (B, T): prompt, then greedy tokens
-        for b, (p, w) in enumerate(zip(prompts, want)):
-            self.seq[b, : p.numel() + w.numel()] = torch.cat([p, w])
-        self.hidden = target(self.seq)[1]  # (B, T, d): the target's hidden state at every position
-        self.head, self.K, self.want, self.calls = head, depth, want, -1  # -1: the prompts' chain
-        self.j = j or (lambda b, n: (7 * n + 3 * b) % (depth + 1))
-
-    def new_cache(self, *args, **kwargs):
-        return self.head.new_cache(*args, **kwargs)
-
-    def __call__(self, hidden, next_ids, pos, cache, n_sink, window, impl):
-        logits, g = self.head(hidden, next_ids, pos, cache, n_sink, window, impl)
-        index, self.calls = max(self.calls, 0) % self.K, self.calls + 1
-        B, L = next_ids.shape
-        T = self.seq.shape[1]
-        t = pos.expand(B, L)  # (B, L) each column's position
-        fed = next_ids == self.seq.gather(1, (t + 1).clamp(max=T - 1))  # (B, L) the true next token
-        if index == 0:  # the target's own hidden states (the head's own ones later in a step)
-            true_h = self.hidden.gather(1, t.clamp(max=T - 1)[..., None].expand(-1, -1, hidden.shape[-1]))
-            fed &= ((hidden - true_h).abs().amax(-1) <= 1e-8 * true_h.abs().amax())
-        truth = self.seq.gather(1, (t + 2).clamp(max=T - 1))  # (B, L): the token a draft there guesses
-        script = torch.tensor([[index < self.j(b, int(t[b, c]) + 1 - index) for c in range(L)] for b in range(B)])
-        out = torch.zeros_like(logits)  # (B, L, V)
-        out.scatter_(2, torch.where(fed & script, truth, (truth + 1) % 512)[..., None], 1.0)
-        return out, g
-
-
 @pytest.mark.parametrize("n_sink, window", [(None, None), (2, 8)])
 def test_each_row_keeps_its_own_matches(models, n_sink, window):
     """With scripted matches (``InputOracle``) on prompts of 5, 9 and 14 tokens: each step keeps
@@ -90,7 +45,7 @@ def test_each_row_keeps_its_own_matches(models, n_sink, window):
     row's head its true tokens and hidden states; the rows' outputs are their greedy decodings and
     the counters the sums the script implies."""
     target, head = models
-    K, new, prompts = 3, 30, _prompts([5, 9, 14], seed=5)
+    K, new, prompts = 3, 30, prompts_of([5, 9, 14], seed=5)
     oracle = InputOracle(target, head, prompts, K, new)
     outs, stats = batched_speculative_generate(target, oracle, prompts, new, K, n_sink, window, impl="torch")
     assert all(torch.equal(o, w[:new]) for o, w in zip(outs, oracle.want))
@@ -114,7 +69,7 @@ def test_a_stopped_row_stays_where_it_stopped(stop):
     from wmtp.grading_checks import harness_models
 
     target, head = harness_models()
-    K, new, prompts = 3, 30, _prompts([8, 8], seed=9)
+    K, new, prompts = 3, 30, prompts_of([8, 8], seed=9)
     oracle = InputOracle(target, head, prompts, K, new, j=lambda b, n: K if b == 0 else 0)
     eos = int(oracle.want[0][K + 1]) if stop == "eos" else None  # row 0's last token of its first step
     assert eos is None or eos not in oracle.want[0][: K + 1].tolist() + oracle.want[1][:new].tolist()
@@ -127,7 +82,7 @@ def test_rows_that_stop_early_run_on_without_changing(models):
     """A row that reaches its ``eos_id`` stops (the token included) while the others go on; a
     ``(B, P)`` tensor of prompts works as the list of its rows."""
     target, head = models
-    prompts = torch.stack(_prompts([12, 12, 12], seed=3))
+    prompts = torch.stack(prompts_of([12, 12, 12], seed=3))
     free = [wmtp.greedy_generate(target, p, 20, impl="torch") for p in prompts]
     eos = int(free[1][4])  # row 1 stops at its fifth token (or earlier, if that token came before)
     outs, stats = batched_speculative_generate(target, head, prompts, 20, 3, 2, 8, impl="torch", eos_id=eos)
@@ -138,7 +93,7 @@ def test_rows_that_stop_early_run_on_without_changing(models):
 
 def test_a_depth_policy_changes_the_drafts_not_the_output(models):
     target, head = models
-    prompts = _prompts([5, 30, 14], seed=4)
+    prompts = prompts_of([5, 30, 14], seed=4)
     outs, stats = batched_speculative_generate(target, head, prompts, 30, AdaptiveDepth(4), 2, 8, impl="torch")
     for b, p in enumerate(prompts):
         assert torch.equal(outs[b], wmtp.greedy_generate(target, p, 30, impl="torch"))
@@ -148,7 +103,7 @@ def test_a_depth_policy_changes_the_drafts_not_the_output(models):
 def test_short_requests(models):
     """One-token prompts (no true chain for the head) beside a longer one; 0, 1, 2 and 7 new tokens."""
     target, head = models
-    prompts = _prompts([1, 1, 6], seed=6)
+    prompts = prompts_of([1, 1, 6], seed=6)
     for new in (0, 1, 2, 7):
         outs, stats = batched_speculative_generate(target, head, prompts, new, 3, 2, 8, impl="torch")
         assert [o.tolist() for o in outs] == [wmtp.greedy_generate(target, p, new, impl="torch").tolist()
@@ -164,7 +119,7 @@ def test_each_row_is_its_prompt_alone_on_cuda(impl):
     from wmtp.grading_checks import harness_models
 
     target, head = (m.cuda() for m in copy.deepcopy(harness_models()))
-    prompts = [p.cuda() for p in _prompts([4, 30, 17], seed=7)]
+    prompts = [p.cuda() for p in prompts_of([4, 30, 17], seed=7)]
     outs, _ = batched_speculative_generate(target, head, prompts, 20, 4, 4, 16, impl=impl)
     assert all(torch.equal(o, wmtp.greedy_generate(target, p, 20, impl=impl)) for o, p in zip(outs, prompts))
 
@@ -173,7 +128,7 @@ def test_triton_under_the_interpreter(models):
     if os.environ.get("TRITON_INTERPRET") != "1" or torch.cuda.is_available():
         pytest.skip("the Triton kernels under the CPU interpreter")
     target, head = models
-    prompts = _prompts([3, 10], seed=8)
+    prompts = prompts_of([3, 10], seed=8)
     outs, _ = batched_speculative_generate(target, head, prompts, 8, 3, 2, 4, impl="triton")
     assert all(torch.equal(o, wmtp.greedy_generate(target, p, 8, impl="torch")) for o, p in zip(outs, prompts))
 

@@ -18,6 +18,7 @@ from .mtp import MTPHead
 from .policy import AdaptiveDepth, FixedDepth
 from .prefill import Prefill, prefill_prompt
 from .sampling import sample_generate, speculative_sample, verify_rejection
+from .static_batched import static_batched_speculative_generate
 from .static_decode import static_greedy_generate, static_speculative_generate
 from .static_lockstep import static_batched_greedy_generate, static_lockstep_generate
 from .stats import SpecStats
@@ -46,7 +47,7 @@ __all__ = [
     "draft_key_csr", "TargetLM", "MTPHead", "build_models", "greedy_generate", "speculative_generate", "SpecStats",
     "static_greedy_generate", "static_speculative_generate", "Prefill", "prefill_prompt",
     "batched_greedy_generate", "lockstep_generate", "LockstepStats", "static_batched_greedy_generate",
-    "static_lockstep_generate", "batched_speculative_generate", "BatchedStats",
+    "static_lockstep_generate", "batched_speculative_generate", "BatchedStats", "static_batched_speculative_generate",
     "sample_generate", "speculative_sample", "verify_rejection", "FixedDepth", "AdaptiveDepth",
     "verify_greedy", "verify_greedy_loop", "PRESETS", "get_preset", "ModelConfig", "MTPConfig",
     "KeySetConfig", "SpecConfig", "TrainConfig", "__version__",

@@ -83,18 +83,41 @@ def _rows(prompts) -> list[torch.Tensor]:
     raise ValueError("prompts must be a non-empty (B, P) tensor or a non-empty list of 1-D token-id tensors")
 
 
+def check_batch(target: TargetLM, draft: MTPHead, prompts, max_new_tokens: int, depth: int | DepthPolicy,
+                n_sink: int | None, window: int | None, eos_id: int | None, impl: str):
+    """``batched_speculative_generate``'s checks: returns the prompts as a list of rows, the depth
+    policy, the cache positions the batch writes (the padded prefill's included) and ``impl`` resolved."""
+    rows = _rows(prompts)
+    dev = rows[0].device
+    if any(r.device != dev for r in rows):
+        raise ValueError("every prompt must be on one device")
+    policy = as_policy(depth)
+    K = policy.max_depth  # the caches hold a step of the most drafts
+    one = torch.zeros(1, dtype=torch.long, device=dev)  # the arguments every row shares, checked once
+    needed = check_spec_request(target, draft, one, max_new_tokens, K, n_sink, window, eos_id)
+    for b, r in enumerate(rows):
+        try:
+            needed = max(needed, check_spec_request(target, draft, r, max_new_tokens, K, n_sink, window, eos_id))
+        except ValueError as e:
+            raise ValueError(f"prompts row {b}: {e}") from None
+    impl = resolve_impl(impl, dev, target.embed.dtype, target.config.head_dim,
+                        target.config.n_heads // target.config.n_kv_heads)
+    return rows, policy, max(needed, max(r.numel() for r in rows)), impl
+
+
 def _prefill(target: TargetLM, draft: MTPHead, rows: list[torch.Tensor], needed: int, impl: str,
-             n_sink: int | None, window: int | None):
+             n_sink: int | None, window: int | None, checked: bool = True):
     """Caches of ``needed`` positions for the prompts, padded at their ends (NOTE [Padded rows]): the
-    target over the prompts, then the head over their true chains. Returns both caches, each row's
-    first new token ``(B,)`` and its target hidden state at its last prompt position ``(B, d)``."""
+    target over the prompts, then the head over their true chains. Returns both caches (``checked``:
+    their range check, off for the static loop), each row's first new token ``(B,)``, its target
+    hidden state at its last prompt position ``(B, d)`` and the prompts' lengths ``(B,)``."""
     B, dev = len(rows), rows[0].device
     lengths = torch.tensor([r.numel() for r in rows], device=dev)  # (B,)
     P = int(lengths.max())
     ids = torch.zeros(B, P, dtype=torch.long, device=dev)  # (B, P): pad token 0
     for b, r in enumerate(rows):
         ids[b, : r.numel()] = r.long()
-    tcache, dcache = target.new_cache(B, needed), draft.new_cache(B, needed)
+    tcache, dcache = target.new_cache(B, needed, checked=checked), draft.new_cache(B, needed, checked=checked)
     logits, hidden = target(ids, torch.arange(P, device=dev), tcache, impl)  # (B, P, V), (B, P, d)
     if P > 1:  # the head's true chains, positions 0 .. P_b - 2 (and padding past them)
         draft(hidden[:, :-1], ids[:, 1:], torch.arange(P - 1, device=dev), dcache, n_sink, window, impl)
@@ -129,24 +152,10 @@ def batched_speculative_generate(target: TargetLM, draft: MTPHead, prompts, max_
     Raises:
         ValueError: for prompts of another form, and for any row ``speculative_generate`` refuses.
     """
-    rows = _rows(prompts)
-    dev = rows[0].device
-    if any(r.device != dev for r in rows):
-        raise ValueError("every prompt must be on one device")
-    policy = as_policy(depth)
-    K = policy.max_depth  # the caches hold a step of the most drafts
-    one = torch.zeros(1, dtype=torch.long, device=dev)  # the arguments every row shares, checked once
-    needed = check_spec_request(target, draft, one, max_new_tokens, K, n_sink, window, eos_id)
-    for b, r in enumerate(rows):
-        try:
-            needed = max(needed, check_spec_request(target, draft, r, max_new_tokens, K, n_sink, window, eos_id))
-        except ValueError as e:
-            raise ValueError(f"prompts row {b}: {e}") from None
-    impl = resolve_impl(impl, dev, target.embed.dtype, target.config.head_dim,
-                        target.config.n_heads // target.config.n_kv_heads)
-    B = len(rows)
+    rows, policy, needed, impl = check_batch(target, draft, prompts, max_new_tokens, depth, n_sink, window, eos_id,
+                                             impl)
+    B, K, dev = len(rows), policy.max_depth, rows[0].device
     stats = BatchedStats(depth=K, batch=B)
-    needed = max(needed, max(r.numel() for r in rows))  # the padded prefill's positions
     tcache, dcache, x, h, n = _prefill(target, draft, rows, needed, impl, n_sink, window)
     out = [_finish([t], max_new_tokens, eos_id) for t in x.tolist()]  # (tokens, stopped) a row
     # The head's next extend, a row each: positions hs .. hs + r - 1 (r real ones), hidden, next tokens.

@@ -1,0 +1,100 @@
+"""Batches with a position a row and device-resident steps (wmtp/static_batched.py): the outputs and
+counters of wmtp/batched.py's eager loop, token for token and counter for counter (float64, the
+CPU without graphs; on CUDA with graphs, each row its prompt's greedy decoding)."""
+
+import copy
+import os
+
+import pytest
+import torch
+from decode_harness import InputOracle, prompts_of
+
+import wmtp
+from wmtp.batched import batched_speculative_generate
+from wmtp.grading_checks import harness_models
+from wmtp.static_batched import static_batched_speculative_generate
+
+COUNTERS = ("depth", "batch", "steps", "accepted", "committed", "live_steps", "steps_by_depth", "draft_keys_read")
+
+
+@pytest.fixture(scope="module")
+def models():
+    return harness_models()
+
+
+def assert_same_run(a, b):
+    (outs_a, stats_a), (outs_b, stats_b) = a, b
+    assert len(outs_a) == len(outs_b) and all(torch.equal(x, y) for x, y in zip(outs_a, outs_b))
+    for key in COUNTERS:
+        assert getattr(stats_a, key) == getattr(stats_b, key), key
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+@pytest.mark.parametrize("n_sink, window", [(None, None), (2, 8)])
+def test_the_static_loop_is_the_eager_one(models, n_sink, window, depth):
+    """The real head (its drafts depend on everything it is fed) on prompts of 3, 17 and 9 tokens."""
+    target, head = models
+    prompts = prompts_of([3, 17, 9], seed=depth)
+    eager = batched_speculative_generate(target, head, prompts, 20, depth, n_sink, window, impl="torch")
+    assert_same_run(static_batched_speculative_generate(target, head, prompts, 20, depth, n_sink, window,
+                                                        impl="torch"), eager)
+
+
+@pytest.mark.parametrize("stop", ["eos", "max_new_tokens"])
+def test_scripted_matches_and_stops(models, stop):
+    """``InputOracle``: row 0 matches every draft, row 1 none, row 2 some; row 0 stops first (its
+    ``eos_id``, or ``max_new_tokens``) and sits at the positions after its last step, past the eager
+    loop's, inside the static loop's larger caches (unchecked: a write past them would be an error)."""
+    target, head = models
+    K, new, prompts = 3, 30, prompts_of([8, 8, 5], seed=9)
+    j = lambda b, n: K if b == 0 else 0 if b == 1 else (3 * n) % (K + 1)  # noqa: E731
+    oracle = InputOracle(target, head, prompts, K, new, j=j)
+    eos = int(oracle.want[0][K + 1]) if stop == "eos" else None
+    assert eos is None or eos not in oracle.want[0][: K + 1].tolist() + oracle.want[1][:new].tolist() + \
+        oracle.want[2][:new].tolist()
+    eager = batched_speculative_generate(target, InputOracle(target, head, prompts, K, new, j=j), prompts, new, K,
+                                         impl="torch", eos_id=eos)
+    static = static_batched_speculative_generate(target, oracle, prompts, new, K, impl="torch", eos_id=eos)
+    assert_same_run(static, eager)
+    assert static[1].live_steps[0] < static[1].live_steps[1] and static[1].mean_accept_length > 1.5
+
+
+def test_a_depth_policy_and_short_requests(models):
+    target, head = models
+    prompts = prompts_of([1, 6, 11], seed=4)
+    for new in (0, 1, 2, 9):
+        assert_same_run(static_batched_speculative_generate(target, head, prompts, new, wmtp.AdaptiveDepth(4), 2, 8,
+                                                            impl="torch"),
+                        batched_speculative_generate(target, head, prompts, new, wmtp.AdaptiveDepth(4), 2, 8,
+                                                     impl="torch"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the graphs and the Triton kernels")
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_each_row_is_its_prompt_alone_on_cuda(impl):
+    """With the Triton impl the phases run as CUDA graphs (float64)."""
+    target, head = (m.cuda() for m in copy.deepcopy(harness_models()))
+    prompts = [p.cuda() for p in prompts_of([4, 30, 17], seed=7)]
+    outs, stats = static_batched_speculative_generate(target, head, prompts, 20, 4, 4, 16, impl=impl)
+    assert all(torch.equal(o, wmtp.greedy_generate(target, p, 20, impl=impl)) for o, p in zip(outs, prompts))
+    eager = batched_speculative_generate(target, head, prompts, 20, 4, 4, 16, impl=impl)
+    assert stats.accepted == eager[1].accepted and stats.live_steps == eager[1].live_steps
+
+
+def test_triton_under_the_interpreter(models):
+    if os.environ.get("TRITON_INTERPRET") != "1" or torch.cuda.is_available():
+        pytest.skip("the Triton kernels under the CPU interpreter")
+    target, head = models
+    prompts = prompts_of([3, 10], seed=8)
+    assert_same_run(static_batched_speculative_generate(target, head, prompts, 8, 3, 2, 4, impl="triton"),
+                    batched_speculative_generate(target, head, prompts, 8, 3, 2, 4, impl="torch"))
+
+
+def test_bad_requests_are_value_errors(models):
+    target, head = models
+    with pytest.raises(ValueError, match="non-empty"):
+        static_batched_speculative_generate(target, head, [], 4, 2)
+    with pytest.raises(ValueError, match="depth"):
+        static_batched_speculative_generate(target, head, prompts_of([3]), 4, 0)
+    with pytest.raises(ValueError, match="cuda_graph"):
+        static_batched_speculative_generate(target, head, prompts_of([3]), 4, 2, cuda_graph="yes")
