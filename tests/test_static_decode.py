@@ -14,7 +14,7 @@ import torch
 from decode_harness import Cycling, DeviceOracle, V, random_prompt, same_counts
 
 import wmtp
-from wmtp import static_decode
+from wmtp import graphs
 from wmtp.grading import harness_models
 from wmtp.keyset import key_count
 from wmtp.kvcache import KVCache
@@ -124,8 +124,8 @@ def test_depth_policies_draft_as_the_eager_loop(models, n_sink, window, monkeypa
     ref = wmtp.greedy_generate(target, prompt, 40)
     seq = torch.cat([prompt, ref, torch.zeros(8, dtype=torch.long)])
     built = []
-    runner = static_decode.runner
-    monkeypatch.setattr(static_decode, "runner", lambda step, state, graph, pool=None: built.append(state) or runner(
+    runner = graphs.runner  # the speculative loop's phases capture through graphs.Phases
+    monkeypatch.setattr(graphs, "runner", lambda step, state, graph, pool=None: built.append(state) or runner(
         step, state, graph, pool))
     for j in range(6):
         oracle, static, eager = DeviceOracle(head, seq, j), Cycling([1, 5, 3, 5, 2]), Cycling([1, 5, 3, 5, 2])
@@ -326,8 +326,8 @@ def test_cuda_graphs_of_a_run_share_one_pool_and_replay_in_any_order(cuda_models
     prompt = random_prompt(30, seed=11).cuda()
     ref = wmtp.greedy_generate(target, prompt, 60, impl="triton")
     seq = torch.cat([prompt, ref, torch.zeros(6, dtype=torch.long, device="cuda")])
-    pools, runner = [], static_decode.runner
-    monkeypatch.setattr(static_decode, "runner", lambda step, state, graph, pool=None: pools.append(pool) or runner(
+    pools, runner = [], graphs.runner
+    monkeypatch.setattr(graphs, "runner", lambda step, state, graph, pool=None: pools.append(pool) or runner(
         step, state, graph, pool))
     for j, draft in [(None, head), (1, DeviceOracle(head, seq, 1)), (4, DeviceOracle(head, seq, 4))]:
         pools.clear()

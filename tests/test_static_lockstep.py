@@ -124,6 +124,7 @@ def test_the_capture_warm_up_and_restore_change_nothing(models, monkeypatch):
     """The CPU has no graphs: a runner that runs each phase once at capture (its warm-up) and
     restores the state, as wmtp/graphs.py's does, then runs the phase itself on every call. Depths
     cycle (new phases captured mid-run) and a row stops early: the eager loop's run."""
+    import wmtp.graphs as graphs
     import wmtp.static_lockstep as sl
 
     def warm_then_restore(step, state, graph, pool=None):
@@ -133,7 +134,7 @@ def test_the_capture_warm_up_and_restore_change_nothing(models, monkeypatch):
             t.copy_(s)
         return step
 
-    monkeypatch.setattr(sl, "runner", warm_then_restore)
+    monkeypatch.setattr(graphs, "runner", warm_then_restore)  # the phases capture through graphs.Phases
     target, head = models
     ps = prompts(3, 10, seed=21)
     eos = int(wmtp.greedy_generate(target, ps[1], 30)[6])

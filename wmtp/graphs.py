@@ -1,6 +1,7 @@
-"""CUDA-graph plumbing for the device-resident loops of wmtp/static_decode.py: whether to capture,
-the prompt's device made current, a step captured (or not) into a graph, and the clock that times
-the steps (arXiv 2607.21535, Sec. 4: the draft-KV tax is device time, which graphs expose).
+"""CUDA-graph plumbing for the device-resident loops of wmtp/static_decode.py (and static_lockstep.py,
+static_batched.py): whether to capture, the prompt's device made current, a step captured (or not)
+into a graph, a speculative step's two phases captured per shape (``Phases``), and the clock that
+times the steps (arXiv 2607.21535, Sec. 4: the draft-KV tax is device time, which graphs expose).
 
 NOTE [One graph pool]: a speculative run captures up to ``K (K + 1)`` draft-phase graphs (twice
 that with a context gate: one per key set) and ``K`` verify-phase graphs (NOTE [Static depths] in
@@ -25,7 +26,7 @@ import torch
 
 from .device import capture_graph, synchronize
 
-__all__ = ["Clock", "graph_pool", "on_device_of", "runner", "use_graph"]
+__all__ = ["Clock", "Phases", "graph_pool", "on_device_of", "runner", "use_graph"]
 
 
 def graph_pool():
@@ -66,6 +67,36 @@ def runner(step: Callable[[], None], state: tuple[torch.Tensor, ...], graph: boo
     for t, s in zip(state, saved):
         t.copy_(s)
     return replay
+
+
+class Phases:
+    """A speculative step's two phases as the static loops run them (wmtp/static_decode.py,
+    static_lockstep.py, static_batched.py): the draft phase captured once per key (NOTE [Static
+    depths]: its extend rows, depth and, with a context gate, key set), the verify phase once per
+    depth, into one graph pool, each step's pair run between three marks of ``clock``."""
+
+    def __init__(self, draft_phase: Callable[..., None], verify_phase: Callable[[int], None],
+                 state: tuple[torch.Tensor, ...], graph: bool, clock: Clock) -> None:
+        self.draft_phase, self.verify_phase, self.state, self.graph, self.clock = (draft_phase, verify_phase, state,
+                                                                                   graph, clock)
+        self.pool = graph_pool() if graph else None  # NOTE [One graph pool]
+        self.drafts: dict[tuple, Callable[[], None]] = {}
+        self.verifies: dict[int, Callable[[], None]] = {}
+
+    def step(self, draft_key: tuple, k: int) -> None:
+        """``draft_phase(*draft_key)``, then ``verify_phase(k)``. In this order: a new depth is a new
+        draft key, so the draft phase's capture warm-up writes the step's drafts and positions before
+        the verify phase's warm-up reads them (``runner``: what a warm-up writes to the caches, the
+        real step rewrites the same)."""
+        if draft_key not in self.drafts:
+            self.drafts[draft_key] = runner(lambda: self.draft_phase(*draft_key), (), self.graph, self.pool)
+        if k not in self.verifies:
+            self.verifies[k] = runner(lambda: self.verify_phase(k), self.state, self.graph, self.pool)
+        self.clock.mark()
+        self.drafts[draft_key]()
+        self.clock.mark()
+        self.verifies[k]()
+        self.clock.mark()
 
 
 class Clock:

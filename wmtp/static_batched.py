@@ -24,13 +24,11 @@ Every row's output and counters are the eager loop's (tests/test_static_batched.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from .batched import BatchedStats, _prefill, check_batch
 from .decode import _finish
-from .graphs import Clock, graph_pool, on_device_of, runner, use_graph
+from .graphs import Clock, Phases, on_device_of, use_graph
 from .keyset import key_count
 from .model import TargetLM
 from .mtp import MTPHead
@@ -107,11 +105,8 @@ def _run(target: TargetLM, draft: MTPHead, rows: list[torch.Tensor], max_new_tok
         h_next[:, : k + 1].copy_(torch.where(live[:, None, None], vhidden, h_next[:, : k + 1]))
         t_next[:, : k + 1].copy_(torch.where(live[:, None], choice, t_next[:, : k + 1]))
 
-    state = (h_next, t_next, n_prev, accepted)
-    draft_runs: dict[tuple[int, int], Callable[[], None]] = {}  # by (extend rows, depth)
-    verify_runs: dict[int, Callable[[], None]] = {}  # by depth
-    pool = graph_pool() if graph else None  # NOTE [One graph pool] in wmtp/graphs.py
     clock, e, was_live = Clock(dev), 1, [True] * B
+    phases = Phases(draft_phase, verify_phase, (h_next, t_next, n_prev, accepted), graph, clock)
     pos = lengths.tolist()  # each row's latest token's position, on the host, for the counters
     head_start = [p - 1 for p in pos]
     while not all(stop for _, stop in out):
@@ -120,17 +115,7 @@ def _run(target: TargetLM, draft: MTPHead, rows: list[torch.Tensor], max_new_tok
             live.copy_(torch.tensor(now_live, device=dev))
             was_live = now_live
         k = next_depth(policy, min(p for p, on in zip(pos, now_live) if on), K)
-        # the draft phase's capture warm-up writes this step's drafts and n before the verify
-        # phase's warm-up reads them (static_decode.py: the same order, the same reason)
-        if (e, k) not in draft_runs:
-            draft_runs[e, k] = runner(lambda e=e, k=k: draft_phase(e, k), (), graph, pool)
-        if k not in verify_runs:
-            verify_runs[k] = runner(lambda k=k: verify_phase(k), state, graph, pool)
-        clock.mark()
-        draft_runs[e, k]()
-        clock.mark()
-        verify_runs[k]()
-        clock.mark()
+        phases.step((e, k), k)  # captured by (extend rows, depth)
         got = report[: B * (k + 2)].tolist()  # the step's one read of the device
         a, choice = got[:B], got[B:]
         draft_s, verify_s = clock.spans()

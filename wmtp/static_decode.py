@@ -44,13 +44,11 @@ Verification is the batched greedy rule (``verify_greedy``); a custom verifier n
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from .attention import resolve_impl
 from .decode import _each_prompt, _finish, _one_prompt
-from .graphs import Clock, graph_pool, on_device_of, runner, use_graph
+from .graphs import Clock, Phases, on_device_of, runner, use_graph
 from .keyset import key_count
 from .model import TargetLM
 from .mtp import MTPHead
@@ -228,26 +226,12 @@ def _speculative(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max
         h_next[:, : k + 1].copy_(vhidden)
         t_next[: k + 1].copy_(choice)
 
-    state = (h_next, t_next, n_prev, accepted)
-    draft_runs: dict[tuple, Callable[[], None]] = {}  # NOTE [Static depths]: by (extend rows, depth, key set)
-    verify_runs: dict[int, Callable[[], None]] = {}  # by depth
-    pool = graph_pool() if graph else None  # every capture of this run: NOTE [One graph pool] in wmtp/graphs.py
     clock, head_start, pos, e = Clock(dev), P - 1, P, 1
+    phases = Phases(draft_phase, verify_phase, (h_next, t_next, n_prev, accepted), graph, clock)  # NOTE [Static depths]
     while not stop:
         k = next_depth(policy, pos, K)
         keys = gated_key_set(pos + 1, n_sink, window, gate)  # this step's key set: positions 0..pos are committed
-        # In this order: a new depth is a new (e, k) pair, so the draft phase's capture warm-up writes
-        # this step's drafts and n before the verify phase's warm-up reads them (runner: what a warm-up
-        # writes to the caches, the real step rewrites the same).
-        if (e, k, keys) not in draft_runs:
-            draft_runs[e, k, keys] = runner(lambda e=e, k=k, keys=keys: draft_phase(e, k, *keys), (), graph, pool)
-        if k not in verify_runs:
-            verify_runs[k] = runner(lambda k=k: verify_phase(k), state, graph, pool)
-        clock.mark()
-        draft_runs[e, k, keys]()
-        clock.mark()
-        verify_runs[k]()
-        clock.mark()
+        phases.step((e, k, *keys), k)  # captured by (extend rows, depth, key set)
         a, *choice = report.tolist()  # the step's one read of the device
         draft_s, verify_s = clock.spans()
         draft_pos = [*range(head_start, head_start + e), *range(pos, pos + k - 1)]

@@ -30,12 +30,10 @@ exactness]; tests/test_static_lockstep.py checks both loops against the eager on
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from .attention import resolve_impl
-from .graphs import Clock, graph_pool, on_device_of, runner, use_graph
+from .graphs import Clock, Phases, on_device_of, use_graph
 from .keyset import key_count
 from .lockstep import LockstepStats, _check_rows, _check_shape, _cut, _done, _prefill_batch
 from .model import TargetLM
@@ -151,28 +149,15 @@ def _lockstep(target: TargetLM, draft: MTPHead, prompts: torch.Tensor, max_new_t
         h_next[:, : k + 1].copy_(vhidden)
         t_next[:, : k + 1].copy_(choice)
 
-    state = (h_next, t_next, n_prev, accepted)
-    draft_runs: dict[tuple[int, int], Callable[[], None]] = {}  # by (extend rows, depth)
-    verify_runs: dict[int, Callable[[], None]] = {}  # by depth
-    pool = graph_pool() if graph else None  # NOTE [One graph pool] in wmtp/graphs.py
     clock, head_start, pos, e, was_live = Clock(dev), P - 1, P, 1, [True] * B
+    phases = Phases(draft_phase, verify_phase, (h_next, t_next, n_prev, accepted), graph, clock)
     while not _done(rows_out, max_new_tokens, eos_id):
         now_live = [not _done([r], max_new_tokens, eos_id) for r in rows_out]
         if now_live != was_live:  # a row stopped: it no longer counts in m
             live.copy_(torch.tensor(now_live, device=dev))
             was_live = now_live
         k = next_depth(policy, pos, K)
-        # the draft phase's capture warm-up writes this step's drafts and n before the verify
-        # phase's warm-up reads them (static_decode.py: the same order, the same reason)
-        if (e, k) not in draft_runs:
-            draft_runs[e, k] = runner(lambda e=e, k=k: draft_phase(e, k), (), graph, pool)
-        if k not in verify_runs:
-            verify_runs[k] = runner(lambda k=k: verify_phase(k), state, graph, pool)
-        clock.mark()
-        draft_runs[e, k]()
-        clock.mark()
-        verify_runs[k]()
-        clock.mark()
+        phases.step((e, k), k)  # captured by (extend rows, depth)
         got = report[: 1 + B * (k + 2)].tolist()  # the step's one read of the device
         m, alone, choice = got[0], got[1 : 1 + B], got[1 + B :]
         draft_s, verify_s = clock.spans()
