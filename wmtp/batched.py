@@ -191,7 +191,6 @@ def batched_speculative_generate(target: TargetLM, draft: MTPHead, prompts, max_
         stats.steps_by_depth[k] += 1
         stats.draft_times_s.append(t1 - t0)
         stats.verify_times_s.append(t2 - t1)
-        t_next = torch.cat([d, y[:, None]], dim=1).scatter(1, a[:, None], y[:, None])  # (B, k+1): d_1 .. d_a, y
         go = live.clone()  # rows that stay live after this step move on; a row that stops keeps its state
         for b in live.nonzero().flatten().tolist():
             ab = int(a[b])
@@ -207,7 +206,7 @@ def batched_speculative_generate(target: TargetLM, draft: MTPHead, prompts, max_
         r_next = torch.where(go, a + 1, r)  # (B,)
         w = int(r_next.max())
         h_ext = torch.where(go[:, None, None], _width(vhidden, w), _width(h_ext, w))  # (B, w, d)
-        t_ext = torch.where(go[:, None], _width(t_next, w), _width(t_ext, w))  # (B, w)
+        t_ext = torch.where(go[:, None], _width(choice, w), _width(t_ext, w))  # (B, w): choices 0..a are d_1..d_a, y
         hs, r = torch.where(go, n, hs), r_next
         n, x = torch.where(go, n + a + 1, n), torch.where(go, y, x)
     return [torch.tensor(o, dtype=torch.long, device=dev) for o, _ in out], stats
