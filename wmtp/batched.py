@@ -105,21 +105,23 @@ def check_batch(target: TargetLM, draft: MTPHead, prompts, max_new_tokens: int, 
     return rows, policy, max(needed, max(r.numel() for r in rows)), impl
 
 
-def _prefill(target: TargetLM, draft: MTPHead, rows: list[torch.Tensor], needed: int, impl: str,
+def _prefill(target: TargetLM, draft: MTPHead | None, rows: list[torch.Tensor], needed: int, impl: str,
              n_sink: int | None, window: int | None, checked: bool = True):
     """Caches of ``needed`` positions for the prompts, padded at their ends (NOTE [Padded rows]): the
-    target over the prompts, then the head over their true chains. Returns both caches (``checked``:
-    their range check, off for the static loop), each row's first new token ``(B,)``, its target
-    hidden state at its last prompt position ``(B, d)`` and the prompts' lengths ``(B,)``."""
+    target over the prompts, then the head (if any) over their true chains. Returns both caches (the
+    head's ``None`` without a head; ``checked``: their range check, off for the static loops), each
+    row's first new token ``(B,)``, its target hidden state at its last prompt position ``(B, d)``
+    and the prompts' lengths ``(B,)``."""
     B, dev = len(rows), rows[0].device
     lengths = torch.tensor([r.numel() for r in rows], device=dev)  # (B,)
     P = int(lengths.max())
     ids = torch.zeros(B, P, dtype=torch.long, device=dev)  # (B, P): pad token 0
     for b, r in enumerate(rows):
         ids[b, : r.numel()] = r.long()
-    tcache, dcache = target.new_cache(B, needed, checked=checked), draft.new_cache(B, needed, checked=checked)
+    tcache = target.new_cache(B, needed, checked=checked)
+    dcache = None if draft is None else draft.new_cache(B, needed, checked=checked)
     logits, hidden = target(ids, torch.arange(P, device=dev), tcache, impl)  # (B, P, V), (B, P, d)
-    if P > 1:  # the head's true chains, positions 0 .. P_b - 2 (and padding past them)
+    if draft is not None and P > 1:  # the head's true chains, positions 0 .. P_b - 2 (and padding past them)
         draft(hidden[:, :-1], ids[:, 1:], torch.arange(P - 1, device=dev), dcache, n_sink, window, impl)
     last = (lengths - 1)[:, None]  # (B, 1) each row's last prompt position
     x = logits.gather(1, last[:, :, None].expand(-1, -1, logits.shape[-1]))[:, 0].argmax(-1)  # (B,)

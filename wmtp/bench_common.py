@@ -82,6 +82,7 @@ class BenchSetup(NamedTuple):
     head: MTPHead
     prompts: dict[int, torch.Tensor]
     header: dict
+    text: torch.Tensor  # the corpus's splits end to end, each context's prompt its last tokens
 
 
 def bench_setup(kind: str, preset: Preset, dataset_dir: str | None, device: torch.device, seed: int,
@@ -93,6 +94,7 @@ def bench_setup(kind: str, preset: Preset, dataset_dir: str | None, device: torc
     tokens = tokenizer.corpus_token_splits(corpus, tokenizer.train_tokenizer(corpus, preset.model.vocab_size,
                                                                          cache_dir))
     prompts = {c: long_prompt(tokens, c) for c in contexts}  # every context checked before the training
+    text = torch.cat([tokens["train"], tokens["valid"], tokens["test"]])
     target, head, train_info = prepare_models(preset, corpus, tokens, seed, device, cache_dir, None, progress, log)
     dtype = torch.float64 if device.type == "cpu" else torch.float32  # decode.py NOTE [Exactness]
     capacity = max(contexts) + preset.spec.new_tokens + preset.spec.depth
@@ -106,7 +108,7 @@ def bench_setup(kind: str, preset: Preset, dataset_dir: str | None, device: torc
         "decode_dtype": str(dtype).removeprefix("torch."), "environment": environment(device),
         "checkpoint": {k: v for k, v in train_info.items() if not k.endswith("losses")},
     }
-    return BenchSetup(target, head, prompts, header)
+    return BenchSetup(target, head, prompts, header, text)
 
 
 def progress_bar(enabled: bool) -> Progress:

@@ -6,7 +6,8 @@ key set and context), ``bench decode`` (end-to-end decoding, eager and CUDA-grap
 wmtp/bench_decode.py), ``bench sampling`` (acceptance of sampled speculative decoding per key set,
 temperature and method; wmtp/bench_sampling.py), ``bench depth`` (measured time per token per key
 set and draft-depth policy; wmtp/bench_depth.py), ``bench positions`` (acceptance with absolute
-and re-indexed draft key positions; wmtp/bench_positions.py), ``generate`` (text with the accepted
+and re-indexed draft key positions; wmtp/bench_positions.py), ``bench batch`` (batches of prompts:
+the dense batch, lockstep and a position a row; wmtp/bench_batch.py), ``generate`` (text with the accepted
 drafts marked; wmtp/generate.py), ``grade`` and ``plot``. Bad input
 exits with status 2 and one line on stderr, no traceback.
 """
@@ -42,6 +43,10 @@ BENCHES = {
               "Decode greedily with dense decoding and every draft arm of reproduce's models at each context, "
               "drafting fixed depths and the adaptive depth policy; assert every run lossless; write the mean "
               "drafted depth, AL and the measured time per token kept (TPOT) as JSON."),
+    "batch": ("batches of prompts: the dense batch, lockstep and a position a row",
+              "Decode batches of prompts of one length and of mixed lengths with reproduce's models: the dense "
+              "batch, lockstep speculative batches and batches with a position a row, for every key set; assert "
+              "every run token-equal to the dense batch; write the time per token a row, AL and speedups as JSON."),
     "positions": ("acceptance with absolute and with re-indexed draft key positions",
                   "Decode with every windowed key set of reproduce's models at each context and temperature, its "
                   "draft keys at their absolute positions and re-indexed (StreamingLLM); assert every run "

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .attention import resolve_impl
+from .batched import _prefill, _rows
 from .device import synchronize
 from .keyset import key_count
 from .model import TargetLM
@@ -38,7 +39,7 @@ from .mtp import MTPHead
 from .policy import DepthPolicy, as_policy, next_depth
 from .request import check_request, check_spec_request, spec_extra
 
-__all__ = ["LockstepStats", "batched_greedy_generate", "lockstep_generate"]
+__all__ = ["LockstepStats", "batched_greedy_generate", "check_dense_batch", "lockstep_generate"]
 
 
 @dataclass
@@ -126,33 +127,61 @@ def _prefill_batch(target: TargetLM, draft: MTPHead | None, prompts: torch.Tenso
     return tcache, dcache, logits[:, -1], hidden[:, -1:]
 
 
+def check_dense_batch(target: TargetLM, prompts, max_new_tokens: int, eos_id: int | None, impl: str):
+    """The dense batch's checks: returns the prompts as a list of rows (a ``(B, P)`` tensor's, or a
+    list of 1-D ones of any lengths), the cache positions a row writes and ``impl`` resolved."""
+    rows = _rows(prompts)
+    dev = rows[0].device
+    if any(r.device != dev for r in rows):
+        raise ValueError("every prompt must be on one device")
+    needed = 0
+    for b, row in enumerate(rows):
+        try:
+            needed = max(needed, check_request(target, row, max_new_tokens, -1, eos_id))
+        except ValueError as e:
+            raise ValueError(f"prompts row {b}: {e}") from None
+    impl = resolve_impl(impl, dev, target.embed.dtype, target.config.head_dim,
+                        target.config.n_heads // target.config.n_kv_heads)
+    return rows, max(needed, max(r.numel() for r in rows)), impl
+
+
+def first_positions(lengths: torch.Tensor) -> torch.Tensor:
+    """The positions of the rows' first new tokens: ``(1,)`` when the prompts share one length (every
+    row at one position, as lockstep has it), else ``(B, 1)``, a position a row (wmtp/batched.py)."""
+    return lengths[:1].clone() if bool((lengths == lengths[0]).all()) else lengths[:, None].clone()
+
+
 @torch.no_grad()
-def batched_greedy_generate(target: TargetLM, prompts: torch.Tensor, max_new_tokens: int, eos_id: int | None = None,
-                            impl: str = "auto") -> list[torch.Tensor]:
-    """Dense greedy decoding of ``B`` prompts of one length as one batch: the reference of
-    ``lockstep_generate`` (its rows are ``greedy_generate`` of each prompt: NOTE [Batch exactness]).
+def batched_greedy_generate(target: TargetLM, prompts, max_new_tokens: int, eos_id: int | None = None,
+                            impl: str = "auto", step_times: list[float] | None = None) -> list[torch.Tensor]:
+    """Dense greedy decoding of ``B`` prompts as one batch: the reference of ``lockstep_generate`` and
+    of ``batched_speculative_generate`` (its rows are ``greedy_generate`` of each prompt: NOTE [Batch
+    exactness]). Prompts of different lengths are padded at their ends, each row at its own
+    positions (NOTE [Padded rows] in wmtp/batched.py).
 
     Args:
-        prompts: ``(B, P)`` integer token ids.
+        prompts: a ``(B, P)`` tensor of token ids, or a list of 1-D ones of any lengths.
         max_new_tokens, eos_id, impl: as in ``greedy_generate`` (a row stops after its ``eos_id``;
             the batch runs until every row has stopped).
+        step_times: if a list, the wall-clock seconds of each one-token step are appended.
 
     Returns:
         One 1-D LongTensor of new tokens a row.
     """
-    needed = _check_rows(target, prompts, max_new_tokens, extra=-1, eos_id=eos_id)
-    prompts, P = prompts.long(), prompts.shape[1]
-    dev = prompts.device
-    impl = resolve_impl(impl, dev, target.embed.dtype, target.config.head_dim,
-                        target.config.n_heads // target.config.n_kv_heads)
-    cache, _, last, _ = _prefill_batch(target, None, prompts, needed, impl)  # (B, V) last logits
-    x = last.argmax(-1)  # (B,)
-    rows, n = [[t] for t in x.tolist()], P
-    while not _done(rows, max_new_tokens, eos_id):
-        logits, _ = target(x[:, None], torch.tensor([n], device=dev), cache, impl)  # (B, 1, V)
+    rows, needed, impl = check_dense_batch(target, prompts, max_new_tokens, eos_id, impl)
+    dev = rows[0].device
+    cache, _, x, _, lengths = _prefill(target, None, rows, needed, impl, None, None)  # x (B,): first new tokens
+    pos = first_positions(lengths)  # (1,) or (B, 1)
+    out = [[t] for t in x.tolist()]
+    while not _done(out, max_new_tokens, eos_id):
+        synchronize(dev)
+        t0 = time.perf_counter()
+        logits, _ = target(x[:, None], pos, cache, impl)  # (B, 1, V)
         x = logits[:, -1].argmax(-1)
-        rows, n = [r + [t] for r, t in zip(rows, x.tolist())], n + 1
-    return [torch.tensor(r, dtype=torch.long, device=dev) for r in _cut(rows, max_new_tokens, eos_id)]
+        out, pos = [r + [t] for r, t in zip(out, x.tolist())], pos + 1
+        if step_times is not None:
+            step_times.append(time.perf_counter() - t0)
+    return [torch.tensor(r, dtype=torch.long, device=dev) for r in _cut(out, max_new_tokens, eos_id)]
 
 
 @torch.no_grad()

@@ -22,6 +22,7 @@ DRAFT_ATTENTION_KIND = "draft-attention"  # the "kind" of the JSON `wmtp bench a
 DECODE_KIND = "bench-decode"  # the "kind" of the JSON `wmtp bench decode` writes
 DEPTH_KIND = "bench-depth"  # the "kind" of the JSON `wmtp bench depth` writes
 SAMPLING_KIND = "bench-sampling"  # ... `wmtp bench sampling` writes: AL per arm and verify method
+BATCH_KIND = "bench-batch"  # ... `wmtp bench batch` writes: time per token a row per method and batch size
 POSITIONS_KIND = "bench-positions"  # ... `wmtp bench positions` writes: AL per arm and key positions
 
 
@@ -110,6 +111,34 @@ def plot_decode(m: dict, png_path: str | Path) -> None:
             f"{env['versions']['torch']}, decode {m['decode_dtype']}, depth {m['config']['spec']['depth']})", png_path)
 
 
+def plot_batch(m: dict, png_path: str | Path) -> None:
+    """A panel per (context, lengths, loop): each method's µs per token a row against the batch size."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import ScalarFormatter
+
+    keys = list(dict.fromkeys((r["context"], r["lengths"], r["loop"]) for r in m["rows"]))
+    if not keys:
+        raise IndexError("no rows")  # render(): an incomplete file
+    fig = Figure(figsize=(5.5 * len(keys), 4.6), layout="constrained")
+    axes = fig.subplots(1, len(keys), squeeze=False)[0]
+    for ax, (context, lengths, loop) in zip(axes, keys):
+        rows = sorted((r for r in m["rows"] if (r["context"], r["lengths"], r["loop"]) == (context, lengths, loop)),
+                      key=lambda r: r["batch"])
+        for name in rows[-1]["methods"]:
+            have = [r for r in rows if name in r["methods"]]
+            ax.plot([r["batch"] for r in have], [r["methods"][name]["us_per_token_per_row"] for r in have],
+                    marker="o", label=name, color="black" if name == "dense batch" else None,
+                    linestyle="--" if name.startswith("lockstep") else "-")
+        ax.set(xscale="log", yscale="log", xlabel="prompts a batch (B)", ylabel="µs per token a row (median)",
+               title=f"{context} tokens, {lengths} lengths, {loop} loop")
+        ax.set_xticks([r["batch"] for r in rows], [str(r["batch"]) for r in rows])
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+    env = m["environment"]
+    _finish(fig, axes, f"wmtp bench batch ({env.get('device_name', env['device'])}, torch "
+            f"{env['versions']['torch']}, decode {m['decode_dtype']}, depth {m['config']['spec']['depth']}; "
+            "every run lossless)", png_path)
+
+
 def _grouped_bars(ax, arms: list[str], series: dict[str, list[float]],
                   whiskers: dict[str, list[list[float]]] | None = None) -> None:
     """One group of bars per arm, one bar per series in each (``whiskers``: a series' (below, above))."""
@@ -187,7 +216,8 @@ def render(json_path: str | Path, png_path: str | Path | None = None) -> Path:
     kinds = {DRAFT_ATTENTION_KIND: (plot_draft_attention, "'wmtp bench attention' (off CUDA)"),
              DECODE_KIND: (plot_decode, "'wmtp bench decode'"), DEPTH_KIND: (plot_depth, "'wmtp bench depth'"),
              SAMPLING_KIND: (plot_acceptance, "'wmtp bench sampling'"),
-             POSITIONS_KIND: (plot_acceptance, "'wmtp bench positions'")}
+             POSITIONS_KIND: (plot_acceptance, "'wmtp bench positions'"),
+             BATCH_KIND: (plot_batch, "'wmtp bench batch'")}
     if isinstance(m, dict) and m.get("kind") in kinds:  # a file that names its kind first
         draw, kind = kinds[m["kind"]]
     elif isinstance(m, dict) and "contexts" in m and "draft_attention" in m:
@@ -198,7 +228,7 @@ def render(json_path: str | Path, png_path: str | Path | None = None) -> Path:
         kind = "'wmtp bench attention --device cuda'"
     else:
         raise ValueError(f"{json_path} is not a metrics file of 'wmtp reproduce' or 'wmtp bench' (attention, "
-                         "decode, depth, sampling, positions)")
+                         "decode, depth, sampling, positions, batch)")
     try:
         draw(m, png_path)
     except (KeyError, IndexError, TypeError, AttributeError) as e:  # the right kind, but not whole

@@ -97,9 +97,10 @@ def _greedy(target: TargetLM, prompt_ids: torch.Tensor, max_new_tokens: int, eos
     return torch.tensor(_finish(rows[0], max_new_tokens, eos_id)[0], dtype=torch.long, device=dev)
 
 
-def greedy_steps(target: TargetLM, cache, first: torch.Tensor, P: int, max_new_tokens: int, eos_id: int | None,
-                 impl: str, graph: bool, step_times: list[float] | None) -> list[list[int]]:
-    """The device-resident dense loop of ``B`` rows after a prefill of ``P`` positions into ``cache``:
+def greedy_steps(target: TargetLM, cache, first: torch.Tensor, P: int | torch.Tensor, max_new_tokens: int,
+                 eos_id: int | None, impl: str, graph: bool, step_times: list[float] | None) -> list[list[int]]:
+    """The device-resident dense loop of ``B`` rows after a prefill of ``P`` positions into ``cache``
+    (a tensor: the first new tokens' positions, ``(1,)`` or a row's own ``(B, 1)``):
     from each row's first new token ``first`` ``(B,)``, one token a row a step (the step one CUDA graph
     with ``graph``) until ``max_new_tokens``, or until every row holds ``eos_id`` (read every
     ``EOS_CHECK`` steps). Returns each row's tokens, uncut (the steps run past an eos included)."""
@@ -107,7 +108,7 @@ def greedy_steps(target: TargetLM, cache, first: torch.Tensor, P: int, max_new_t
     tok = first.view(B, 1).clone()  # (B, 1) each row's latest token, fed to the next step
     out = torch.zeros(B, max(max_new_tokens, 1), dtype=torch.long, device=dev)  # (B, max_new_tokens)
     out[:, :1] = tok
-    pos = torch.full((1,), P, device=dev)  # (1,) the latest tokens' position
+    pos = P.clone() if isinstance(P, torch.Tensor) else torch.full((1,), P, device=dev)  # (1,) or (B, 1)
     slot = torch.ones(1, dtype=torch.long, device=dev)  # (1,) where the step's tokens go in out
 
     def step() -> None:

@@ -33,9 +33,19 @@ from __future__ import annotations
 import torch
 
 from .attention import resolve_impl
+from .batched import _prefill
 from .graphs import Clock, Phases, on_device_of, use_graph
 from .keyset import key_count
-from .lockstep import LockstepStats, _check_rows, _check_shape, _cut, _done, _prefill_batch
+from .lockstep import (
+    LockstepStats,
+    _check_rows,
+    _check_shape,
+    _cut,
+    _done,
+    _prefill_batch,
+    check_dense_batch,
+    first_positions,
+)
 from .model import TargetLM
 from .mtp import MTPHead
 from .policy import DepthPolicy, as_policy, next_depth
@@ -51,8 +61,8 @@ def _impl(target: TargetLM, impl: str, dev: torch.device) -> str:
 
 
 @torch.no_grad()
-def static_batched_greedy_generate(target: TargetLM, prompts: torch.Tensor, max_new_tokens: int,
-                                   eos_id: int | None = None, impl: str = "auto", cuda_graph: bool | None = None,
+def static_batched_greedy_generate(target: TargetLM, prompts, max_new_tokens: int, eos_id: int | None = None,
+                                   impl: str = "auto", cuda_graph: bool | None = None,
                                    step_times: list[float] | None = None) -> list[torch.Tensor]:
     """``batched_greedy_generate`` with device-resident steps: its output, token for token.
 
@@ -60,20 +70,20 @@ def static_batched_greedy_generate(target: TargetLM, prompts: torch.Tensor, max_
     batch's last eos are cut.
 
     Args:
-        prompts: ``(B, P)`` integer token ids.
+        prompts: a ``(B, P)`` tensor of token ids, or a list of 1-D ones of any lengths (each row
+            at its own positions).
         cuda_graph: capture the one-token step in a CUDA graph (``None``: when on CUDA with the
             Triton impl; ``True`` elsewhere is a ``ValueError``).
         step_times: if a list, each step's seconds are appended (device time under a graph).
     """
-    with on_device_of(prompts):
-        needed = _check_rows(target, prompts, max_new_tokens, extra=-1, eos_id=eos_id)
-        prompts, P = prompts.long(), prompts.shape[1]
-        dev = prompts.device
-        impl = _impl(target, impl, dev)
+    rows, needed, impl = check_dense_batch(target, prompts, max_new_tokens, eos_id, impl)
+    dev = rows[0].device
+    with on_device_of(rows[0]):
         graph = use_graph(cuda_graph, dev, impl)
-        cache, _, last, _ = _prefill_batch(target, None, prompts, needed, impl, checked=False)
-        rows = greedy_steps(target, cache, last.argmax(-1), P, max_new_tokens, eos_id, impl, graph, step_times)
-        return [torch.tensor(r, dtype=torch.long, device=dev) for r in _cut(rows, max_new_tokens, eos_id)]
+        cache, _, first, _, lengths = _prefill(target, None, rows, needed, impl, None, None, checked=False)
+        out = greedy_steps(target, cache, first, first_positions(lengths), max_new_tokens, eos_id, impl, graph,
+                           step_times)
+        return [torch.tensor(r, dtype=torch.long, device=dev) for r in _cut(out, max_new_tokens, eos_id)]
 
 
 @torch.no_grad()

@@ -1,0 +1,229 @@
+"""``wmtp bench batch``: batches of prompts decoded at once, three ways side by side (beyond the
+paper, whose runs decode one sequence; arXiv 2607.21535 Sec. 4-5 time one): the dense batch
+(``batched_greedy_generate``), lockstep speculative batches (wmtp/lockstep.py: every row keeps the
+batch's least match, so its prompts share one length) and batches with a position a row
+(wmtp/batched.py: every row keeps its own matches, prompts of any lengths), per context, batch size
+and prompt lengths, in the eager loop and (on CUDA) the CUDA-graph loop.
+
+Prompts: row ``b`` of a batch of ``B`` at context ``c`` is ``length_b`` tokens of the corpus (its
+train, valid and test splits end to end) ending ``b * stride`` tokens before the end, ``stride =
+min(c, (tokens - c) // (B - 1))``, so the rows are different text where the corpus allows.
+``equal``: every row ``c`` tokens. ``mixed``: row ``b`` ``c - floor(b * c / (2B))`` tokens, from
+``c`` down to about ``c / 2``; lockstep needs one length and runs on ``equal`` batches only.
+
+Every speculative run's rows are asserted equal (``torch.equal``) to the same loop's dense batch
+before anything is kept (float32 on a GPU: NOTE [Batch exactness] in wmtp/lockstep.py says why
+exact equality is the expectation, not a law). Time is the decode steps' seconds, prefill excluded:
+under ``graph`` the phases' device times (CUDA events), under ``eager`` wall-clock with a synchronize
+(the host's launches included, its bookkeeping between phases not). Per run: ``us_per_token_per_row``
+``= seconds / (B * (new_tokens - 1))`` (a row's first token comes from its prefill), the AL (tokens
+a live row kept per verify pass) and the speedup over the dense batch of the same cell (old/new - 1),
+each from the median of ``rounds`` rounds, the methods interleaved within a round.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from .batched import batched_speculative_generate
+from .bench_common import (
+    LOOPS,
+    add_keysets_argument,
+    add_model_arguments,
+    bench_cli,
+    bench_setup,
+    model_options,
+    progress_bar,
+    with_capacity,
+)
+from .config import Preset
+from .lockstep import batched_greedy_generate, lockstep_generate
+from .metrics import speedup
+from .plots import BATCH_KIND
+from .static_batched import static_batched_speculative_generate
+from .static_lockstep import static_batched_greedy_generate, static_lockstep_generate
+
+LENGTHS = ("equal", "mixed")
+
+
+def prompt_lengths(context: int, batch: int, lengths: str) -> list[int]:
+    """Each row's prompt length (the module docstring)."""
+    return [context if lengths == "equal" else context - b * context // (2 * batch) for b in range(batch)]
+
+
+def batch_prompts(text: torch.Tensor, context: int, batch: int, lengths: str) -> list[torch.Tensor]:
+    """The rows of a batch: ``length_b`` tokens ending ``b * stride`` before the end of ``text``.
+
+    Raises:
+        ValueError: if ``text`` holds fewer than ``context`` tokens.
+    """
+    if text.numel() < context:
+        raise ValueError(f"the corpus has {text.numel()} tokens; context {context} needs more")
+    stride = context if batch == 1 else min(context, (text.numel() - context) // (batch - 1))
+    end = text.numel()
+    return [text[end - b * stride - n: end - b * stride] for b, n in enumerate(prompt_lengths(context, batch, lengths))]
+
+
+def methods(preset: Preset, loop: str, equal: bool) -> dict[str, Callable]:
+    """Each method's run ``(target, head, prompts) -> (outputs, seconds, AL or None)``, the dense
+    batch first; lockstep only for prompts of one length."""
+    spec, graph = preset.spec, {"cuda_graph": True} if loop == "graph" else {}
+    dense_gen = static_batched_greedy_generate if loop == "graph" else batched_greedy_generate
+    lock_gen = static_lockstep_generate if loop == "graph" else lockstep_generate
+    own_gen = static_batched_speculative_generate if loop == "graph" else batched_speculative_generate
+
+    def dense(target, head, prompts):
+        times: list[float] = []
+        outs = dense_gen(target, prompts, spec.new_tokens, step_times=times, **graph)
+        return outs, sum(times), None
+
+    def speculative(gen, ks, stack):
+        def run(target, head, prompts):
+            outs, stats = gen(target, head, torch.stack(prompts) if stack else prompts, spec.new_tokens, spec.depth,
+                              ks.n_sink, ks.window, **graph)
+            return outs, sum(stats.draft_times_s) + sum(stats.verify_times_s), stats.mean_accept_length
+        return run
+
+    runs = {"dense batch": dense}
+    for ks in spec.keysets:
+        if equal:
+            runs[f"lockstep {ks.label}"] = speculative(lock_gen, ks, True)
+        runs[f"own positions {ks.label}"] = speculative(own_gen, ks, False)
+    return runs
+
+
+def run_cell(target, head, prompts: list[torch.Tensor], preset: Preset, loop: str, rounds: int, equal: bool) -> dict:
+    """Every method on one batch, ``rounds`` times interleaved; lossless asserted against the dense batch."""
+    B, new = len(prompts), preset.spec.new_tokens
+    runs = methods(preset, loop, equal)
+    got: dict[str, list[tuple[float, float | None]]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        want = None
+        for name, run in runs.items():
+            outs, seconds, al = run(target, head, prompts)
+            want = outs if want is None else want
+            if not all(torch.equal(o, w) for o, w in zip(outs, want)):
+                raise AssertionError(f"{name} ({loop} loop, B={B}) is not token-equal to the dense batch")
+            got[name].append((seconds, al))
+    cell = {}
+    for name, rs in got.items():
+        seconds = statistics.median(s for s, _ in rs)
+        cell[name] = {"seconds_rounds": [s for s, _ in rs], "us_per_token_per_row": seconds / (B * (new - 1)) * 1e6,
+                      "mean_accept_length": rs[0][1]}
+    base = cell["dense batch"]["us_per_token_per_row"]
+    for m in cell.values():
+        m["speedup_vs_dense_batch"] = speedup(base, m["us_per_token_per_row"])
+    return cell
+
+
+def bench_batch(preset: Preset, dataset_dir: str | None, device: torch.device, seed: int, contexts: tuple[int, ...],
+                batches: tuple[int, ...], lengths: tuple[str, ...], loops: tuple[str, ...], rounds: int,
+                cache_dir: Path, command: str, progress: bool = False, log=print,
+                on_row: Callable[[dict], object] | None = None) -> dict:
+    """Load (or train) reproduce's models, then every (context, lengths, batch size, loop) cell.
+
+    ``on_row`` gets the metrics so far after each cell, to write a partial file.
+
+    Raises:
+        ValueError: for options ``check_options`` refuses, or a context the corpus cannot fill.
+    """
+    check_options(preset, batches, lengths, loops, rounds, device)
+    t_start = time.perf_counter()
+    setup = bench_setup(BATCH_KIND, preset, dataset_dir, device, seed, contexts, cache_dir, command, progress, log)
+    spec = preset.spec  # the graph loop's caches hold K + 1 positions more (wmtp/static_batched.py)
+    target, head = with_capacity(setup.target, setup.head, max(contexts) + spec.new_tokens + 2 * spec.depth + 2)
+    result = {**setup.header, "lossless": "asserted: every run's rows equal the same loop's dense batch (torch.equal)",
+              "batch_sizes": list(batches), "lengths": list(lengths), "loops": list(loops), "rounds": rounds,
+              "rows": [], "complete": False}
+    cells = [(c, ln, B, lp) for c in contexts for ln in lengths for B in batches for lp in loops
+             if ln == "equal" or B > 1]  # one row has one length
+    with progress_bar(progress) as bar:
+        task = bar.add_task("bench batch", total=len(cells))
+        for c, ln, B, lp in cells:
+            prompts = [p.to(device) for p in batch_prompts(setup.text, c, B, ln)]
+            bar.update(task, description=f"context {c}, {ln} lengths, B={B}, {lp} loop")
+            cell = run_cell(target, head, prompts, preset, lp, rounds, ln == "equal")
+            result["rows"].append({"context": c, "lengths": ln, "prompt_lengths": [p.numel() for p in prompts],
+                                   "batch": B, "loop": lp, "new_tokens": spec.new_tokens, "methods": cell})
+            result["wall_time_s"] = time.perf_counter() - t_start
+            bar.advance(task)
+            log(f"context {c}, {ln} lengths, B={B}, {lp} loop: done")
+            if on_row is not None:
+                on_row(result)
+    result["complete"] = True
+    return result
+
+
+def check_options(preset: Preset, batches: tuple[int, ...], lengths: tuple[str, ...], loops: tuple[str, ...],
+                  rounds: int, device: torch.device) -> None:
+    """``ValueError`` for options the bench cannot run, before any model is loaded."""
+    if not batches or any(b < 1 for b in batches):
+        raise ValueError(f"--batch-sizes must be integers >= 1, got {list(batches)}")
+    if not lengths or not set(lengths) <= set(LENGTHS):
+        raise ValueError(f"--lengths must be some of {', '.join(LENGTHS)}, got {list(lengths)}")
+    if lengths == ("mixed",) and set(batches) == {1}:
+        raise ValueError("--lengths mixed needs a batch size above 1 (one row has one length)")
+    if not loops or not set(loops) <= set(LOOPS):
+        raise ValueError(f"--loops must be some of {', '.join(LOOPS)}, got {list(loops)}")
+    if "graph" in loops and device.type != "cuda":
+        raise ValueError(f"the graph loop captures CUDA graphs; device {device.type} has none (use --loops eager)")
+    if rounds < 1:
+        raise ValueError(f"--rounds must be at least 1, got {rounds}")
+    if any(ks.gate is not None for ks in preset.spec.keysets):
+        raise ValueError("batched decoding has no gated draft: drop @GATE from --keysets")
+
+
+def table(result: dict):
+    """A rich table: one line per (cell, method), the dense batch first."""
+    from rich.table import Table
+
+    env = result["environment"]
+    t = Table(title=f"wmtp bench batch ({env.get('device_name', env['device'])}, {result['decode_dtype']}, "
+              f"depth {result['config']['spec']['depth']})")
+    for col in ("context", "lengths", "B", "loop", "method", "AL", "µs/token/row", "speedup vs dense batch"):
+        t.add_column(col, justify="right")
+    for r in result["rows"]:
+        for i, (name, m) in enumerate(r["methods"].items()):
+            al = m["mean_accept_length"]
+            t.add_row(*([str(r["context"]), r["lengths"], str(r["batch"]), r["loop"]] if i == 0 else [""] * 4), name,
+                      "1" if al is None else f"{al:.2f}", f"{m['us_per_token_per_row']:.1f}",
+                      "" if i == 0 else f"{m['speedup_vs_dense_batch']:+.0%}")
+    return t
+
+
+def add_arguments(p) -> None:
+    """``wmtp bench batch``'s options (wmtp/cli.py builds the parser)."""
+    add_model_arguments(p)
+    add_keysets_argument(p)
+    p.add_argument("--contexts", type=int, nargs="+", default=[1024, 16384],
+                   help="the longest prompt of a batch (default: 1024 16384)")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16],
+                   help="prompts a batch (default: 1 2 4 8 16)")
+    p.add_argument("--lengths", nargs="+", choices=LENGTHS, default=list(LENGTHS),
+                   help="equal: every prompt the context's length; mixed: from the context down to about half "
+                        "of it (default: both)")
+    p.add_argument("--loops", nargs="+", choices=LOOPS, default=None,
+                   help="decode loops to time (default: graph on CUDA, eager elsewhere)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="runs of every method, interleaved; times are their median (default: 3)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="write the JSON here and its plot beside it "
+                        "(default: metrics/bench-batch-<h200|cuda|cpu|mps>.json)")
+
+
+def cli(args, prog: str, argv: list[str]) -> int:
+    """Run ``wmtp bench batch``: check the options, write the JSON after every cell, print a table."""
+    device, preset, slug = model_options(args)
+    loops = tuple(args.loops or (("graph",) if device.type == "cuda" else ("eager",)))
+    batches, lengths = tuple(args.batch_sizes), tuple(dict.fromkeys(args.lengths))
+    check_options(preset, batches, lengths, loops, args.rounds, device)
+    return bench_cli(args, prog, argv, "batch", slug, lambda command, log, on_row: bench_batch(
+        preset, args.dataset_dir, device, args.seed, tuple(args.contexts), batches, lengths, loops, args.rounds,
+        args.cache_dir, command, progress=not args.no_progress, log=log, on_row=on_row), table, plot=True)
+
+
