@@ -112,31 +112,42 @@ def plot_decode(m: dict, png_path: str | Path) -> None:
 
 
 def plot_batch(m: dict, png_path: str | Path) -> None:
-    """A panel per (context, lengths, loop): each method's µs per token a row against the batch size."""
+    """A row of panels per context, a panel per (lengths, loop): each method's µs per token a row
+    against the batch size, lockstep dashed, the dense batch black."""
     from matplotlib.figure import Figure
-    from matplotlib.ticker import ScalarFormatter
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
-    keys = list(dict.fromkeys((r["context"], r["lengths"], r["loop"]) for r in m["rows"]))
-    if not keys:
+    contexts = list(dict.fromkeys(r["context"] for r in m["rows"]))
+    names = list(dict.fromkeys(n for r in m["rows"] for n in r["methods"] if n != "dense batch"))
+    color = {"dense batch": "black", **{n: f"C{i}" for i, n in enumerate(names)}}  # a method's color in every panel
+    columns = list(dict.fromkeys((r["lengths"], r["loop"]) for r in m["rows"]))
+    if not contexts:
         raise IndexError("no rows")  # render(): an incomplete file
-    fig = Figure(figsize=(5.5 * len(keys), 4.6), layout="constrained")
-    axes = fig.subplots(1, len(keys), squeeze=False)[0]
-    for ax, (context, lengths, loop) in zip(axes, keys):
-        rows = sorted((r for r in m["rows"] if (r["context"], r["lengths"], r["loop"]) == (context, lengths, loop)),
-                      key=lambda r: r["batch"])
-        for name in rows[-1]["methods"]:
-            have = [r for r in rows if name in r["methods"]]
-            ax.plot([r["batch"] for r in have], [r["methods"][name]["us_per_token_per_row"] for r in have],
-                    marker="o", label=name, color="black" if name == "dense batch" else None,
-                    linestyle="--" if name.startswith("lockstep") else "-")
-        ax.set(xscale="log", yscale="log", xlabel="prompts a batch (B)", ylabel="µs per token a row (median)",
-               title=f"{context} tokens, {lengths} lengths, {loop} loop")
-        ax.set_xticks([r["batch"] for r in rows], [str(r["batch"]) for r in rows])
-        ax.yaxis.set_major_formatter(ScalarFormatter())
+    fig = Figure(figsize=(5.5 * len(columns), 4.2 * len(contexts)), layout="constrained")
+    grid = fig.subplots(len(contexts), len(columns), squeeze=False)
+    for context, axes in zip(contexts, grid):
+        for ax, (lengths, loop) in zip(axes, columns):
+            rows = sorted((r for r in m["rows"] if (r["context"], r["lengths"], r["loop"]) == (context, lengths, loop)),
+                          key=lambda r: r["batch"])
+            if not rows:
+                ax.set_axis_off()
+                continue
+            for name in rows[-1]["methods"]:
+                have = [r for r in rows if name in r["methods"]]
+                ax.plot([r["batch"] for r in have], [r["methods"][name]["us_per_token_per_row"] for r in have],
+                        marker="o", label=name, color=color[name],
+                        linestyle="--" if name.startswith("lockstep") else "-")
+            ax.set(xscale="log", yscale="log", xlabel="prompts a batch (B)", ylabel="µs per token a row (median)",
+                   title=f"{context} tokens, {lengths} lengths, {loop} loop")
+            ax.set_xticks([r["batch"] for r in rows], [str(r["batch"]) for r in rows])
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))  # 10, 20, 50, 100, ... labelled
+            ax.yaxis.set_major_formatter(ScalarFormatter())
+            ax.yaxis.set_minor_formatter(NullFormatter())
     env = m["environment"]
-    _finish(fig, axes, f"wmtp bench batch ({env.get('device_name', env['device'])}, torch "
-            f"{env['versions']['torch']}, decode {m['decode_dtype']}, depth {m['config']['spec']['depth']}; "
-            "every run lossless)", png_path)
+    _finish(fig, [ax for axes in grid for ax in axes if ax.axison], f"wmtp bench batch "
+            f"({env.get('device_name', env['device'])}, torch {env['versions']['torch']}, decode {m['decode_dtype']}, "
+            f"depth {m['config']['spec']['depth']}; every run lossless)", png_path)
 
 
 def _grouped_bars(ax, arms: list[str], series: dict[str, list[float]],
