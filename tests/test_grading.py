@@ -11,6 +11,7 @@ import torch
 from wmtp import decode, grading
 from wmtp.cli import main
 from wmtp.decode import verify_greedy
+from wmtp.grading_batch import HARNESS, library_commit
 from wmtp.grading_fork import library_fork
 from wmtp.grading_paged import library_addresses
 from wmtp.keyset import draft_key_indices, sink_query_position
@@ -21,7 +22,7 @@ ASSIGNMENTS = Path(__file__).resolve().parents[1] / "tutorials" / "assignments"
 FILES = {"keyset": "01_keyset.py", "ring_slot": "02_ring_slot.py", "greedy_verify": "03_greedy_verify.py",
          "splitk_merge": "04_splitk_merge.py", "reindexed": "05_reindexed_positions.py",
          "rejection": "06_rejection_sampling.py", "paged": "07_paged_keys.py", "depth": "08_draft_depth.py",
-         "fork": "09_fork_table.py"}
+         "fork": "09_fork_table.py", "batch": "10_batch_commit.py"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -41,8 +42,8 @@ def _write(tmp_path, source: str) -> Path:
 
 def test_every_assignment_has_a_template_and_a_solution():
     assert set(FILES) == set(grading.ASSIGNMENTS)
-    assert sorted(p.name for p in ASSIGNMENTS.glob("0*.py")) == sorted(FILES.values())
-    assert sorted(p.name for p in (ASSIGNMENTS / "solutions").glob("0*.py")) == sorted(FILES.values())
+    assert sorted(p.name for p in ASSIGNMENTS.glob("[0-9][0-9]_*.py")) == sorted(FILES.values())
+    assert sorted(p.name for p in (ASSIGNMENTS / "solutions").glob("[0-9][0-9]_*.py")) == sorted(FILES.values())
 
 
 @pytest.mark.parametrize("assignment", FILES)
@@ -62,6 +63,7 @@ LIBRARY = {  # the library's own definitions, in the students' signatures
     "paged": library_addresses,
     "depth": best_depth,
     "fork": library_fork,
+    "batch": library_commit,
 }
 
 
@@ -231,6 +233,41 @@ def fork_table(block_table, page_size, filled, needed, free, scratch):
     copies = [(block_table[first], mine[0])] if filled % page_size else []
     return block_table[:first] + mine + block_table[last:], copies
 """, ["filled=6, needed=10", "got ([5, 9, 3, 0], [(2, 9)])", "addresses the scratch page"]),
+    "batch committing lockstep's least match": ("batch", """
+def commit_rows(drafts, choices, positions, live):
+    own = [_accepted(d, c) for d, c, on in zip(drafts, choices, live) if on]
+    m = min(own, default=0)
+    return [(d[:m] + [c[m]], p + m + 1) if on else ([], p) for d, c, p, on in zip(drafts, choices, positions, live)]
+""", ["commit_rows(drafts=[[4, 7, 1], [4, 7, 1], [2, 2, 2]]", "got [([4], 11), ([4], 11), ([8], 11)]",
+      "each row keeps its own match a_b", "lockstep's rule"]),
+    "batch with a stopped row that commits": ("batch", """
+def commit_rows(drafts, choices, positions, live):
+    return [(d[:_accepted(d, c)] + [c[_accepted(d, c)]], p + _accepted(d, c) + 1)
+            for d, c, p in zip(drafts, choices, positions)]
+""", ["live=[True, False, True])", "([1, 2, 3, 4], 8)",
+      "row 1 has stopped: it commits nothing and stays at position 4"]),
+    "batch position one short": ("batch", """
+def commit_rows(drafts, choices, positions, live):
+    return [(d[:_accepted(d, c)] + [c[_accepted(d, c)]], p + _accepted(d, c)) if on else ([], p)
+            for d, c, p, on in zip(drafts, choices, positions, live)]
+""", ["got [([4, 7, 1, 9], 13), ([4, 3], 11), ([8], 10)]", "positions[b] + a_b + 1"]),
+    "batch without the target's token": ("batch", """
+def commit_rows(drafts, choices, positions, live):
+    return [(d[:_accepted(d, c)], p + _accepted(d, c) + 1) if on else ([], p)
+            for d, c, p, on in zip(drafts, choices, positions, live)]
+""", ["got [([4, 7, 1], 14), ([4], 12), ([], 11)]", "also commits the target's token choices[0][3]"]),
+    "batch accepting past the first mismatch": ("batch", """
+def commit_rows(drafts, choices, positions, live):
+    rows = []
+    for d, c, p, on in zip(drafts, choices, positions, live):
+        a = sum(x == y for x, y in zip(d, c))
+        rows.append((d[:a] + [c[a]], p + a + 1) if on else ([], p))
+    return rows
+""", ["got [([4, 7, 1, 9], 14), ([4, 3], 12), ([2, 2, 2], 13)]", "stops at its first mismatch"]),
+    "batch as a dict of rows": ("batch", """
+def commit_rows(drafts, choices, positions, live):
+    return {b: ([c[0]], p + 1) for b, (c, p) in enumerate(zip(choices, positions))}
+""", ["expected a list of 3 (tokens, new_position) pairs, one a row"]),
     "merge that overflows on large scores": ("splitk_merge", """
 def merge_splits(m, l, acc):
     return (torch.exp(m)[:, None] * acc).sum(0) / (torch.exp(m) * l).sum()
@@ -238,10 +275,20 @@ def merge_splits(m, l, acc):
 }
 
 
+ACCEPTED = """
+
+def _accepted(d, c):
+    a = 0
+    while a < len(d) and d[a] == c[a]:
+        a += 1
+    return a
+"""
+
+
 @pytest.mark.parametrize("bug", PLANTED)
 def test_planted_bug_is_caught_with_the_failing_case(tmp_path, bug):
     assignment, source, needles = PLANTED[bug]
-    report = grading.grade(assignment, _write(tmp_path, source))
+    report = grading.grade(assignment, _write(tmp_path, source + (ACCEPTED if assignment == "batch" else "")))
     assert not report.passed
     for needle in needles:
         assert needle in report.first_failure, report.first_failure
@@ -402,3 +449,41 @@ def test_two_forks_catch_a_shared_page_and_a_missing_copy(case):
     bad = filled // page_size * page_size  # the copied page's first row, a prompt position
     assert f"reads position {bad} as 0, expected {bad + 1:g} (the prompt's)" in _two_forks_case(no_copy, *case, 0)
     assert _two_forks_case(library_fork, *case, 0) is None
+
+
+def _rows_alone(drafts, choices, positions, live):
+    """Every row committed as if live: a stopped row moves on."""
+    return library_commit(drafts, choices, positions, [True] * len(live))
+
+
+def _lockstep(drafts, choices, positions, live):
+    m = min(verify_greedy(torch.tensor(d), torch.tensor(c)) for d, c, on in zip(drafts, choices, live) if on)
+    return [(d[:m] + [c[m]], p + m + 1) if on else ([], p) for d, c, p, on in zip(drafts, choices, positions, live)]
+
+
+@pytest.mark.parametrize("case", HARNESS, ids=[f"K={c[0]},lengths={c[1]}" for c in HARNESS])
+def test_batched_loop_catches_a_moving_stopped_row_and_lockstep(case):
+    """Assignment 10's last checks on their own: every multi-row batch has a stopped row beside live
+    ones, and a row that drafted well must not wait for the others (lockstep's output is still right)."""
+    from wmtp.grading_batch import _harness_case
+
+    assert _harness_case(library_commit, *case) is None
+    if len(case[1]) > 1:
+        assert "has stopped, but it committed [" in _harness_case(_rows_alone, *case)
+        assert "whatever the other rows accept" in _harness_case(_lockstep, *case)
+
+
+def test_batch_grader_passes_copies_and_refuses_bad_answers():
+    """A function that empties its arguments after answering still passes (the grader keeps its own);
+    an answer of the wrong length or with a bool position is refused with what it should be."""
+    def clears(drafts, choices, positions, live):
+        rows = library_commit(drafts, choices, positions, live)
+        drafts.clear(), choices.clear(), positions.clear(), live.clear()
+        return rows
+
+    assert grading.grade_function("batch", clears).passed
+    short = grading.grade_function("batch", lambda d, c, p, on: library_commit(d, c, p, on)[1:])
+    assert "expected a list of 3 (tokens, new_position) pairs" in short.first_failure
+    assert "2 pairs for a batch of 3 rows" in short.first_failure
+    boolean = grading.grade_function("batch", lambda d, c, p, on: [(t, True) for t, _ in library_commit(d, c, p, on)])
+    assert "a bool is not a token or a position" in boolean.first_failure

@@ -1,6 +1,6 @@
 """The course grader: check a student's function against the library's oracles (``wmtp grade``).
 
-Nine assignments (tutorials/assignments/), each a core piece of Windowed-MTP (arXiv 2607.21535):
+Ten assignments (tutorials/assignments/), each a core piece of Windowed-MTP (arXiv 2607.21535):
 
 - ``keyset``, ``draft_key_indices``: literal key sets, then ``wmtp.keyset`` on fuzzed cases;
 - ``ring_slot``, ``ring_slot``: literal slots, ``wmtp.kvcache.ring_slot`` on fuzzed cases, and a
@@ -17,14 +17,18 @@ Nine assignments (tutorials/assignments/), each a core piece of Windowed-MTP (ar
 - ``depth``, ``best_depth``: the draft depth with the most expected tokens per unit of cost,
   literal and fuzzed cases, and simulated steps at every depth (wmtp/grading_depth.py);
 - ``fork``, ``fork_table``: a run's block table sharing a prompt's pages (copy on write), literal
-  and fuzzed cases, and two runs forked from one prompt in a pool of pages (wmtp/grading_fork.py).
+  and fuzzed cases, and two runs forked from one prompt in a pool of pages (wmtp/grading_fork.py);
+- ``batch``, ``commit_rows``: what each row of a batch at its own positions commits after one
+  verify pass, literal and fuzzed cases, and prompts of different lengths decoded as one batch
+  (wmtp/grading_batch.py).
 
 The checks live in wmtp/grading_checks.py (01-04), grading_reindex.py (05),
-grading_rejection.py (06), grading_paged.py (07), grading_depth.py (08) and grading_fork.py
-(09); this module registers and runs them. Checks run in order (literal cases first, so the first
-failure is a readable one) and stop at the first failure, which the report names: the call, what
-was expected and what came back. ``grade`` runs them on a student's file in a child process with a
-time limit (wmtp/grading_process.py); ``grade_function`` runs them on a function in this one.
+grading_rejection.py (06), grading_paged.py (07), grading_depth.py (08), grading_fork.py (09) and
+grading_batch.py (10); this module registers and runs them. Checks run in order (literal cases
+first, so the first failure is a readable one) and stop at the first failure, which the report
+names: the call, what was expected and what came back. ``grade`` runs them on a student's file in
+a child process with a time limit (wmtp/grading_process.py); ``grade_function`` runs them on a
+function in this one.
 
 The lossless harness passes the student's ``accept_count`` to ``speculative_generate`` as its
 ``verifier`` (a function with ``verify_greedy``'s signature), wrapped to count calls and to check
@@ -39,6 +43,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from . import grading_process
+from .grading_batch import batch_checks
 from .grading_checks import (  # noqa: F401  (OracleDraft, harness_models, ...: the tests' names, as before the split)
     N_FUZZ,
     RING_SIMULATED,
@@ -61,7 +66,8 @@ from .grading_rejection import rejection_checks
 
 ASSIGNMENTS = {"keyset": "draft_key_indices", "ring_slot": "ring_slot", "greedy_verify": "accept_count",
                "splitk_merge": "merge_splits", "reindexed": "sink_query_position", "rejection": "verify_one",
-               "paged": "key_addresses", "depth": "best_depth", "fork": "fork_table"}
+               "paged": "key_addresses", "depth": "best_depth", "fork": "fork_table",
+               "batch": "commit_rows"}
 TIMEOUT_S = 300.0  # a whole assignment's checks take seconds; a student's endless loop must not hang the grader
 
 
@@ -142,4 +148,5 @@ CHECKS: dict[str, Callable[[Callable], Iterator[Check]]] = {"keyset": keyset_che
                                                              "rejection": rejection_checks,
                                                              "paged": lambda fn: paged_checks(fn, N_FUZZ),
                                                              "depth": lambda fn: depth_checks(fn, N_FUZZ),
-                                                             "fork": lambda fn: fork_checks(fn, N_FUZZ)}
+                                                             "fork": lambda fn: fork_checks(fn, N_FUZZ),
+                                                             "batch": lambda fn: batch_checks(fn, N_FUZZ)}
