@@ -64,6 +64,12 @@ def test_bench_batch_writes_every_cell(capsys, tmp_path):
             assert x["speedup_vs_dense_batch"] == pytest.approx(base / x["us_per_token_per_row"] - 1)
             assert (x["mean_accept_length"] is None) == (name == "dense batch")
             assert name == "dense batch" or 1 <= x["mean_accept_length"] <= 1 + m["config"]["spec"]["depth"]
+            own = x.get("row_accept_lengths")
+            assert (own is not None) == name.startswith("own positions") and x["steps"] > 0
+            assert name != "dense batch" or x["steps"] == 9
+            if own is not None:  # the batch's AL lies between its rows' own; a step commits at most depth + 1
+                assert len(own) == r["batch"] and min(own) - 1e-9 <= x["mean_accept_length"] <= max(own) + 1e-9
+                assert x["steps"] >= 9 / (1 + m["config"]["spec"]["depth"])
         if r["batch"] == 1:  # one row: lockstep's least match is the row's own
             for a in arms:
                 assert r["methods"][f"lockstep {a}"]["mean_accept_length"] == \

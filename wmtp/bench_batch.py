@@ -17,8 +17,9 @@ exact equality is the expectation, not a law). Time is the decode steps' seconds
 under ``graph`` the phases' device times (CUDA events), under ``eager`` wall-clock with a synchronize
 (the host's launches included, its bookkeeping between phases not). Per run: ``us_per_token_per_row``
 ``= seconds / (B * (new_tokens - 1))`` (a row's first token comes from its prefill), the AL (tokens
-a live row kept per verify pass) and the speedup over the dense batch of the same cell (old/new - 1),
-each from the median of ``rounds`` rounds, the methods interleaved within a round.
+a live row kept per verify pass), the batch's steps and, with a position a row, each row's own AL
+(the batch steps until its slowest row is done), and the speedup over the dense batch of the same
+cell (old/new - 1), times from the median of ``rounds`` rounds, the methods interleaved within a round.
 """
 
 from __future__ import annotations
@@ -70,8 +71,9 @@ def batch_prompts(text: torch.Tensor, context: int, batch: int, lengths: str) ->
 
 
 def methods(preset: Preset, loop: str, equal: bool) -> dict[str, Callable]:
-    """Each method's run ``(target, head, prompts) -> (outputs, seconds, AL or None)``, the dense
-    batch first; lockstep only for prompts of one length."""
+    """Each method's run ``(target, head, prompts) -> (outputs, seconds, counts)``, the dense batch
+    first; lockstep only for prompts of one length. ``counts``: the AL (``None`` for the dense
+    batch), the batch's steps (verify passes) and, with a position a row, each row's own AL."""
     spec, graph = preset.spec, {"cuda_graph": True} if loop == "graph" else {}
     dense_gen = static_batched_greedy_generate if loop == "graph" else batched_greedy_generate
     lock_gen = static_lockstep_generate if loop == "graph" else lockstep_generate
@@ -80,13 +82,16 @@ def methods(preset: Preset, loop: str, equal: bool) -> dict[str, Callable]:
     def dense(target, head, prompts):
         times: list[float] = []
         outs = dense_gen(target, prompts, spec.new_tokens, step_times=times, **graph)
-        return outs, sum(times), None
+        return outs, sum(times), {"mean_accept_length": None, "steps": len(times)}
 
     def speculative(gen, ks, stack):
         def run(target, head, prompts):
             outs, stats = gen(target, head, torch.stack(prompts) if stack else prompts, spec.new_tokens, spec.depth,
                               ks.n_sink, ks.window, **graph)
-            return outs, sum(stats.draft_times_s) + sum(stats.verify_times_s), stats.mean_accept_length
+            counts = {"mean_accept_length": stats.mean_accept_length, "steps": stats.steps}
+            if not stack:  # a row's own AL: the batch runs the steps its slowest row needs
+                counts["row_accept_lengths"] = [c / max(n, 1) for c, n in zip(stats.committed, stats.live_steps)]
+            return outs, sum(stats.draft_times_s) + sum(stats.verify_times_s), counts
         return run
 
     runs = {"dense batch": dense}
@@ -101,20 +106,20 @@ def run_cell(target, head, prompts: list[torch.Tensor], preset: Preset, loop: st
     """Every method on one batch, ``rounds`` times interleaved; lossless asserted against the dense batch."""
     B, new = len(prompts), preset.spec.new_tokens
     runs = methods(preset, loop, equal)
-    got: dict[str, list[tuple[float, float | None]]] = {name: [] for name in runs}
+    got: dict[str, list[tuple[float, dict]]] = {name: [] for name in runs}
     for _ in range(rounds):
         want = None
         for name, run in runs.items():
-            outs, seconds, al = run(target, head, prompts)
+            outs, seconds, counts = run(target, head, prompts)
             want = outs if want is None else want
             if not all(torch.equal(o, w) for o, w in zip(outs, want)):
                 raise AssertionError(f"{name} ({loop} loop, B={B}) is not token-equal to the dense batch")
-            got[name].append((seconds, al))
+            got[name].append((seconds, counts))
     cell = {}
-    for name, rs in got.items():
+    for name, rs in got.items():  # the counts: the first round's (at a fixed depth every round's)
         seconds = statistics.median(s for s, _ in rs)
         cell[name] = {"seconds_rounds": [s for s, _ in rs], "us_per_token_per_row": seconds / (B * (new - 1)) * 1e6,
-                      "mean_accept_length": rs[0][1]}
+                      **rs[0][1]}
     base = cell["dense batch"]["us_per_token_per_row"]
     for m in cell.values():
         m["speedup_vs_dense_batch"] = speedup(base, m["us_per_token_per_row"])
@@ -185,13 +190,13 @@ def table(result: dict):
     env = result["environment"]
     t = Table(title=f"wmtp bench batch ({env.get('device_name', env['device'])}, {result['decode_dtype']}, "
               f"depth {result['config']['spec']['depth']})")
-    for col in ("context", "lengths", "B", "loop", "method", "AL", "µs/token/row", "speedup vs dense batch"):
+    for col in ("context", "lengths", "B", "loop", "method", "AL", "steps", "µs/token/row", "speedup vs dense batch"):
         t.add_column(col, justify="right")
     for r in result["rows"]:
         for i, (name, m) in enumerate(r["methods"].items()):
             al = m["mean_accept_length"]
             t.add_row(*([str(r["context"]), r["lengths"], str(r["batch"]), r["loop"]] if i == 0 else [""] * 4), name,
-                      "1" if al is None else f"{al:.2f}", f"{m['us_per_token_per_row']:.1f}",
+                      "1" if al is None else f"{al:.2f}", str(m["steps"]), f"{m['us_per_token_per_row']:.1f}",
                       "" if i == 0 else f"{m['speedup_vs_dense_batch']:+.0%}")
     return t
 
