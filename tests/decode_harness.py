@@ -97,22 +97,41 @@ class InputOracle:
         self.hidden = target(self.seq)[1]  # (B, T, d): the target's hidden state at every position
         self.head, self.K, self.want, self.calls = head, depth, want, -1  # -1: the prompts' chain
         self.j = j or (lambda b, n: (7 * n + 3 * b) % (depth + 1))
+        self.prompts, self.who, self.admitting = prompts, None, False  # who: each batch row's prompt
 
     def new_cache(self, *args, **kwargs):
         return self.head.new_cache(*args, **kwargs)
 
+    def spy(self, admit):
+        """``admit`` (wmtp/batched.py NOTE [Refill]) that tells the oracle which row takes which prompt;
+        the admitted prompt's chain call runs the real head, uncounted."""
+        def spied(target, draft, tcache, dcache, b, prompt, *args):
+            self.who = self.who or list(range(tcache.k.shape[1]))
+            self.who[b] = next(i for i, p in enumerate(self.prompts) if p is prompt)
+            self.admitting = True
+            try:
+                return admit(target, draft, tcache, dcache, b, prompt, *args)
+            finally:
+                self.admitting = False
+        return spied
+
     def __call__(self, hidden, next_ids, pos, cache, n_sink, window, impl):
         logits, g = self.head(hidden, next_ids, pos, cache, n_sink, window, impl)
+        if self.admitting:
+            return logits, g
         index, self.calls = max(self.calls, 0) % self.K, self.calls + 1
         B, L = next_ids.shape
-        T = self.seq.shape[1]
+        who = self.who or list(range(B))  # the prompt of each row
+        seq, hid = self.seq[who], self.hidden[who]  # (B, T), (B, T, d)
+        T = seq.shape[1]
         t = pos.expand(B, L)  # (B, L) each column's position
-        fed = next_ids == self.seq.gather(1, (t + 1).clamp(max=T - 1))  # (B, L) the true next token
+        fed = next_ids == seq.gather(1, (t + 1).clamp(max=T - 1))  # (B, L) the true next token
         if index == 0:  # the target's own hidden states (the head's own ones later in a step)
-            true_h = self.hidden.gather(1, t.clamp(max=T - 1)[..., None].expand(-1, -1, hidden.shape[-1]))
+            true_h = hid.gather(1, t.clamp(max=T - 1)[..., None].expand(-1, -1, hidden.shape[-1]))
             fed &= ((hidden - true_h).abs().amax(-1) <= 1e-8 * true_h.abs().amax())
-        truth = self.seq.gather(1, (t + 2).clamp(max=T - 1))  # (B, L): the token a draft there guesses
-        script = torch.tensor([[index < self.j(b, int(t[b, c]) + 1 - index) for c in range(L)] for b in range(B)])
+        truth = seq.gather(1, (t + 2).clamp(max=T - 1))  # (B, L): the token a draft there guesses
+        script = torch.tensor([[index < self.j(who[b], int(t[b, c]) + 1 - index) for c in range(L)]
+                               for b in range(B)])
         out = torch.zeros_like(logits)  # (B, L, V)
         out.scatter_(2, torch.where(fed & script, truth, (truth + 1) % V)[..., None], 1.0)
         return out, g

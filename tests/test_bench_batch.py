@@ -78,6 +78,31 @@ def test_bench_batch_writes_every_cell(capsys, tmp_path):
     assert not list(tmp_path.glob("*.tmp"))
 
 
+def test_more_prompts_than_rows_run_in_waves_and_refilled(capsys, tmp_path):
+    """``--prompts-per-row 3``: 6 prompts in 2 rows; every method in 3 waves of 2, and a refilling
+    batch of 2 rows, which never takes more steps than the waves of its key set."""
+    out = tmp_path / "r.json"
+    code, stdout, err = _run(capsys, ["bench", "batch", "--preset", "tiny", "--device", "cpu", "--seed", "0",
+                                      "--contexts", "40", "--batch-sizes", "2", "--prompts-per-row", "3",
+                                      "--lengths", "mixed", "--new-tokens", "8", "--rounds", "1", "--cache-dir",
+                                      str(tmp_path / "cache"), "--no-progress", "--out", str(out)])
+    assert code == 0, err
+    m = json.loads(out.read_text())
+    assert m["prompts_per_row"] == 3 and len(m["rows"]) == 1
+    r = m["rows"][0]
+    assert (r["batch"], r["prompts"]) == (2, 6) and r["prompt_lengths"] == [40 - i * 40 // 12 for i in range(6)]
+    arms = ["native", "sink4+win16"]
+    assert list(r["methods"]) == ["dense batch"] + [f"{how} {a}" for a in arms for how in ("own positions", "refill")]
+    assert r["methods"]["dense batch"]["steps"] == 3 * 7  # 3 waves of 7 steps
+    for a in arms:
+        waves, refill = r["methods"][f"own positions {a}"], r["methods"][f"refill {a}"]
+        assert len(waves["row_accept_lengths"]) == len(refill["row_accept_lengths"]) == 6
+        assert waves["row_accept_lengths"] == refill["row_accept_lengths"]  # a prompt drafts as it would alone
+        assert refill["steps"] <= waves["steps"]
+        assert refill["us_per_token_per_row"] == pytest.approx(refill["seconds_rounds"][0] / (6 * 7) * 1e6)
+    assert "refill sink4+win16" in stdout
+
+
 def test_a_run_that_is_not_lossless_fails_the_cell(monkeypatch):
     target, head = wmtp.build_models("tiny", seed=0)
     target, head = target.double(), head.double()
@@ -97,7 +122,8 @@ def test_a_run_that_is_not_lossless_fails_the_cell(monkeypatch):
 
 
 @pytest.mark.parametrize("bad,match", [(["--batch-sizes", "0"], "--batch-sizes must be integers >= 1"),
-                                       (["--lengths", "mixed", "--batch-sizes", "1"], "needs a batch size above 1"),
+                                       (["--lengths", "mixed", "--batch-sizes", "1"], "needs more than one prompt"),
+                                       (["--prompts-per-row", "0"], "--prompts-per-row must be an integer >= 1"),
                                        (["--loops", "graph"], "graph loop captures CUDA graphs"),
                                        (["--rounds", "0"], "--rounds must be at least 1"),
                                        (["--keysets", "8:64@100"], "no gated draft"),
@@ -115,10 +141,12 @@ def test_bad_input_exits_2_before_any_work(capsys, tmp_path, bad, match):
 def test_bench_batch_on_cuda_in_both_loops(capsys, tmp_path):
     out = tmp_path / "g.json"
     code, _, err = _run(capsys, ["bench", "batch", "--preset", "tiny", "--device", "cuda", "--contexts", "64", "512",
-                                 "--batch-sizes", "1", "4", "--new-tokens", "24", "--rounds", "1", "--loops", "eager",
+                                 "--batch-sizes", "1", "4", "--prompts-per-row", "2", "--new-tokens", "24", "--rounds",
+                                 "1", "--loops", "eager",
                                  "graph", "--cache-dir", str(tmp_path / "cache"), "--no-progress", "--out", str(out)])
     assert code == 0, err
     m = json.loads(out.read_text())
-    assert m["decode_dtype"] == "float32" and m["complete"] and len(m["rows"]) == 2 * 3 * 2
+    assert m["decode_dtype"] == "float32" and m["complete"] and len(m["rows"]) == 2 * 4 * 2
     assert {r["loop"] for r in m["rows"]} == {"eager", "graph"}
+    assert all("refill native" in r["methods"] and r["prompts"] == 2 * r["batch"] for r in m["rows"])
     assert all(x["us_per_token_per_row"] > 0 for r in m["rows"] for x in r["methods"].values())

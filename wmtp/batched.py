@@ -20,6 +20,14 @@ its positions in order, as NOTE [No rollback] in wmtp/kvcache.py says of rejecte
 that has stopped (its ``eos_id``, or ``max_new_tokens``) runs on in the batch at its last live
 step's positions, which its caches hold, until every row has stopped; what it computes is dropped.
 
+NOTE [Refill]: with ``max_batch`` below the number of prompts, at most ``max_batch`` rows decode at
+once and a row whose prompt has stopped takes the next waiting prompt (continuous batching): the
+prompt is prefilled alone, its keys and values copied into the row's positions ``0 .. P - 1`` of
+both caches (``admit``), and the row's state set as a first step's. What the row's earlier prompt
+left at positions ``>= P`` is never read: the new prompt's passes write each position before any
+query reads it, as above. So a batch no longer waits for its slowest row while prompts wait; the
+outputs come back in the prompts' order, and ``BatchedStats`` counts a prompt, not a row.
+
 The depth is one a step for the whole batch: a depth policy (wmtp/policy.py) hears each live
 row's step as one observation. As in lockstep, a batched row and the row alone can differ in the
 last bits (wmtp/lockstep.py NOTE [Batch exactness]); tests/test_batched.py checks each row against
@@ -129,10 +137,51 @@ def _prefill(target: TargetLM, draft: MTPHead | None, rows: list[torch.Tensor], 
     return tcache, dcache, x, h, lengths
 
 
+def admit(target: TargetLM, draft: MTPHead, tcache, dcache, b: int, prompt: torch.Tensor, impl: str,
+          n_sink: int | None, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``prompt`` prefilled alone, its keys and values copied into row ``b`` of both caches (NOTE
+    [Refill]); returns its first new token ``()`` and its target hidden state at its last prompt
+    position ``(d,)``."""
+    P = prompt.numel()
+    tc, dc, x, h, _ = _prefill(target, draft, [prompt], P, impl, n_sink, window)
+    for big, small in ((tcache, tc), (dcache, dc)):  # (n_layers, B, Hkv, S, D) each
+        big.k[:, b, :, :P].copy_(small.k[:, 0])
+        big.v[:, b, :, :P].copy_(small.v[:, 0])
+    return x[0], h[0]
+
+
+class Slots:
+    """Which prompt each of a batch's rows decodes, and the outputs of the prompts done (NOTE [Refill])."""
+
+    def __init__(self, n_prompts: int, rows: int) -> None:
+        self.who, self.next, self.done = list(range(rows)), rows, [None] * n_prompts
+
+    @property
+    def waiting(self) -> bool:
+        return self.next < len(self.done)
+
+    def take(self, b: int, finished: list[int]) -> int:
+        """Row ``b``'s prompt done with ``finished``; the row takes the next prompt, whose index it returns."""
+        self.done[self.who[b]], self.who[b], self.next = finished, self.next, self.next + 1
+        return self.who[b]
+
+    def outputs(self, out: list[tuple[list[int], bool]], device: torch.device) -> list[torch.Tensor]:
+        for b, (tokens, _) in enumerate(out):
+            self.done[self.who[b]] = tokens
+        return [torch.tensor(o, dtype=torch.long, device=device) for o in self.done]
+
+
+def batch_rows(max_batch: int | None, n_prompts: int) -> int:
+    """The rows a batch holds: ``max_batch`` (at most the prompts), or every prompt with ``None``."""
+    if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1):
+        raise ValueError(f"max_batch must be None or an integer >= 1, got {max_batch!r}")
+    return n_prompts if max_batch is None else min(max_batch, n_prompts)
+
+
 @torch.no_grad()
 def batched_speculative_generate(target: TargetLM, draft: MTPHead, prompts, max_new_tokens: int,
                                  depth: int | DepthPolicy, n_sink: int | None = None, window: int | None = None,
-                                 impl: str = "auto", eos_id: int | None = None
+                                 impl: str = "auto", eos_id: int | None = None, max_batch: int | None = None
                                  ) -> tuple[list[torch.Tensor], BatchedStats]:
     """Greedy speculative decoding of ``B`` prompts of any lengths as one batch, each row at its own
     positions and keeping its own matches (the module docstring).
@@ -146,23 +195,37 @@ def batched_speculative_generate(target: TargetLM, draft: MTPHead, prompts, max_
         n_sink, window: the draft key set (``window=None``: the native draft).
         impl: attention implementation for draft and target.
         eos_id: a row stops after this token (included); the batch runs until every row has stopped.
+        max_batch: at most this many rows at once, a stopped row taking the next prompt (NOTE
+            [Refill]; ``None``: every prompt a row).
 
     Returns:
-        One 1-D LongTensor of new tokens a row (each ``greedy_generate`` of its prompt: NOTE [Batch
-        exactness] in wmtp/lockstep.py) and the batch's ``BatchedStats``.
+        One 1-D LongTensor of new tokens a prompt (each ``greedy_generate`` of its prompt: NOTE
+        [Batch exactness] in wmtp/lockstep.py) and the batch's ``BatchedStats``, a prompt's counters
+        at its index.
 
     Raises:
         ValueError: for prompts of another form, and for any row ``speculative_generate`` refuses.
     """
     rows, policy, needed, impl = check_batch(target, draft, prompts, max_new_tokens, depth, n_sink, window, eos_id,
                                              impl)
-    B, K, dev = len(rows), policy.max_depth, rows[0].device
-    stats = BatchedStats(depth=K, batch=B)
-    tcache, dcache, x, h, n = _prefill(target, draft, rows, needed, impl, n_sink, window)
+    B, K, dev = batch_rows(max_batch, len(rows)), policy.max_depth, rows[0].device
+    stats, slots = BatchedStats(depth=K, batch=len(rows)), Slots(len(rows), B)
+    tcache, dcache, x, h, n = _prefill(target, draft, rows[:B], needed, impl, n_sink, window)
     out = [_finish([t], max_new_tokens, eos_id) for t in x.tolist()]  # (tokens, stopped) a row
     # The head's next extend, a row each: positions hs .. hs + r - 1 (r real ones), hidden, next tokens.
     hs, r = n - 1, torch.ones(B, dtype=torch.long, device=dev)  # (B,) each
-    h_ext, t_ext = h[:, None], x[:, None]  # (B, 1, d), (B, 1)
+    h_ext, t_ext = h[:, None].clone(), x[:, None].clone()  # (B, 1, d), (B, 1)
+
+    def refill() -> None:  # a stopped row takes the next prompt, as a first step's state (NOTE [Refill])
+        for b in range(B):
+            while out[b][1] and slots.waiting:
+                p = rows[slots.take(b, out[b][0])]
+                x0, h0 = admit(target, draft, tcache, dcache, b, p, impl, n_sink, window)
+                out[b] = _finish([int(x0)], max_new_tokens, eos_id)
+                n[b], x[b], hs[b], r[b] = p.numel(), x0, p.numel() - 1, 1
+                h_ext[b, 0], t_ext[b, 0] = h0, x0
+
+    refill()
     while not all(stop for _, stop in out):
         live = torch.tensor([not stop for _, stop in out], device=dev)  # (B,)
         k = next_depth(policy, int(n[live].min()), K)
@@ -195,13 +258,13 @@ def batched_speculative_generate(target: TargetLM, draft: MTPHead, prompts, max_
         stats.verify_times_s.append(t2 - t1)
         go = live.clone()  # rows that stay live after this step move on; a row that stops keeps its state
         for b in live.nonzero().flatten().tolist():
-            ab = int(a[b])
+            ab, i = int(a[b]), slots.who[b]
             policy.update(k, ab, t1 - t0, t2 - t1)
             before = len(out[b][0])
             out[b] = _finish(out[b][0] + d[b, :ab].tolist() + [int(y[b])], max_new_tokens, eos_id)
-            stats.accepted[b] += ab
-            stats.committed[b] += len(out[b][0]) - before
-            stats.live_steps[b] += 1
+            stats.accepted[i] += ab
+            stats.committed[i] += len(out[b][0]) - before
+            stats.live_steps[i] += 1
             go[b] = not out[b][1]
         # The next extend of a moving row: positions n .. n + a with the target's own hidden states;
         # a stopped row keeps its own, so the width covers both (NOTE [Padded rows]).
@@ -211,7 +274,8 @@ def batched_speculative_generate(target: TargetLM, draft: MTPHead, prompts, max_
         t_ext = torch.where(go[:, None], _width(choice, w), _width(t_ext, w))  # (B, w): choices 0..a are d_1..d_a, y
         hs, r = torch.where(go, n, hs), r_next
         n, x = torch.where(go, n + a + 1, n), torch.where(go, y, x)
-    return [torch.tensor(o, dtype=torch.long, device=dev) for o, _ in out], stats
+        refill()
+    return slots.outputs(out, dev), stats
 
 
 def _width(x: torch.Tensor, w: int) -> torch.Tensor:

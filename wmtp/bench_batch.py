@@ -1,25 +1,29 @@
-"""``wmtp bench batch``: batches of prompts decoded at once, three ways side by side (beyond the
-paper, whose runs decode one sequence; arXiv 2607.21535 Sec. 4-5 time one): the dense batch
+"""``wmtp bench batch``: batches of prompts decoded at once, side by side (beyond the paper, whose
+runs decode one sequence; arXiv 2607.21535 Sec. 4-5 time one): the dense batch
 (``batched_greedy_generate``), lockstep speculative batches (wmtp/lockstep.py: every row keeps the
-batch's least match, so its prompts share one length) and batches with a position a row
-(wmtp/batched.py: every row keeps its own matches, prompts of any lengths), per context, batch size
-and prompt lengths, in the eager loop and (on CUDA) the CUDA-graph loop.
+batch's least match, so its prompts share one length), batches with a position a row
+(wmtp/batched.py: every row keeps its own matches, prompts of any lengths) and, with more prompts
+than rows, refilling batches (NOTE [Refill] there: a stopped row takes the next prompt), per context,
+batch size ``B`` and prompt lengths, in the eager loop and (on CUDA) the CUDA-graph loop.
 
-Prompts: row ``b`` of a batch of ``B`` at context ``c`` is ``length_b`` tokens of the corpus (its
-train, valid and test splits end to end) ending ``b * stride`` tokens before the end, ``stride =
-min(c, (tokens - c) // (B - 1))``, so the rows are different text where the corpus allows.
-``equal``: every row ``c`` tokens. ``mixed``: row ``b`` ``c - floor(b * c / (2B))`` tokens, from
-``c`` down to about ``c / 2``; lockstep needs one length and runs on ``equal`` batches only.
+Prompts: a cell decodes ``N = B * prompts_per_row`` prompts; prompt ``i`` is ``length_i`` tokens of
+the corpus (its train, valid and test splits end to end) ending ``i * stride`` tokens before the
+end, ``stride = min(c, (tokens - c) // (N - 1))``, so the prompts are different text where the
+corpus allows. ``equal``: every prompt ``c`` tokens. ``mixed``: prompt ``i`` ``c - floor(i * c /
+(2N))`` tokens, from ``c`` down to about ``c / 2``; lockstep needs one length and runs on ``equal``
+cells only. Every method but the refilling one decodes the prompts in waves of ``B``, one after
+another; the refilling batch decodes them in ``B`` rows.
 
-Every speculative run's rows are asserted equal (``torch.equal``) to the same loop's dense batch
+Every speculative run's outputs are asserted equal (``torch.equal``) to the same loop's dense batch
 before anything is kept (float32 on a GPU: NOTE [Batch exactness] in wmtp/lockstep.py says why
-exact equality is the expectation, not a law). Time is the decode steps' seconds, prefill excluded:
-under ``graph`` the phases' device times (CUDA events), under ``eager`` wall-clock with a synchronize
-(the host's launches included, its bookkeeping between phases not). Per run: ``us_per_token_per_row``
-``= seconds / (B * (new_tokens - 1))`` (a row's first token comes from its prefill), the AL (tokens
-a live row kept per verify pass), the batch's steps and, with a position a row, each row's own AL
-(the batch steps until its slowest row is done), and the speedup over the dense batch of the same
-cell (old/new - 1), times from the median of ``rounds`` rounds, the methods interleaved within a round.
+exact equality is the expectation, not a law). Time is the decode steps' seconds, prefills and
+refills excluded: under ``graph`` the phases' device times (CUDA events), under ``eager`` wall-clock
+with a synchronize (the host's launches included, its bookkeeping between phases not). Per run:
+``us_per_token_per_row`` ``= seconds / (N * (new_tokens - 1))``, the time a token of a prompt (a
+prompt's first token comes from its prefill), the AL (tokens a live prompt kept per verify pass),
+the steps (verify passes) and, with a position a row, each prompt's own AL (a wave steps until its
+slowest prompt is done), and the speedup over the dense batch of the same cell (old/new - 1), times
+from the median of ``rounds`` rounds, the methods interleaved within a round.
 """
 
 from __future__ import annotations
@@ -70,28 +74,42 @@ def batch_prompts(text: torch.Tensor, context: int, batch: int, lengths: str) ->
     return [text[end - b * stride - n: end - b * stride] for b, n in enumerate(prompt_lengths(context, batch, lengths))]
 
 
-def methods(preset: Preset, loop: str, equal: bool) -> dict[str, Callable]:
+def methods(preset: Preset, loop: str, equal: bool, rows: int, refill: bool) -> dict[str, Callable]:
     """Each method's run ``(target, head, prompts) -> (outputs, seconds, counts)``, the dense batch
-    first; lockstep only for prompts of one length. ``counts``: the AL (``None`` for the dense
-    batch), the batch's steps (verify passes) and, with a position a row, each row's own AL."""
+    first: every method decodes the prompts in waves of ``rows``, a wave's rows together; with
+    ``refill``, ``refill <key set>`` decodes them in ``rows`` rows, a stopped row taking the next
+    prompt (NOTE [Refill] in wmtp/batched.py). Lockstep only for prompts of one length. ``counts``:
+    the AL (``None`` for the dense batch), the steps (verify passes) and, with a position a row,
+    each prompt's own AL."""
     spec, graph = preset.spec, {"cuda_graph": True} if loop == "graph" else {}
     dense_gen = static_batched_greedy_generate if loop == "graph" else batched_greedy_generate
     lock_gen = static_lockstep_generate if loop == "graph" else lockstep_generate
     own_gen = static_batched_speculative_generate if loop == "graph" else batched_speculative_generate
 
+    def waves(prompts):
+        return [prompts[w: w + rows] for w in range(0, len(prompts), rows)]
+
     def dense(target, head, prompts):
         times: list[float] = []
-        outs = dense_gen(target, prompts, spec.new_tokens, step_times=times, **graph)
+        outs = [o for wave in waves(prompts) for o in dense_gen(target, wave, spec.new_tokens, step_times=times,
+                                                                 **graph)]
         return outs, sum(times), {"mean_accept_length": None, "steps": len(times)}
 
-    def speculative(gen, ks, stack):
+    def speculative(gen, ks, lockstep, in_waves=True):
         def run(target, head, prompts):
-            outs, stats = gen(target, head, torch.stack(prompts) if stack else prompts, spec.new_tokens, spec.depth,
-                              ks.n_sink, ks.window, **graph)
-            counts = {"mean_accept_length": stats.mean_accept_length, "steps": stats.steps}
-            if not stack:  # a row's own AL: the batch runs the steps its slowest row needs
-                counts["row_accept_lengths"] = [c / max(n, 1) for c, n in zip(stats.committed, stats.live_steps)]
-            return outs, sum(stats.draft_times_s) + sum(stats.verify_times_s), counts
+            outs, seconds, runs = [], 0.0, []
+            for wave in waves(prompts) if in_waves else [prompts]:
+                o, stats = gen(target, head, torch.stack(wave) if lockstep else wave, spec.new_tokens, spec.depth,
+                               ks.n_sink, ks.window, **graph, **({} if in_waves else {"max_batch": rows}))
+                outs, seconds, runs = outs + o, seconds + sum(stats.draft_times_s) + sum(stats.verify_times_s), \
+                    runs + [stats]
+            steps = sum(st.steps for st in runs)
+            if lockstep:
+                return outs, seconds, {"mean_accept_length": sum(st.committed for st in runs) / steps, "steps": steps}
+            committed = [c for st in runs for c in st.committed]
+            live = [n for st in runs for n in st.live_steps]  # a wave steps until its slowest prompt is done
+            return outs, seconds, {"mean_accept_length": sum(committed) / max(sum(live), 1), "steps": steps,
+                                   "row_accept_lengths": [c / max(n, 1) for c, n in zip(committed, live)]}
         return run
 
     runs = {"dense batch": dense}
@@ -99,13 +117,18 @@ def methods(preset: Preset, loop: str, equal: bool) -> dict[str, Callable]:
         if equal:
             runs[f"lockstep {ks.label}"] = speculative(lock_gen, ks, True)
         runs[f"own positions {ks.label}"] = speculative(own_gen, ks, False)
+        if refill:
+            runs[f"refill {ks.label}"] = speculative(own_gen, ks, False, in_waves=False)
     return runs
 
 
-def run_cell(target, head, prompts: list[torch.Tensor], preset: Preset, loop: str, rounds: int, equal: bool) -> dict:
-    """Every method on one batch, ``rounds`` times interleaved; lossless asserted against the dense batch."""
-    B, new = len(prompts), preset.spec.new_tokens
-    runs = methods(preset, loop, equal)
+def run_cell(target, head, prompts: list[torch.Tensor], preset: Preset, loop: str, rounds: int, equal: bool,
+             rows: int | None = None) -> dict:
+    """Every method on the prompts in ``rows`` rows (``None``: one wave of every prompt), ``rounds``
+    times interleaved; lossless asserted against the dense batch."""
+    N, new = len(prompts), preset.spec.new_tokens
+    B = rows or N
+    runs = methods(preset, loop, equal, B, refill=N > B)
     got: dict[str, list[tuple[float, dict]]] = {name: [] for name in runs}
     for _ in range(rounds):
         want = None
@@ -118,7 +141,7 @@ def run_cell(target, head, prompts: list[torch.Tensor], preset: Preset, loop: st
     cell = {}
     for name, rs in got.items():  # the counts: the first round's (at a fixed depth every round's)
         seconds = statistics.median(s for s, _ in rs)
-        cell[name] = {"seconds_rounds": [s for s, _ in rs], "us_per_token_per_row": seconds / (B * (new - 1)) * 1e6,
+        cell[name] = {"seconds_rounds": [s for s, _ in rs], "us_per_token_per_row": seconds / (N * (new - 1)) * 1e6,
                       **rs[0][1]}
     base = cell["dense batch"]["us_per_token_per_row"]
     for m in cell.values():
@@ -129,32 +152,35 @@ def run_cell(target, head, prompts: list[torch.Tensor], preset: Preset, loop: st
 def bench_batch(preset: Preset, dataset_dir: str | None, device: torch.device, seed: int, contexts: tuple[int, ...],
                 batches: tuple[int, ...], lengths: tuple[str, ...], loops: tuple[str, ...], rounds: int,
                 cache_dir: Path, command: str, progress: bool = False, log=print,
-                on_row: Callable[[dict], object] | None = None) -> dict:
-    """Load (or train) reproduce's models, then every (context, lengths, batch size, loop) cell.
+                on_row: Callable[[dict], object] | None = None, prompts_per_row: int = 1) -> dict:
+    """Load (or train) reproduce's models, then every (context, lengths, batch size, loop) cell, each
+    of ``prompts_per_row`` prompts a row (more than one: in waves, and refilling rows).
 
     ``on_row`` gets the metrics so far after each cell, to write a partial file.
 
     Raises:
         ValueError: for options ``check_options`` refuses, or a context the corpus cannot fill.
     """
-    check_options(preset, batches, lengths, loops, rounds, device)
+    check_options(preset, batches, lengths, loops, rounds, device, prompts_per_row)
     t_start = time.perf_counter()
     setup = bench_setup(BATCH_KIND, preset, dataset_dir, device, seed, contexts, cache_dir, command, progress, log)
     spec = preset.spec  # the graph loop's caches hold K + 1 positions more (wmtp/static_batched.py)
     target, head = with_capacity(setup.target, setup.head, max(contexts) + spec.new_tokens + 2 * spec.depth + 2)
     result = {**setup.header, "lossless": "asserted: every run's rows equal the same loop's dense batch (torch.equal)",
-              "batch_sizes": list(batches), "lengths": list(lengths), "loops": list(loops), "rounds": rounds,
+              "batch_sizes": list(batches), "prompts_per_row": prompts_per_row, "lengths": list(lengths),
+              "loops": list(loops), "rounds": rounds,
               "rows": [], "complete": False}
     cells = [(c, ln, B, lp) for c in contexts for ln in lengths for B in batches for lp in loops
-             if ln == "equal" or B > 1]  # one row has one length
+             if ln == "equal" or B * prompts_per_row > 1]  # one prompt has one length
     with progress_bar(progress) as bar:
         task = bar.add_task("bench batch", total=len(cells))
         for c, ln, B, lp in cells:
-            prompts = [p.to(device) for p in batch_prompts(setup.text, c, B, ln)]
+            prompts = [p.to(device) for p in batch_prompts(setup.text, c, B * prompts_per_row, ln)]
             bar.update(task, description=f"context {c}, {ln} lengths, B={B}, {lp} loop")
-            cell = run_cell(target, head, prompts, preset, lp, rounds, ln == "equal")
+            cell = run_cell(target, head, prompts, preset, lp, rounds, ln == "equal", B)
             result["rows"].append({"context": c, "lengths": ln, "prompt_lengths": [p.numel() for p in prompts],
-                                   "batch": B, "loop": lp, "new_tokens": spec.new_tokens, "methods": cell})
+                                   "batch": B, "prompts": len(prompts), "loop": lp, "new_tokens": spec.new_tokens,
+                                   "methods": cell})
             result["wall_time_s"] = time.perf_counter() - t_start
             bar.advance(task)
             log(f"context {c}, {ln} lengths, B={B}, {lp} loop: done")
@@ -165,14 +191,16 @@ def bench_batch(preset: Preset, dataset_dir: str | None, device: torch.device, s
 
 
 def check_options(preset: Preset, batches: tuple[int, ...], lengths: tuple[str, ...], loops: tuple[str, ...],
-                  rounds: int, device: torch.device) -> None:
+                  rounds: int, device: torch.device, prompts_per_row: int = 1) -> None:
     """``ValueError`` for options the bench cannot run, before any model is loaded."""
     if not batches or any(b < 1 for b in batches):
         raise ValueError(f"--batch-sizes must be integers >= 1, got {list(batches)}")
     if not lengths or not set(lengths) <= set(LENGTHS):
         raise ValueError(f"--lengths must be some of {', '.join(LENGTHS)}, got {list(lengths)}")
-    if lengths == ("mixed",) and set(batches) == {1}:
-        raise ValueError("--lengths mixed needs a batch size above 1 (one row has one length)")
+    if isinstance(prompts_per_row, bool) or not isinstance(prompts_per_row, int) or prompts_per_row < 1:
+        raise ValueError(f"--prompts-per-row must be an integer >= 1, got {prompts_per_row!r}")
+    if lengths == ("mixed",) and set(batches) == {1} and prompts_per_row == 1:
+        raise ValueError("--lengths mixed needs more than one prompt (a batch size or --prompts-per-row above 1)")
     if not loops or not set(loops) <= set(LOOPS):
         raise ValueError(f"--loops must be some of {', '.join(LOOPS)}, got {list(loops)}")
     if "graph" in loops and device.type != "cuda":
@@ -214,6 +242,9 @@ def add_arguments(p) -> None:
                         "of it (default: both)")
     p.add_argument("--loops", nargs="+", choices=LOOPS, default=None,
                    help="decode loops to time (default: graph on CUDA, eager elsewhere)")
+    p.add_argument("--prompts-per-row", type=int, default=1,
+                   help="prompts a row of the batch: above 1, every method decodes them in waves of the batch "
+                        "size, and a refilling batch in its rows, a stopped row taking the next (default: 1)")
     p.add_argument("--rounds", type=int, default=3,
                    help="runs of every method, interleaved; times are their median (default: 3)")
     p.add_argument("--out", type=Path, default=None,
@@ -226,9 +257,10 @@ def cli(args, prog: str, argv: list[str]) -> int:
     device, preset, slug = model_options(args)
     loops = tuple(args.loops or (("graph",) if device.type == "cuda" else ("eager",)))
     batches, lengths = tuple(args.batch_sizes), tuple(dict.fromkeys(args.lengths))
-    check_options(preset, batches, lengths, loops, args.rounds, device)
+    check_options(preset, batches, lengths, loops, args.rounds, device, args.prompts_per_row)
     return bench_cli(args, prog, argv, "batch", slug, lambda command, log, on_row: bench_batch(
         preset, args.dataset_dir, device, args.seed, tuple(args.contexts), batches, lengths, loops, args.rounds,
-        args.cache_dir, command, progress=not args.no_progress, log=log, on_row=on_row), table, plot=True)
+        args.cache_dir, command, progress=not args.no_progress, log=log, on_row=on_row,
+        prompts_per_row=args.prompts_per_row), table, plot=True)
 
 

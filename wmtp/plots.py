@@ -113,7 +113,7 @@ def plot_decode(m: dict, png_path: str | Path) -> None:
 
 def plot_batch(m: dict, png_path: str | Path) -> None:
     """A row of panels per context, a panel per (lengths, loop): each method's µs per token a row
-    against the batch size, lockstep dashed, the dense batch black."""
+    against the batch size, lockstep dashed, refilling batches dotted, the dense batch black."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
@@ -136,7 +136,7 @@ def plot_batch(m: dict, png_path: str | Path) -> None:
                 have = [r for r in rows if name in r["methods"]]
                 ax.plot([r["batch"] for r in have], [r["methods"][name]["us_per_token_per_row"] for r in have],
                         marker="o", label=name, color=color[name],
-                        linestyle="--" if name.startswith("lockstep") else "-")
+                        linestyle="--" if name.startswith("lockstep") else ":" if name.startswith("refill") else "-")
             ax.set(xscale="log", yscale="log", xlabel="prompts a batch (B)", ylabel="µs per token a row (median)",
                    title=f"{context} tokens, {lengths} lengths, {loop} loop")
             ax.set_xticks([r["batch"] for r in rows], [str(r["batch"]) for r in rows])

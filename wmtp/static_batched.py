@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from .batched import BatchedStats, _prefill, check_batch
+from .batched import BatchedStats, Slots, _prefill, admit, batch_rows, check_batch
 from .decode import _finish
 from .graphs import Clock, Phases, on_device_of, use_graph
 from .keyset import key_count
@@ -41,30 +41,33 @@ __all__ = ["static_batched_speculative_generate"]
 def static_batched_speculative_generate(target: TargetLM, draft: MTPHead, prompts, max_new_tokens: int,
                                         depth: int | DepthPolicy, n_sink: int | None = None,
                                         window: int | None = None, impl: str = "auto", eos_id: int | None = None,
-                                        cuda_graph: bool | None = None) -> tuple[list[torch.Tensor], BatchedStats]:
+                                        cuda_graph: bool | None = None, max_batch: int | None = None
+                                        ) -> tuple[list[torch.Tensor], BatchedStats]:
     """``batched_speculative_generate`` with device-resident steps (the module docstring): its outputs,
     token for token, and its counters.
 
     Args:
-        target, draft, prompts, max_new_tokens, depth, n_sink, window, impl, eos_id: as in
-            ``batched_speculative_generate``.
+        target, draft, prompts, max_new_tokens, depth, n_sink, window, impl, eos_id, max_batch: as in
+            ``batched_speculative_generate`` (with ``max_batch``, a prompt takes a stopped row
+            between steps, outside the graphs: NOTE [Refill] in wmtp/batched.py).
         cuda_graph: capture the draft phase and the verify phase, each in a CUDA graph (``None``:
             when on CUDA with the Triton impl; ``True`` elsewhere is a ``ValueError``); the counters'
             ``draft_times_s`` and ``verify_times_s`` are then device times.
     """
     rows, policy, needed, impl = check_batch(target, draft, prompts, max_new_tokens, depth, n_sink, window, eos_id,
                                              impl)
+    B = batch_rows(max_batch, len(rows))
     with on_device_of(rows[0]):
-        return _run(target, draft, rows, max_new_tokens, policy, n_sink, window, impl, eos_id, needed, cuda_graph)
+        return _run(target, draft, rows, B, max_new_tokens, policy, n_sink, window, impl, eos_id, needed, cuda_graph)
 
 
-def _run(target: TargetLM, draft: MTPHead, rows: list[torch.Tensor], max_new_tokens: int, policy: DepthPolicy,
-         n_sink: int | None, window: int | None, impl: str, eos_id: int | None, needed: int,
+def _run(target: TargetLM, draft: MTPHead, rows: list[torch.Tensor], B: int, max_new_tokens: int,
+         policy: DepthPolicy, n_sink: int | None, window: int | None, impl: str, eos_id: int | None, needed: int,
          cuda_graph: bool | None) -> tuple[list[torch.Tensor], BatchedStats]:
-    B, K, dev = len(rows), policy.max_depth, rows[0].device
+    K, dev = policy.max_depth, rows[0].device
     graph = use_graph(cuda_graph, dev, impl)
-    stats = BatchedStats(depth=K, batch=B)
-    tcache, dcache, x, h_last, lengths = _prefill(target, draft, rows, needed + K + 1, impl, n_sink, window,
+    stats, slots = BatchedStats(depth=K, batch=len(rows)), Slots(len(rows), B)
+    tcache, dcache, x, h_last, lengths = _prefill(target, draft, rows[:B], needed + K + 1, impl, n_sink, window,
                                                   checked=False)
     out = [_finish([t], max_new_tokens, eos_id) for t in x.tolist()]  # (tokens, stopped) a row
 
@@ -109,6 +112,18 @@ def _run(target: TargetLM, draft: MTPHead, rows: list[torch.Tensor], max_new_tok
     phases = Phases(draft_phase, verify_phase, (h_next, t_next, n_prev, accepted), graph, clock)
     pos = lengths.tolist()  # each row's latest token's position, on the host, for the counters
     head_start = [p - 1 for p in pos]
+
+    def refill() -> None:  # a stopped row takes the next prompt, as a first step's state (NOTE [Refill])
+        for b in range(B):
+            while out[b][1] and slots.waiting:
+                p = rows[slots.take(b, out[b][0])]
+                x0, h0 = admit(target, draft, tcache, dcache, b, p, impl, n_sink, window)
+                out[b] = _finish([int(x0)], max_new_tokens, eos_id)
+                h_next[b, 0], t_next[b, 0] = h0, x0
+                n_prev[b], accepted[b] = p.numel() - 1, 0
+                head_start[b], pos[b] = p.numel() - 1, p.numel()
+
+    refill()
     while not all(stop for _, stop in out):
         now_live = [not stop for _, stop in out]
         if now_live != was_live:  # a row stopped: it no longer moves
@@ -124,13 +139,15 @@ def _run(target: TargetLM, draft: MTPHead, rows: list[torch.Tensor], max_new_tok
         stats.draft_times_s.append(draft_s)
         stats.verify_times_s.append(verify_s)
         for b in (b for b in range(B) if now_live[b]):
+            i = slots.who[b]
             stats.draft_keys_read += sum(key_count(t, n_sink, window) for t in range(head_start[b], pos[b] - 1 + k))
             policy.update(k, a[b], draft_s, verify_s)
             before = len(out[b][0])
             out[b] = _finish(out[b][0] + choice[b * (k + 1) : b * (k + 1) + a[b] + 1], max_new_tokens, eos_id)
-            stats.accepted[b] += a[b]
-            stats.committed[b] += len(out[b][0]) - before
-            stats.live_steps[b] += 1
+            stats.accepted[i] += a[b]
+            stats.committed[i] += len(out[b][0]) - before
+            stats.live_steps[i] += 1
             head_start[b], pos[b] = pos[b], pos[b] + a[b] + 1
         e = k + 1
-    return [torch.tensor(o, dtype=torch.long, device=dev) for o, _ in out], stats
+        refill()
+    return slots.outputs(out, dev), stats
