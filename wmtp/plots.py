@@ -137,7 +137,7 @@ def plot_batch(m: dict, png_path: str | Path) -> None:
                 ax.plot([r["batch"] for r in have], [r["methods"][name]["us_per_token_per_row"] for r in have],
                         marker="o", label=name, color=color[name],
                         linestyle="--" if name.startswith("lockstep") else ":" if name.startswith("refill") else "-")
-            ax.set(xscale="log", yscale="log", xlabel="prompts a batch (B)", ylabel="µs per token a row (median)",
+            ax.set(xscale="log", yscale="log", xlabel="rows a batch (B)", ylabel="µs per token a prompt (median)",
                    title=f"{context} tokens, {lengths} lengths, {loop} loop")
             ax.set_xticks([r["batch"] for r in rows], [str(r["batch"]) for r in rows])
             ax.xaxis.set_minor_formatter(NullFormatter())
