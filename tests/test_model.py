@@ -197,17 +197,17 @@ def _routed(monkeypatch):
     """Route every product of 2 .. FEW_ROWS rows through addmm on the CPU too, counting biased calls."""
     import torch.nn.functional as F
 
-    from wmtp import model
+    from wmtp import linear as products
 
     calls = []
     plain = F.linear
-    monkeypatch.setattr(model, "few_rows", lambda x, rows: 1 < rows <= model.FEW_ROWS)
+    monkeypatch.setattr(products, "few_rows", lambda x, rows: 1 < rows <= products.FEW_ROWS)
     monkeypatch.setattr(F, "linear", lambda x, w, b=None: calls.append(b is not None) or plain(x, w, b))
     return calls, plain
 
 
 def test_linear_off_cuda_is_f_linear():
-    from wmtp.model import linear
+    from wmtp.linear import linear
 
     g = torch.Generator().manual_seed(0)
     w = torch.randn(12, 8, generator=g)
@@ -219,7 +219,7 @@ def test_linear_off_cuda_is_f_linear():
 def test_the_routed_product_keeps_every_layout(monkeypatch):
     """addmm's route (forced on the CPU) gives F.linear's product for 2-D, batched and non-contiguous
     inputs, and refuses a zero bias of another dtype or too short."""
-    from wmtp.model import linear
+    from wmtp.linear import linear
 
     calls, plain = _routed(monkeypatch)
     g = torch.Generator().manual_seed(0)
@@ -261,7 +261,7 @@ def test_linear_on_cuda_routes_few_rows_to_addmm(monkeypatch, dtype):
     product is F.linear's within the dtype's rounding, its shape ``(..., out)``."""
     import torch.nn.functional as F
 
-    from wmtp.model import FEW_ROWS, linear
+    from wmtp.linear import FEW_ROWS, linear
 
     biased = []
     plain = F.linear

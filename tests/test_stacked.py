@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import wmtp
-from wmtp import model
+from wmtp import linear as products
 from wmtp.stacked import pack, stacked_view, stacks
 
 CUDA = torch.cuda.is_available()
@@ -20,7 +20,7 @@ CUDA = torch.cuda.is_available()
 def _force_stacking(monkeypatch):
     """Stack on any device when no weight needs a gradient (``stacks`` without its CUDA and impl
     conditions: off CUDA the small ops' impl is always ``"torch"``)."""
-    monkeypatch.setattr(model, "stacks", lambda impl, x, ws: not (
+    monkeypatch.setattr(products, "stacks", lambda impl, x, ws: not (
         torch.is_grad_enabled() and any(w.requires_grad for w in ws)))
 
 
@@ -120,9 +120,9 @@ def test_stacked_products_are_the_separate_ones(monkeypatch):
     mlp = wmtp.build_models("tiny", seed=1)[0].double().layers[1].mlp
     x = torch.randn(2, 5, attn.cfg.d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        separate = model.project(attn, x, "torch") + model.project(mlp, x, "torch")
+        separate = products.project(attn, x, "torch") + products.project(mlp, x, "torch")
         _force_stacking(monkeypatch)
-        stacked = model.project(attn, x, "auto") + model.project(mlp, x, "auto")
+        stacked = products.project(attn, x, "auto") + products.project(mlp, x, "auto")
     assert len(stacked) == 5 and stacked[0].untyped_storage().data_ptr() == stacked[2].untyped_storage().data_ptr()
     assert separate[0].untyped_storage().data_ptr() != separate[2].untyped_storage().data_ptr()
     for s, p in zip(stacked, separate, strict=True):
@@ -134,8 +134,8 @@ def test_speculative_decoding_with_stacked_products_is_lossless(monkeypatch):
     greedy output of the same route, token for token."""
     _force_stacking(monkeypatch)
     used = []
-    plain = model.stacked_view
-    monkeypatch.setattr(model, "stacked_view", lambda ws: used.append(len(ws)) or plain(ws))
+    plain = products.stacked_view
+    monkeypatch.setattr(products, "stacked_view", lambda ws: used.append(len(ws)) or plain(ws))
     target, head = (m.double() for m in wmtp.build_models("tiny", seed=3))
     prompt = torch.randint(0, target.config.vocab_size, (24,), generator=torch.Generator().manual_seed(3))
     dense = wmtp.greedy_generate(target, prompt, 24)

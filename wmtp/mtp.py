@@ -21,7 +21,8 @@ import torch.nn as nn
 from .config import MTPConfig
 from .head_input import head_input
 from .kvcache import KVCache
-from .model import Block, RMSNorm, TargetLM, init_weights, linear, op_impl, rezero, zero_bias
+from .linear import linear, rezero, zero_bias
+from .model import Block, RMSNorm, TargetLM, init_weights, op_impl
 from .pagedcache import PagedKVCache
 from .ringcache import RingKVCache
 

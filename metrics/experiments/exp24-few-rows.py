@@ -1,10 +1,10 @@
 """Experiment 24: speculative decoding in the CUDA-graph loop with the few-row products through
-cuBLASLt (NOTE [Few-row products] in wmtp/model.py) against the same products through cuBLAS, side
+cuBLASLt (NOTE [Few-row products] in wmtp/linear.py) against the same products through cuBLAS, side
 by side in one run on the H200.
 
 The models and prompts are experiment 22's bundle (the small preset trained on WikiText-2; see
 metrics/experiments/exp22-gate.py ``bundle``). Per context: one prefill, then three rounds of, for
-each variant in turn (``cublas``: ``wmtp.model.FEW_ROWS = 1``, every product through ``F.linear``,
+each variant in turn (``cublas``: ``wmtp.linear.FEW_ROWS = 1``, every product through ``F.linear``,
 the code before this change; ``cublaslt``: ``FEW_ROWS = 16``): dense greedy decoding and the arms
 (native, 64 + 4096, 8 + 64; fixed depth 7), each asserted token-equal to that round's dense tokens.
 A one-row step (dense decoding) and the prefill are the same in both variants; the verify pass and
@@ -24,13 +24,13 @@ import torch
 
 import wmtp
 from wmtp import bench_depth
-from wmtp import model as model_mod
+from wmtp import linear as products
 from wmtp.bench_common import loop_generators, timed_prefill, with_capacity
 from wmtp.config import KeySetConfig, get_preset
 from wmtp.metrics import environment, write_json
 from wmtp.policy import FixedDepth
 
-VARIANTS = {"cublas": 1, "cublaslt": 16}  # wmtp.model.FEW_ROWS
+VARIANTS = {"cublas": 1, "cublaslt": 16}  # wmtp.linear.FEW_ROWS
 bundle_dir, out = sys.argv[1], sys.argv[2]
 contexts = [int(c) for c in sys.argv[3:]] or [1024, 16384, 131072]
 dev = torch.device("cuda")
@@ -55,7 +55,7 @@ for c in contexts:
     t0 = time.perf_counter()
     for _ in range(rounds):
         for v, few in VARIANTS.items():
-            model_mod.FEW_ROWS = few
+            products.FEW_ROWS = few
             steps: list[float] = []
             dense = greedy(target, prompt, new, step_times=steps, prefill=pre)
             runs[v]["dense"].append({"tpot_s": statistics.fmean(steps), "ids": dense.tolist()})
@@ -64,7 +64,7 @@ for c in contexts:
                                         "graph")
                 runs[v][ks.label].append(r | {"draft_s_per_step": r["draft_s"] / r["steps"],
                                               "verify_s_per_step": r["verify_s"] / r["steps"]})
-    model_mod.FEW_ROWS = 16
+    products.FEW_ROWS = 16
     row = {"context": c, "prefill_s": prefill_s, "seconds": time.perf_counter() - t0, "variants": {}}
     ids = {tuple(d["ids"]) for v in VARIANTS for d in runs[v]["dense"]}
     row["dense_tokens_equal_across_variants"] = len(ids) == 1
