@@ -77,6 +77,16 @@ def prompts_of(lengths, seed: int = 0) -> list[torch.Tensor]:
     return [torch.randint(0, V, (n,), generator=g) for n in lengths]
 
 
+def scripted_counts(j, i: int, P: int, new: int) -> tuple[int, int]:
+    """The steps and accepted drafts of prompt ``i`` (``P`` tokens) decoded alone to ``new`` tokens
+    when each step from position ``n`` accepts ``j(i, n)`` drafts and keeps them and a target token."""
+    n, kept, steps, accepted = P, 1, 0, 0
+    while kept < new:
+        a = j(i, n)
+        kept, n, steps, accepted = kept + a + 1, n + a + 1, steps + 1, accepted + a
+    return steps, accepted
+
+
 class InputOracle:
     """The real head with its logits replaced, a script a row, that also checks what it is fed: at a
     step whose row ``b`` verifies from ``n``, the row's drafts are right for the first ``j(b, n)``

@@ -8,7 +8,7 @@ import os
 
 import pytest
 import torch
-from decode_harness import InputOracle, prompts_of
+from decode_harness import InputOracle, prompts_of, scripted_counts
 
 import wmtp
 from wmtp.batched import batched_speculative_generate
@@ -50,10 +50,7 @@ def test_each_row_keeps_its_own_matches(models, n_sink, window):
     outs, stats = batched_speculative_generate(target, oracle, prompts, new, K, n_sink, window, impl="torch")
     assert all(torch.equal(o, w[:new]) for o, w in zip(outs, oracle.want))
     for b, p in enumerate(prompts):
-        n, kept, steps, accepted = p.numel(), 1, 0, 0
-        while kept < new:
-            a = oracle.j(b, n)
-            kept, n, steps, accepted = kept + a + 1, n + a + 1, steps + 1, accepted + a
+        steps, accepted = scripted_counts(oracle.j, b, p.numel(), new)
         assert (stats.live_steps[b], stats.accepted[b], stats.committed[b]) == (steps, accepted, new - 1)
     assert len(set(stats.accepted)) > 1 and stats.steps == max(stats.live_steps)  # the rows drift apart
     assert stats.mean_accept_length > 1.5  # the script accepts, unlike the untrained head

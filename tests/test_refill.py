@@ -9,7 +9,7 @@ import os
 
 import pytest
 import torch
-from decode_harness import InputOracle, prompts_of
+from decode_harness import InputOracle, prompts_of, scripted_counts
 
 import wmtp
 from wmtp.batched import batched_speculative_generate
@@ -97,10 +97,7 @@ def test_scripted_matches_refill_rows(monkeypatch, generate, max_batch):
     assert all(torch.equal(o, w[:new]) for o, w in zip(outs, oracle.want))
     steps = []
     for i, p in enumerate(prompts):
-        n, kept, s, accepted = p.numel(), 1, 0, 0
-        while kept < new:
-            a = oracle.j(i, n)
-            kept, n, s, accepted = kept + a + 1, n + a + 1, s + 1, accepted + a
+        s, accepted = scripted_counts(oracle.j, i, p.numel(), new)
         assert (stats.live_steps[i], stats.accepted[i], stats.committed[i]) == (s, accepted, new - 1)
         steps.append(s)
     assert len(set(steps)) > 2  # the prompts differ in steps, so the schedule matters

@@ -165,6 +165,16 @@ class Slots:
         self.done[self.who[b]], self.who[b], self.next = finished, self.next, self.next + 1
         return self.who[b]
 
+    def refill(self, out: list[tuple[list[int], bool]], prompts: list[torch.Tensor], admit_row,
+               max_new_tokens: int, eos_id: int | None) -> None:
+        """Every stopped row of ``out`` takes waiting prompts until it holds a live one or none wait:
+        ``admit_row(b, prompt)`` prefills the prompt into row ``b``, sets the row's state and returns
+        its first new token."""
+        for b in range(len(self.who)):
+            while out[b][1] and self.waiting:
+                p = prompts[self.take(b, out[b][0])]
+                out[b] = _finish([admit_row(b, p)], max_new_tokens, eos_id)
+
     def outputs(self, out: list[tuple[list[int], bool]], device: torch.device) -> list[torch.Tensor]:
         for b, (tokens, _) in enumerate(out):
             self.done[self.who[b]] = tokens
@@ -216,14 +226,14 @@ def batched_speculative_generate(target: TargetLM, draft: MTPHead, prompts, max_
     hs, r = n - 1, torch.ones(B, dtype=torch.long, device=dev)  # (B,) each
     h_ext, t_ext = h[:, None].clone(), x[:, None].clone()  # (B, 1, d), (B, 1)
 
-    def refill() -> None:  # a stopped row takes the next prompt, as a first step's state (NOTE [Refill])
-        for b in range(B):
-            while out[b][1] and slots.waiting:
-                p = rows[slots.take(b, out[b][0])]
-                x0, h0 = admit(target, draft, tcache, dcache, b, p, impl, n_sink, window)
-                out[b] = _finish([int(x0)], max_new_tokens, eos_id)
-                n[b], x[b], hs[b], r[b] = p.numel(), x0, p.numel() - 1, 1
-                h_ext[b, 0], t_ext[b, 0] = h0, x0
+    def admit_row(b: int, p: torch.Tensor) -> int:  # the row's state as a first step's (NOTE [Refill])
+        x0, h0 = admit(target, draft, tcache, dcache, b, p, impl, n_sink, window)
+        n[b], x[b], hs[b], r[b] = p.numel(), x0, p.numel() - 1, 1  # the current state tensors, in place
+        h_ext[b, 0], t_ext[b, 0] = h0, x0
+        return int(x0)
+
+    def refill() -> None:
+        slots.refill(out, rows, admit_row, max_new_tokens, eos_id)
 
     refill()
     while not all(stop for _, stop in out):

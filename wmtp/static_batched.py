@@ -113,15 +113,15 @@ def _run(target: TargetLM, draft: MTPHead, rows: list[torch.Tensor], B: int, max
     pos = lengths.tolist()  # each row's latest token's position, on the host, for the counters
     head_start = [p - 1 for p in pos]
 
-    def refill() -> None:  # a stopped row takes the next prompt, as a first step's state (NOTE [Refill])
-        for b in range(B):
-            while out[b][1] and slots.waiting:
-                p = rows[slots.take(b, out[b][0])]
-                x0, h0 = admit(target, draft, tcache, dcache, b, p, impl, n_sink, window)
-                out[b] = _finish([int(x0)], max_new_tokens, eos_id)
-                h_next[b, 0], t_next[b, 0] = h0, x0
-                n_prev[b], accepted[b] = p.numel() - 1, 0
-                head_start[b], pos[b] = p.numel() - 1, p.numel()
+    def admit_row(b: int, p: torch.Tensor) -> int:  # the row's state as a first step's (NOTE [Refill])
+        x0, h0 = admit(target, draft, tcache, dcache, b, p, impl, n_sink, window)
+        h_next[b, 0], t_next[b, 0] = h0, x0  # the graphs' state, in place
+        n_prev[b], accepted[b] = p.numel() - 1, 0
+        head_start[b], pos[b] = p.numel() - 1, p.numel()
+        return int(x0)
+
+    def refill() -> None:
+        slots.refill(out, rows, admit_row, max_new_tokens, eos_id)
 
     refill()
     while not all(stop for _, stop in out):
