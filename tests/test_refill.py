@@ -60,6 +60,49 @@ def test_admit_writes_its_prompt_into_its_row_only(models, P):
             assert torch.equal(got[:, [0, 2]], old[:, [0, 2]])
 
 
+class Recorder:
+    """The real head, logging every column it is called on: (position, token fed, hidden state, logits)."""
+
+    def __init__(self, head):
+        self.head, self.log = head, []
+
+    def new_cache(self, *args, **kwargs):
+        return self.head.new_cache(*args, **kwargs)
+
+    def __call__(self, hidden, next_ids, pos, cache, n_sink, window, impl):
+        logits, g = self.head(hidden, next_ids, pos, cache, n_sink, window, impl)
+        B, L = next_ids.shape
+        t = pos.expand(B, L)  # (B, L) each column's position
+        self.log += [(int(t[b, c]), int(next_ids[b, c]), hidden[b, c].clone(), logits[b, c].clone())
+                     for b in range(B) for c in range(L)]  # copies: the static loop's buffers change in place
+        return logits, g
+
+
+@pytest.mark.parametrize("generate", [batched_speculative_generate, static_batched_speculative_generate])
+@pytest.mark.parametrize("n_sink, window", [(None, None), (2, 8)])
+def test_every_draft_of_a_prompt_alone_is_drafted_in_the_batch(models, generate, n_sink, window):
+    """The draft's KV in a refilled row: each head call a prompt makes decoded alone has a twin in the
+    refilling batch (the same position, token and hidden state) with the same logits, which holds
+    only if the row's draft cache holds the prompt's keys (the untrained head accepts nothing, so
+    the outputs alone cannot show it)."""
+    target, head = models
+    prompts = prompts_of([5, 17, 1, 9, 23, 12, 3], seed=29)
+    batch = Recorder(head)
+    generate(target, batch, prompts, 12, 3, n_sink, window, impl="torch", max_batch=2)
+    calls: dict[tuple[int, int], list] = {}
+    for t, x, h, logits in batch.log:
+        calls.setdefault((t, x), []).append((h, logits))
+    n = 0
+    for p in prompts:
+        alone = Recorder(head)
+        wmtp.speculative_generate(target, alone, p, 12, 3, n_sink, window, impl="torch")
+        for t, x, h, logits in alone.log:
+            twins = [lg for hb, lg in calls.get((t, x), []) if torch.allclose(hb, h, rtol=0, atol=1e-9)]
+            assert any(torch.allclose(lg, logits, rtol=0, atol=1e-9) for lg in twins), (t, x)
+            n += 1
+    assert n > 100
+
+
 @pytest.mark.parametrize("max_batch", [1, 2, 3, 7, 20])
 @pytest.mark.parametrize("depth, n_sink, window", [(1, None, None), (3, 2, 8), (4, 0, 4)])
 def test_each_prompt_is_alone(models, max_batch, depth, n_sink, window):
@@ -91,8 +134,9 @@ def test_scripted_matches_refill_rows(monkeypatch, generate, max_batch):
     K, new, prompts = 3, 30, prompts_of(LENGTHS, seed=26)
     script = [3, 0, 2, 1, 3, 0, 1]  # with the positions' share: 8-20 steps a prompt
     oracle = InputOracle(target, head, prompts, K, new, j=lambda i, n: script[i] if n % 3 else (n + i) % (K + 1))
+    spied = oracle.spy(batched.admit)
     for module in (batched, static_batched):
-        monkeypatch.setattr(module, "admit", oracle.spy(batched.admit))
+        monkeypatch.setattr(module, "admit", spied)
     outs, stats = generate(target, oracle, prompts, new, K, impl="torch", max_batch=max_batch)
     assert all(torch.equal(o, w[:new]) for o, w in zip(outs, oracle.want))
     steps = []

@@ -55,9 +55,10 @@ __all__ = ["BatchedStats", "batched_speculative_generate"]
 
 @dataclass
 class BatchedStats:
-    """Counters of one batched run of ``batch`` rows: ``steps`` verify passes; row ``b`` was live
-    (not yet stopped) for ``live_steps[b]`` of them, accepted ``accepted[b]`` drafts and kept
-    ``committed[b]`` tokens in them (after its output's cut at ``max_new_tokens`` or ``eos_id``)."""
+    """Counters of one batched run of ``batch`` prompts (as many rows, or fewer that refill: NOTE
+    [Refill]): ``steps`` verify passes; prompt ``i`` was live (not yet stopped) for
+    ``live_steps[i]`` of them, accepted ``accepted[i]`` drafts and kept ``committed[i]`` tokens in
+    them (after its output's cut at ``max_new_tokens`` or ``eos_id``)."""
 
     depth: int
     batch: int
@@ -144,9 +145,9 @@ def admit(target: TargetLM, draft: MTPHead, tcache, dcache, b: int, prompt: torc
     position ``(d,)``."""
     P = prompt.numel()
     tc, dc, x, h, _ = _prefill(target, draft, [prompt], P, impl, n_sink, window)
-    for big, small in ((tcache, tc), (dcache, dc)):  # (n_layers, B, Hkv, S, D) each
-        big.k[:, b, :, :P].copy_(small.k[:, 0])
-        big.v[:, b, :, :P].copy_(small.v[:, 0])
+    for big, small, m in ((tcache, tc, P), (dcache, dc, P - 1)):  # the head's chain: positions 0 .. P - 2
+        big.k[:, b, :, :m].copy_(small.k[:, 0, :, :m])  # (n_layers, Hkv, m, D)
+        big.v[:, b, :, :m].copy_(small.v[:, 0, :, :m])
     return x[0], h[0]
 
 

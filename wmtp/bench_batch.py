@@ -135,7 +135,7 @@ def run_cell(target, head, prompts: list[torch.Tensor], preset: Preset, loop: st
         for name, run in runs.items():
             outs, seconds, counts = run(target, head, prompts)
             want = outs if want is None else want
-            if not all(torch.equal(o, w) for o, w in zip(outs, want)):
+            if len(outs) != len(want) or not all(torch.equal(o, w) for o, w in zip(outs, want)):
                 raise AssertionError(f"{name} ({loop} loop, B={B}) is not token-equal to the dense batch")
             got[name].append((seconds, counts))
     cell = {}

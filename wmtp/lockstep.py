@@ -174,7 +174,8 @@ def batched_greedy_generate(target: TargetLM, prompts, max_new_tokens: int, eos_
     pos = first_positions(lengths)  # (1,) or (B, 1)
     out = [[t] for t in x.tolist()]
     while not _done(out, max_new_tokens, eos_id):
-        synchronize(dev)
+        if step_times is not None:
+            synchronize(dev)
         t0 = time.perf_counter()
         logits, _ = target(x[:, None], pos, cache, impl)  # (B, 1, V)
         x = logits[:, -1].argmax(-1)
