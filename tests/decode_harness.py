@@ -113,8 +113,8 @@ class InputOracle:
         return self.head.new_cache(*args, **kwargs)
 
     def spy(self, admit):
-        """``admit`` (wmtp/batched.py NOTE [Refill]) that tells the oracle which row takes which prompt;
-        the admitted prompt's chain call runs the real head, uncounted."""
+        """``admit`` (wmtp/rows.py; NOTE [Refill] in wmtp/batched.py) that tells the oracle which row
+        takes which prompt; the admitted prompt's chain call runs the real head, uncounted."""
         def spied(target, draft, tcache, dcache, b, prompt, *args):
             self.who = self.who or list(range(tcache.k.shape[1]))
             self.who[b] = next(i for i, p in enumerate(self.prompts) if p is prompt)

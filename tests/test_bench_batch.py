@@ -3,6 +3,7 @@ whose every cell was asserted token-equal to the dense batch; the assertion itse
 (exit 2, one line, before any work)."""
 
 import json
+import statistics
 
 import pytest
 import torch
@@ -38,6 +39,18 @@ def test_batch_prompts_are_different_text():
         batch_prompts(text, 101, 1, "equal")
 
 
+def assert_times(x: dict, dense: dict, N: int, new: int) -> None:
+    """A method's times with the prefills: a token's, and its prompts' latencies, from its rounds."""
+    total = [s + p for s, p in zip(x["seconds_rounds"], x["prefill_seconds_rounds"])]
+    assert min(x["prefill_seconds_rounds"]) > 0
+    assert x["us_per_token_per_row_with_prefill"] == pytest.approx(statistics.median(total) / (N * new) * 1e6)
+    assert x["speedup_with_prefill_vs_dense_batch"] == pytest.approx(
+        dense["us_per_token_per_row_with_prefill"] / x["us_per_token_per_row_with_prefill"] - 1)
+    assert x["median_done_reduction_vs_dense_batch"] == pytest.approx(1 - x["median_done_ms"] / dense["median_done_ms"])
+    assert 0 < x["median_first_token_ms"] < x["median_done_ms"] <= x["last_done_ms"]
+    assert x["last_done_ms"] == pytest.approx(statistics.median(total) * 1e3)  # the last prompt ends the run
+
+
 def test_bench_batch_writes_every_cell(capsys, tmp_path):
     out = tmp_path / "b.json"
     code, stdout, err = _run(capsys, ["bench", "batch", "--preset", "tiny", "--device", "cpu", "--seed", "0",
@@ -48,6 +61,7 @@ def test_bench_batch_writes_every_cell(capsys, tmp_path):
     m = json.loads(out.read_text())
     assert m["kind"] == "bench-batch" and m["complete"] and m["decode_dtype"] == "float64" and "lossless" in m
     assert m["command"].startswith("wmtp bench batch") and m["rounds"] == 2 and m["loops"] == ["eager"]
+    assert m["warmup_rounds"] == 1
     assert [(r["context"], r["lengths"], r["batch"]) for r in m["rows"]] == [
         (48, "equal", 1), (48, "equal", 3), (48, "mixed", 3)]  # no mixed batch of one row
     assert [r["prompt_lengths"] for r in m["rows"]] == [[48], [48] * 3, [48, 40, 32]]
@@ -70,11 +84,12 @@ def test_bench_batch_writes_every_cell(capsys, tmp_path):
             if own is not None:  # the batch's AL lies between its rows' own; a step commits at most depth + 1
                 assert len(own) == r["batch"] and min(own) - 1e-9 <= x["mean_accept_length"] <= max(own) + 1e-9
                 assert x["steps"] >= 9 / (1 + m["config"]["spec"]["depth"])
+            assert_times(x, r["methods"]["dense batch"], r["batch"], 10)
         if r["batch"] == 1:  # one row: lockstep's least match is the row's own
             for a in arms:
                 assert r["methods"][f"lockstep {a}"]["mean_accept_length"] == \
                     r["methods"][f"own positions {a}"]["mean_accept_length"]
-    assert "speedup vs dense batch" in stdout and out.with_suffix(".png").stat().st_size > 0
+    assert "+prefills speedup" in stdout and out.with_suffix(".png").stat().st_size > 0
     assert not list(tmp_path.glob("*.tmp"))
 
 
@@ -101,6 +116,10 @@ def test_more_prompts_than_rows_run_in_waves_and_refilled(capsys, tmp_path):
         assert waves["row_accept_lengths"] == refill["row_accept_lengths"]  # a prompt drafts as it would alone
         assert refill["steps"] <= waves["steps"]
         assert refill["us_per_token_per_row"] == pytest.approx(refill["seconds_rounds"][0] / (6 * 7) * 1e6)
+        assert (waves["prefills"], refill["prefills"]) == (3, 5)  # a wave's each; the first rows', then 4 alone
+        for x in (waves, refill):
+            assert_times(x, r["methods"]["dense batch"], 6, 8)
+    assert r["methods"]["dense batch"]["prefills"] == 3
     assert "refill sink4+win16" in stdout
 
 

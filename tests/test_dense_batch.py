@@ -53,10 +53,13 @@ def test_a_row_stops_at_its_eos(target, generate):
     assert len(outs[1]) <= 4
 
 
-def test_step_times_count_the_steps(target):
+@pytest.mark.parametrize("generate", [batched_greedy_generate, static_batched_greedy_generate])
+def test_step_and_prefill_times_count_the_passes(target, generate):
     times: list[float] = []
-    batched_greedy_generate(target, prompts_of([3, 8], seed=13), 9, impl="torch", step_times=times)
+    prefills: list[float] = []
+    generate(target, prompts_of([3, 8], seed=13), 9, impl="torch", step_times=times, prefill_times=prefills)
     assert len(times) == 8 and all(t > 0 for t in times)
+    assert len(prefills) == 1 and prefills[0] > 0
 
 
 def test_short_requests(target):

@@ -40,7 +40,7 @@ def test_admit_writes_its_prompt_into_its_row_only(models, P):
     """``admit``: row ``b``'s positions ``0 .. P - 1`` of both caches become the prompt's prefill
     alone (the head's chain ``0 .. P - 2``; its ``P - 1`` is left for the first extend to write);
     every other row, and row ``b`` past ``P - 1``, keep what they held."""
-    from wmtp.batched import _prefill, admit
+    from wmtp.rows import admit, prefill_rows
 
     target, head = models
     g = torch.Generator().manual_seed(27)
@@ -50,14 +50,49 @@ def test_admit_writes_its_prompt_into_its_row_only(models, P):
         c.v.copy_(torch.randn(c.v.shape, generator=g, dtype=c.v.dtype))
     before = [(c.k.clone(), c.v.clone()) for c in (tcache, dcache)]
     prompt = prompts_of([P], seed=28)[0]
-    x, h = admit(target, head, tcache, dcache, 1, prompt, "torch", 2, 8)
-    tc, dc, x1, h1, _ = _prefill(target, head, [prompt], P, "torch", 2, 8)
+    x, h = admit(target, head, tcache, dcache, 1, prompt, "torch")
+    tc, dc, x1, h1, _ = prefill_rows(target, head, [prompt], P, "torch")
     assert torch.equal(x, x1[0]) and torch.equal(h, h1[0])
     for c, alone, (k0, v0), chain in ((tcache, tc, before[0], P), (dcache, dc, before[1], P - 1)):
         for got, want, old in ((c.k, alone.k, k0), (c.v, alone.v, v0)):  # (n_layers, B, Hkv, S, D)
             assert torch.equal(got[:, 1, :, :chain], want[:, 0, :, :chain])
             assert torch.equal(got[:, 1, :, P:], old[:, 1, :, P:])
             assert torch.equal(got[:, [0, 2]], old[:, [0, 2]])
+
+
+@pytest.mark.parametrize("bad", [-1, 3, True, 1.0])
+def test_a_row_outside_the_cache_is_a_value_error(models, bad):
+    with pytest.raises(ValueError, match="row must be an int"):
+        models[0].new_cache(3, 16).row(bad)
+
+
+@pytest.mark.parametrize("generate", [batched_speculative_generate, static_batched_speculative_generate])
+@pytest.mark.parametrize("max_batch", [1, None])
+def test_each_prompts_times_follow_the_schedule(models, generate, max_batch):
+    """``first_token_s`` and ``done_s``: one row, prompts one after another (each first token a
+    prefill after the one before is done); every prompt a row, one prefill, then each done after
+    its own live steps of the batch's."""
+    target, head = models
+    prompts = prompts_of(LENGTHS, seed=22)
+    eos = int(wmtp.greedy_generate(target, prompts[2], 12, impl="torch")[3])  # some prompts stop early
+    _, st = generate(target, head, prompts, 12, 3, 2, 8, impl="torch", eos_id=eos, max_batch=max_batch)
+    steps = [d + v for d, v in zip(st.draft_times_s, st.verify_times_s)]
+    assert st.elapsed_s == pytest.approx(sum(st.prefill_times_s) + sum(steps), rel=1e-12)
+    assert max(st.done_s) == st.elapsed_s and all(t > 0 for t in st.prefill_times_s + steps)
+    if max_batch == 1:
+        assert len(st.prefill_times_s) == len(prompts) and sum(st.live_steps) == st.steps
+        start = 0
+        for i in range(len(prompts)):
+            before = st.done_s[i - 1] if i else 0.0
+            assert st.first_token_s[i] == before + st.prefill_times_s[i]
+            mine = steps[start: start + st.live_steps[i]]
+            assert st.done_s[i] == pytest.approx(st.first_token_s[i] + sum(mine), rel=1e-12)
+            start += st.live_steps[i]
+    else:
+        assert len(st.prefill_times_s) == 1 and st.first_token_s == [st.prefill_times_s[0]] * len(prompts)
+        assert len(set(st.live_steps)) > 1  # the prompts stop at different steps
+        for i, n in enumerate(st.live_steps):
+            assert st.done_s[i] == pytest.approx(st.prefill_times_s[0] + sum(steps[:n]), rel=1e-12)
 
 
 class Recorder:
@@ -84,7 +119,8 @@ def test_every_draft_of_a_prompt_alone_is_drafted_in_the_batch(models, generate,
     """The draft's KV in a refilled row: each head call a prompt makes decoded alone has a twin in the
     refilling batch (the same position, token and hidden state) with the same logits, which holds
     only if the row's draft cache holds the prompt's keys (the untrained head accepts nothing, so
-    the outputs alone cannot show it)."""
+    the outputs alone cannot show it). A batch prefills the head's chain with each position reading
+    itself (NOTE [Shared draft prefill] in wmtp/prefill.py), so only the decoding calls are twins."""
     target, head = models
     prompts = prompts_of([5, 17, 1, 9, 23, 12, 3], seed=29)
     batch = Recorder(head)
@@ -96,7 +132,7 @@ def test_every_draft_of_a_prompt_alone_is_drafted_in_the_batch(models, generate,
     for p in prompts:
         alone = Recorder(head)
         wmtp.speculative_generate(target, alone, p, 12, 3, n_sink, window, impl="torch")
-        for t, x, h, logits in alone.log:
+        for t, x, h, logits in alone.log[p.numel() - 1:]:  # its decoding (its prefill reads other keys: below)
             twins = [lg for hb, lg in calls.get((t, x), []) if torch.allclose(hb, h, rtol=0, atol=1e-9)]
             assert any(torch.allclose(lg, logits, rtol=0, atol=1e-9) for lg in twins), (t, x)
             n += 1

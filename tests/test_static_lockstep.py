@@ -91,6 +91,7 @@ def test_lockstep_is_the_eager_loop(models, B, n_sink, window, depth):
     assert static[1].accepted > 0 and all(torch.equal(o, greedy) for o, greedy in
                                           zip(static[0], (wmtp.greedy_generate(target, p, 30) for p in ps)))
     assert B == 1 or static[1].lockstep_efficiency < 1.0  # the rows' misses cost the batch
+    assert all(len(st.prefill_times_s) == 1 and st.prefill_times_s[0] > 0 for st in (eager[1], static[1]))
 
 
 def test_the_real_head_and_a_policy_with_eos(models):

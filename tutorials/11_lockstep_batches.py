@@ -270,9 +270,9 @@ else:
 # A batch with a position a row still steps until its slowest row is done: a row that finished early
 # rides along. With more prompts than rows, `max_batch` refills instead: a row whose prompt has
 # stopped takes the next waiting one (continuous batching, NOTE [Refill] in wmtp/batched.py). The
-# prompt is prefilled alone and its keys and values copied into the row's first positions of both
-# caches; what the row's earlier prompt left past them is rewritten before any query reads it. Five
-# prompts of different lengths in two rows, each its greedy decoding alone:
+# prompt is prefilled alone straight into the row's first positions of both caches (`KVCache.row`: a
+# one-row view of them); what the row's earlier prompt left past them is rewritten before any query
+# reads it. Five prompts of different lengths in two rows, each its greedy decoding alone:
 
 # %%
 queue = [torch.randint(0, V, (n,), generator=torch.Generator().manual_seed(n)) for n in (6, 15, 3, 11, 8)]

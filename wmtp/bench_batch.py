@@ -16,14 +16,25 @@ another; the refilling batch decodes them in ``B`` rows.
 
 Every speculative run's outputs are asserted equal (``torch.equal``) to the same loop's dense batch
 before anything is kept (float32 on a GPU: NOTE [Batch exactness] in wmtp/lockstep.py says why
-exact equality is the expectation, not a law). Time is the decode steps' seconds, prefills and
-refills excluded: under ``graph`` the phases' device times (CUDA events), under ``eager`` wall-clock
-with a synchronize (the host's launches included, its bookkeeping between phases not). Per run:
-``us_per_token_per_row`` ``= seconds / (N * (new_tokens - 1))``, the time a token of a prompt (a
-prompt's first token comes from its prefill), the AL (tokens a live prompt kept per verify pass),
-the steps (verify passes) and, with a position a row, each prompt's own AL (a wave steps until its
-slowest prompt is done), and the speedup over the dense batch of the same cell (old/new - 1), times
-from the median of ``rounds`` rounds, the methods interleaved within a round.
+exact equality is the expectation, not a law). Time is the decode steps' seconds: under ``graph``
+the phases' device times (CUDA events), under ``eager`` wall-clock with a synchronize (the host's
+launches included, its bookkeeping between phases not). Per run: ``us_per_token_per_row`` ``=
+seconds / (N * (new_tokens - 1))``, the time a token of a prompt (a prompt's first token comes from
+its prefill), the AL (tokens a live prompt kept per verify pass), the steps (verify passes) and,
+with a position a row, each prompt's own AL (a wave steps until its slowest prompt is done), and
+the speedup over the dense batch of the same cell (old/new - 1).
+
+A server pays the prefills too (a wave's one batched prefill, or a refilling row's prefill of each
+prompt alone, ``admit`` in wmtp/rows.py): each prefill's wall-clock seconds after a synchronize, in
+both loops. ``us_per_token_per_row_with_prefill`` ``= (seconds + prefill seconds) / (N *
+new_tokens)`` and its speedup; and with every prompt waiting from the start, each prompt's latency
+in the timed seconds (the host's work between them not counted): ``median_first_token_ms`` and
+``median_done_ms`` (its first and last new token, median over prompts; a wave's prompts wait for
+the waves before it), ``last_done_ms`` (the last prompt's) and ``median_done_reduction_vs_dense_batch``
+(1 - new/old). Every time is the median of ``rounds`` rounds, the methods interleaved within a round,
+after one untimed round: Triton specializes its kernels on lengths, so a prefill of a new prompt
+length compiles first (without the warm-up, run CR on the H200 timed a median first token of 4.8 s
+in a cell of 1024-token prompts).
 """
 
 from __future__ import annotations
@@ -48,12 +59,13 @@ from .bench_common import (
 )
 from .config import Preset
 from .lockstep import batched_greedy_generate, lockstep_generate
-from .metrics import speedup
+from .metrics import reduction, speedup
 from .plots import BATCH_KIND
 from .static_batched import static_batched_speculative_generate
 from .static_lockstep import static_batched_greedy_generate, static_lockstep_generate
 
 LENGTHS = ("equal", "mixed")
+WARMUP = 1  # untimed rounds a cell: a prefill of a new prompt length compiles kernels first
 
 
 def prompt_lengths(context: int, batch: int, lengths: str) -> list[int]:
@@ -79,8 +91,8 @@ def methods(preset: Preset, loop: str, equal: bool, rows: int, refill: bool) -> 
     first: every method decodes the prompts in waves of ``rows``, a wave's rows together; with
     ``refill``, ``refill <key set>`` decodes them in ``rows`` rows, a stopped row taking the next
     prompt (NOTE [Refill] in wmtp/batched.py). Lockstep only for prompts of one length. ``counts``:
-    the AL (``None`` for the dense batch), the steps (verify passes) and, with a position a row,
-    each prompt's own AL."""
+    the AL (``None`` for the dense batch), the steps (verify passes), with a position a row each
+    prompt's own AL, and ``timeline``'s."""
     spec, graph = preset.spec, {"cuda_graph": True} if loop == "graph" else {}
     dense_gen = static_batched_greedy_generate if loop == "graph" else batched_greedy_generate
     lock_gen = static_lockstep_generate if loop == "graph" else lockstep_generate
@@ -90,26 +102,37 @@ def methods(preset: Preset, loop: str, equal: bool, rows: int, refill: bool) -> 
         return [prompts[w: w + rows] for w in range(0, len(prompts), rows)]
 
     def dense(target, head, prompts):
-        times: list[float] = []
-        outs = [o for wave in waves(prompts) for o in dense_gen(target, wave, spec.new_tokens, step_times=times,
-                                                                 **graph)]
-        return outs, sum(times), {"mean_accept_length": None, "steps": len(times)}
+        outs, seconds, steps, prefills, first, done = [], 0.0, 0, [], [], []
+        for wave in waves(prompts):
+            times: list[float] = []
+            outs += dense_gen(target, wave, spec.new_tokens, step_times=times, prefill_times=prefills, **graph)
+            ready = seconds + sum(prefills)  # every row of a wave runs to its end (no eos here)
+            first, done = first + [ready] * len(wave), done + [ready + sum(times)] * len(wave)
+            seconds, steps = seconds + sum(times), steps + len(times)
+        return outs, seconds, {"mean_accept_length": None, "steps": steps, **timeline(prefills, first, done)}
 
     def speculative(gen, ks, lockstep, in_waves=True):
         def run(target, head, prompts):
-            outs, seconds, runs = [], 0.0, []
+            outs, seconds, runs, prefills, first, done = [], 0.0, [], [], [], []
             for wave in waves(prompts) if in_waves else [prompts]:
                 o, stats = gen(target, head, torch.stack(wave) if lockstep else wave, spec.new_tokens, spec.depth,
                                ks.n_sink, ks.window, **graph, **({} if in_waves else {"max_batch": rows}))
-                outs, seconds, runs = outs + o, seconds + sum(stats.draft_times_s) + sum(stats.verify_times_s), \
-                    runs + [stats]
+                start, steps_s = seconds + sum(prefills), sum(stats.draft_times_s) + sum(stats.verify_times_s)
+                pre = sum(stats.prefill_times_s)  # lockstep's rows all run to the wave's end (no eos here)
+                ft, dt = ([pre] * len(wave), [pre + steps_s] * len(wave)) if lockstep else (stats.first_token_s,
+                                                                                           stats.done_s)
+                first, done = first + [start + t for t in ft], done + [start + t for t in dt]
+                outs, seconds, runs, prefills = (outs + o, seconds + steps_s, runs + [stats],
+                                                 prefills + stats.prefill_times_s)
             steps = sum(st.steps for st in runs)
+            times = timeline(prefills, first, done)
             if lockstep:
-                return outs, seconds, {"mean_accept_length": sum(st.committed for st in runs) / steps, "steps": steps}
+                return outs, seconds, {"mean_accept_length": sum(st.committed for st in runs) / steps, "steps": steps,
+                                       **times}
             committed = [c for st in runs for c in st.committed]
             live = [n for st in runs for n in st.live_steps]  # a wave steps until its slowest prompt is done
             return outs, seconds, {"mean_accept_length": sum(committed) / max(sum(live), 1), "steps": steps,
-                                   "row_accept_lengths": [c / max(n, 1) for c, n in zip(committed, live)]}
+                                   "row_accept_lengths": [c / max(n, 1) for c, n in zip(committed, live)], **times}
         return run
 
     runs = {"dense batch": dense}
@@ -122,30 +145,47 @@ def methods(preset: Preset, loop: str, equal: bool, rows: int, refill: bool) -> 
     return runs
 
 
+def timeline(prefills: list[float], first: list[float], done: list[float]) -> dict:
+    """A run's prefill seconds and each prompt's times, from the run's start: its first new token and
+    its last (``BatchedStats.first_token_s`` and ``done_s``; waves one after another)."""
+    return {"prefill_seconds": sum(prefills), "prefills": len(prefills), "first_token_s": first, "done_s": done}
+
+
 def run_cell(target, head, prompts: list[torch.Tensor], preset: Preset, loop: str, rounds: int, equal: bool,
              rows: int | None = None) -> dict:
     """Every method on the prompts in ``rows`` rows (``None``: one wave of every prompt), ``rounds``
-    times interleaved; lossless asserted against the dense batch."""
+    times interleaved after an untimed round (``WARMUP``); lossless asserted against the dense batch."""
     N, new = len(prompts), preset.spec.new_tokens
     B = rows or N
     runs = methods(preset, loop, equal, B, refill=N > B)
     got: dict[str, list[tuple[float, dict]]] = {name: [] for name in runs}
-    for _ in range(rounds):
+    for r in range(WARMUP + rounds):
         want = None
         for name, run in runs.items():
             outs, seconds, counts = run(target, head, prompts)
             want = outs if want is None else want
             if len(outs) != len(want) or not all(torch.equal(o, w) for o, w in zip(outs, want)):
                 raise AssertionError(f"{name} ({loop} loop, B={B}) is not token-equal to the dense batch")
-            got[name].append((seconds, counts))
+            if r >= WARMUP:
+                got[name].append((seconds, counts))
     cell = {}
     for name, rs in got.items():  # the counts: the first round's (at a fixed depth every round's)
         seconds = statistics.median(s for s, _ in rs)
+        with_prefill = statistics.median(s + c["prefill_seconds"] for s, c in rs)
+        times = {"prefill_seconds_rounds": [c["prefill_seconds"] for _, c in rs],
+                 "us_per_token_per_row_with_prefill": with_prefill / (N * new) * 1e6,
+                 "median_first_token_ms": statistics.median(statistics.median(c["first_token_s"]) for _, c in rs) * 1e3,
+                 "median_done_ms": statistics.median(statistics.median(c["done_s"]) for _, c in rs) * 1e3,
+                 "last_done_ms": statistics.median(max(c["done_s"]) for _, c in rs) * 1e3}
+        counts = {k: v for k, v in rs[0][1].items() if k not in ("prefill_seconds", "first_token_s", "done_s")}
         cell[name] = {"seconds_rounds": [s for s, _ in rs], "us_per_token_per_row": seconds / (N * (new - 1)) * 1e6,
-                      **rs[0][1]}
-    base = cell["dense batch"]["us_per_token_per_row"]
+                      **counts, **times}
+    base = cell["dense batch"]
     for m in cell.values():
-        m["speedup_vs_dense_batch"] = speedup(base, m["us_per_token_per_row"])
+        m["speedup_vs_dense_batch"] = speedup(base["us_per_token_per_row"], m["us_per_token_per_row"])
+        m["speedup_with_prefill_vs_dense_batch"] = speedup(base["us_per_token_per_row_with_prefill"],
+                                                           m["us_per_token_per_row_with_prefill"])
+        m["median_done_reduction_vs_dense_batch"] = reduction(base["median_done_ms"], m["median_done_ms"])
     return cell
 
 
@@ -168,7 +208,7 @@ def bench_batch(preset: Preset, dataset_dir: str | None, device: torch.device, s
     target, head = with_capacity(setup.target, setup.head, max(contexts) + spec.new_tokens + 2 * spec.depth + 2)
     result = {**setup.header, "lossless": "asserted: every run's rows equal the same loop's dense batch (torch.equal)",
               "batch_sizes": list(batches), "prompts_per_row": prompts_per_row, "lengths": list(lengths),
-              "loops": list(loops), "rounds": rounds,
+              "loops": list(loops), "rounds": rounds, "warmup_rounds": WARMUP,
               "rows": [], "complete": False}
     cells = [(c, ln, B, lp) for c in contexts for ln in lengths for B in batches for lp in loops
              if ln == "equal" or B * prompts_per_row > 1]  # one prompt has one length
@@ -212,20 +252,26 @@ def check_options(preset: Preset, batches: tuple[int, ...], lengths: tuple[str, 
 
 
 def table(result: dict):
-    """A rich table: one line per (cell, method), the dense batch first."""
+    """A rich table: one line per (cell, method), the dense batch first; decode steps alone, then
+    with the prefills, then each prompt's latency (median over prompts)."""
     from rich.table import Table
 
     env = result["environment"]
     t = Table(title=f"wmtp bench batch ({env.get('device_name', env['device'])}, {result['decode_dtype']}, "
               f"depth {result['config']['spec']['depth']})")
-    for col in ("context", "lengths", "B", "loop", "method", "AL", "steps", "µs/token/row", "speedup vs dense batch"):
+    for col in ("context", "lengths", "B", "loop", "method", "AL", "steps", "µs/token/row", "speedup",
+                "+prefills µs/token/row", "+prefills speedup", "first token ms", "done ms", "done reduction"):
         t.add_column(col, justify="right")
     for r in result["rows"]:
         for i, (name, m) in enumerate(r["methods"].items()):
             al = m["mean_accept_length"]
             t.add_row(*([str(r["context"]), r["lengths"], str(r["batch"]), r["loop"]] if i == 0 else [""] * 4), name,
                       "1" if al is None else f"{al:.2f}", str(m["steps"]), f"{m['us_per_token_per_row']:.1f}",
-                      "" if i == 0 else f"{m['speedup_vs_dense_batch']:+.0%}")
+                      "" if i == 0 else f"{m['speedup_vs_dense_batch']:+.0%}",
+                      f"{m['us_per_token_per_row_with_prefill']:.1f}",
+                      "" if i == 0 else f"{m['speedup_with_prefill_vs_dense_batch']:+.0%}",
+                      f"{m['median_first_token_ms']:.1f}", f"{m['median_done_ms']:.1f}",
+                      "" if i == 0 else f"{m['median_done_reduction_vs_dense_batch']:+.0%}")
     return t
 
 

@@ -52,6 +52,20 @@ class KVCache:
         new.k, new.v = self.k.clone(), self.v.clone()  # (n_layers, B, Hkv, S, D) each
         return new
 
+    def row(self, b: int) -> KVCache:
+        """Row ``b`` as a one-row cache on these buffers: what a pass writes into it, row ``b`` of this
+        cache holds (a refilled row's prefill: NOTE [Refill] in wmtp/batched.py).
+
+        Raises:
+            ValueError: for a row outside the cache.
+        """
+        if isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < self.k.shape[1]:
+            raise ValueError(f"row must be an int in [0, {self.k.shape[1]}), got {b!r}")
+        view = KVCache.__new__(KVCache)
+        view.checked = self.checked
+        view.k, view.v = self.k[:, b: b + 1], self.v[:, b: b + 1]  # (n_layers, 1, Hkv, S, D) each, shared
+        return view
+
     def update(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str = "torch"
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write ``k, v`` ``(B, Hkv, L, D)`` at positions ``pos`` ``(L,)``, or ``(B, L)``: each row at its

@@ -31,13 +31,13 @@ from dataclasses import dataclass, field
 import torch
 
 from .attention import resolve_impl
-from .batched import _prefill, _rows
 from .device import synchronize
 from .keyset import key_count
 from .model import TargetLM
 from .mtp import MTPHead
 from .policy import DepthPolicy, as_policy, next_depth
 from .request import check_request, check_spec_request, spec_extra
+from .rows import as_rows, prefill_rows, timed
 
 __all__ = ["LockstepStats", "batched_greedy_generate", "check_dense_batch", "lockstep_generate"]
 
@@ -62,6 +62,7 @@ class LockstepStats:
     steps_by_depth: list[int] = field(default_factory=list)  # steps that drafted k (all at depth without a policy)
     draft_times_s: list[float] = field(default_factory=list)
     verify_times_s: list[float] = field(default_factory=list)
+    prefill_times_s: list[float] = field(default_factory=list)  # the prefill's wall-clock seconds (one)
 
     def __post_init__(self) -> None:
         self.accepted_alone = self.accepted_alone or [0] * self.batch
@@ -130,7 +131,7 @@ def _prefill_batch(target: TargetLM, draft: MTPHead | None, prompts: torch.Tenso
 def check_dense_batch(target: TargetLM, prompts, max_new_tokens: int, eos_id: int | None, impl: str):
     """The dense batch's checks: returns the prompts as a list of rows (a ``(B, P)`` tensor's, or a
     list of 1-D ones of any lengths), the cache positions a row writes and ``impl`` resolved."""
-    rows = _rows(prompts)
+    rows = as_rows(prompts)
     dev = rows[0].device
     if any(r.device != dev for r in rows):
         raise ValueError("every prompt must be on one device")
@@ -153,7 +154,8 @@ def first_positions(lengths: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def batched_greedy_generate(target: TargetLM, prompts, max_new_tokens: int, eos_id: int | None = None,
-                            impl: str = "auto", step_times: list[float] | None = None) -> list[torch.Tensor]:
+                            impl: str = "auto", step_times: list[float] | None = None,
+                            prefill_times: list[float] | None = None) -> list[torch.Tensor]:
     """Dense greedy decoding of ``B`` prompts as one batch: the reference of ``lockstep_generate`` and
     of ``batched_speculative_generate`` (its rows are ``greedy_generate`` of each prompt: NOTE [Batch
     exactness]). Prompts of different lengths are padded at their ends, each row at its own
@@ -164,13 +166,15 @@ def batched_greedy_generate(target: TargetLM, prompts, max_new_tokens: int, eos_
         max_new_tokens, eos_id, impl: as in ``greedy_generate`` (a row stops after its ``eos_id``;
             the batch runs until every row has stopped).
         step_times: if a list, the wall-clock seconds of each one-token step are appended.
+        prefill_times: if a list, the prefill's wall-clock seconds are appended.
 
     Returns:
         One 1-D LongTensor of new tokens a row.
     """
     rows, needed, impl = check_dense_batch(target, prompts, max_new_tokens, eos_id, impl)
     dev = rows[0].device
-    cache, _, x, _, lengths = _prefill(target, None, rows, needed, impl, None, None)  # x (B,): first new tokens
+    cache, _, x, _, lengths = timed(dev, lambda: prefill_rows(target, None, rows, needed, impl),
+                                    None if prefill_times is None else prefill_times.append)  # x (B,): first tokens
     pos = first_positions(lengths)  # (1,) or (B, 1)
     out = [[t] for t in x.tolist()]
     while not _done(out, max_new_tokens, eos_id):
@@ -220,7 +224,8 @@ def lockstep_generate(target: TargetLM, draft: MTPHead, prompts: torch.Tensor, m
     impl = resolve_impl(impl, dev, target.embed.dtype, target.config.head_dim,
                         target.config.n_heads // target.config.n_kv_heads)
     stats = LockstepStats(depth=depth, batch=B)
-    tcache, dcache, last, h_last = _prefill_batch(target, draft, prompts, needed, impl, n_sink, window)
+    tcache, dcache, last, h_last = timed(dev, lambda: _prefill_batch(target, draft, prompts, needed, impl, n_sink,
+                                                                      window), stats.prefill_times_s.append)
     x = last.argmax(-1)  # (B,) the first new token of each row, at position P
     rows = [[t] for t in x.tolist()]
     head_start, h_new, next_tokens, n = P - 1, h_last, x[:, None], P  # (B, 1, d), (B, 1)

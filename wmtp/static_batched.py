@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import torch
 
-from .batched import BatchedStats, Slots, _prefill, admit, batch_rows, check_batch
-from .decode import _finish
+from .batched import BatchedStats, check_batch
 from .graphs import Clock, Phases, on_device_of, use_graph
 from .keyset import key_count
 from .model import TargetLM
 from .mtp import MTPHead
 from .policy import DepthPolicy, next_depth
+from .rows import Slots, admit, batch_rows, prefill_rows, timed
 
 __all__ = ["static_batched_speculative_generate"]
 
@@ -66,10 +66,12 @@ def _run(target: TargetLM, draft: MTPHead, rows: list[torch.Tensor], B: int, max
          cuda_graph: bool | None) -> tuple[list[torch.Tensor], BatchedStats]:
     K, dev = policy.max_depth, rows[0].device
     graph = use_graph(cuda_graph, dev, impl)
-    stats, slots = BatchedStats(depth=K, batch=len(rows)), Slots(len(rows), B)
-    tcache, dcache, x, h_last, lengths = _prefill(target, draft, rows[:B], needed + K + 1, impl, n_sink, window,
-                                                  checked=False)
-    out = [_finish([t], max_new_tokens, eos_id) for t in x.tolist()]  # (tokens, stopped) a row
+    stats = BatchedStats(depth=K, batch=len(rows))
+    slots = Slots(stats, B, max_new_tokens, eos_id)
+    tcache, dcache, x, h_last, lengths = timed(
+        dev, lambda: prefill_rows(target, draft, rows[:B], needed + K + 1, impl, checked=False), stats.add_prefill)
+    for b, t in enumerate(x.tolist()):
+        slots.start(b, t)
 
     idx = torch.arange(K + 1, device=dev)  # (K+1,)
     h_next = h_last.new_zeros(B, K + 1, h_last.shape[-1])  # (B, K+1, d) hidden states the extend consumes
@@ -114,18 +116,15 @@ def _run(target: TargetLM, draft: MTPHead, rows: list[torch.Tensor], B: int, max
     head_start = [p - 1 for p in pos]
 
     def admit_row(b: int, p: torch.Tensor) -> int:  # the row's state as a first step's (NOTE [Refill])
-        x0, h0 = admit(target, draft, tcache, dcache, b, p, impl, n_sink, window)
+        x0, h0 = timed(dev, lambda: admit(target, draft, tcache, dcache, b, p, impl), stats.add_prefill)
         h_next[b, 0], t_next[b, 0] = h0, x0  # the graphs' state, in place
         n_prev[b], accepted[b] = p.numel() - 1, 0
         head_start[b], pos[b] = p.numel() - 1, p.numel()
         return int(x0)
 
-    def refill() -> None:
-        slots.refill(out, rows, admit_row, max_new_tokens, eos_id)
-
-    refill()
-    while not all(stop for _, stop in out):
-        now_live = [not stop for _, stop in out]
+    slots.refill(rows, admit_row)
+    while not all(slots.stopped):
+        now_live = [not stop for stop in slots.stopped]
         if now_live != was_live:  # a row stopped: it no longer moves
             live.copy_(torch.tensor(now_live, device=dev))
             was_live = now_live
@@ -134,20 +133,12 @@ def _run(target: TargetLM, draft: MTPHead, rows: list[torch.Tensor], B: int, max
         got = report[: B * (k + 2)].tolist()  # the step's one read of the device
         a, choice = got[:B], got[B:]
         draft_s, verify_s = clock.spans()
-        stats.steps += 1
-        stats.steps_by_depth[k] += 1
-        stats.draft_times_s.append(draft_s)
-        stats.verify_times_s.append(verify_s)
+        stats.add_step(k, draft_s, verify_s)
         for b in (b for b in range(B) if now_live[b]):
-            i = slots.who[b]
             stats.draft_keys_read += sum(key_count(t, n_sink, window) for t in range(head_start[b], pos[b] - 1 + k))
             policy.update(k, a[b], draft_s, verify_s)
-            before = len(out[b][0])
-            out[b] = _finish(out[b][0] + choice[b * (k + 1) : b * (k + 1) + a[b] + 1], max_new_tokens, eos_id)
-            stats.accepted[i] += a[b]
-            stats.committed[i] += len(out[b][0]) - before
-            stats.live_steps[i] += 1
+            slots.commit(b, choice[b * (k + 1) : b * (k + 1) + a[b] + 1], a[b])
             head_start[b], pos[b] = pos[b], pos[b] + a[b] + 1
         e = k + 1
-        refill()
-    return slots.outputs(out, dev), stats
+        slots.refill(rows, admit_row)
+    return slots.outputs(dev), stats

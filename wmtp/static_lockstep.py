@@ -33,7 +33,6 @@ from __future__ import annotations
 import torch
 
 from .attention import resolve_impl
-from .batched import _prefill
 from .graphs import Clock, Phases, on_device_of, use_graph
 from .keyset import key_count
 from .lockstep import (
@@ -50,6 +49,7 @@ from .model import TargetLM
 from .mtp import MTPHead
 from .policy import DepthPolicy, as_policy, next_depth
 from .request import check_spec_request, spec_extra
+from .rows import prefill_rows, timed
 from .static_decode import greedy_steps
 
 __all__ = ["static_batched_greedy_generate", "static_lockstep_generate"]
@@ -63,7 +63,8 @@ def _impl(target: TargetLM, impl: str, dev: torch.device) -> str:
 @torch.no_grad()
 def static_batched_greedy_generate(target: TargetLM, prompts, max_new_tokens: int, eos_id: int | None = None,
                                    impl: str = "auto", cuda_graph: bool | None = None,
-                                   step_times: list[float] | None = None) -> list[torch.Tensor]:
+                                   step_times: list[float] | None = None,
+                                   prefill_times: list[float] | None = None) -> list[torch.Tensor]:
     """``batched_greedy_generate`` with device-resident steps: its output, token for token.
 
     With an ``eos_id`` the output is read every ``EOS_CHECK`` steps, and the steps run past the
@@ -75,12 +76,14 @@ def static_batched_greedy_generate(target: TargetLM, prompts, max_new_tokens: in
         cuda_graph: capture the one-token step in a CUDA graph (``None``: when on CUDA with the
             Triton impl; ``True`` elsewhere is a ``ValueError``).
         step_times: if a list, each step's seconds are appended (device time under a graph).
+        prefill_times: if a list, the prefill's wall-clock seconds are appended.
     """
     rows, needed, impl = check_dense_batch(target, prompts, max_new_tokens, eos_id, impl)
     dev = rows[0].device
     with on_device_of(rows[0]):
         graph = use_graph(cuda_graph, dev, impl)
-        cache, _, first, _, lengths = _prefill(target, None, rows, needed, impl, None, None, checked=False)
+        cache, _, first, _, lengths = timed(dev, lambda: prefill_rows(target, None, rows, needed, impl, checked=False),
+                                            None if prefill_times is None else prefill_times.append)
         out = greedy_steps(target, cache, first, first_positions(lengths), max_new_tokens, eos_id, impl, graph,
                            step_times)
         return [torch.tensor(r, dtype=torch.long, device=dev) for r in _cut(out, max_new_tokens, eos_id)]
@@ -119,8 +122,9 @@ def _lockstep(target: TargetLM, draft: MTPHead, prompts: torch.Tensor, max_new_t
     impl = _impl(target, impl, dev)
     graph = use_graph(cuda_graph, dev, impl)
     stats = LockstepStats(depth=K, batch=B)
-    tcache, dcache, last, h_last = _prefill_batch(target, draft, prompts, needed, impl, n_sink, window,
-                                                  checked=False)
+    tcache, dcache, last, h_last = timed(dev, lambda: _prefill_batch(target, draft, prompts, needed, impl, n_sink,
+                                                                      window, checked=False),
+                                         stats.prefill_times_s.append)
     x = last.argmax(-1)  # (B,) each row's first new token, at position P
     rows_out = [[t] for t in x.tolist()]
 
