@@ -299,6 +299,23 @@ else:
     print("no committed run here:", path)
 
 # %% [markdown]
+# Those times leave out the prefills. A server pays them too, and the refilling batch prefills each
+# later prompt alone, as a row frees up, where a wave prefills its B prompts as one batch. The same
+# cells timed with their prefills (`metrics/bench-batch-h200-prefill.json`), µs a token of a prompt:
+
+# %%
+path = root / "metrics" / "bench-batch-h200-prefill.json"
+if path.exists():
+    run = json.loads(path.read_text())
+    print("context lengths  B   decode / with prefills: dense batch    waves          refill")
+    for row in run["rows"]:
+        cells = [row["methods"][k] for k in ("dense batch", "own positions sink8+win64", "refill sink8+win64")]
+        print(f"{row['context']:<7} {row['lengths']:<8} {row['batch']:<3}" + "".join(
+            f"  {m['us_per_token_per_row']:6.1f} / {m['us_per_token_per_row_with_prefill']:6.1f}" for m in cells))
+else:
+    print("no committed run here:", path)
+
+# %% [markdown]
 # ## Discussion
 #
 # - Lockstep is exact for every row and needs nothing new from the caches or the kernels: all rows
@@ -320,4 +337,8 @@ else:
 # - Such a batch steps until its slowest row is done. Refilling a stopped row with the next prompt
 #   removes that wait: on the H200, 64 prompts of 16384 tokens in 16 refilling rows took 29.6 % less
 #   time a token than waves of 16, and 9.7 % less than the dense batch (a +10.7 % speedup; prefills
-#   excluded, and the refilling batch prefills one prompt at a time).
+#   excluded).
+# - With the prefills counted the refilling batch loses everywhere measured: a prompt prefilled
+#   alone cost 1.5-9 times its share of a batched prefill, and with 128 new tokens a prompt the
+#   prefills are most of its time (docs/results/lockstep.md, "With the prefills"). Batching the
+#   waiting prompts' prefills is the next step, not built.

@@ -112,8 +112,9 @@ def plot_decode(m: dict, png_path: str | Path) -> None:
 
 
 def plot_batch(m: dict, png_path: str | Path) -> None:
-    """A row of panels per context, a panel per (lengths, loop): each method's µs per token a row
-    against the batch size, lockstep dashed, refilling batches dotted, the dense batch black."""
+    """A row of panels per context (and, where a run timed its prefills, a second row with them), a
+    panel per (lengths, loop): each method's µs per token a row against the batch size, lockstep
+    dashed, refilling batches dotted, the dense batch black."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
@@ -123,9 +124,13 @@ def plot_batch(m: dict, png_path: str | Path) -> None:
     columns = list(dict.fromkeys((r["lengths"], r["loop"]) for r in m["rows"]))
     if not contexts:
         raise IndexError("no rows")  # render(): an incomplete file
-    fig = Figure(figsize=(5.5 * len(columns), 4.2 * len(contexts)), layout="constrained")
-    grid = fig.subplots(len(contexts), len(columns), squeeze=False)
-    for context, axes in zip(contexts, grid):
+    measures = {"us_per_token_per_row": "decode steps"}
+    if all("us_per_token_per_row_with_prefill" in x for r in m["rows"] for x in r["methods"].values()):
+        measures["us_per_token_per_row_with_prefill"] = "with the prefills"
+    panels = [(c, key) for c in contexts for key in measures]
+    fig = Figure(figsize=(5.5 * len(columns), 4.2 * len(panels)), layout="constrained")
+    grid = fig.subplots(len(panels), len(columns), squeeze=False)
+    for (context, key), axes in zip(panels, grid):
         for ax, (lengths, loop) in zip(axes, columns):
             rows = sorted((r for r in m["rows"] if (r["context"], r["lengths"], r["loop"]) == (context, lengths, loop)),
                           key=lambda r: r["batch"])
@@ -134,11 +139,11 @@ def plot_batch(m: dict, png_path: str | Path) -> None:
                 continue
             for name in rows[-1]["methods"]:
                 have = [r for r in rows if name in r["methods"]]
-                ax.plot([r["batch"] for r in have], [r["methods"][name]["us_per_token_per_row"] for r in have],
+                ax.plot([r["batch"] for r in have], [r["methods"][name][key] for r in have],
                         marker="o", label=name, color=color[name],
                         linestyle="--" if name.startswith("lockstep") else ":" if name.startswith("refill") else "-")
             ax.set(xscale="log", yscale="log", xlabel="rows a batch (B)", ylabel="µs per token a prompt (median)",
-                   title=f"{context} tokens, {lengths} lengths, {loop} loop")
+                   title=f"{context} tokens, {lengths} lengths, {loop} loop: {measures[key]}")
             ax.set_xticks([r["batch"] for r in rows], [str(r["batch"]) for r in rows])
             ax.xaxis.set_minor_formatter(NullFormatter())
             ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))  # 10, 20, 50, 100, ... labelled
