@@ -113,14 +113,14 @@ class InputOracle:
         return self.head.new_cache(*args, **kwargs)
 
     def spy(self, admit):
-        """``admit`` (wmtp/rows.py; NOTE [Refill] in wmtp/batched.py) that tells the oracle which row
-        takes which prompt; the admitted prompt's chain call runs the real head, uncounted."""
-        def spied(target, draft, tcache, dcache, b, prompt, *args):
-            self.who = self.who or list(range(tcache.k.shape[1]))
-            self.who[b] = next(i for i, p in enumerate(self.prompts) if p is prompt)
+        """``Admitter.__call__`` (wmtp/rows.py; NOTE [Refill] in wmtp/batched.py) that tells the oracle
+        which row takes which prompt; the admitted prompts' chain calls run the real head, uncounted."""
+        def spied(admitter, b, i):
+            self.who = self.who or list(range(admitter.tcache.k.shape[1]))
+            self.who[b] = i
             self.admitting = True
             try:
-                return admit(target, draft, tcache, dcache, b, prompt, *args)
+                return admit(admitter, b, i)
             finally:
                 self.admitting = False
         return spied

@@ -108,16 +108,19 @@ def test_more_prompts_than_rows_run_in_waves_and_refilled(capsys, tmp_path):
     r = m["rows"][0]
     assert (r["batch"], r["prompts"]) == (2, 6) and r["prompt_lengths"] == [40 - i * 40 // 12 for i in range(6)]
     arms = ["native", "sink4+win16"]
-    assert list(r["methods"]) == ["dense batch"] + [f"{how} {a}" for a in arms for how in ("own positions", "refill")]
+    assert list(r["methods"]) == ["dense batch"] + [f"{how} {a}" for a in arms
+                                                     for how in ("own positions", "refill", "refill staged")]
     assert r["methods"]["dense batch"]["steps"] == 3 * 7  # 3 waves of 7 steps
     for a in arms:
-        waves, refill = r["methods"][f"own positions {a}"], r["methods"][f"refill {a}"]
+        waves, refill, staged = (r["methods"][f"{how} {a}"] for how in ("own positions", "refill", "refill staged"))
+        assert (staged["steps"], staged["row_accept_lengths"]) == (refill["steps"], refill["row_accept_lengths"])
+        assert staged["prefills"] == refill["prefills"]  # the first rows' prefill, then every admission
         assert len(waves["row_accept_lengths"]) == len(refill["row_accept_lengths"]) == 6
         assert waves["row_accept_lengths"] == refill["row_accept_lengths"]  # a prompt drafts as it would alone
         assert refill["steps"] <= waves["steps"]
         assert refill["us_per_token_per_row"] == pytest.approx(refill["seconds_rounds"][0] / (6 * 7) * 1e6)
         assert (waves["prefills"], refill["prefills"]) == (3, 5)  # a wave's each; the first rows', then 4 alone
-        for x in (waves, refill):
+        for x in (waves, refill, staged):
             assert_times(x, r["methods"]["dense batch"], 6, 8)
     assert r["methods"]["dense batch"]["prefills"] == 3
     assert "refill sink4+win16" in stdout

@@ -13,6 +13,7 @@ from decode_harness import InputOracle, prompts_of, scripted_counts
 
 import wmtp
 from wmtp.batched import batched_speculative_generate
+from wmtp.rows import prefill_rows
 from wmtp.static_batched import static_batched_speculative_generate
 
 LENGTHS = [5, 17, 1, 9, 23, 12, 3]
@@ -58,6 +59,38 @@ def test_admit_writes_its_prompt_into_its_row_only(models, P):
             assert torch.equal(got[:, 1, :, :chain], want[:, 0, :, :chain])
             assert torch.equal(got[:, 1, :, P:], old[:, 1, :, P:])
             assert torch.equal(got[:, [0, 2]], old[:, [0, 2]])
+
+
+def test_staged_prefills_copy_each_prompt_into_its_row_only(models, monkeypatch):
+    """``Admitter`` with ``prefill_batch`` 3: the first admission prefills prompts 0-2 as one batch
+    (one prefill for three admissions, then one for the fourth), and each later admission copies its
+    prompt's keys and values into its row's positions ``0 .. P - 1`` (the head's ``0 .. P - 2``), as
+    a prefill alone would have written them; every other entry keeps what it held."""
+    from wmtp import rows
+
+    target, head = models
+    g = torch.Generator().manual_seed(30)
+    tcache, dcache = target.new_cache(3, 24), head.new_cache(3, 24)
+    for c in (tcache, dcache):
+        c.k.copy_(torch.randn(c.k.shape, generator=g, dtype=c.k.dtype))
+        c.v.copy_(torch.randn(c.v.shape, generator=g, dtype=c.v.dtype))
+    prompts = prompts_of([5, 17, 1, 9], seed=31)
+    calls = []
+    monkeypatch.setattr(rows, "prefill_rows", lambda *a, **k: calls.append(len(a[2])) or prefill_rows(*a, **k))
+    admitter = rows.Admitter(target, head, tcache, dcache, "torch", prompts, 3)
+    for b, i in ((2, 0), (0, 1), (2, 2), (1, 3)):
+        before = [(c.k.clone(), c.v.clone()) for c in (tcache, dcache)]
+        x, h = admitter(b, i)
+        P = prompts[i].numel()
+        tc, dc, x1, h1, _ = prefill_rows(target, head, [prompts[i]], P, "torch")
+        assert torch.allclose(x, x1[0]) and torch.allclose(h, h1[0], rtol=0, atol=1e-12)
+        for c, alone, (k0, v0), chain in ((tcache, tc, before[0], P), (dcache, dc, before[1], P - 1)):
+            for got, want, old in ((c.k, alone.k, k0), (c.v, alone.v, v0)):  # (n_layers, B, Hkv, S, D)
+                assert torch.allclose(got[:, b, :, :chain], want[:, 0, :, :chain], rtol=0, atol=1e-12)
+                assert torch.equal(got[:, b, :, chain:], old[:, b, :, chain:])
+                others = [r for r in range(3) if r != b]
+                assert torch.equal(got[:, others], old[:, others])
+    assert calls == [3, 1]
 
 
 @pytest.mark.parametrize("bad", [-1, 3, True, 1.0])
@@ -115,7 +148,8 @@ class Recorder:
 
 @pytest.mark.parametrize("generate", [batched_speculative_generate, static_batched_speculative_generate])
 @pytest.mark.parametrize("n_sink, window", [(None, None), (2, 8)])
-def test_every_draft_of_a_prompt_alone_is_drafted_in_the_batch(models, generate, n_sink, window):
+@pytest.mark.parametrize("prefill_batch", [1, 3])
+def test_every_draft_of_a_prompt_alone_is_drafted_in_the_batch(models, generate, n_sink, window, prefill_batch):
     """The draft's KV in a refilled row: each head call a prompt makes decoded alone has a twin in the
     refilling batch (the same position, token and hidden state) with the same logits, which holds
     only if the row's draft cache holds the prompt's keys (the untrained head accepts nothing, so
@@ -124,7 +158,7 @@ def test_every_draft_of_a_prompt_alone_is_drafted_in_the_batch(models, generate,
     target, head = models
     prompts = prompts_of([5, 17, 1, 9, 23, 12, 3], seed=29)
     batch = Recorder(head)
-    generate(target, batch, prompts, 12, 3, n_sink, window, impl="torch", max_batch=2)
+    generate(target, batch, prompts, 12, 3, n_sink, window, impl="torch", max_batch=2, prefill_batch=prefill_batch)
     calls: dict[tuple[int, int], list] = {}
     for t, x, h, logits in batch.log:
         calls.setdefault((t, x), []).append((h, logits))
@@ -139,13 +173,13 @@ def test_every_draft_of_a_prompt_alone_is_drafted_in_the_batch(models, generate,
     assert n > 100
 
 
-@pytest.mark.parametrize("max_batch", [1, 3, 20])
+@pytest.mark.parametrize("max_batch, prefill_batch", [(1, 1), (3, 1), (3, 4), (20, 1)])
 @pytest.mark.parametrize("depth, n_sink, window", [(1, None, None), (3, 2, 8), (4, 0, 4)])
-def test_each_prompt_is_alone(models, max_batch, depth, n_sink, window):
+def test_each_prompt_is_alone(models, max_batch, prefill_batch, depth, n_sink, window):
     target, head = models
     prompts = prompts_of(LENGTHS, seed=21)
     outs, stats = batched_speculative_generate(target, head, prompts, 24, depth, n_sink, window, impl="torch",
-                                               max_batch=max_batch)
+                                               max_batch=max_batch, prefill_batch=prefill_batch)
     alone_steps = []
     for i, p in enumerate(prompts):
         assert torch.equal(outs[i], wmtp.greedy_generate(target, p, 24, impl="torch"))
@@ -157,23 +191,22 @@ def test_each_prompt_is_alone(models, max_batch, depth, n_sink, window):
 
 
 @pytest.mark.parametrize("generate", [batched_speculative_generate, static_batched_speculative_generate])
-@pytest.mark.parametrize("max_batch", [1, 2, 3])
-def test_scripted_matches_refill_rows(monkeypatch, generate, max_batch):
+@pytest.mark.parametrize("max_batch, prefill_batch", [(1, 1), (2, 1), (3, 1), (2, 3)])
+def test_scripted_matches_refill_rows(monkeypatch, generate, max_batch, prefill_batch):
     """With scripted matches (``InputOracle``, told which row takes which prompt), each prompt keeps
     ``j(i, n) + 1`` tokens a step at its own ``n``, which holds only if an admitted prompt's row is fed
     its true tokens and hidden states; the batch's steps follow the refill schedule, fewer than
     waves of ``max_batch`` prompts each waiting for its slowest would take."""
-    from wmtp import batched, static_batched
+    from wmtp import rows
     from wmtp.grading_checks import harness_models
 
     target, head = harness_models()
     K, new, prompts = 3, 30, prompts_of(LENGTHS, seed=26)
     script = [3, 0, 2, 1, 3, 0, 1]  # with the positions' share: 8-20 steps a prompt
     oracle = InputOracle(target, head, prompts, K, new, j=lambda i, n: script[i] if n % 3 else (n + i) % (K + 1))
-    spied = oracle.spy(batched.admit)
-    for module in (batched, static_batched):
-        monkeypatch.setattr(module, "admit", spied)
-    outs, stats = generate(target, oracle, prompts, new, K, impl="torch", max_batch=max_batch)
+    monkeypatch.setattr(rows.Admitter, "__call__", oracle.spy(rows.Admitter.__call__))
+    outs, stats = generate(target, oracle, prompts, new, K, impl="torch", max_batch=max_batch,
+                           prefill_batch=prefill_batch)
     assert all(torch.equal(o, w[:new]) for o, w in zip(outs, oracle.want))
     steps = []
     for i, p in enumerate(prompts):
@@ -204,16 +237,16 @@ def test_eos_and_short_requests(models, max_batch):
         assert stats.committed == [max(new - 1, 0)] * len(prompts)
 
 
-@pytest.mark.parametrize("max_batch", [1, 3])
-def test_the_static_loop_is_the_eager_one(models, max_batch):
+@pytest.mark.parametrize("max_batch, prefill_batch", [(1, 1), (3, 1), (3, 2)])
+def test_the_static_loop_is_the_eager_one(models, max_batch, prefill_batch):
     target, head = models
     prompts = prompts_of(LENGTHS, seed=23)
     free = [wmtp.greedy_generate(target, p, 20, impl="torch") for p in prompts]
     for eos in (None, int(free[1][2])):
         a = static_batched_speculative_generate(target, head, prompts, 20, 3, 2, 8, impl="torch", eos_id=eos,
-                                                max_batch=max_batch)
+                                                max_batch=max_batch, prefill_batch=prefill_batch)
         b = batched_speculative_generate(target, head, prompts, 20, 3, 2, 8, impl="torch", eos_id=eos,
-                                         max_batch=max_batch)
+                                         max_batch=max_batch, prefill_batch=prefill_batch)
         assert [o.tolist() for o in a[0]] == [o.tolist() for o in b[0]]
         for key in COUNTERS:
             assert getattr(a[1], key) == getattr(b[1], key), key
@@ -226,8 +259,10 @@ def test_triton_under_the_interpreter(models):
     prompts = prompts_of([3, 10, 6], seed=24)
     want = [wmtp.greedy_generate(target, p, 6, impl="torch").tolist() for p in prompts]
     for generate in (batched_speculative_generate, static_batched_speculative_generate):
-        outs, _ = generate(target, head, prompts, 6, 2, 2, 4, impl="triton", max_batch=2)
-        assert [o.tolist() for o in outs] == want
+        for prefill_batch in (1, 2):
+            outs, _ = generate(target, head, prompts, 6, 2, 2, 4, impl="triton", max_batch=1,
+                               prefill_batch=prefill_batch)
+            assert [o.tolist() for o in outs] == want
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the Triton kernels and graphs on the GPU")
@@ -239,10 +274,13 @@ def test_each_prompt_is_alone_on_cuda(impl):
     target, head = (m.cuda() for m in copy.deepcopy(harness_models()))
     prompts = [p.cuda() for p in prompts_of([4, 30, 17, 9, 2], seed=25)]
     want = [wmtp.greedy_generate(target, p, 20, impl=impl).tolist() for p in prompts]
-    eager = batched_speculative_generate(target, head, prompts, 20, 4, 4, 16, impl=impl, max_batch=2)
-    static = static_batched_speculative_generate(target, head, prompts, 20, 4, 4, 16, impl=impl, max_batch=2)
-    assert [o.tolist() for o in eager[0]] == want and [o.tolist() for o in static[0]] == want
-    assert static[1].accepted == eager[1].accepted and static[1].steps == eager[1].steps
+    for prefill_batch in (1, 2):
+        eager = batched_speculative_generate(target, head, prompts, 20, 4, 4, 16, impl=impl, max_batch=2,
+                                             prefill_batch=prefill_batch)
+        static = static_batched_speculative_generate(target, head, prompts, 20, 4, 4, 16, impl=impl, max_batch=2,
+                                                     prefill_batch=prefill_batch)
+        assert [o.tolist() for o in eager[0]] == want and [o.tolist() for o in static[0]] == want
+        assert static[1].accepted == eager[1].accepted and static[1].steps == eager[1].steps
 
 
 @pytest.mark.parametrize("bad", [0, -1, True, 1.5, "2"])
@@ -251,3 +289,5 @@ def test_bad_max_batch_is_a_value_error(models, bad):
     for generate in (batched_speculative_generate, static_batched_speculative_generate):
         with pytest.raises(ValueError, match="max_batch"):
             generate(target, head, prompts_of([3, 4]), 4, 2, impl="torch", max_batch=bad)
+        with pytest.raises(ValueError, match="prefill_batch must be an integer >= 1"):
+            generate(target, head, prompts_of([3, 4]), 4, 2, impl="torch", max_batch=1, prefill_batch=bad)

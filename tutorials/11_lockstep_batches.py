@@ -282,6 +282,18 @@ print(f"{len(queue)} prompts in 2 rows: {refill_stats.steps} steps; each prompt'
       refill_stats.live_steps)
 
 # %% [markdown]
+# Each prompt that takes a row is prefilled alone, one at a time. `prefill_batch=2` prefills the
+# waiting prompts two at a time as one batch instead, and copies each into a row when one frees
+# up: the same outputs and steps, fewer prefills (`prefill_times_s` times each admission).
+
+# %%
+staged, staged_stats = wmtp.batched_speculative_generate(target, head, queue, NEW, K, 4, 16, max_batch=2,
+                                                         prefill_batch=2)
+assert all(torch.equal(x, y) for x, y in zip(staged, refilled)) and staged_stats.steps == refill_stats.steps
+print("admissions timed:", len(staged_stats.prefill_times_s), "| each prompt's first and last token (ms):",
+      [(round(f * 1e3, 1), round(d * 1e3, 1)) for f, d in zip(staged_stats.first_token_s, staged_stats.done_s)])
+
+# %% [markdown]
 # On the H200 (`metrics/bench-batch-h200-refill-16k.json`, `wmtp bench batch --prompts-per-row 4`:
 # reproduce's models, float32, CUDA graphs, 16384-token prompts, 8 + 64), 4 B prompts in B rows,
 # against the same rows in waves of B and the dense batch in waves:
@@ -340,5 +352,6 @@ else:
 #   excluded).
 # - With the prefills counted the refilling batch loses everywhere measured: a prompt prefilled
 #   alone cost 1.5-9 times its share of a batched prefill, and with 128 new tokens a prompt the
-#   prefills are most of its time (docs/results/lockstep.md, "With the prefills"). Batching the
-#   waiting prompts' prefills is the next step, not built.
+#   prefills are most of its time (docs/results/lockstep.md, "With the prefills"). `prefill_batch`
+#   prefills the waiting prompts together instead, each copied into a row as one frees up; its
+#   H200 measurement is still to come.

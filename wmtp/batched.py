@@ -23,7 +23,9 @@ step's positions, which its caches hold, until every row has stopped; what it co
 NOTE [Refill]: with ``max_batch`` below the number of prompts, at most ``max_batch`` rows decode at
 once and a row whose prompt has stopped takes the next waiting prompt (continuous batching): the
 prompt is prefilled alone straight into the row's positions ``0 .. P - 1`` of both caches
-(``admit`` in wmtp/rows.py, through ``KVCache.row``), and the row's state set as a first step's.
+(``admit`` in wmtp/rows.py, through ``KVCache.row``), or with ``prefill_batch`` above 1 with the
+next waiting prompts as one batch into caches of their own, and copied into the row
+(``Admitter``); the row's state is set as a first step's.
 What the row's earlier prompt left at positions ``>= P`` is never read: the new prompt's passes
 write each position before any query reads it, as above. So a batch no longer waits for its
 slowest row while prompts wait; the outputs come back in the prompts' order, and ``BatchedStats``
@@ -49,7 +51,7 @@ from .model import TargetLM
 from .mtp import MTPHead
 from .policy import DepthPolicy, as_policy, next_depth
 from .request import check_spec_request
-from .rows import Slots, admit, as_rows, batch_rows, prefill_rows, timed
+from .rows import Admitter, Slots, as_rows, batch_rows, prefill_rows, timed
 
 __all__ = ["BatchedStats", "batched_speculative_generate"]
 
@@ -62,10 +64,12 @@ class BatchedStats:
     them (after its output's cut at ``max_new_tokens`` or ``eos_id``).
 
     Times: each step's draft and verify phase (wall-clock after a synchronize in the eager loop,
-    device time under a CUDA graph) and each prefill (the first rows' together, then each refill's;
+    device time under a CUDA graph) and each prefill (the first rows' together, then each
+    admission's: its prefill, or with ``prefill_batch`` the staged prefill it starts and its copy;
     wall-clock after a synchronize, launches included). ``elapsed_s`` sums them; prompt ``i`` had its
-    first new token at ``first_token_s[i]`` of that sum and its last at ``done_s[i]`` (every prompt
-    waiting from the start; the host's work between the timed spans is not counted)."""
+    first new token at ``first_token_s[i]`` of that sum (a staged prompt's counted at its admission)
+    and its last at ``done_s[i]`` (every prompt waiting from the start; the host's work between the
+    timed spans is not counted)."""
 
     depth: int
     batch: int
@@ -140,8 +144,8 @@ def check_batch(target: TargetLM, draft: MTPHead, prompts, max_new_tokens: int, 
 @torch.no_grad()
 def batched_speculative_generate(target: TargetLM, draft: MTPHead, prompts, max_new_tokens: int,
                                  depth: int | DepthPolicy, n_sink: int | None = None, window: int | None = None,
-                                 impl: str = "auto", eos_id: int | None = None, max_batch: int | None = None
-                                 ) -> tuple[list[torch.Tensor], BatchedStats]:
+                                 impl: str = "auto", eos_id: int | None = None, max_batch: int | None = None,
+                                 prefill_batch: int = 1) -> tuple[list[torch.Tensor], BatchedStats]:
     """Greedy speculative decoding of ``B`` prompts of any lengths as one batch, each row at its own
     positions and keeping its own matches (the module docstring).
 
@@ -156,6 +160,9 @@ def batched_speculative_generate(target: TargetLM, draft: MTPHead, prompts, max_
         eos_id: a row stops after this token (included); the batch runs until every row has stopped.
         max_batch: at most this many rows at once, a stopped row taking the next prompt (NOTE
             [Refill]; ``None``: every prompt a row).
+        prefill_batch: with ``max_batch``, the waiting prompts prefilled together (NOTE [Refill]):
+            1, each alone straight into its row; more, that many as one batch, each copied into a
+            row as one frees up.
 
     Returns:
         One 1-D LongTensor of new tokens a prompt (each ``greedy_generate`` of its prompt: NOTE
@@ -167,7 +174,7 @@ def batched_speculative_generate(target: TargetLM, draft: MTPHead, prompts, max_
     """
     rows, policy, needed, impl = check_batch(target, draft, prompts, max_new_tokens, depth, n_sink, window, eos_id,
                                              impl)
-    B, K, dev = batch_rows(max_batch, len(rows)), policy.max_depth, rows[0].device
+    B, K, dev = batch_rows(max_batch, len(rows), prefill_batch), policy.max_depth, rows[0].device
     stats = BatchedStats(depth=K, batch=len(rows))
     slots = Slots(stats, B, max_new_tokens, eos_id)
     tcache, dcache, x, h, n = timed(dev, lambda: prefill_rows(target, draft, rows[:B], needed, impl), stats.add_prefill)
@@ -177,13 +184,16 @@ def batched_speculative_generate(target: TargetLM, draft: MTPHead, prompts, max_
     hs, r = n - 1, torch.ones(B, dtype=torch.long, device=dev)  # (B,) each
     h_ext, t_ext = h[:, None].clone(), x[:, None].clone()  # (B, 1, d), (B, 1)
 
-    def admit_row(b: int, p: torch.Tensor) -> int:  # the row's state as a first step's (NOTE [Refill])
-        x0, h0 = timed(dev, lambda: admit(target, draft, tcache, dcache, b, p, impl), stats.add_prefill)
-        n[b], x[b], hs[b], r[b] = p.numel(), x0, p.numel() - 1, 1  # the current state tensors, in place
+    admitter = Admitter(target, draft, tcache, dcache, impl, rows, prefill_batch)
+
+    def admit_row(b: int, i: int) -> int:  # the row's state as a first step's (NOTE [Refill])
+        x0, h0 = timed(dev, lambda: admitter(b, i), stats.add_prefill)
+        P = rows[i].numel()
+        n[b], x[b], hs[b], r[b] = P, x0, P - 1, 1  # the current state tensors, in place
         h_ext[b, 0], t_ext[b, 0] = h0, x0
         return int(x0)
 
-    slots.refill(rows, admit_row)
+    slots.refill(admit_row)
     while not all(slots.stopped):
         live = torch.tensor([not stop for stop in slots.stopped], device=dev)  # (B,)
         k = next_depth(policy, int(n[live].min()), K)
@@ -224,7 +234,7 @@ def batched_speculative_generate(target: TargetLM, draft: MTPHead, prompts, max_
         t_ext = torch.where(go[:, None], _width(choice, w), _width(t_ext, w))  # (B, w): choices 0..a are d_1..d_a, y
         hs, r = torch.where(go, n, hs), r_next
         n, x = torch.where(go, n + a + 1, n), torch.where(go, y, x)
-        slots.refill(rows, admit_row)
+        slots.refill(admit_row)
     return slots.outputs(dev), stats
 
 

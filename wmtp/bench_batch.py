@@ -3,16 +3,17 @@ runs decode one sequence; arXiv 2607.21535 Sec. 4-5 time one): the dense batch
 (``batched_greedy_generate``), lockstep speculative batches (wmtp/lockstep.py: every row keeps the
 batch's least match, so its prompts share one length), batches with a position a row
 (wmtp/batched.py: every row keeps its own matches, prompts of any lengths) and, with more prompts
-than rows, refilling batches (NOTE [Refill] there: a stopped row takes the next prompt), per context,
-batch size ``B`` and prompt lengths, in the eager loop and (on CUDA) the CUDA-graph loop.
+than rows, refilling batches (NOTE [Refill] there: a stopped row takes the next prompt, prefilled
+alone, or with ``staged`` the waiting prompts prefilled ``B`` at a time), per context, batch size
+``B`` and prompt lengths, in the eager loop and (on CUDA) the CUDA-graph loop.
 
 Prompts: a cell decodes ``N = B * prompts_per_row`` prompts; prompt ``i`` is ``length_i`` tokens of
 the corpus (its train, valid and test splits end to end) ending ``i * stride`` tokens before the
 end, ``stride = min(c, (tokens - c) // (N - 1))``, so the prompts are different text where the
 corpus allows. ``equal``: every prompt ``c`` tokens. ``mixed``: prompt ``i`` ``c - floor(i * c /
 (2N))`` tokens, from ``c`` down to about ``c / 2``; lockstep needs one length and runs on ``equal``
-cells only. Every method but the refilling one decodes the prompts in waves of ``B``, one after
-another; the refilling batch decodes them in ``B`` rows.
+cells only. Every method but the refilling ones decodes the prompts in waves of ``B``, one after
+another; a refilling batch decodes them in ``B`` rows.
 
 Every speculative run's outputs are asserted equal (``torch.equal``) to the same loop's dense batch
 before anything is kept (float32 on a GPU: NOTE [Batch exactness] in wmtp/lockstep.py says why
@@ -24,17 +25,18 @@ its prefill), the AL (tokens a live prompt kept per verify pass), the steps (ver
 with a position a row, each prompt's own AL (a wave steps until its slowest prompt is done), and
 the speedup over the dense batch of the same cell (old/new - 1).
 
-A server pays the prefills too (a wave's one batched prefill, or a refilling row's prefill of each
-prompt alone, ``admit`` in wmtp/rows.py): each prefill's wall-clock seconds after a synchronize, in
-both loops. ``us_per_token_per_row_with_prefill`` ``= (seconds + prefill seconds) / (N *
-new_tokens)`` and its speedup; and with every prompt waiting from the start, each prompt's latency
-in the timed seconds (the host's work between them not counted): ``median_first_token_ms`` and
-``median_done_ms`` (its first and last new token, median over prompts; a wave's prompts wait for
-the waves before it), ``last_done_ms`` (the last prompt's) and ``median_done_reduction_vs_dense_batch``
-(1 - new/old). Every time is the median of ``rounds`` rounds, the methods interleaved within a round,
-after one untimed round: Triton specializes its kernels on lengths, so a prefill of a new prompt
-length compiles first (without the warm-up, run CR on the H200 timed a median first token of 4.8 s
-in a cell of 1024-token prompts).
+A server pays the prefills too (a wave's one batched prefill; a refilling batch's first ``B`` as one
+batch and each later prompt's admission, ``Admitter`` in wmtp/rows.py: its prefill alone, or
+``staged``, the prefill of ``B`` waiting prompts it starts and its copy into the row): each one's
+wall-clock seconds after a synchronize, in both loops. ``us_per_token_per_row_with_prefill`` ``=
+(seconds + prefill seconds) / (N * new_tokens)`` and its speedup; and with every prompt waiting from
+the start, each prompt's latency in the timed seconds (the host's work between them not counted):
+``median_first_token_ms`` and ``median_done_ms`` (its first and last new token, median over
+prompts; a wave's prompts wait for the waves before it), ``last_done_ms`` (the last prompt's) and
+``median_done_reduction_vs_dense_batch`` (1 - new/old). Every time is the median of ``rounds``
+rounds, the methods interleaved within a round, after one untimed round: Triton specializes its
+kernels on lengths, so a prefill of a new prompt length compiles first (without the warm-up, run
+CR on the H200 timed a median first token of 4.8 s in a cell of 1024-token prompts).
 """
 
 from __future__ import annotations
@@ -90,7 +92,8 @@ def methods(preset: Preset, loop: str, equal: bool, rows: int, refill: bool) -> 
     """Each method's run ``(target, head, prompts) -> (outputs, seconds, counts)``, the dense batch
     first: every method decodes the prompts in waves of ``rows``, a wave's rows together; with
     ``refill``, ``refill <key set>`` decodes them in ``rows`` rows, a stopped row taking the next
-    prompt (NOTE [Refill] in wmtp/batched.py). Lockstep only for prompts of one length. ``counts``:
+    prompt (NOTE [Refill] in wmtp/batched.py), and ``refill staged <key set>`` so with the waiting
+    prompts prefilled ``rows`` at a time (``prefill_batch``). Lockstep only for prompts of one length. ``counts``:
     the AL (``None`` for the dense batch), the steps (verify passes), with a position a row each
     prompt's own AL, and ``timeline``'s."""
     spec, graph = preset.spec, {"cuda_graph": True} if loop == "graph" else {}
@@ -111,12 +114,13 @@ def methods(preset: Preset, loop: str, equal: bool, rows: int, refill: bool) -> 
             seconds, steps = seconds + sum(times), steps + len(times)
         return outs, seconds, {"mean_accept_length": None, "steps": steps, **timeline(prefills, first, done)}
 
-    def speculative(gen, ks, lockstep, in_waves=True):
+    def speculative(gen, ks, lockstep, in_waves=True, prefill_batch=1):
         def run(target, head, prompts):
             outs, seconds, runs, prefills, first, done = [], 0.0, [], [], [], []
             for wave in waves(prompts) if in_waves else [prompts]:
                 o, stats = gen(target, head, torch.stack(wave) if lockstep else wave, spec.new_tokens, spec.depth,
-                               ks.n_sink, ks.window, **graph, **({} if in_waves else {"max_batch": rows}))
+                               ks.n_sink, ks.window, **graph,
+                               **({} if in_waves else {"max_batch": rows, "prefill_batch": prefill_batch}))
                 start, steps_s = seconds + sum(prefills), sum(stats.draft_times_s) + sum(stats.verify_times_s)
                 pre = sum(stats.prefill_times_s)  # lockstep's rows all run to the wave's end (no eos here)
                 ft, dt = ([pre] * len(wave), [pre + steps_s] * len(wave)) if lockstep else (stats.first_token_s,
@@ -142,6 +146,7 @@ def methods(preset: Preset, loop: str, equal: bool, rows: int, refill: bool) -> 
         runs[f"own positions {ks.label}"] = speculative(own_gen, ks, False)
         if refill:
             runs[f"refill {ks.label}"] = speculative(own_gen, ks, False, in_waves=False)
+            runs[f"refill staged {ks.label}"] = speculative(own_gen, ks, False, in_waves=False, prefill_batch=rows)
     return runs
 
 

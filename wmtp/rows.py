@@ -26,7 +26,7 @@ from .mtp import MTPHead
 if TYPE_CHECKING:
     from .batched import BatchedStats
 
-__all__ = ["Slots", "admit", "as_rows", "batch_rows", "prefill_rows", "timed"]
+__all__ = ["Admitter", "Slots", "admit", "as_rows", "batch_rows", "prefill_rows", "timed"]
 
 
 def as_rows(prompts) -> list[torch.Tensor]:
@@ -80,15 +80,50 @@ def admit(target: TargetLM, draft: MTPHead, tcache: KVCache, dcache: KVCache, b:
     return x[0], h[0]
 
 
-def batch_rows(max_batch: int | None, n_prompts: int) -> int:
+def batch_rows(max_batch: int | None, n_prompts: int, prefill_batch: int = 1) -> int:
     """The rows a batch holds: ``max_batch`` (at most the prompts), or every prompt with ``None``.
 
     Raises:
-        ValueError: for a ``max_batch`` that is not ``None`` or an integer >= 1.
+        ValueError: for a ``max_batch`` that is not ``None`` or an integer >= 1, or a
+            ``prefill_batch`` that is not an integer >= 1.
     """
     if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1):
         raise ValueError(f"max_batch must be None or an integer >= 1, got {max_batch!r}")
+    if isinstance(prefill_batch, bool) or not isinstance(prefill_batch, int) or prefill_batch < 1:
+        raise ValueError(f"prefill_batch must be an integer >= 1, got {prefill_batch!r}")
     return n_prompts if max_batch is None else min(max_batch, n_prompts)
+
+
+class Admitter:
+    """Waiting prompt ``i`` into row ``b`` of both caches (NOTE [Refill] in wmtp/batched.py): with
+    ``prefill_batch`` 1, prefilled alone straight into the row (``admit``); above 1, prefilled with
+    the next ``prefill_batch - 1`` waiting prompts as one batch into caches of their own (the stage),
+    and each copied into its row when a row takes it. Prompts are taken in order, so a stage is used
+    up before the next is prefilled; it holds up to ``prefill_batch`` prompts' keys and values beside
+    the batch's."""
+
+    def __init__(self, target: TargetLM, draft: MTPHead, tcache: KVCache, dcache: KVCache, impl: str,
+                 prompts: list[torch.Tensor], prefill_batch: int) -> None:
+        self.target, self.draft, self.tcache, self.dcache, self.impl = target, draft, tcache, dcache, impl
+        self.prompts, self.prefill_batch = prompts, prefill_batch
+        self.staged: dict[int, int] = {}  # a staged prompt's index -> its row in the stage
+
+    def __call__(self, b: int, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prompt ``i`` into row ``b``: its first new token ``()`` and its target hidden state ``(d,)``."""
+        if self.prefill_batch == 1:
+            return admit(self.target, self.draft, self.tcache, self.dcache, b, self.prompts[i], self.impl)
+        if i not in self.staged:
+            take = self.prompts[i: i + self.prefill_batch]
+            self.stage = prefill_rows(self.target, self.draft, take, max(p.numel() for p in take), self.impl)
+            self.staged = {i + r: r for r in range(len(take))}
+        tc, dc, x, h, _ = self.stage
+        r, P = self.staged.pop(i), self.prompts[i].numel()
+        for big, small, m in ((self.tcache, tc, P), (self.dcache, dc, P - 1)):  # the head's chain: 0 .. P - 2
+            big.k[:, b, :, :m].copy_(small.k[:, r, :, :m])  # (n_layers, Hkv, m, D)
+            big.v[:, b, :, :m].copy_(small.v[:, r, :, :m])
+        if not self.staged:
+            del self.stage  # its caches go with it
+        return x[r], h[r]
 
 
 def timed(device: torch.device, run: Callable, keep: Callable[[float], object] | None):
@@ -138,14 +173,14 @@ class Slots:
         self.stats.record(i, self.out[b][1])
         return not self.out[b][1]
 
-    def refill(self, prompts: list[torch.Tensor], admit_row: Callable[[int, torch.Tensor], int]) -> None:
+    def refill(self, admit_row: Callable[[int, int], int]) -> None:
         """Every stopped row takes waiting prompts until it holds a live one or none wait:
-        ``admit_row(b, prompt)`` prefills the prompt into row ``b``, sets the row's state and returns
-        its first new token."""
+        ``admit_row(b, i)`` puts prompt ``i`` into row ``b`` (an ``Admitter``), sets the row's state
+        and returns its first new token."""
         for b in range(len(self.who)):
             while self.out[b][1] and self.waiting:
                 self.done[self.who[b]], self.who[b], self.next = self.out[b][0], self.next, self.next + 1
-                self.start(b, admit_row(b, prompts[self.who[b]]))
+                self.start(b, admit_row(b, self.who[b]))
 
     def outputs(self, device: torch.device) -> list[torch.Tensor]:
         """Every prompt's new tokens, in the prompts' order (after the run)."""

@@ -32,7 +32,7 @@ from .keyset import key_count
 from .model import TargetLM
 from .mtp import MTPHead
 from .policy import DepthPolicy, next_depth
-from .rows import Slots, admit, batch_rows, prefill_rows, timed
+from .rows import Admitter, Slots, batch_rows, prefill_rows, timed
 
 __all__ = ["static_batched_speculative_generate"]
 
@@ -41,29 +41,32 @@ __all__ = ["static_batched_speculative_generate"]
 def static_batched_speculative_generate(target: TargetLM, draft: MTPHead, prompts, max_new_tokens: int,
                                         depth: int | DepthPolicy, n_sink: int | None = None,
                                         window: int | None = None, impl: str = "auto", eos_id: int | None = None,
-                                        cuda_graph: bool | None = None, max_batch: int | None = None
+                                        cuda_graph: bool | None = None, max_batch: int | None = None,
+                                        prefill_batch: int = 1
                                         ) -> tuple[list[torch.Tensor], BatchedStats]:
     """``batched_speculative_generate`` with device-resident steps (the module docstring): its outputs,
     token for token, and its counters.
 
     Args:
-        target, draft, prompts, max_new_tokens, depth, n_sink, window, impl, eos_id, max_batch: as in
-            ``batched_speculative_generate`` (with ``max_batch``, a prompt takes a stopped row
-            between steps, outside the graphs: NOTE [Refill] in wmtp/batched.py).
+        target, draft, prompts, max_new_tokens, depth, n_sink, window, impl, eos_id: as in
+            ``batched_speculative_generate``.
+        max_batch, prefill_batch: as there; a prompt takes a stopped row between steps, outside the
+            graphs (NOTE [Refill] in wmtp/batched.py).
         cuda_graph: capture the draft phase and the verify phase, each in a CUDA graph (``None``:
             when on CUDA with the Triton impl; ``True`` elsewhere is a ``ValueError``); the counters'
             ``draft_times_s`` and ``verify_times_s`` are then device times.
     """
     rows, policy, needed, impl = check_batch(target, draft, prompts, max_new_tokens, depth, n_sink, window, eos_id,
                                              impl)
-    B = batch_rows(max_batch, len(rows))
+    B = batch_rows(max_batch, len(rows), prefill_batch)
     with on_device_of(rows[0]):
-        return _run(target, draft, rows, B, max_new_tokens, policy, n_sink, window, impl, eos_id, needed, cuda_graph)
+        return _run(target, draft, rows, B, max_new_tokens, policy, n_sink, window, impl, eos_id, needed, cuda_graph,
+                    prefill_batch)
 
 
 def _run(target: TargetLM, draft: MTPHead, rows: list[torch.Tensor], B: int, max_new_tokens: int,
          policy: DepthPolicy, n_sink: int | None, window: int | None, impl: str, eos_id: int | None, needed: int,
-         cuda_graph: bool | None) -> tuple[list[torch.Tensor], BatchedStats]:
+         cuda_graph: bool | None, prefill_batch: int) -> tuple[list[torch.Tensor], BatchedStats]:
     K, dev = policy.max_depth, rows[0].device
     graph = use_graph(cuda_graph, dev, impl)
     stats = BatchedStats(depth=K, batch=len(rows))
@@ -115,14 +118,17 @@ def _run(target: TargetLM, draft: MTPHead, rows: list[torch.Tensor], B: int, max
     pos = lengths.tolist()  # each row's latest token's position, on the host, for the counters
     head_start = [p - 1 for p in pos]
 
-    def admit_row(b: int, p: torch.Tensor) -> int:  # the row's state as a first step's (NOTE [Refill])
-        x0, h0 = timed(dev, lambda: admit(target, draft, tcache, dcache, b, p, impl), stats.add_prefill)
+    admitter = Admitter(target, draft, tcache, dcache, impl, rows, prefill_batch)
+
+    def admit_row(b: int, i: int) -> int:  # the row's state as a first step's (NOTE [Refill])
+        x0, h0 = timed(dev, lambda: admitter(b, i), stats.add_prefill)
         h_next[b, 0], t_next[b, 0] = h0, x0  # the graphs' state, in place
-        n_prev[b], accepted[b] = p.numel() - 1, 0
-        head_start[b], pos[b] = p.numel() - 1, p.numel()
+        P = rows[i].numel()
+        n_prev[b], accepted[b] = P - 1, 0
+        head_start[b], pos[b] = P - 1, P
         return int(x0)
 
-    slots.refill(rows, admit_row)
+    slots.refill(admit_row)
     while not all(slots.stopped):
         now_live = [not stop for stop in slots.stopped]
         if now_live != was_live:  # a row stopped: it no longer moves
@@ -140,5 +146,5 @@ def _run(target: TargetLM, draft: MTPHead, rows: list[torch.Tensor], B: int, max
             slots.commit(b, choice[b * (k + 1) : b * (k + 1) + a[b] + 1], a[b])
             head_start[b], pos[b] = pos[b], pos[b] + a[b] + 1
         e = k + 1
-        slots.refill(rows, admit_row)
+        slots.refill(admit_row)
     return slots.outputs(dev), stats
