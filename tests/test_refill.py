@@ -100,15 +100,16 @@ def test_a_row_outside_the_cache_is_a_value_error(models, bad):
 
 
 @pytest.mark.parametrize("generate", [batched_speculative_generate, static_batched_speculative_generate])
-@pytest.mark.parametrize("max_batch", [1, None])
-def test_each_prompts_times_follow_the_schedule(models, generate, max_batch):
+@pytest.mark.parametrize("max_batch, prefill_batch", [(1, 1), (1, 3), (None, 1)])
+def test_each_prompts_times_follow_the_schedule(models, generate, max_batch, prefill_batch):
     """``first_token_s`` and ``done_s``: one row, prompts one after another (each first token a
     prefill after the one before is done); every prompt a row, one prefill, then each done after
     its own live steps of the batch's."""
     target, head = models
     prompts = prompts_of(LENGTHS, seed=22)
     eos = int(wmtp.greedy_generate(target, prompts[2], 12, impl="torch")[3])  # some prompts stop early
-    _, st = generate(target, head, prompts, 12, 3, 2, 8, impl="torch", eos_id=eos, max_batch=max_batch)
+    _, st = generate(target, head, prompts, 12, 3, 2, 8, impl="torch", eos_id=eos, max_batch=max_batch,
+                     prefill_batch=prefill_batch)
     steps = [d + v for d, v in zip(st.draft_times_s, st.verify_times_s)]
     assert st.elapsed_s == pytest.approx(sum(st.prefill_times_s) + sum(steps), rel=1e-12)
     assert max(st.done_s) == st.elapsed_s and all(t > 0 for t in st.prefill_times_s + steps)
@@ -260,7 +261,7 @@ def test_triton_under_the_interpreter(models):
     want = [wmtp.greedy_generate(target, p, 6, impl="torch").tolist() for p in prompts]
     for generate in (batched_speculative_generate, static_batched_speculative_generate):
         for prefill_batch in (1, 2):
-            outs, _ = generate(target, head, prompts, 6, 2, 2, 4, impl="triton", max_batch=1,
+            outs, _ = generate(target, head, prompts, 6, 2, 2, 4, impl="triton", max_batch=2,
                                prefill_batch=prefill_batch)
             assert [o.tolist() for o in outs] == want
 

@@ -284,7 +284,8 @@ print(f"{len(queue)} prompts in 2 rows: {refill_stats.steps} steps; each prompt'
 # %% [markdown]
 # Each prompt that takes a row is prefilled alone, one at a time. `prefill_batch=2` prefills the
 # waiting prompts two at a time as one batch instead, and copies each into a row when one frees
-# up: the same outputs and steps, fewer prefills (`prefill_times_s` times each admission).
+# up: the same outputs and steps, the three waiting prompts prefilled in two passes instead of three
+# (`prefill_times_s` times the first rows' prefill and each admission, a copy included).
 
 # %%
 staged, staged_stats = wmtp.batched_speculative_generate(target, head, queue, NEW, K, 4, 16, max_batch=2,
@@ -351,7 +352,7 @@ else:
 #   time a token than waves of 16, and 9.7 % less than the dense batch (a +10.7 % speedup; prefills
 #   excluded).
 # - With the prefills counted the refilling batch loses everywhere measured: a prompt prefilled
-#   alone cost 1.5-9 times its share of a batched prefill, and with 128 new tokens a prompt the
+#   alone cost at least 1.5-9.1 times its share of a batched prefill, and with 128 new tokens a prompt the
 #   prefills are most of its time (docs/results/lockstep.md, "With the prefills"). `prefill_batch`
 #   prefills the waiting prompts together instead, each copied into a row as one frees up; its
 #   H200 measurement is still to come.

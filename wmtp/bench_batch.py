@@ -153,7 +153,8 @@ def methods(preset: Preset, loop: str, equal: bool, rows: int, refill: bool) -> 
 def timeline(prefills: list[float], first: list[float], done: list[float]) -> dict:
     """A run's prefill seconds and each prompt's times, from the run's start: its first new token and
     its last (``BatchedStats.first_token_s`` and ``done_s``; waves one after another)."""
-    return {"prefill_seconds": sum(prefills), "prefills": len(prefills), "first_token_s": first, "done_s": done}
+    return {"prefill_seconds": sum(prefills), "prefills": len(prefills),  # the timed spans (a staged copy is one)
+            "first_token_s": first, "done_s": done}
 
 
 def run_cell(target, head, prompts: list[torch.Tensor], preset: Preset, loop: str, rounds: int, equal: bool,

@@ -4,9 +4,11 @@ stopped, and which prompt each row decodes (beyond the paper, whose runs decode 
 
 wmtp/batched.py and wmtp/static_batched.py (and the dense batches of wmtp/lockstep.py and
 wmtp/static_lockstep.py) start from ``prefill_rows``; with ``max_batch`` below the number of prompts
-the speculative loops refill stopped rows (NOTE [Refill] in wmtp/batched.py): ``admit`` prefills a
-prompt straight into its row of both caches (``KVCache.row``), and ``Slots`` keeps which prompt each
-row holds, each prompt's output and its counters and times in ``BatchedStats``.
+the speculative loops refill stopped rows (NOTE [Refill] in wmtp/batched.py): an ``Admitter`` puts a
+waiting prompt into a row, prefilled alone straight into the row of both caches (``admit``, through
+``KVCache.row``) or, with ``prefill_batch`` above 1, prefilled with the next waiting prompts as one
+batch and copied in; ``Slots`` keeps which prompt each row holds, each prompt's output and its
+counters and times in ``BatchedStats``.
 """
 
 from __future__ import annotations
