@@ -36,6 +36,16 @@ def schedule(steps: list[int], rows: int) -> int:
     return max(free, default=0)
 
 
+def random_caches(target, head, S: int, seed: int):
+    """A target and a head cache of 3 rows and ``S`` positions, filled with noise."""
+    g = torch.Generator().manual_seed(seed)
+    caches = target.new_cache(3, S), head.new_cache(3, S)
+    for c in caches:
+        c.k.copy_(torch.randn(c.k.shape, generator=g, dtype=c.k.dtype))
+        c.v.copy_(torch.randn(c.v.shape, generator=g, dtype=c.v.dtype))
+    return caches
+
+
 @pytest.mark.parametrize("P", [1, 2, 9])
 def test_admit_writes_its_prompt_into_its_row_only(models, P):
     """``admit``: row ``b``'s positions ``0 .. P - 1`` of both caches become the prompt's prefill
@@ -44,11 +54,7 @@ def test_admit_writes_its_prompt_into_its_row_only(models, P):
     from wmtp.rows import admit, prefill_rows
 
     target, head = models
-    g = torch.Generator().manual_seed(27)
-    tcache, dcache = target.new_cache(3, 16), head.new_cache(3, 16)
-    for c in (tcache, dcache):
-        c.k.copy_(torch.randn(c.k.shape, generator=g, dtype=c.k.dtype))
-        c.v.copy_(torch.randn(c.v.shape, generator=g, dtype=c.v.dtype))
+    tcache, dcache = random_caches(target, head, 16, seed=27)
     before = [(c.k.clone(), c.v.clone()) for c in (tcache, dcache)]
     prompt = prompts_of([P], seed=28)[0]
     x, h = admit(target, head, tcache, dcache, 1, prompt, "torch")
@@ -69,11 +75,7 @@ def test_staged_prefills_copy_each_prompt_into_its_row_only(models, monkeypatch)
     from wmtp import rows
 
     target, head = models
-    g = torch.Generator().manual_seed(30)
-    tcache, dcache = target.new_cache(3, 24), head.new_cache(3, 24)
-    for c in (tcache, dcache):
-        c.k.copy_(torch.randn(c.k.shape, generator=g, dtype=c.k.dtype))
-        c.v.copy_(torch.randn(c.v.shape, generator=g, dtype=c.v.dtype))
+    tcache, dcache = random_caches(target, head, 24, seed=30)
     prompts = prompts_of([5, 17, 1, 9], seed=31)
     calls = []
     monkeypatch.setattr(rows, "prefill_rows", lambda *a, **k: calls.append(len(a[2])) or prefill_rows(*a, **k))
