@@ -109,6 +109,7 @@ class Admitter:
         self.target, self.draft, self.tcache, self.dcache, self.impl = target, draft, tcache, dcache, impl
         self.prompts, self.prefill_batch = prompts, prefill_batch
         self.staged: dict[int, int] = {}  # a staged prompt's index -> its row in the stage
+        self.stage = None  # prefill_rows' caches and outputs for the staged prompts
 
     def __call__(self, b: int, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Prompt ``i`` into row ``b``: its first new token ``()`` and its target hidden state ``(d,)``."""
@@ -124,7 +125,7 @@ class Admitter:
             big.k[:, b, :, :m].copy_(small.k[:, r, :, :m])  # (n_layers, Hkv, m, D)
             big.v[:, b, :, :m].copy_(small.v[:, r, :, :m])
         if not self.staged:
-            del self.stage  # its caches go with it
+            self.stage = None  # its caches go with it
         return x[r], h[r]
 
 
