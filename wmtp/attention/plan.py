@@ -6,7 +6,7 @@ it loads (NOTE [Host sync] there); ``key_plan`` is the same computation in Pytho
 reference that tests/test_triton_attention.py checks the device plan against. ``launch_config``
 picks tile sizes, split count and Triton options from shapes alone (NOTE [Launch] in
 attention/triton_attention.py). ``check_tensors`` is the kernels' input contract and
-``by_query_chunks`` cuts a query block longer than one tile into launches.
+``query_chunk`` cuts a query block longer than one tile into chunks, which one launch runs.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from ..keyset import key_ranges
 
 __all__ = ["KeyPlan", "key_plan", "LaunchConfig", "launch_config", "max_tile_rows", "check_tensors",
-           "by_query_chunks"]
+           "query_chunk"]
 
 SMEM_H200 = 232448  # opt-in shared memory per block of an H100/H200 (227 KiB), the tuned machine
 SMEM_HEADROOM = 32 * 1024  # shared memory left for the query tile and layout conversions
@@ -158,18 +158,15 @@ def check_tensors(q, k, v, q_pos) -> None:
     assert k.stride(-1) == 1 and q.stride(-1) == 1, "the head dimension must be contiguous"
 
 
-def by_query_chunks(q, q_pos, group, run, q_sink=None):
-    """Call ``run(q_chunk, pos_chunk, q_sink_chunk)`` on blocks of at most ``max_tile_rows(dtype, D) // group``
-    queries (``q_sink_chunk`` is ``None`` without ``q_sink``; ``q_pos`` ``(Lq,)`` or ``(B, Lq)``)."""
-    Lq = q.shape[2]
-    if Lq == 0:
-        return torch.empty_like(q)
-    max_rows = max_tile_rows(q.dtype, q.shape[-1])
+def query_chunk(Lq: int, group: int, dtype: torch.dtype, D: int) -> int:
+    """The queries one tile holds (NOTE [Chunks] in attention/triton_attention.py): all ``Lq``, or
+    ``max_tile_rows(dtype, D) // group`` of them when the tile cannot hold every query of the group.
+
+    Raises:
+        ValueError: for a ``group`` of query heads a kv head larger than a tile.
+    """
+    max_rows = max_tile_rows(dtype, D)
     if group > max_rows:
         raise ValueError(f"{group} query heads per kv head exceed the kernel's tile of {max_rows} rows "
-                         f"({q.dtype}, head_dim {q.shape[-1]}); use impl='torch'")
-    chunk = max_rows // group
-    if chunk >= Lq:
-        return run(q, q_pos, q_sink)
-    return torch.cat([run(q[:, :, i : i + chunk], q_pos[..., i : i + chunk],
-                          None if q_sink is None else q_sink[:, :, i : i + chunk]) for i in range(0, Lq, chunk)], dim=2)
+                         f"({dtype}, head_dim {D}); use impl='torch'")
+    return max(1, min(Lq, max_rows // group))

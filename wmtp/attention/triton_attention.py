@@ -7,8 +7,9 @@ gathered, never copied.
 
 Design (STYLE.md lesson 4):
 
-- Grid ``(B * Hkv, n_splits)``. A program owns one (batch, kv head) and holds the queries of all
-  ``group = Hq // Hkv`` query heads of that kv head times all ``Lq`` queries as ONE tile of
+- Grid ``(B * Hkv, n_splits)`` (axis 0 ``n_chunks * B * Hkv``: NOTE [Chunks]). A program owns one
+  (batch, kv head) and holds the queries of all ``group = Hq // Hkv`` query heads of that kv head
+  times all ``Lq`` queries as ONE tile of
   ``BLOCK_M = next_pow2(max(16, group * Lq))`` rows, so each key is loaded once for the group.
   Row ``r`` is (query head ``h = r // Lq``, query ``i = r % Lq``); rows ``r >= group * Lq`` are
   padding (their query is zero; they are never stored).
@@ -26,9 +27,18 @@ Design (STYLE.md lesson 4):
   split the attention kernel writes the output itself.
 - Any ``q_pos`` is correct (masks use each row's own position); scattered positions only widen
   the recent range and mask more blocks. A tile holds at most ``max_tile_rows(dtype, D)`` rows
-  (attention/plan.py: the accumulator must fit in registers); a longer query block
-  (prefill, or group 16 x 16 queries at D >= 128) is cut on the host into chunks of
-  ``max_rows(D) // group`` queries, one launch each.
+  (attention/plan.py: the accumulator must fit in registers); a longer query block is chunked
+  (NOTE [Chunks]).
+
+NOTE [Chunks]: a query block longer than one tile (a prefill, or group 16 x 16 queries at D >= 128)
+is cut into ``n_chunks`` chunks of ``Lq = max_tile_rows // group`` queries (``query_chunk``), all in
+ONE launch: grid axis 0 runs over (chunk, batch, kv head), each chunk's tile planned as a batch
+row's (``launch_config`` with ``B * n_chunks`` rows), so a prefill of many chunks needs no split
+and a verify of two keeps its splits. The kernel takes ``n_queries`` (the block's) beside ``Lq``
+(a tile's); the last chunk's padding rows repeat its last query and are never stored. Chunk slot 0
+holds the LAST chunk: under the causal set the latest queries read the most keys, so they start
+first. One launch a layer instead of one a chunk: a 16K-token prompt of the small preset was 256
+launches (and merges) a global layer.
 
 NOTE [Host sync]: none. The launcher never reads a device tensor: the grid, ``n_splits``, tile
 sizes and query chunks come from shapes and Python ints only, so a call is asynchronous and
@@ -85,9 +95,10 @@ and strides, attention/triton_plan.py). In int64 they cost registers in the loop
 an H200 at 1M keys (metrics/experiments/offsets-h200-exp16.json), int32 made the paged ``q_len``-8
 verify 17 % (D256) and 1 % (D128) faster and the paged ``q_len``-8 drafts 14 % / 10 %, while the
 contiguous cells moved at most 1 % and the contiguous D256 ``q_len``-8 draft lost 4 %: contiguous
-launches keep int64. The output's offsets (``_store_rows``, the merge) stay int32 within a batch:
-``out`` is a fresh contiguous chunk of at most Hkv x 256 tile rows x 256 head dims a batch, below
-2^31 for any Hkv < 32768; the batch term is int64.
+launches keep int64. The output's offsets (``_store_rows``, the merge) stay int32 within a batch
+for one tile of queries (at most Hkv x 256 tile rows x 256 head dims a batch, below 2^31 for any
+Hkv < 32768); with NOTE [Chunks] the query term is int64 (a 1M-token prefill's output passes
+2^31 elements); the batch term is int64.
 
 NOTE [Re-indexed sinks]: with ``q_sink`` (``QSINK``) the sink range is scored by those queries
 and the recent range by ``q``: re-indexed (StreamingLLM) positions, which move only the sinks'
@@ -111,8 +122,8 @@ import triton
 import triton.language as tl
 
 from .launch import CachedLaunch, fast_launches
-from .plan import by_query_chunks, check_tensors
-from .triton_merge import launch_merge, merge_splits  # noqa: F401  (merge_splits: re-exported)
+from .plan import check_tensors
+from .triton_merge import _tile_rows, launch_merge, merge_splits  # noqa: F401  (merge_splits: re-exported)
 from .triton_plan import FULL, KernelCall, _gpu_limits, plan_call  # noqa: F401  (FULL, KernelCall: re-exported)
 
 __all__ = ["attention_triton", "paged_attention_triton"]
@@ -207,12 +218,12 @@ def _key_plan(t_min, t_max, n_sink, window, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _store_rows(Out, tile, rows, b, kvh, Lq,  # Out: output base pointer; tile (R, D) accumulator; rows (R,) tile rows
+def _store_rows(Out, tile, rows, qi, real, b, kvh, Lq,  # tile (R, D) accumulator; rows, qi, real (R,): _tile_rows'
                 stride_ob, stride_oh, stride_ol, stride_od, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr):
     offs_d = tl.arange(0, HEAD_DIM)
-    row_off = b.to(tl.int64) * stride_ob + (kvh * GROUP + rows // Lq) * stride_oh + (rows % Lq) * stride_ol  # (R,)
+    row_off = b.to(tl.int64) * stride_ob + (kvh * GROUP + rows // Lq) * stride_oh + qi * stride_ol  # (R,)
     ptrs = Out + row_off[:, None] + offs_d[None, :] * stride_od  # (R, D)
-    tl.store(ptrs, tile.to(Out.dtype.element_ty), mask=(rows < GROUP * Lq)[:, None])
+    tl.store(ptrs, tile.to(Out.dtype.element_ty), mask=real[:, None])
 
 
 @triton.jit
@@ -229,37 +240,40 @@ def _attention_kernel(
     stride_btb,
     stride_pb,  # QPOS's batch stride: 0 when every row shares the positions
     stride_ob, stride_oh, stride_ol, stride_od,
-    Hkv, Lq, capacity, n_sink, window, n_splits,  # capacity: key positions of the cache; window=None: FULL
-    n_rows,  # B * Hkv * n_splits * BLOCK_M: partial rows in WS
+    Hkv, Lq, capacity, n_sink, window, n_splits,  # Lq: a tile's queries; capacity: the cache's key positions
+    n_rows,  # n_chunks * B * Hkv * n_splits * BLOCK_M: partial rows in WS
+    n_queries,  # the call's queries: Lq, or with CHUNKED more, in chunks of Lq (NOTE [Chunks])
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr,  # PAGED: 0, 1, 2
     PRECISION: tl.constexpr, ACC: tl.constexpr,  # ACC: accumulator dtype, float64 for float64 inputs
     OFF: tl.constexpr,  # NOTE [Offsets]: the key loop's row offsets, int32 (a paged pool below 2^31) or int64
     PDL: tl.constexpr,  # NOTE [PDL]: let the merge kernel launch now; it waits for this grid's end
     QSINK: tl.constexpr,  # NOTE [Re-indexed sinks]: the sink range is scored by QS, not Q
+    CHUNKED: tl.constexpr,  # NOTE [Chunks]: grid axis 0 also runs over chunks of Lq queries
 ):
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
     qk_scale = tl.full([], 1.4426950408889634, ACC) / tl.sqrt(tl.full([], HEAD_DIM, ACC))  # log2(e) / sqrt(D)
-    b = pid_bh // Hkv
-    kvh = pid_bh % Hkv
-    rows = tl.arange(0, BLOCK_M)  # row r = (query head r // Lq, query r % Lq)
+    rows = tl.arange(0, BLOCK_M)  # row r = (query head r // Lq, query qi[r]: r % Lq of the tile's chunk)
+    bh, qi, real = _tile_rows(pid_bh, rows, Lq, n_queries, GROUP, CHUNKED)  # (BLOCK_M,) qi, real
+    b = bh // Hkv
+    kvh = bh % Hkv
     offs_d = tl.arange(0, HEAD_DIM)
     q_row = (b.to(tl.int64) * stride_qb + (kvh * GROUP + rows // Lq).to(tl.int64) * stride_qh
-             + (rows % Lq).to(tl.int64) * stride_ql)  # (BLOCK_M,) NOTE [Offsets]
-    q = tl.load(Q + q_row[:, None] + offs_d[None, :] * stride_qd, mask=(rows < GROUP * Lq)[:, None], other=0.0)
+             + qi.to(tl.int64) * stride_ql)  # (BLOCK_M,) NOTE [Offsets]
+    q = tl.load(Q + q_row[:, None] + offs_d[None, :] * stride_qd, mask=real[:, None], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
     q_s = q
     if QSINK:  # NOTE [Re-indexed sinks]
-        q_s = tl.load(QS + q_row[:, None] + offs_d[None, :] * stride_qd, mask=(rows < GROUP * Lq)[:, None], other=0.0)
+        q_s = tl.load(QS + q_row[:, None] + offs_d[None, :] * stride_qd, mask=real[:, None], other=0.0)
         if UPCAST:
             q_s = q_s.to(tl.float32)
     # (BLOCK_M,) padding rows repeat a real query's position. NOTE [Host sync]: positions are not
     # checked on the host; clamped to [0, capacity) (before the int32 cast) so that no read leaves the cache
-    t = tl.minimum(tl.maximum(tl.load(QPOS + b.to(tl.int64) * stride_pb + rows % Lq), 0), capacity - 1).to(tl.int32)
+    t = tl.minimum(tl.maximum(tl.load(QPOS + b.to(tl.int64) * stride_pb + qi), 0), capacity - 1).to(tl.int32)
 
     sink_hi, n_blk_sink, sink_u2, rec_lo, rec_hi, n_blk_rec, rec_u1, rec_u2 = _key_plan(
         tl.min(t, 0), tl.max(t, 0), n_sink, window, BLOCK_N)  # NOTE [Host sync]: planned on device
@@ -292,13 +306,13 @@ def _attention_kernel(
 
     if SPLIT:  # partials of this split's real rows; a split without keys stores m = -inf, l = 0, acc = 0
         part = (pid_bh.to(tl.int64) * n_splits + pid_s) * BLOCK_M + rows  # (BLOCK_M,) int64: may pass 2^31 * D
-        real = rows < GROUP * Lq
-        tl.store(WS + part, m_i, mask=real)  # m: (B*Hkv, n_splits, BLOCK_M)
+        tl.store(WS + part, m_i, mask=real)  # m: (grid axis 0, n_splits, BLOCK_M)
         tl.store(WS + n_rows + part, l_i, mask=real)  # l: the same shape, after m
         tl.store(WS + n_rows + n_rows + part[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=real[:, None])  # acc
     else:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        _store_rows(Out, out, rows, b, kvh, Lq, stride_ob, stride_oh, stride_ol, stride_od, GROUP, HEAD_DIM)
+        _store_rows(Out, out, rows, qi, real, b, kvh, Lq, stride_ob, stride_oh, stride_ol, stride_od, GROUP,
+                    HEAD_DIM)
 
 
 _ATTENTION = CachedLaunch(_attention_kernel)  # NOTE [Launch cache] in attention/launch.py
@@ -353,10 +367,9 @@ def attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: t
     q_pos = q_pos.contiguous()  # the kernel reads positions as one contiguous row (a no-op when they are)
     tuning = (num_splits, block_n, num_warps, num_stages, pdl)
 
-    def run(q_chunk, pos_chunk, qs_chunk):
-        return _launch(q_chunk, qs_chunk, k, v, None, 1, pos_chunk, n_sink, window, tuning)
-
-    return by_query_chunks(q, q_pos, q.shape[1] // k.shape[1], run, q_sink)
+    if not q.shape[2]:
+        return torch.empty_like(q)
+    return _launch(q, q_sink, k, v, None, 1, q_pos, n_sink, window, tuning)
 
 
 def paged_attention_triton(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
@@ -386,8 +399,6 @@ def paged_attention_triton(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
     q_pos, block_table = q_pos.contiguous(), block_table.contiguous()  # read as contiguous rows by the kernel
     tuning = (num_splits, block_n, num_warps, num_stages, pdl)
 
-    def run(q_chunk, pos_chunk, qs_chunk):
-        return _launch(q_chunk, qs_chunk, k_pages, v_pages, block_table, k_pages.shape[1], pos_chunk, n_sink, window,
-                       tuning)
-
-    return by_query_chunks(q, q_pos, q.shape[1] // k_pages.shape[2], run, q_sink)
+    if not q.shape[2]:
+        return torch.empty_like(q)
+    return _launch(q, q_sink, k_pages, v_pages, block_table, k_pages.shape[1], q_pos, n_sink, window, tuning)

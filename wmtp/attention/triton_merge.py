@@ -28,13 +28,26 @@ __all__ = ["MergeCall", "launch_merge", "merge_splits"]
 
 
 @triton.jit
+def _tile_rows(pid_bh, rows, Lq, n_queries, GROUP: tl.constexpr, CHUNKED: tl.constexpr):
+    """Program ``pid_bh``'s (batch * kv head) and each tile row's query index and realness (NOTE [Chunks])."""
+    if CHUNKED:  # pid_bh = chunk slot * (B * Hkv) + batch * Hkv + kv head; slot 0 holds the LAST chunk
+        n_chunks = tl.cdiv(n_queries, Lq)
+        n_bh = tl.num_programs(0) // n_chunks
+        qi = (n_chunks - 1 - pid_bh // n_bh) * Lq + rows % Lq  # (R,) the chunk's Lq queries
+        real = (rows < GROUP * Lq) & (qi < n_queries)
+        return pid_bh % n_bh, tl.minimum(qi, n_queries - 1).to(tl.int64), real  # padding repeats a real query
+    else:
+        return pid_bh, rows % Lq, rows < GROUP * Lq
+
+
+@triton.jit
 def _merge_kernel(
     WS,  # partials written by _attention_kernel, one flat workspace: m, l (n_rows each), acc (n_rows * D)
     Out,  # (B, Hq, Lq, D) output in q.dtype
     stride_ob, stride_oh, stride_ol, stride_od,
-    Hkv, Lq, n_splits, n_rows,  # n_rows = B * Hkv * n_splits * BLOCK_M
+    Hkv, Lq, n_splits, n_rows, n_queries,  # n_rows = grid axis 0 * n_splits * BLOCK_M; Lq, n_queries: the kernel's
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_D: tl.constexpr, PDL: tl.constexpr, CHUNKED: tl.constexpr,  # CHUNKED: NOTE [Chunks], as the kernel's
 ):
     """One program per (batch * kv head, real tile row, slice of ``BLOCK_D`` of the head dim): the
     log-sum-exp merge of the row's ``n_splits`` partials, online over chunks of ``SPLIT_CHUNK``
@@ -43,8 +56,8 @@ def _merge_kernel(
     if PDL:  # NOTE [PDL]: launched early; wait until the attention grid has finished and its writes are visible
         tl.extra.cuda.gdc_wait()
     PM, PL, PACC = WS, WS + n_rows, WS + n_rows + n_rows  # (B*Hkv, n_splits, BLOCK_M[, D]) views of WS
-    pid_bh = tl.program_id(0)
-    row = tl.program_id(1)  # a real row of the tile: query head kvh * GROUP + row // Lq, query row % Lq
+    pid_bh = tl.program_id(0)  # the attention program's axis 0: (batch * kv head), or with CHUNKED (chunk, b, head)
+    row = tl.program_id(1)  # a row of the tile: query head kvh * GROUP + row // Lq, query row % Lq of its chunk
     offs_s = tl.arange(0, SPLIT_CHUNK)
     offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     base = pid_bh.to(tl.int64) * n_splits * BLOCK_M + row  # this row in split 0; split s at base + s * BLOCK_M
@@ -66,24 +79,32 @@ def _merge_kernel(
         acc = acc * alpha + tl.sum(w[:, None] * part, 0)  # (BLOCK_D,)
         m_run = m_new
     out = acc / tl.where(l_run == 0.0, 1.0, l_run)  # (BLOCK_D,)
-    b, kvh = pid_bh // Hkv, pid_bh % Hkv
-    o_off = b.to(tl.int64) * stride_ob + (kvh * GROUP + row // Lq) * stride_oh + (row % Lq) * stride_ol
-    tl.store(Out + o_off + offs_d * stride_od, out.to(Out.dtype.element_ty))
+    bh, qi, real = _tile_rows(pid_bh, row, Lq, n_queries, GROUP, CHUNKED)  # qi, real: this row's query
+    b, kvh = bh // Hkv, bh % Hkv
+    o_off = b.to(tl.int64) * stride_ob + (kvh * GROUP + row // Lq) * stride_oh + qi * stride_ol
+    if CHUNKED:  # the last chunk's padding rows have no query
+        tl.store(Out + o_off + offs_d * stride_od, out.to(Out.dtype.element_ty), mask=real)
+    else:
+        tl.store(Out + o_off + offs_d * stride_od, out.to(Out.dtype.element_ty))
 
 
 @functools.lru_cache(maxsize=1024)
-def _merge_plan(out_shape, out_stride, Hkv: int, block_m: int, num_splits: int, pdl: bool, max_chunk: int):
+def _merge_plan(out_shape, out_stride, Hkv: int, block_m: int, num_splits: int, pdl: bool, max_chunk: int,
+                tile_queries: int | None = None):
     """The merge launch's grid, int arguments and keywords, computed once per distinct key (and once
-    per attention plan: attention/triton_plan.py keeps them with its own)."""
+    per attention plan: attention/triton_plan.py keeps them with its own). ``tile_queries``: the
+    queries of one tile, fewer than the output's with NOTE [Chunks] (``None``: all of them)."""
     if max_chunk < 1 or max_chunk & (max_chunk - 1):
         raise ValueError(f"max_chunk must be a power of two, got {max_chunk}")
     B, Hq, Lq, D = out_shape  # (B, Hq, Lq, D)
+    Lc = Lq if tile_queries is None else tile_queries
+    n_bh = -(-Lq // Lc) * B * Hkv  # the attention grid's axis 0: (query chunk,) batch, kv head
     chunk = min(triton.next_power_of_2(num_splits), max_chunk)
     block_d = min(D, max(16, 4096 // chunk))
     kwargs = dict(GROUP=Hq // Hkv, BLOCK_M=block_m, SPLIT_CHUNK=chunk, HEAD_DIM=D, BLOCK_D=block_d, PDL=pdl,
-                  num_warps=4, **({"launch_pdl": True} if pdl else {}))  # only NVIDIA's backend knows the option
-    ints = (*out_stride, Hkv, Lq, num_splits, B * Hkv * num_splits * block_m)
-    return (B * Hkv, Hq // Hkv * Lq, D // block_d), ints, MappingProxyType(kwargs)
+                  CHUNKED=Lc < Lq, num_warps=4, **({"launch_pdl": True} if pdl else {}))  # launch_pdl: NVIDIA's only
+    ints = (*out_stride, Hkv, Lc, num_splits, n_bh * num_splits * block_m, Lq)
+    return (n_bh, Hq // Hkv * Lc, D // block_d), ints, MappingProxyType(kwargs)
 
 
 _MERGE = CachedLaunch(_merge_kernel)  # NOTE [Launch cache] in attention/launch.py
@@ -106,7 +127,8 @@ def launch_merge(call: MergeCall, keyed: int) -> None:
         _merge_kernel[call.grid](*call.args, **call.kwargs)
 
 
-def merge_splits(ws, out, Hkv: int, block_m: int, num_splits: int, pdl: bool, max_chunk: int = 256):
+def merge_splits(ws, out, Hkv: int, block_m: int, num_splits: int, pdl: bool, max_chunk: int = 256,
+                 tile_queries: int | None = None):
     """Launch ``_merge_kernel`` over the partials of ``num_splits`` splits into ``out`` ``(B, Hq, Lq, D)``.
 
     ``ws``: one contiguous workspace holding, with ``n = B * Hkv * num_splits * block_m``, the maxima
@@ -116,9 +138,11 @@ def merge_splits(ws, out, Hkv: int, block_m: int, num_splits: int, pdl: bool, ma
     this function; tests call it on their own partials). A program merges one row over a slice of
     ``min(D, max(16, 4096 // chunk))`` head dims with chunks of ``chunk = min(next_pow2(num_splits),
     max_chunk)`` splits: a launch of up to 256 splits (every draft; a verify unless ``B * Hkv`` is 1)
-    merges in one memory round trip. Tests pass a small ``max_chunk`` to run the online path.
+    merges in one memory round trip. Tests pass a small ``max_chunk`` to run the online path. With
+    ``tile_queries`` below ``Lq`` (NOTE [Chunks] in attention/triton_attention.py) the leading
+    ``B*Hkv`` is ``n_chunks * B * Hkv``, chunk slot first, the last chunk in slot 0.
     """
-    static = (tuple(out.shape), out.stride(), Hkv, block_m, num_splits, pdl, max_chunk)
+    static = (tuple(out.shape), out.stride(), Hkv, block_m, num_splits, pdl, max_chunk, tile_queries)
     grid, ints, kwargs = _merge_plan(*static)
-    assert ws.is_contiguous() and ws.numel() == ints[-1] * (out.shape[-1] + 2), "ws: contiguous m, l and acc"
+    assert ws.is_contiguous() and ws.numel() == ints[-2] * (out.shape[-1] + 2), "ws: contiguous m, l and acc"
     launch_merge(MergeCall(grid, (ws, out, *ints), kwargs, (*static, ws.dtype, out.dtype)), keyed=2)

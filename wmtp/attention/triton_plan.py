@@ -50,7 +50,7 @@ from typing import NamedTuple
 import torch
 import triton.language as tl
 
-from .plan import SMEM_H200, launch_config
+from .plan import SMEM_H200, launch_config, query_chunk
 from .triton_merge import MergeCall, _merge_plan
 
 __all__ = ["FULL", "KernelCall", "plan_call"]
@@ -98,8 +98,11 @@ def _static_plan(q_shape, q_stride, k_shape, k_stride, bt_stride, page_size, pag
     sms, smem, has_pdl = limits or (None, SMEM_H200, False)
     *tuning, pdl = tuning
     q_sink = bool(q_sink and n_sink and window is not None)  # NOTE [Re-indexed sinks]: a sink range to score
-    BLOCK_M, BLOCK_N, num_splits, num_warps, num_stages = launch_config(
-        B, Hq, Hkv, Lq, D, dtype, capacity, n_sink, window, sms, *tuning, smem_bytes=smem, q_tiles=2 if q_sink else 1)
+    Lc = query_chunk(Lq, Hq // Hkv, dtype, D)  # NOTE [Chunks]: a tile's queries; n_chunks tiles a (b, kv head)
+    n_chunks = -(-Lq // Lc)
+    BLOCK_M, BLOCK_N, num_splits, num_warps, num_stages = launch_config(  # every chunk's tile a batch row's
+        B * n_chunks, Hq, Hkv, Lc, D, dtype, capacity, n_sink, window, sms, *tuning, smem_bytes=smem,
+        q_tiles=2 if q_sink else 1)
     n_sink = 0 if window is None else min(n_sink or 0, capacity)  # sinks past the cache: the same key set
     window = FULL if window is None else min(window, FULL)  # the same key set for positions < FULL
     split = num_splits > 1
@@ -107,23 +110,23 @@ def _static_plan(q_shape, q_stride, k_shape, k_stride, bt_stride, page_size, pag
         raise ValueError("pdl=True needs a CUDA GPU of compute capability 9.0 or newer")
     pdl = split and (has_pdl if pdl is None else pdl)  # NOTE [PDL]
     out_stride = (Lq * Hq * D, D, Hq * D, 1) if token_major else (Hq * Lq * D, Lq * D, D, 1)  # NOTE [Output layout]
-    n_rows = B * Hkv * num_splits * BLOCK_M  # partial rows: m and l have n_rows each, acc n_rows * D
-    ints = (*q_stride, *k_stride, bt_stride, pos_stride, *out_stride, Hkv, Lq, capacity, n_sink, window, num_splits,
-            n_rows)
+    n_rows = n_chunks * B * Hkv * num_splits * BLOCK_M  # partial rows: m and l have n_rows each, acc n_rows * D
+    ints = (*q_stride, *k_stride, bt_stride, pos_stride, *out_stride, Hkv, Lc, capacity, n_sink, window, num_splits,
+            n_rows, Lq)
     kwargs = dict(GROUP=Hq // Hkv, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=D, PAGE_SIZE=page_size,
                   PAGED=0 if not paged else 2 if num_stages > 1 else 1, SPLIT=split,  # NOTE [Pages]
                   UPCAST=device_type == "cpu" and dtype == torch.bfloat16,
                   PRECISION=precision(dtype, device_type, BLOCK_M, D),  # NOTE [tf32x3]
-                  ACC=tl.float64 if fp64 else tl.float32, PDL=pdl, QSINK=q_sink,
+                  ACC=tl.float64 if fp64 else tl.float32, PDL=pdl, QSINK=q_sink, CHUNKED=n_chunks > 1,
                   # NOTE [Offsets]: paged row offsets' width
                   OFF=tl.int32 if paged and max_offset(k_shape, k_stride) < 2**31 else tl.int64,
                   num_warps=num_warps, num_stages=num_stages)
     merge = None
     if split:  # the merge's launch, planned here once with the attention's (NOTE [Workspace])
-        merge_static = (q_shape, out_stride, Hkv, BLOCK_M, num_splits, pdl, 256, ws_dtype(dtype), dtype)
-        merge = (*_merge_plan(*merge_static[:7]), merge_static)
+        merge_static = (q_shape, out_stride, Hkv, BLOCK_M, num_splits, pdl, 256, Lc, ws_dtype(dtype), dtype)
+        merge = (*_merge_plan(*merge_static[:8]), merge_static)
     ws_numel = n_rows * (D + 2) if split else 0
-    return _Plan((B * Hkv, num_splits), ints, MappingProxyType(kwargs), ws_numel, merge)
+    return _Plan((n_chunks * B * Hkv, num_splits), ints, MappingProxyType(kwargs), ws_numel, merge)
 
 
 def precision(dtype: torch.dtype, device_type: str, block_m: int, D: int) -> str:

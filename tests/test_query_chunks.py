@@ -1,0 +1,119 @@
+"""A query block longer than one tile, in ONE launch (NOTE [Chunks] in attention/triton_attention.py).
+
+A prefill's queries are cut into chunks of ``query_chunk`` queries; grid axis 0 runs over (chunk,
+batch, kv head), the last chunk first. Each chunk's tile plans the same key ranges and blocks as a
+launch of that chunk alone, so with the same splits the one launch must equal the chunks launched
+one by one bit for bit (and the reference within the kernel rule of truth, tests/attention_truth.py).
+"""
+
+import os
+
+import pytest
+import torch
+from attention_truth import assert_kernel_close, make_inputs
+
+from wmtp.attention import triton_attention as ta
+from wmtp.attention.paged import paginate
+from wmtp.attention.plan import max_tile_rows, query_chunk
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+NEEDS_TRITON = pytest.mark.skipif(not (CUDA or os.environ.get("TRITON_INTERPRET") == "1"),
+                                  reason="Triton needs CUDA or its CPU interpreter (TRITON_INTERPRET=1)")
+H200 = (132, 232448, True)  # SMs, opt-in shared memory per block (bytes), programmatic dependent launch
+
+
+def _op(layout, q, k, v, q_pos, n_sink, window, num_splits, q_sink=None):
+    """The Triton op with ``num_splits`` splits and 16-key blocks, on the cache or a paged copy of it."""
+    if layout == "contiguous":
+        return ta.attention_triton(q, k, v, q_pos, n_sink, window, num_splits=num_splits, block_n=16, q_sink=q_sink)
+    k_pages, v_pages, table = paginate(k, v, 16, torch.Generator().manual_seed(3))
+    return ta.paged_attention_triton(q, k_pages, v_pages, table, q_pos, n_sink, window, num_splits=num_splits,
+                                     block_n=16, q_sink=q_sink)
+
+
+def _spy_grids(monkeypatch) -> list:
+    """The grid of every ``_attention_kernel`` launch planned from now on."""
+    grids, plan = [], ta.plan_call
+
+    def spy(*args, **kwargs):
+        call = plan(*args, **kwargs)
+        grids.append(call.grid)
+        return call
+
+    monkeypatch.setattr(ta, "plan_call", spy)
+    return grids
+
+
+@NEEDS_TRITON
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
+    not CUDA, reason="the CPU interpreter cannot multiply bf16"))])
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("n_sink, window", [(None, None), (4, 16)])
+@pytest.mark.parametrize("layout", ["contiguous", "paged16"])
+def test_one_launch_equals_the_chunks_launched_one_by_one(layout, n_sink, window, num_splits, dtype, monkeypatch):
+    """2.5 chunks of queries of 4 heads a kv head: at float32 (D 32, a 64-row tile) 40 queries in
+    chunks of 16, at bfloat16 (256 rows) 160 in chunks of 64; the last chunk half padding rows. Two
+    batch rows at their own positions."""
+    B, Hq, Hkv, D = 2, 8, 2, 32
+    Lc = max_tile_rows(dtype, D) // (Hq // Hkv)
+    Lq, S = Lc * 5 // 2, Lc * 5 // 2 + 50
+    q, k, v, _ = make_inputs(B, Hq, Hkv, Lq, S, D, dtype, seed=7, device=DEVICE)
+    q_pos = torch.stack([torch.arange(5, 5 + Lq), torch.arange(S - Lq, S)]).to(DEVICE)  # (B, Lq)
+    assert query_chunk(Lq, Hq // Hkv, dtype, D) == Lc
+    grids = _spy_grids(monkeypatch)
+    whole = _op(layout, q, k, v, q_pos, n_sink, window, num_splits)  # (B, Hq, Lq, D)
+    n_chunks = -(-Lq // Lc)
+    assert grids == [(n_chunks * B * Hkv, num_splits)]  # one launch
+    chunks = torch.cat([_op(layout, q[:, :, i: i + Lc], k, v, q_pos[:, i: i + Lc], n_sink, window, num_splits)
+                        for i in range(0, Lq, Lc)], dim=2)  # (B, Hq, Lq, D)
+    assert len(grids) == 1 + n_chunks
+    assert torch.equal(whole, chunks)
+    for b in range(B):
+        rows = slice(b, b + 1)
+        assert_kernel_close(whole[rows], q[rows], k[rows], v[rows], q_pos[b], n_sink, window)
+
+
+@NEEDS_TRITON
+def test_chunks_with_reindexed_sinks_and_shared_positions(monkeypatch):
+    """``q_sink`` (NOTE [Re-indexed sinks]) and ``(Lq,)`` positions, 70 queries of 4 heads: 5 chunks."""
+    B, Hq, Hkv, Lq, S, D, n_sink, window = 1, 4, 1, 70, 120, 32, 4, 16
+    q, k, v, q_pos = make_inputs(B, Hq, Hkv, Lq, S, D, torch.float32, seed=8, device=DEVICE)
+    q_sink = torch.randn(q.shape, generator=torch.Generator().manual_seed(9)).to(DEVICE)
+    grids = _spy_grids(monkeypatch)
+    whole = _op("contiguous", q, k, v, q_pos, n_sink, window, 2, q_sink)
+    assert grids == [(5, 2)]
+    chunks = torch.cat([_op("contiguous", q[:, :, i: i + 16], k, v, q_pos[i: i + 16], n_sink, window, 2,
+                            q_sink[:, :, i: i + 16]) for i in range(0, Lq, 16)], dim=2)
+    assert torch.equal(whole, chunks)
+    assert_kernel_close(whole, q, k, v, q_pos, n_sink, window, q_sink)
+
+
+def test_the_h200_plans_of_a_prefill_and_of_a_chunked_verify():
+    """On ``meta`` tensors with an H200's limits: the small preset's 16K-token prefill (float32, 4
+    kv heads of D 64) is 256 chunks of 64 queries a kv head, 1024 programs, so no split and no
+    merge; a verify of 16 queries x 16 heads a kv head at D 128 (bf16) is 2 chunks of 8 queries
+    that keep split-K, and the merge runs over the same (chunk, batch, kv head) programs."""
+    meta = dict(device="meta")
+    q = torch.empty(1, 4, 16384, 64, dtype=torch.float32, **meta)  # (B, Hq, Lq, D)
+    k = torch.empty(1, 4, 16384, 64, dtype=torch.float32, **meta)  # (B, Hkv, S, D)
+    pos = torch.empty(16384, dtype=torch.int64, **meta)
+    call = ta.plan_call(q, k, k, None, 1, pos, None, None, (None,) * 5, H200)
+    assert call.grid == (256 * 4, 1) and call.merge is None and call.kwargs["CHUNKED"]
+    assert call.args[-1] == 16384 and call.out.shape == q.shape  # n_queries: the block's
+    q = torch.empty(1, 32, 16, 128, dtype=torch.bfloat16, **meta)
+    k = torch.empty(1, 2, 1 << 20, 128, dtype=torch.bfloat16, **meta)
+    call = ta.plan_call(q, k, k, None, 1, torch.empty(16, dtype=torch.int64, **meta), None, None, (None,) * 5, H200)
+    assert call.grid[0] == 2 * 2 and call.grid[1] > 1 and call.merge.grid[:2] == (2 * 2, 16 * 8)
+    assert call.merge.kwargs["CHUNKED"] and call.merge.args[-1] == 16
+    q1 = torch.empty(1, 32, 8, 128, dtype=torch.bfloat16, **meta)  # one tile: no chunks
+    call = ta.plan_call(q1, k, k, None, 1, torch.empty(8, dtype=torch.int64, **meta), None, None, (None,) * 5, H200)
+    assert not call.kwargs["CHUNKED"] and call.grid[0] == 2 and not call.merge.kwargs["CHUNKED"]
+
+
+def test_query_chunk():
+    assert query_chunk(100, 4, torch.float32, 32) == 16  # 64 fp32 rows a tile
+    assert query_chunk(10, 4, torch.float32, 32) == 10  # one tile holds them all
+    assert query_chunk(300, 8, torch.bfloat16, 256) == 8  # 64 rows of 256 dims
+    with pytest.raises(ValueError, match="exceed the kernel's tile"):
+        query_chunk(1, 65, torch.float32, 32)
