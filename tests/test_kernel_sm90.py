@@ -49,7 +49,7 @@ def test_every_benchmark_launch_fits_the_h200(compiled):
     assert set(compiled["cells"]) == {"draft-D256", "draft-D128", "draft-D256-Lq8", "draft-D128-Lq8-paged",
                                       "verify-D256", "verify-D256-Lq8", "verify-D128-Lq8", "verify-D256-Lq8-paged",
                                       "reindexed-D256-Lq8", "reindexed-D256-Lq8-fp32", "small-verify-D64-Lq8-fp32",
-                                      "small-draft-D64-fp32"}
+                                      "small-draft-D64-fp32", "prefill-D256-Lq4096", "small-prefill-D64-Lq16384-fp32"}
     for name, cell in compiled["cells"].items():
         assert 0 < cell["shared"] <= H200[1], (name, cell)
 
@@ -60,6 +60,12 @@ def test_the_small_presets_float32_launches_compile_tf32x3_without_spills(compil
         cell = compiled["cells"][name]
         assert cell["precision"] == "tf32x3" and cell["spill_bytes"] == 0, (name, cell)
     assert compiled["cells"]["reindexed-D256-Lq8-fp32"]["precision"] == "ieee"
+
+
+def test_prefills_are_one_launch_of_every_chunk(compiled):
+    """NOTE [Chunks]: grid axis 0 runs over (chunk, batch, kv head); so many programs need no split."""
+    assert compiled["cells"]["prefill-D256-Lq4096"]["grid"] == [4096 // 8 * 2, 1]  # 64 rows of D256: 8 queries
+    assert compiled["cells"]["small-prefill-D64-Lq16384-fp32"]["grid"] == [16384 // 64 * 4, 1]  # 64 fp32 rows
 
 
 def test_one_query_draft_launches_never_spill(compiled):

@@ -98,7 +98,7 @@ CASES = [
     pytest.param(2, 2, [3, 4, 5], 6, 4, 8, id="nothing-evicted"),
     pytest.param(4, 2, [30, 31], 32, 1, 1, id="one-sink-window1"),
     pytest.param(4, 2, [12, 40, 41], 50, 3, 5, id="scattered-queries"),
-    pytest.param(4, 1, list(range(40, 60)), 61, 4, 8, id="chunked-20-queries"),  # 80 tile rows: 2 launches
+    pytest.param(4, 1, list(range(40, 60)), 61, 4, 8, id="chunked-20-queries"),  # 80 tile rows: 2 chunks, one launch
 ]
 
 

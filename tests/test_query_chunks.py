@@ -117,3 +117,24 @@ def test_query_chunk():
     assert query_chunk(300, 8, torch.bfloat16, 256) == 8  # 64 rows of 256 dims
     with pytest.raises(ValueError, match="exceed the kernel's tile"):
         query_chunk(1, 65, torch.float32, 32)
+
+
+@NEEDS_TRITON
+@pytest.mark.parametrize("token_major", [True, False])
+@pytest.mark.parametrize("Hq, Hkv, Lq", [(6, 2, 50), (64, 1, 3)])
+def test_odd_chunks_and_both_output_layouts(Hq, Hkv, Lq, token_major, monkeypatch):
+    """A group that does not divide the float32 tile (3 heads: chunks of 21 queries, 63 of 64 rows,
+    the last chunk 8) and chunks of one query (64 heads fill the tile), in both output layouts
+    (NOTE [Output layout]), with splits: bit for bit the chunks launched one by one."""
+    from wmtp.attention import triton_plan
+
+    monkeypatch.setattr(triton_plan, "TOKEN_MAJOR", token_major)
+    B, S, D = 1, Lq + 30, 32
+    q, k, v, q_pos = make_inputs(B, Hq, Hkv, Lq, S, D, torch.float32, seed=Hq, device=DEVICE)
+    Lc = query_chunk(Lq, Hq // Hkv, torch.float32, D)
+    assert Lc == {6: 21, 64: 1}[Hq]
+    whole = _op("contiguous", q, k, v, q_pos, 2, 8, 2)
+    chunks = torch.cat([_op("contiguous", q[:, :, i: i + Lc], k, v, q_pos[i: i + Lc], 2, 8, 2)
+                        for i in range(0, Lq, Lc)], dim=2)
+    assert torch.equal(whole, chunks) and whole.transpose(1, 2).is_contiguous() == token_major
+    assert_kernel_close(whole, q, k, v, q_pos, 2, 8)

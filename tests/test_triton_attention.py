@@ -61,7 +61,7 @@ SHAPES = [
     pytest.param(1, 1, 1, 8, 100, 32, 0, 16, id="verify-nosink"),
     pytest.param(1, 4, 1, 8, 37, 32, 2, 1, id="verify-window1"),
     pytest.param(1, 4, 1, 8, 37, 32, 40, 4, id="verify-n_sink>S"),
-    pytest.param(1, 4, 1, 100, 100, 32, 4, 16, id="prefill-L100-chunked"),  # 400 rows > 256: 2 launches
+    pytest.param(1, 4, 1, 100, 100, 32, 4, 16, id="prefill-L100-chunked"),  # 400 rows > 256: 2 chunks, one launch
     pytest.param(1, 4, 4, 8, 300, 128, 4, 64, id="verify-D128-mha", marks=CUDA_ONLY),
     pytest.param(2, 8, 8, 1, 1000, 256, 4, 256, id="decode-D256-mha", marks=CUDA_ONLY),
     pytest.param(1, 8, 2, 16, 1000, 256, None, None, id="verify-D256-Lq16", marks=CUDA_ONLY),
@@ -112,7 +112,7 @@ ROW_CASES = [
     pytest.param(3, 4, 2, 4, 32, 4, 16, id="draft-extend"),
     pytest.param(3, 4, 1, 8, 32, None, None, id="verify-full"),
     pytest.param(2, 2, 2, 1, 64, 2, 8, id="decode"),
-    pytest.param(2, 4, 1, 100, 32, 4, 16, id="prefill-chunked"),  # 400 rows a kv head: 2 launches a row
+    pytest.param(2, 4, 1, 100, 32, 4, 16, id="prefill-chunked"),  # 400 rows a kv head: 2 chunks a row, one launch
 ]
 
 

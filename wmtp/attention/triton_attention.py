@@ -35,7 +35,8 @@ is cut into ``n_chunks`` chunks of ``Lq = max_tile_rows // group`` queries (``qu
 ONE launch: grid axis 0 runs over (chunk, batch, kv head), each chunk's tile planned as a batch
 row's (``launch_config`` with ``B * n_chunks`` rows), so a prefill of many chunks needs no split
 and a verify of two keeps its splits. The kernel takes ``n_queries`` (the block's) beside ``Lq``
-(a tile's); the last chunk's padding rows repeat its last query and are never stored. Chunk slot 0
+(a tile's); the last chunk's padding rows take its last query's position, load no query and are
+never stored (nor merged). Chunk slot 0
 holds the LAST chunk: under the causal set the latest queries read the most keys, so they start
 first. One launch a layer instead of one a chunk: a 16K-token prompt of the small preset was 256
 launches (and merges) a global layer.
@@ -97,8 +98,8 @@ verify 17 % (D256) and 1 % (D128) faster and the paged ``q_len``-8 drafts 14 % /
 contiguous cells moved at most 1 % and the contiguous D256 ``q_len``-8 draft lost 4 %: contiguous
 launches keep int64. The output's offsets (``_store_rows``, the merge) stay int32 within a batch
 for one tile of queries (at most Hkv x 256 tile rows x 256 head dims a batch, below 2^31 for any
-Hkv < 32768); with NOTE [Chunks] the query term is int64 (a 1M-token prefill's output passes
-2^31 elements); the batch term is int64.
+Hkv < 32768); with NOTE [Chunks] the query and head terms are int64 (a 1M-token prefill's output
+passes 2^31 elements); the batch term is int64.
 
 NOTE [Re-indexed sinks]: with ``q_sink`` (``QSINK``) the sink range is scored by those queries
 and the recent range by ``q``: re-indexed (StreamingLLM) positions, which move only the sinks'
@@ -221,7 +222,8 @@ def _key_plan(t_min, t_max, n_sink, window, BLOCK_N: tl.constexpr):
 def _store_rows(Out, tile, rows, qi, real, b, kvh, Lq,  # tile (R, D) accumulator; rows, qi, real (R,): _tile_rows'
                 stride_ob, stride_oh, stride_ol, stride_od, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr):
     offs_d = tl.arange(0, HEAD_DIM)
-    row_off = b.to(tl.int64) * stride_ob + (kvh * GROUP + rows // Lq) * stride_oh + qi * stride_ol  # (R,)
+    head = (kvh * GROUP + rows // Lq).to(qi.dtype)  # (R,) int64 with NOTE [Chunks]: a head-major output's stride
+    row_off = b.to(tl.int64) * stride_ob + head * stride_oh + qi * stride_ol  # (R,)
     ptrs = Out + row_off[:, None] + offs_d[None, :] * stride_od  # (R, D)
     tl.store(ptrs, tile.to(Out.dtype.element_ty), mask=real[:, None])
 
@@ -352,7 +354,9 @@ def attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: t
             or ``(B, Lq)``: each batch row's own (a program serves one row: the key ranges are its own).
         n_sink: sink keys (``None`` = 0).
         window: recent keys including the query's own (``None`` = full causal set).
-        num_splits: split-K programs per (batch, kv head); ``None`` picks from the SM count.
+        num_splits: split-K programs per (batch, kv head) and chunk of queries (NOTE [Chunks]; the
+            workspace holds every chunk's partials: ``n_chunks * B * Hq * chunk * (D + 2)`` floats
+            a split); ``None`` picks from the SM count, a prefill of many chunks one split.
         block_n: keys per block (tests use small blocks); ``None`` picks from ``D``.
         num_warps, num_stages: Triton launch options; ``None`` picks (scripts/tune_attention.py tunes them).
         pdl: launch the split merge with programmatic dependent launch (NOTE [PDL]); ``None`` = where

@@ -49,24 +49,28 @@ def _merge_kernel(
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, PDL: tl.constexpr, CHUNKED: tl.constexpr,  # CHUNKED: NOTE [Chunks], as the kernel's
 ):
-    """One program per (batch * kv head, real tile row, slice of ``BLOCK_D`` of the head dim): the
-    log-sum-exp merge of the row's ``n_splits`` partials, online over chunks of ``SPLIT_CHUNK``
-    splits whose m, l and acc loads are issued together (one memory round trip per chunk; the
-    draft's splits fit one chunk)."""
+    """One program per (attention program of axis 0, tile row, slice of ``BLOCK_D`` of the head
+    dim): the log-sum-exp merge of the row's ``n_splits`` partials, online over chunks of
+    ``SPLIT_CHUNK`` splits whose m, l and acc loads are issued together (one memory round trip per
+    chunk; the draft's splits fit one chunk). A tile row is real but for the last query chunk's
+    padding rows (NOTE [Chunks]), which load and store nothing."""
     if PDL:  # NOTE [PDL]: launched early; wait until the attention grid has finished and its writes are visible
         tl.extra.cuda.gdc_wait()
-    PM, PL, PACC = WS, WS + n_rows, WS + n_rows + n_rows  # (B*Hkv, n_splits, BLOCK_M[, D]) views of WS
+    PM, PL, PACC = WS, WS + n_rows, WS + n_rows + n_rows  # (grid axis 0, n_splits, BLOCK_M[, D]) views of WS
     pid_bh = tl.program_id(0)  # the attention program's axis 0: (batch * kv head), or with CHUNKED (chunk, b, head)
     row = tl.program_id(1)  # a row of the tile: query head kvh * GROUP + row // Lq, query row % Lq of its chunk
     offs_s = tl.arange(0, SPLIT_CHUNK)
     offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     base = pid_bh.to(tl.int64) * n_splits * BLOCK_M + row  # this row in split 0; split s at base + s * BLOCK_M
+    bh, qi, real = _tile_rows(pid_bh, row, Lq, n_queries, GROUP, CHUNKED)  # qi, real: this row's query
     m_run = tl.full([], float("-inf"), PM.dtype.element_ty)
     l_run = tl.zeros([], PM.dtype.element_ty)
     acc = tl.zeros([BLOCK_D], PM.dtype.element_ty)
     for c in range(0, n_splits, SPLIT_CHUNK):  # an empty (or masked) split has m = -inf: weight 0
         s = c + offs_s  # (SPLIT_CHUNK,)
         ok = s < n_splits
+        if CHUNKED:  # a padding row has no partials: it loads nothing (m = -inf, l = 0) and stores nothing
+            ok = ok & real
         m = tl.load(PM + base + s * BLOCK_M, mask=ok, other=float("-inf"))  # (SPLIT_CHUNK,)
         den = tl.load(PL + base + s * BLOCK_M, mask=ok, other=0.0)  # (SPLIT_CHUNK,)
         part = tl.load(PACC + (base + s * BLOCK_M)[:, None] * HEAD_DIM + offs_d[None, :],
@@ -79,9 +83,8 @@ def _merge_kernel(
         acc = acc * alpha + tl.sum(w[:, None] * part, 0)  # (BLOCK_D,)
         m_run = m_new
     out = acc / tl.where(l_run == 0.0, 1.0, l_run)  # (BLOCK_D,)
-    bh, qi, real = _tile_rows(pid_bh, row, Lq, n_queries, GROUP, CHUNKED)  # qi, real: this row's query
     b, kvh = bh // Hkv, bh % Hkv
-    o_off = b.to(tl.int64) * stride_ob + (kvh * GROUP + row // Lq) * stride_oh + qi * stride_ol
+    o_off = b.to(tl.int64) * stride_ob + (kvh * GROUP + row // Lq).to(qi.dtype) * stride_oh + qi * stride_ol
     if CHUNKED:  # the last chunk's padding rows have no query
         tl.store(Out + o_off + offs_d * stride_od, out.to(Out.dtype.element_ty), mask=real)
     else:

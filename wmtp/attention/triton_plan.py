@@ -10,7 +10,8 @@ attention/triton_attention.py says how the launch is chosen (``launch_config``, 
 NOTE [Host sync] why no device value is read here.
 
 NOTE [Workspace]: with split-K the partials live in ONE allocation, ``m | l | acc`` (``n_rows``
-maxima, ``n_rows`` denominators, ``n_rows * D`` sums, ``n_rows = B * Hkv * n_splits * BLOCK_M``),
+maxima, ``n_rows`` denominators, ``n_rows * D`` sums, ``n_rows = n_chunks * B * Hkv * n_splits *
+BLOCK_M``, ``n_chunks`` 1 but for NOTE [Chunks] in attention/triton_attention.py),
 passed to both kernels as one pointer that each offsets by ``n_rows``: one allocation and one
 launch argument instead of a split into three views (host time: the draft is a few microseconds of
 device time). ``n_rows`` is a multiple of 16, so every part starts 64-byte aligned. The output and
@@ -37,7 +38,11 @@ tile of 64 rows compiled to 256 KiB, over the H200's limit; scripts/kernel_sm90.
 launches offline), so ``precision`` takes it only where it was measured: one 16-row tile at
 ``D <= 64``, on a GPU. The CPU interpreter keeps ``"ieee"``. In the CUDA-graph decode loop it took
 4.9-53.6 % off dense decoding's time a token and 2.8-55.3 % off speculative decoding's, every run
-lossless (metrics/experiments/tf32x3-loop-h200-exp32.json).
+lossless (metrics/experiments/tf32x3-loop-h200-exp32.json). A prefill's 64-row tiles (NOTE [Chunks]
+in attention/triton_attention.py) keep IEEE dots though measured faster with it: the small preset's
+prefill of 16384 tokens took 57.0-61.0 % less time, first tokens equal
+(metrics/experiments/prefill-tiles-h200-exp46.json), but the GPU test run with it did not finish
+within its 290 s (the suite took 195 s the run before; not yet investigated: compile times?).
 """
 
 from __future__ import annotations
