@@ -312,19 +312,24 @@ else:
     print("no committed run here:", path)
 
 # %% [markdown]
-# Those times leave out the prefills. A server pays them too, and the refilling batch prefills each
-# later prompt alone, as a row frees up, where a wave prefills its B prompts as one batch. The same
-# cells timed with their prefills (`metrics/bench-batch-h200-prefill.json`), µs a token of a prompt:
+# Those times leave out the prefills. A server pays them too: a wave prefills its B prompts as one
+# batch, a refilling batch each later prompt alone as a row frees up or, with `prefill_batch`, the
+# next waiting prompts together (`refill staged`). Since a prefill's attention runs in one launch a
+# layer (NOTE [Chunks] in wmtp/attention/triton_attention.py) a prompt alone costs about its share
+# of a batched prefill at 16384 tokens; at 1024 tokens a forward's fixed launches still show. The same
+# cells timed with their prefills (`metrics/bench-batch-h200-chunks.json`), µs a token of a prompt,
+# decode steps alone / with the prefills:
 
 # %%
-path = root / "metrics" / "bench-batch-h200-prefill.json"
+path = root / "metrics" / "bench-batch-h200-chunks.json"
 if path.exists():
     run = json.loads(path.read_text())
-    print("context lengths  B   decode / with prefills: dense batch    waves          refill")
+    names = ("dense batch", "own positions sink8+win64", "refill sink8+win64", "refill staged sink8+win64")
+    print("context lengths  B      dense batch            waves           refill    refill staged")
     for row in run["rows"]:
-        cells = [row["methods"][k] for k in ("dense batch", "own positions sink8+win64", "refill sink8+win64")]
+        cells = [row["methods"][k] for k in names]
         print(f"{row['context']:<7} {row['lengths']:<8} {row['batch']:<3}" + "".join(
-            f"  {m['us_per_token_per_row']:6.1f} / {m['us_per_token_per_row_with_prefill']:6.1f}" for m in cells))
+            f"  {m['us_per_token_per_row']:5.1f} / {m['us_per_token_per_row_with_prefill']:5.1f}" for m in cells))
 else:
     print("no committed run here:", path)
 
