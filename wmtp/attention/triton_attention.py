@@ -36,10 +36,9 @@ ONE launch: grid axis 0 runs over (chunk, batch, kv head), each chunk's tile pla
 row's (``launch_config`` with ``B * n_chunks`` rows), so a prefill of many chunks needs no split
 and a verify of two keeps its splits. The kernel takes ``n_queries`` (the block's) beside ``Lq``
 (a tile's); the last chunk's padding rows take its last query's position, load no query and are
-never stored (nor merged). Chunk slot 0
-holds the LAST chunk: under the causal set the latest queries read the most keys, so they start
-first. One launch a layer instead of one a chunk: a 16K-token prompt of the small preset was 256
-launches (and merges) a global layer.
+never stored (nor merged). Chunk slot 0 holds the LAST chunk: under the causal set the latest
+queries read the most keys, so they start first. One launch a layer instead of one a chunk: a
+16K-token prompt of the small preset was 256 launches (and merges) a global layer.
 
 NOTE [Host sync]: none. The launcher never reads a device tensor: the grid, ``n_splits``, tile
 sizes and query chunks come from shapes and Python ints only, so a call is asynchronous and
