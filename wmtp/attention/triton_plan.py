@@ -43,7 +43,8 @@ in attention/triton_attention.py) keep IEEE dots though measured faster with it:
 prefill of 16384 tokens took 57.0-61.0 % less time, first tokens equal
 (metrics/experiments/prefill-tiles-h200-exp46.json), but the GPU test run with it did not finish
 within its 290 s (the suite took 195 s the run before). Why is not known; not compile time: offline
-for sm_90 (triton 3.7.1) the 64-row tile compiles in 5.4 s with tf32x3 and 7.4 s with IEEE dots.
+for sm_90 (triton 3.7.1) the 64-row tile compiles in 5.4 s with tf32x3 and 7.6 s with IEEE dots
+(metrics/experiments/compile-times-cpu-exp47.json).
 """
 
 from __future__ import annotations
