@@ -46,7 +46,7 @@ CELLS = {  # (Hq, Hkv, D, Lq, window, paged[, dtype, q_sink]): the benchmark's d
     # the small preset's fp32 calls, whose dots are tf32x3 (NOTE [tf32x3] in attention/triton_plan.py)
     "small-verify-D64-Lq8-fp32": (4, 4, 64, 8, None, False, torch.float32),
     "small-draft-D64-fp32": (4, 4, 64, 1, 64, False, torch.float32),
-    # prefills (NOTE [Chunks]): 4096 queries in chunks of one tile, one launch; the small preset's in fp32
+    # prefills (NOTE [Chunks]): 4096 queries in chunks of one tile, one launch; the small preset's in fp32 (tf32x3)
     "prefill-D256-Lq4096": (16, 2, 256, 4096, None, False),
     "small-prefill-D64-Lq16384-fp32": (4, 4, 64, 16384, None, False, torch.float32),
 }

@@ -55,10 +55,13 @@ def test_every_benchmark_launch_fits_the_h200(compiled):
 
 
 def test_the_small_presets_float32_launches_compile_tf32x3_without_spills(compiled):
-    """NOTE [tf32x3]: the tiles that take it fit in shared memory (a D256 one of 64 rows did not)."""
+    """NOTE [tf32x3]: the tiles that take it fit in shared memory (a D256 one of 64 rows did not); the
+    decode tiles spill nothing, the prefill's 64-row tile 200 B (5.8 KB with IEEE dots)."""
     for name in ("small-verify-D64-Lq8-fp32", "small-draft-D64-fp32"):
         cell = compiled["cells"][name]
         assert cell["precision"] == "tf32x3" and cell["spill_bytes"] == 0, (name, cell)
+    cell = compiled["cells"]["small-prefill-D64-Lq16384-fp32"]
+    assert cell["precision"] == "tf32x3" and cell["spill_bytes"] <= 1024, cell
     assert compiled["cells"]["reindexed-D256-Lq8-fp32"]["precision"] == "ieee"
 
 

@@ -429,12 +429,13 @@ def test_launch_config_defaults(args, expected):
 
 
 def test_float32_dots_take_tf32x3_only_where_measured():
-    """NOTE [tf32x3]: one 16-row float32 tile at D <= 64 off the CPU; everything else as before."""
+    """NOTE [tf32x3]: float32 tiles of 16 to 64 rows at D <= 64 off the CPU; everything else as before."""
     from wmtp.attention.triton_plan import precision
 
     assert precision(F32, "cuda", 16, 64) == precision(F32, "meta", 16, 16) == "tf32x3"
-    assert precision(F32, "cpu", 16, 64) == "ieee"  # the interpreter
-    assert precision(F32, "cuda", 32, 64) == precision(F32, "cuda", 16, 128) == "ieee"
+    assert precision(F32, "cuda", 32, 64) == precision(F32, "cuda", 64, 64) == "tf32x3"  # a prefill's tile
+    assert precision(F32, "cpu", 16, 64) == precision(F32, "cpu", 64, 64) == "ieee"  # the interpreter
+    assert precision(F32, "cuda", 128, 32) == precision(F32, "cuda", 16, 128) == "ieee"
     assert precision(F64, "cuda", 16, 64) == "ieee" and precision(BF16, "cuda", 16, 64) == "tf32"
 
 

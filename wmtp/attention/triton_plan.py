@@ -35,16 +35,17 @@ dropping only the remainders' product: on the H200 it took 58.2-70.8 % less time
 and 14.6-18.4 % less over short ranges, and met NOTE [Tolerances]' kernel rule where plain TF32 did
 not (metrics/experiments/tf32x3-h200-exp31.json). Its operands take more shared memory (a D256
 tile of 64 rows compiled to 256 KiB, over the H200's limit; scripts/kernel_sm90.py compiles the
-launches offline), so ``precision`` takes it only where it was measured: one 16-row tile at
-``D <= 64``, on a GPU. The CPU interpreter keeps ``"ieee"``. In the CUDA-graph decode loop it took
+launches offline), so ``precision`` takes it only for tiles of at most 64 rows at ``D <= 64``, on a
+GPU. The CPU interpreter keeps ``"ieee"``. In the CUDA-graph decode loop (16-row tiles) it took
 4.9-53.6 % off dense decoding's time a token and 2.8-55.3 % off speculative decoding's, every run
 lossless (metrics/experiments/tf32x3-loop-h200-exp32.json). A prefill's 64-row tiles (NOTE [Chunks]
-in attention/triton_attention.py) keep IEEE dots though measured faster with it: the small preset's
-prefill of 16384 tokens took 57.0-61.0 % less time, first tokens equal
-(metrics/experiments/prefill-tiles-h200-exp46.json), but the GPU test run with it did not finish
-within its 290 s (the suite took 195 s the run before). Why is not known; not compile time: offline
-for sm_90 (triton 3.7.1) the 64-row tile compiles in 5.4 s with tf32x3 and 7.6 s with IEEE dots
-(metrics/experiments/compile-times-cpu-exp47.json).
+in attention/triton_attention.py) take it since session 25: the small preset's prefill of 16384
+tokens took 57.0-61.0 % less time than with IEEE dots, first tokens equal
+(metrics/experiments/prefill-tiles-h200-exp46.json), and the GPU suite passes with it (run DD in
+metrics/gpu-tests-h200.txt; an earlier run, DB, stopped at its 290 s limit, most likely compiling
+from a cold cache: the suite without it took 317 s on a fresh machine, run DC). The 32-row tiles
+between them (17-32 queries a KV head) were not timed apart. Offline for sm_90 the 64-row tile
+spills 200 B with tf32x3 and 5.8 KB with IEEE dots (scripts/kernel_sm90.py).
 """
 
 from __future__ import annotations
@@ -137,10 +138,10 @@ def _static_plan(q_shape, q_stride, k_shape, k_stride, bt_stride, page_size, pag
 
 
 def precision(dtype: torch.dtype, device_type: str, block_m: int, D: int) -> str:
-    """The dots' ``input_precision``: ``"tf32x3"`` for float32 tiles of 16 rows at ``D <= 64`` off the
-    CPU (NOTE [tf32x3]), ``"ieee"`` for other float32 and for float64, ``"tf32"`` for fp16 and bf16
-    (where it is unused: the operands are not float32)."""
-    if dtype == torch.float32 and device_type != "cpu" and block_m == 16 and D <= 64:
+    """The dots' ``input_precision``: ``"tf32x3"`` for float32 tiles of at most 64 rows at ``D <= 64``
+    off the CPU (NOTE [tf32x3]), ``"ieee"`` for other float32 and for float64, ``"tf32"`` for fp16
+    and bf16 (where it is unused: the operands are not float32)."""
+    if dtype == torch.float32 and device_type != "cpu" and block_m <= 64 and D <= 64:
         return "tf32x3"
     return "ieee" if dtype in (torch.float32, torch.float64) else "tf32"
 
