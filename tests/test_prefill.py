@@ -60,9 +60,9 @@ def test_the_draft_prefill_cache_is_the_same_for_every_key_set(models, P):
     prompt = random_prompt(P)
     pre = wmtp.prefill_prompt(target, prompt, 64, draft=head)
     tcache = target.new_cache(1, 64)
-    logits, hidden = target(prompt[None], torch.arange(P), tcache)
+    logits, hidden = target(prompt[None], torch.arange(P), tcache, logits_at=torch.tensor([[P - 1]]))  # [Logits at]
     assert torch.equal(pre.target_cache.k, tcache.k) and torch.equal(pre.target_cache.v, tcache.v)
-    assert torch.equal(pre.logits, logits[0, -1]) and torch.equal(pre.hidden, hidden[:, -1:])
+    assert torch.equal(pre.logits, logits[0, 0]) and torch.equal(pre.hidden, hidden[:, -1:])
     for n_sink, window in KEYSETS:
         dcache = head.new_cache(1, 64)
         head(hidden[:, :-1], prompt[None, 1:], torch.arange(P - 1), dcache, n_sink, window)

@@ -121,11 +121,12 @@ def _prefill_batch(target: TargetLM, draft: MTPHead | None, prompts: torch.Tenso
     B, P = prompts.shape
     dev = prompts.device
     tcache = target.new_cache(B, needed, checked=checked)
-    logits, hidden = target(prompts, torch.arange(P, device=dev), tcache, impl)  # (B, P, V), (B, P, d)
+    last = torch.full((B, 1), P - 1, device=dev)  # NOTE [Logits at] in wmtp/model.py
+    logits, hidden = target(prompts, torch.arange(P, device=dev), tcache, impl, last)  # (B, 1, V), (B, P, d)
     dcache = None if draft is None else draft.new_cache(B, needed, checked=checked)
     if draft is not None and P > 1:  # the head's true chain over the prompt, positions 0 .. P-2
         draft(hidden[:, :-1], prompts[:, 1:], torch.arange(P - 1, device=dev), dcache, n_sink, window, impl)
-    return tcache, dcache, logits[:, -1], hidden[:, -1:]
+    return tcache, dcache, logits[:, 0], hidden[:, -1:]
 
 
 def check_dense_batch(target: TargetLM, prompts, max_new_tokens: int, eos_id: int | None, impl: str):

@@ -13,6 +13,15 @@ a model never touches torch's global RNG.
 
 NOTE [Few-row products] (wmtp/linear.py): every product of the model goes through ``linear``, which
 hands a product of few rows on CUDA to cuBLASLt.
+
+NOTE [Logits at]: a prefill needs the target's logits only at each prompt's last position, while
+the LM head over every position is its largest product (``P x d x V``) and its largest buffer
+(``P x V`` floats: 268 MB for the small preset's 16384 tokens). ``forward(..., logits_at=)`` takes
+the normed hidden states at the given positions before the head. Hidden states and caches are
+the full pass's bit for bit; the logits are its rows up to rounding (a product of other row counts
+may take another kernel). Every loop's prefill (wmtp/prefill.py, rows.py, lockstep.py) takes it,
+so a dense run and a speculative one start from the same logits. (The MTP head's prefill, called
+as any draft is, still computes logits at its every position, which nobody reads.)
 """
 
 from __future__ import annotations
@@ -243,25 +252,51 @@ class TargetLM(nn.Module):
         """The LM head (the embedding, tied) on final-normed hidden states ``(B, L, d)``."""
         return linear(normed, self.embed, self.zero)  # (B, L, V)
 
-    def final(self, x: torch.Tensor, pending: torch.Tensor, impl: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
+    def final(self, x: torch.Tensor, pending: torch.Tensor, impl: str = "torch",
+              logits_at: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The last pending addition of a stack of ``Block.step`` and the logits after it: ``(logits,
-        hidden)`` with ``hidden = x + pending`` (NOTE [Pending addition]); ``impl`` the norm's."""
+        hidden)`` with ``hidden = x + pending`` (NOTE [Pending addition]); ``impl`` the norm's;
+        ``logits_at`` as ``forward``'s (NOTE [Logits at])."""
         hidden, normed = add_rms_norm(x, pending, self.norm.weight, self.norm.eps, impl)  # (B, L, d) each
+        if logits_at is not None:
+            normed = normed.gather(1, logits_at[:, :, None].expand(-1, -1, normed.shape[-1]))  # (B, n, d)
         return self.lm_head(normed), hidden
 
     def forward(self, ids: torch.Tensor, pos: torch.Tensor | None = None, cache: KVCache | None = None,
-                impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+                impl: str = "auto", logits_at: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Run tokens ``ids`` ``(B, L)`` at absolute positions ``pos`` ``(L,)`` (default ``0..L-1``), or
         ``(B, L)``: each row at its own positions (batched decoding; needs a ``cache``).
 
         With a ``cache``, keys are written at ``pos`` and every earlier position is read from it.
+        ``logits_at`` ``(B, n)``: the indices into ``L`` whose logits to compute, each row its own
+        (a prefill needs only its last position's; NOTE [Logits at]); default every position.
 
         Returns:
-            ``logits (B, L, V)`` and ``hidden (B, L, d_model)``.
+            ``logits (B, L, V)`` (``(B, n, V)`` with ``logits_at``) and ``hidden (B, L, d_model)``.
+
+        Raises:
+            ValueError: for a ``logits_at`` that is not a ``(B, n)`` integer tensor on ``ids``' device,
+                or (on the CPU) that indexes past ``L``.
         """
         if pos is None:
             pos = torch.arange(ids.shape[1], device=ids.device)
+        if logits_at is not None:
+            check_logits_at(logits_at, ids)
         x, pending = F.embedding(ids, self.embed), None  # (B, L, d)
         for i, block in enumerate(self.layers):
             x, pending = block.step(x, pending, pos, cache, i, *self.layer_key_set(i), impl)
-        return self.final(x, pending, op_impl(impl, x.device))
+        return self.final(x, pending, op_impl(impl, x.device), logits_at)
+
+
+def check_logits_at(logits_at: torch.Tensor, ids: torch.Tensor) -> None:
+    """``TargetLM.forward``'s check of ``logits_at`` against ``ids (B, L)``. The range is checked only
+    on the CPU: on a GPU it would wait for the device (``gather`` still fails there, less clearly)."""
+    B, L = ids.shape
+    if (not isinstance(logits_at, torch.Tensor) or logits_at.dim() != 2 or logits_at.shape[0] != B
+            or logits_at.dtype not in (torch.int32, torch.int64) or logits_at.device != ids.device):
+        t = logits_at
+        got = f"{tuple(t.shape)} {t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"logits_at must be a ({B}, n) int32 or int64 tensor on {ids.device}, got {got}")
+    if logits_at.device.type == "cpu" and logits_at.numel() and not bool(((logits_at >= 0) & (logits_at < L)).all()):
+        raise ValueError(f"logits_at must index into the {L} positions of ids, got values "
+                         f"{int(logits_at.min())}..{int(logits_at.max())}")

@@ -122,7 +122,8 @@ def _run_prefill(target: TargetLM, draft: MTPHead | None, prompt: torch.Tensor, 
     call (NOTE [Ring writes] in wmtp/ringcache.py); with ``page_size`` both caches are paged."""
     dev, P = prompt.device, prompt.numel()
     tcache = target.new_cache(1, max_len, checked=checked, page_size=page_size)
-    logits, hidden = target(prompt[None], torch.arange(P, device=dev), tcache, impl)  # (1, P, V), (1, P, d)
+    last = torch.full((1, 1), P - 1, device=dev)  # NOTE [Logits at] in wmtp/model.py
+    logits, hidden = target(prompt[None], torch.arange(P, device=dev), tcache, impl, last)  # (1, 1, V), (1, P, d)
     dcache = None
     if draft is not None:
         layout = {"ring": ring} if ring is not None else {"page_size": page_size} if page_size is not None else {}
@@ -132,7 +133,7 @@ def _run_prefill(target: TargetLM, draft: MTPHead | None, prompt: torch.Tensor, 
             b = min(a + step, P - 1)
             draft(hidden[:, a:b], prompt[None, a + 1:b + 1], torch.arange(a, b, device=dev), dcache, n_sink, window,
                   impl)
-    return Start(tcache, dcache, logits[0, -1], hidden[:, -1:])
+    return Start(tcache, dcache, logits[0, 0], hidden[:, -1:])
 
 
 def start(target: TargetLM, draft: MTPHead | None, prompt_ids: torch.Tensor, *, needed: int, impl: str,

@@ -64,11 +64,11 @@ def prefill_rows(target: TargetLM, draft: MTPHead | None, rows: list[torch.Tenso
         into = (target.new_cache(B, needed, checked=checked),
                 None if draft is None else draft.new_cache(B, needed, checked=checked))
     tcache, dcache = into
-    logits, hidden = target(ids, torch.arange(P, device=dev), tcache, impl)  # (B, P, V), (B, P, d)
+    last = (lengths - 1)[:, None]  # (B, 1) each row's last prompt position
+    logits, hidden = target(ids, torch.arange(P, device=dev), tcache, impl, last)  # (B, 1, V), (B, P, d)
     if draft is not None and P > 1:  # the head's true chains, positions 0 .. P_b - 2 (and padding past them)
         draft(hidden[:, :-1], ids[:, 1:], torch.arange(P - 1, device=dev), dcache, 0, 1, impl)  # key set: itself
-    last = (lengths - 1)[:, None]  # (B, 1) each row's last prompt position
-    x = logits.gather(1, last[:, :, None].expand(-1, -1, logits.shape[-1]))[:, 0].argmax(-1)  # (B,)
+    x = logits[:, 0].argmax(-1)  # (B,)
     h = hidden.gather(1, last[:, :, None].expand(-1, -1, hidden.shape[-1]))[:, 0]  # (B, d)
     return tcache, dcache, x, h, lengths
 
