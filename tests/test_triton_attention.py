@@ -433,9 +433,9 @@ def test_float32_dots_take_tf32x3_only_where_measured():
     from wmtp.attention.triton_plan import precision
 
     assert precision(F32, "cuda", 16, 64) == precision(F32, "meta", 16, 16) == "tf32x3"
-    assert precision(F32, "cuda", 32, 64) == precision(F32, "cuda", 64, 64) == "tf32x3"  # a prefill's tile
+    assert precision(F32, "cuda", 32, 64) == precision(F32, "cuda", 64, 64) == "tf32x3"  # a prefill's, a GQA verify's
     assert precision(F32, "cpu", 16, 64) == precision(F32, "cpu", 64, 64) == "ieee"  # the interpreter
-    assert precision(F32, "cuda", 128, 32) == precision(F32, "cuda", 16, 128) == "ieee"
+    assert precision(F32, "cuda", 128, 32) == precision(F32, "cuda", 16, 128) == "ieee"  # 128: past max_tile_rows
     assert precision(F64, "cuda", 16, 64) == "ieee" and precision(BF16, "cuda", 16, 64) == "tf32"
 
 

@@ -59,7 +59,8 @@ Defaults (H200 runs; metrics/README.md lists the files):
 - a long range (verify) runs in whole waves: one or two resident programs per SM (two when the
   accumulator is <= 32 KiB and two 3-stage K/V pipelines fit in shared memory), each streaming its
   blocks through ``num_stages`` buffers (tune-attention-h200-{graph-12d4ff2,plain-24aeee8}.json);
-- fp32 (ieee) and fp64 dots run without tensor cores: 16-32-key blocks and at most 64 rows a tile
+- fp32 and fp64 tiles are planned as FMA tiles (ieee dots, without tensor cores; fp32 at D <= 64
+  takes tf32x3 on a GPU, NOTE [tf32x3]): 16-32-key blocks and at most 64 rows a tile
   (``max_tile_rows``) keep compile times in seconds; the CPU interpreter runs one split. A narrower
   fp32 launch (2 warps, 2 stages, 4 programs an SM) took 28.8-36 % less time over 16K-131K keys, 20
   calls back to back (fp32-full-sweep-h200-exp29.json) but up to 9.4 % slower a token in the decode
@@ -109,8 +110,8 @@ n_sink`` whenever a sink exists), so no key is scored by the wrong query. Withou
 NOTE [Precision]: ``tl.dot`` accumulates in fp32 (fp64 for fp64 inputs, which the GPU
 losslessness tests use: decode.py NOTE [Exactness]); softmax runs in the log2 domain
 (``qk_scale = log2(e) / sqrt(D)``, computed in the kernel in the accumulator's dtype, ``exp2``).
-fp64 inputs use ``input_precision="ieee"``, fp32 ``"ieee"`` or, for one 16-row tile at D <= 64 on
-a GPU, ``"tf32x3"`` (NOTE [tf32x3] in attention/triton_plan.py). fp16/bf16 use native tensor-core
+fp64 inputs use ``input_precision="ieee"``, fp32 ``"ieee"`` or, for tiles at D <= 64 on a GPU,
+``"tf32x3"`` (NOTE [tf32x3] in attention/triton_plan.py). fp16/bf16 use native tensor-core
 dots; under the CPU interpreter, which cannot multiply bf16, bf16 tiles are upcast to fp32 after
 loading (``UPCAST``).
 """

@@ -36,7 +36,9 @@ and 14.6-18.4 % less over short ranges, and met NOTE [Tolerances]' kernel rule w
 not (metrics/experiments/tf32x3-h200-exp31.json). Its operands take more shared memory (a D256
 tile of 64 rows compiled to 256 KiB, over the H200's limit; scripts/kernel_sm90.py compiles the
 launches offline), so ``precision`` takes it only for tiles of at most 64 rows at ``D <= 64``, on a
-GPU. The CPU interpreter keeps ``"ieee"``. In the CUDA-graph decode loop (16-row tiles) it took
+GPU: every float32 tile at that width, as ``max_tile_rows`` (attention/plan.py) caps them at 64 rows;
+the bound keeps a raise of that cap from reaching tf32x3 unmeasured. The CPU interpreter keeps
+``"ieee"``. In the CUDA-graph decode loop (16-row tiles) it took
 4.9-53.6 % off dense decoding's time a token and 2.8-55.3 % off speculative decoding's, every run
 lossless (metrics/experiments/tf32x3-loop-h200-exp32.json). A prefill's 64-row tiles (NOTE [Chunks]
 in attention/triton_attention.py) take it since session 25: the small preset's prefill of 16384
@@ -44,8 +46,9 @@ tokens took 57.0-61.0 % less time than with IEEE dots, first tokens equal
 (metrics/experiments/prefill-tiles-h200-exp46.json), and the GPU suite passes with it (run DD in
 metrics/gpu-tests-h200.txt; an earlier run, DB, stopped at its 290 s limit, most likely compiling
 from a cold cache: the suite without it took 317 s on a fresh machine, run DC). The 32-row tiles
-between them (17-32 queries a KV head) were not timed apart. Offline for sm_90 the 64-row tile
-spills 200 B with tf32x3 and 5.8 KB with IEEE dots (scripts/kernel_sm90.py).
+between them (17-32 query rows a KV head: a prefill's or a GQA model's verify, as the tiny preset's
+two heads a group at depth 8 and more) were not timed apart; the GPU suite covers them. Offline for
+sm_90 the 64-row tile spills 200 B with tf32x3 and 5.8 KB with IEEE dots (scripts/kernel_sm90.py).
 """
 
 from __future__ import annotations
