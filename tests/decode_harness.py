@@ -59,6 +59,9 @@ class DeviceOracle:
     def new_cache(self, *args, **kwargs):
         return self.head.new_cache(*args, **kwargs)
 
+    def write_cache(self, *args):
+        return self.head.write_cache(*args)
+
     def __call__(self, hidden, next_ids, pos, cache, n_sink, window, impl):
         lead = hidden[0, :, 0]  # (L,)
         index = torch.where(lead >= self.SENTINEL, (lead - self.SENTINEL).long() + 1, torch.zeros_like(pos))
@@ -93,8 +96,8 @@ class InputOracle:
     (default ``(7 n + 3 b) % (K + 1)``), then wrong, and any draft whose inputs are not the row's
     true ones (the next token ``seq[b, t + 1]``; for a step's first call, the target's hidden state
     at ``t``) is wrong too. A fixed depth ``K`` makes the calls an extend and ``K - 1`` recursive
-    drafts a step, so a call's index in its step is its count (after the prompts' one chain call)
-    modulo ``K``. Every column at position ``t`` of call index ``i`` is scripted as a draft of the
+    drafts a step, so a call's index in its step is its count modulo ``K`` (the prompts' chains are
+    ``write_cache``'s, no call). Every column at position ``t`` of call index ``i`` is scripted as a draft of the
     step at ``n = t + 1 - i``: the extend's last real column gets its row's first draft, padded
     columns something the loop never reads."""
 
@@ -105,31 +108,28 @@ class InputOracle:
         for b, (p, w) in enumerate(zip(prompts, want)):
             self.seq[b, : p.numel() + w.numel()] = torch.cat([p, w])
         self.hidden = target(self.seq)[1]  # (B, T, d): the target's hidden state at every position
-        self.head, self.K, self.want, self.calls = head, depth, want, -1  # -1: the prompts' chain
+        self.head, self.K, self.want, self.calls = head, depth, want, 0
         self.j = j or (lambda b, n: (7 * n + 3 * b) % (depth + 1))
-        self.prompts, self.who, self.admitting = prompts, None, False  # who: each batch row's prompt
+        self.prompts, self.who = prompts, None  # who: each batch row's prompt
 
     def new_cache(self, *args, **kwargs):
         return self.head.new_cache(*args, **kwargs)
 
+    def write_cache(self, *args):
+        return self.head.write_cache(*args)
+
     def spy(self, admit):
         """``Admitter.__call__`` (wmtp/rows.py; NOTE [Refill] in wmtp/batched.py) that tells the oracle
-        which row takes which prompt; the admitted prompts' chain calls run the real head, uncounted."""
+        which row takes which prompt (an admitted prompt's chain is ``write_cache``'s, no call)."""
         def spied(admitter, b, i):
             self.who = self.who or list(range(admitter.tcache.k.shape[1]))
             self.who[b] = i
-            self.admitting = True
-            try:
-                return admit(admitter, b, i)
-            finally:
-                self.admitting = False
+            return admit(admitter, b, i)
         return spied
 
     def __call__(self, hidden, next_ids, pos, cache, n_sink, window, impl):
         logits, g = self.head(hidden, next_ids, pos, cache, n_sink, window, impl)
-        if self.admitting:
-            return logits, g
-        index, self.calls = max(self.calls, 0) % self.K, self.calls + 1
+        index, self.calls = self.calls % self.K, self.calls + 1
         B, L = next_ids.shape
         who = self.who or list(range(B))  # the prompt of each row
         seq, hid = self.seq[who], self.hidden[who]  # (B, T), (B, T, d)

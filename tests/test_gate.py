@@ -85,6 +85,9 @@ class Spy:
     def new_cache(self, *args, **kwargs):
         return self.inner.new_cache(*args, **kwargs)
 
+    def write_cache(self, *args):
+        return self.inner.write_cache(*args)
+
     def __call__(self, hidden, next_ids, pos, cache, n_sink, window, impl):
         self.calls.append((tuple(pos.tolist()), n_sink, window))
         return self.inner(hidden, next_ids, pos, cache, n_sink, window, impl)
@@ -106,7 +109,6 @@ def test_each_step_drafts_over_its_gated_key_set_literal(models):
     calls, stats = _oracle_run(models, "eager", 13)
     assert stats.steps == 6 and stats.accepted == 6
     assert calls == [
-        (tuple(range(9)), 4, 16),  # the prefill's true chain (its attention output is discarded)
         ((9,), None, None), ((10,), None, None),  # context 11: the extend of x's predecessor, one recursive draft
         ((10, 11), None, None), ((12,), None, None),  # context 13 <= gate: still native
         ((12, 13), 4, 16), ((14,), 4, 16),  # context 15 > gate
@@ -124,7 +126,7 @@ def test_the_static_loop_gates_the_same_steps(models):
     eager, _ = _oracle_run(models, "eager", 13)
     static, stats = _oracle_run(models, "static", 13)
     assert [keys for _, *keys in static] == [keys for _, *keys in eager]
-    assert [pos for pos, *_ in static[1:5]] == [(9,), (10,), (10, 11, 12), (12,)]
+    assert [pos for pos, *_ in static[:4]] == [(9,), (10,), (10, 11, 12), (12,)]
     assert stats.steps == 6
 
 

@@ -29,19 +29,20 @@ class Forced:
 
     def __init__(self, head, sequence: torch.Tensor, depth: int):
         self.head, self.seq, self.depth, self.j = head, sequence, depth, 0
-        self.reset(prefill_call=True)
+        self.reset()
 
-    def reset(self, prefill_call: bool) -> None:
-        self.calls, self.rows = (-1 if prefill_call else 0), {}
+    def reset(self) -> None:
+        self.calls, self.rows = 0, {}
 
     def new_cache(self, *args, **kwargs):
         return self.head.new_cache(*args, **kwargs)
 
+    def write_cache(self, *args):  # the prefill: no step
+        return self.head.write_cache(*args)
+
     def __call__(self, hidden, next_ids, pos, cache, n_sink, window, impl):
         logits, g = self.head(hidden, next_ids, pos, cache, n_sink, window, impl)
         call, self.calls = self.calls, self.calls + 1
-        if call < 0:  # the prefill: no step
-            return logits, g
         i = call % self.depth
         for r, p in enumerate(pos.tolist()):
             self.rows[call, p] = logits[0, r].clone(), g[0, r].clone()
@@ -54,8 +55,9 @@ class Forced:
 @pytest.mark.parametrize("P", [2, 40])
 def test_the_draft_prefill_cache_is_the_same_for_every_key_set(models, P):
     """NOTE [Shared draft prefill]: the one-block head writes the same keys and values whatever its
-    key set, so the prefill's (each position reading only itself) serves every arm. The caches are
-    built here by calling the models directly, not through wmtp/prefill.py."""
+    key set, and ``write_cache`` (the prefill's: no attention, MLP or logits) writes those bits, so
+    it serves every arm. The caches are built here by calling the models directly, not through
+    wmtp/prefill.py."""
     target, head = models
     prompt = random_prompt(P)
     pre = wmtp.prefill_prompt(target, prompt, 64, draft=head)
@@ -105,7 +107,7 @@ def test_every_accept_length_drafts_the_same_rows(models, n_sink, window, prompt
         for j in range(depth + 1):
             own = Forced(head, seq, depth)
             shared.j = own.j = j
-            shared.reset(prefill_call=False)
+            shared.reset()
             out, stats = speculative(target, shared, prompt, 30, depth, n_sink, window, prefill=pre)
             own_out, own_stats = speculative(target, own, prompt, 30, depth, n_sink, window)
             assert torch.equal(out, ref) and torch.equal(own_out, ref), (loop, j)

@@ -140,6 +140,9 @@ class Recorder:
     def new_cache(self, *args, **kwargs):
         return self.head.new_cache(*args, **kwargs)
 
+    def write_cache(self, *args):
+        return self.head.write_cache(*args)
+
     def __call__(self, hidden, next_ids, pos, cache, n_sink, window, impl):
         logits, g = self.head(hidden, next_ids, pos, cache, n_sink, window, impl)
         B, L = next_ids.shape
@@ -156,8 +159,8 @@ def test_every_draft_of_a_prompt_alone_is_drafted_in_the_batch(models, generate,
     """The draft's KV in a refilled row: each head call a prompt makes decoded alone has a twin in the
     refilling batch (the same position, token and hidden state) with the same logits, which holds
     only if the row's draft cache holds the prompt's keys (the untrained head accepts nothing, so
-    the outputs alone cannot show it). A batch prefills the head's chain with each position reading
-    itself (NOTE [Shared draft prefill] in wmtp/prefill.py), so only the decoding calls are twins."""
+    the outputs alone cannot show it). Every prefill writes the head's chain with ``write_cache``, no
+    call (NOTE [Shared draft prefill] in wmtp/prefill.py), so only decoding calls are logged."""
     target, head = models
     prompts = prompts_of([5, 17, 1, 9, 23, 12, 3], seed=29)
     batch = Recorder(head)
@@ -169,7 +172,7 @@ def test_every_draft_of_a_prompt_alone_is_drafted_in_the_batch(models, generate,
     for p in prompts:
         alone = Recorder(head)
         wmtp.speculative_generate(target, alone, p, 12, 3, n_sink, window, impl="torch")
-        for t, x, h, logits in alone.log[p.numel() - 1:]:  # its decoding (its prefill reads other keys: below)
+        for t, x, h, logits in alone.log:
             twins = [lg for hb, lg in calls.get((t, x), []) if torch.allclose(hb, h, rtol=0, atol=1e-9)]
             assert any(torch.allclose(lg, logits, rtol=0, atol=1e-9) for lg in twins), (t, x)
             n += 1

@@ -88,13 +88,13 @@ def test_bad_rings_and_writes_raise():
 
 
 def drafts_through_the_protocol(head, cache, hidden, tokens, steps, n_sink, window, chunk, impl="torch"):
-    """The head driven as decode.py drives it: a prefill of the prompt's true chain in calls of
-    ``chunk`` positions, then per step (accepted a, depth k) an extend over the positions committed
-    since the last step and k - 1 recursive drafts. Returns every call's logits."""
+    """The head driven as decode.py drives it: a prefill of the prompt's true chain, written in calls of
+    ``chunk`` positions (``write_cache``), then per step (accepted a, depth k) an extend over the
+    positions committed since the last step and k - 1 recursive drafts. Returns every step call's logits."""
     out, n = [], 10  # a prompt of 11 tokens: positions 0..9 are the head's true chain
     for a in range(0, n, chunk):
         b = min(a + chunk, n)
-        out.append(head(hidden[:, a:b], tokens[None, a + 1:b + 1], torch.arange(a, b), cache, n_sink, window, impl)[0])
+        head.write_cache(hidden[:, a:b], tokens[None, a + 1:b + 1], torch.arange(a, b), cache, impl)
     head_start = n - 1 + 1
     for accepted, depth in steps:
         logits, g = head(hidden[:, head_start:n + 1], tokens[None, head_start + 1:n + 2],
@@ -124,7 +124,8 @@ def test_the_head_reads_the_same_keys_from_a_ring(models, n_sink, window, depth)
     small = head.new_cache(1, N, ring=(n_sink, window, depth))
     assert small.slots == n_sink + window + depth < N / 4
     rung = drafts_through_the_protocol(head, small, hidden, tokens, steps, n_sink, window, depth + 1)
-    for i, (a, b) in enumerate(zip(full[1:], rung[-len(full) + 1:])):  # the steps' calls, the prefill's aside
+    assert len(full) == len(rung) == sum(k for _, k in steps)
+    for i, (a, b) in enumerate(zip(full, rung)):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-12, msg=f"call {i}")
 
 
@@ -162,6 +163,9 @@ class Recorder:
     def new_cache(self, *args, **kwargs):
         return self.head.new_cache(*args, **kwargs)
 
+    def write_cache(self, *args):
+        return self.head.write_cache(*args)
+
     def __call__(self, *args):
         logits, g = self.head(*args)
         self.logits.append(logits.clone())
@@ -188,8 +192,8 @@ def test_the_static_loop_reads_the_same_keys_from_a_ring(models, monkeypatch, n_
     (full, full_stats), (ring_logits, ring_stats) = runs["full"], runs["ring"]
     same_counts(ring_stats, full_stats)
     assert ring_stats.draft_kv_bytes < full_stats.draft_kv_bytes
-    steps = len(full) - 1  # the prefill's one call (the ring's is cut into calls of depth + 1)
-    for i, (a, b) in enumerate(zip(full[-steps:], ring_logits[-steps:])):
+    assert len(full) == len(ring_logits)  # the steps' calls (the prefills are write_cache's)
+    for i, (a, b) in enumerate(zip(full, ring_logits)):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-12, msg=f"call {i}")
 
 

@@ -42,6 +42,9 @@ class MirrorDraft:
         logits, h = self.target(next_ids, pos + 1, self.cache, impl)  # next_ids sit at pos + 1
         return logits * self.scale, h
 
+    def write_cache(self, hidden, next_ids, pos, cache, impl):
+        self(hidden, next_ids, pos, cache, None, None, impl)
+
 
 def random_probs(rows: int, vocab: int, seed: int) -> torch.Tensor:
     """``(rows, vocab)`` float64 distributions, uniform on the simplex (normalised exponentials)."""

@@ -31,19 +31,20 @@ class ForcedHead:
     ``j`` drafts of every step right and the rest wrong; it records each call's logits and ``g`` per
     (step, call in the step, position), so that two loops can be compared row by row."""
 
-    def __init__(self, head, sequence: torch.Tensor, j: int, depth: int, prompt_len: int):
+    def __init__(self, head, sequence: torch.Tensor, j: int, depth: int):
         self.head, self.seq, self.j, self.depth = head, sequence, j, depth
-        self.calls = -1 if prompt_len > 1 else 0  # the draft prefill is not a step's call
+        self.calls = 0  # the draft prefill is write_cache's, no call
         self.rows: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def new_cache(self, *args, **kwargs):
         return self.head.new_cache(*args, **kwargs)
 
+    def write_cache(self, *args):
+        return self.head.write_cache(*args)
+
     def __call__(self, hidden, next_ids, pos, cache, n_sink, window, impl):
         logits, g = self.head(hidden, next_ids, pos, cache, n_sink, window, impl)
         call, self.calls = self.calls, self.calls + 1
-        if call < 0:
-            return logits, g
         step, i = divmod(call, self.depth)
         for r, p in enumerate(pos.tolist()):
             self.rows[step, i, p] = logits[0, r].clone(), g[0, r].clone()
@@ -89,7 +90,7 @@ def test_a_real_head_drafts_the_same_in_both_loops(models, depth, prompt_len, n_
     ref = wmtp.greedy_generate(target, prompt, 30)
     seq = torch.cat([prompt, ref, torch.zeros(depth + 2, dtype=torch.long)])
     for j in range(depth + 1):
-        eager, static = (ForcedHead(head, seq, j, depth, prompt_len) for _ in range(2))
+        eager, static = (ForcedHead(head, seq, j, depth) for _ in range(2))
         out_e, stats_e = wmtp.speculative_generate(target, eager, prompt, 30, depth, n_sink, window)
         out_s, stats_s = static_speculative_generate(target, static, prompt, 30, depth, n_sink, window)
         assert torch.equal(out_e, ref) and torch.equal(out_s, ref), f"j={j}"

@@ -39,6 +39,9 @@ class PositionOracle:
     def new_cache(self, *args, **kwargs):
         return self.head.new_cache(*args, **kwargs)
 
+    def write_cache(self, *args):
+        return self.head.write_cache(*args)
+
     def __call__(self, hidden, next_ids, pos, cache, n_sink, window, impl):
         logits, g = self.head(hidden, next_ids, pos, cache, n_sink, window, impl)  # (B, L, V)
         t = pos.tolist()

@@ -89,7 +89,8 @@ for _ in range(2000):
 print("verify_greedy == verify_greedy_loop on 2000 random cases")
 
 # %% [markdown]
-# **The oracle-draft experiment.** `wmtp.grading.OracleDraft` has the MTP head's call signature but
+# **The oracle-draft experiment.** `wmtp.grading.OracleDraft` has the MTP head's call signature (and
+# its `new_cache` and `write_cache`, the prefill's cache write, which it hands to the real head) but
 # cheats: it knows the dense greedy output and proposes it for the first `j` drafts of every step, then
 # a wrong token. It makes every accept length `0..K` happen on purpose. The target is
 # `wmtp.grading.harness_models()`: the tiny target with wide random weights (so its greedy output varies),
@@ -203,6 +204,9 @@ class RowOracle:
 
     def new_cache(self, *args, **kwargs):
         return head.new_cache(*args, **kwargs)
+
+    def write_cache(self, *args):  # the prefill: the head's keys and values, no drafts
+        return head.write_cache(*args)
 
     def __call__(self, hidden, next_ids, pos, cache, n_sink, window, impl):
         lead = hidden[0, :, 0]  # (L,)

@@ -190,6 +190,9 @@ class MirrorDraft:
         logits, h = self.target(next_ids, pos + 1, self.cache, impl)  # next_ids sit at position pos + 1
         return logits * self.scale, h
 
+    def write_cache(self, hidden, next_ids, pos, cache, impl):  # the prefill: fill the cache, no drafts
+        self(hidden, next_ids, pos, cache, None, None, impl)
+
 
 target, head = grading.harness_models()
 V, K, N, T = target.config.vocab_size, 3, 40, 1.0

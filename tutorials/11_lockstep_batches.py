@@ -109,6 +109,9 @@ class Oracle:
     def new_cache(self, *args, **kwargs):
         return head.new_cache(*args, **kwargs)
 
+    def write_cache(self, *args):  # the prefill: the head's keys and values, no drafts
+        return head.write_cache(*args)
+
     def __call__(self, hidden, next_ids, pos, cache, n_sink, window, impl):
         last = self.last
         recursive = last is not None and hidden.untyped_storage().data_ptr() == last.untyped_storage().data_ptr()
@@ -221,21 +224,24 @@ else:
 # shape `(B, L)`, so each row keeps its own `a_b + 1` tokens a step and moves on by them, and prompts
 # may even differ in length. The oracle above reads one position for the whole batch; this one reads
 # each column's own. At a fixed depth a step's head calls are an extend and `K - 1` recursive drafts,
-# so a call's index in its step is its count (after the prompts' one call) modulo `K`.
+# so a call's index in its step is its count modulo `K` (the prompts' chains are `write_cache`'s).
 
 # %%
 class RowOracle:
     """The real head with its guesses replaced, each column at its own position ``t``."""
 
     def __init__(self):
-        self.calls = -1  # the prompts' chain comes first
+        self.calls = 0
 
     def new_cache(self, *args, **kwargs):
         return head.new_cache(*args, **kwargs)
 
+    def write_cache(self, *args):
+        return head.write_cache(*args)
+
     def __call__(self, hidden, next_ids, pos, cache, n_sink, window, impl):
         logits, g = head(hidden, next_ids, pos, cache, n_sink, window, impl)
-        index, self.calls = max(self.calls, 0) % K, self.calls + 1
+        index, self.calls = self.calls % K, self.calls + 1
         t = pos.expand(next_ids.shape)  # (B, L) each column's position
         right = torch.tensor([[index < j(b, int(x) + 1 - index) for x in row] for b, row in enumerate(t)])
         tok = truth.gather(1, (t + 2).clamp(max=truth.shape[1] - 1))  # (B, L) the token a draft there guesses

@@ -250,7 +250,7 @@ def speculative_loop(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor,
     stats = SpecStats(depth=depth)
     # the prefill (wmtp/prefill.py): true-chain draft KV for positions 0..P-2, not part of any step
     tcache, dcache, last_logits, last_hidden = start(target, draft, prompt_ids, needed=needed, impl=impl, checked=True,
-                                                     prefill=prefill, n_sink=n_sink, window=window, ring=ring)
+                                                     prefill=prefill, ring=ring)
     stats.draft_kv_bytes = getattr(dcache, "nbytes", 0)
     P = prompt_ids.numel()
     x = rule.choose(last_logits, P)  # the target's first new token, at position P

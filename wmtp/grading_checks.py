@@ -147,8 +147,9 @@ def _verify_case(fn, drafts, choice, expected) -> str | None:
 class OracleDraft:
     """A draft right for the first ``j`` drafts of every step, then wrong (STYLE.md lesson 7).
 
-    It has the MTP head's call signature; its hidden output carries the draft index, so a recursive
-    call knows which draft it makes (the extend call, fed target hidden states, makes draft 0).
+    It has the MTP head's call signature (and its ``new_cache`` and ``write_cache``, the real head's);
+    its hidden output carries the draft index, so a recursive call knows which draft it makes (the
+    extend call, fed target hidden states, makes draft 0).
     """
 
     SENTINEL = 1e6
@@ -158,6 +159,9 @@ class OracleDraft:
 
     def new_cache(self, *args, **kwargs):
         return self.head.new_cache(*args, **kwargs)
+
+    def write_cache(self, *args):
+        return self.head.write_cache(*args)
 
     def __call__(self, hidden, next_ids, pos, cache, n_sink, window, impl):
         last = float(hidden[0, -1, 0])

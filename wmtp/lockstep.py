@@ -113,11 +113,12 @@ def _done(rows: list[list[int]], max_new_tokens: int, eos_id: int | None) -> boo
 
 
 def _prefill_batch(target: TargetLM, draft: MTPHead | None, prompts: torch.Tensor, needed: int, impl: str,
-                   n_sink: int | None = None, window: int | None = None, checked: bool = True):
+                   checked: bool = True):
     """New caches of ``needed`` positions for the ``(B, P)`` prompts: the target over the prompts, then
-    the head (if any) over their true chains, positions ``0 .. P-2``. Returns both caches (the head's
-    ``None`` without a head), the target's last logits ``(B, V)`` and last hidden states ``(B, 1, d)``.
-    ``checked``: the caches' range check (off for the static loops, NOTE in wmtp/kvcache.py)."""
+    the head's cache write (if a head) over their true chains, positions ``0 .. P-2`` (NOTE [Shared
+    draft prefill] in wmtp/prefill.py). Returns both caches (the head's ``None`` without a head), the
+    target's last logits ``(B, V)`` and last hidden states ``(B, 1, d)``. ``checked``: the caches'
+    range check (off for the static loops, NOTE in wmtp/kvcache.py)."""
     B, P = prompts.shape
     dev = prompts.device
     tcache = target.new_cache(B, needed, checked=checked)
@@ -125,7 +126,7 @@ def _prefill_batch(target: TargetLM, draft: MTPHead | None, prompts: torch.Tenso
     logits, hidden = target(prompts, torch.arange(P, device=dev), tcache, impl, last)  # (B, 1, V), (B, P, d)
     dcache = None if draft is None else draft.new_cache(B, needed, checked=checked)
     if draft is not None and P > 1:  # the head's true chain over the prompt, positions 0 .. P-2
-        draft(hidden[:, :-1], prompts[:, 1:], torch.arange(P - 1, device=dev), dcache, n_sink, window, impl)
+        draft.write_cache(hidden[:, :-1], prompts[:, 1:], torch.arange(P - 1, device=dev), dcache, impl)
     return tcache, dcache, logits[:, 0], hidden[:, -1:]
 
 
@@ -225,8 +226,8 @@ def lockstep_generate(target: TargetLM, draft: MTPHead, prompts: torch.Tensor, m
     impl = resolve_impl(impl, dev, target.embed.dtype, target.config.head_dim,
                         target.config.n_heads // target.config.n_kv_heads)
     stats = LockstepStats(depth=depth, batch=B)
-    tcache, dcache, last, h_last = timed(dev, lambda: _prefill_batch(target, draft, prompts, needed, impl, n_sink,
-                                                                      window), stats.prefill_times_s.append)
+    tcache, dcache, last, h_last = timed(dev, lambda: _prefill_batch(target, draft, prompts, needed, impl),
+                                         stats.prefill_times_s.append)
     x = last.argmax(-1)  # (B,) the first new token of each row, at position P
     rows = [[t] for t in x.tolist()]
     head_start, h_new, next_tokens, n = P - 1, h_last, x[:, None], P  # (B, 1, d), (B, 1)

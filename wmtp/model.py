@@ -20,8 +20,8 @@ the LM head over every position is its largest product (``P x d x V``) and its l
 the normed hidden states at the given positions before the head. Hidden states and caches are
 the full pass's bit for bit; the logits are its rows up to rounding (a product of other row counts
 may take another kernel). Every loop's prefill (wmtp/prefill.py, rows.py, lockstep.py) takes it,
-so a dense run and a speculative one start from the same logits. (The MTP head's prefill, called
-as any draft is, still computes logits at its every position, which nobody reads.)
+so a dense run and a speculative one start from the same logits. (The MTP head's prefill computes
+no logits at all: ``MTPHead.write_cache``, NOTE [Shared draft prefill] in wmtp/prefill.py.)
 """
 
 from __future__ import annotations
@@ -120,17 +120,29 @@ class Attention(StackedWeights):
                 self._freqs[(x.device, acc)] = f
         return f
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache | None, layer: int,
-                n_sink: int | None, window: int | None, impl: str, positions: str = "absolute") -> torch.Tensor:
+    def heads(self, x: torch.Tensor, oi: str):
+        """``x``'s queries ``(B, Hq, L, D)``, keys and values ``(B, Hkv, L, D)``, RoPE's frequencies
+        (``None`` without RoPE) and the log-length scaling's length (``None`` without it)."""
         B, L, _ = x.shape
         c = self.cfg
-        oi = op_impl(impl, x.device)  # the small ops' impl: RoPE's, the scaling's, the cache write's
         q, k, v = project(self, x, oi)  # (B, L, Hq * D), (B, L, Hkv * D) twice
         q = q.view(B, L, c.n_heads, c.head_dim).transpose(1, 2)  # (B, Hq, L, D)
         k = k.view(B, L, c.n_kv_heads, c.head_dim).transpose(1, 2)  # (B, Hkv, L, D)
         v = v.view(B, L, c.n_kv_heads, c.head_dim).transpose(1, 2)  # (B, Hkv, L, D)
         f = self.frequencies(q) if self.rope else None  # (D/2,)
-        T = c.train_seq_len if self.logn_scale else None  # log-length scaling's
+        return q, k, v, f, c.train_seq_len if self.logn_scale else None
+
+    def write(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache, layer: int, impl: str) -> None:
+        """``forward``'s cache write alone, no attention: ``x``'s keys and values into ``cache`` at
+        ``pos`` (a prefill nobody reads the output of: NOTE [Shared draft prefill] in wmtp/prefill.py)."""
+        oi = op_impl(impl, x.device)
+        cache.update_qkv(layer, pos, *self.heads(x, oi), oi)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache | None, layer: int,
+                n_sink: int | None, window: int | None, impl: str, positions: str = "absolute") -> torch.Tensor:
+        B, L, _ = x.shape
+        oi = op_impl(impl, x.device)  # the small ops' impl: RoPE's, the scaling's, the cache write's
+        q, k, v, f, T = self.heads(x, oi)  # T: log-length scaling's
         q_sink = None  # re-indexed positions (wmtp/keyset.py): sinks scored from min(t, n_sink + window - 1)
         reindexed = check_positions(positions) == "reindexed" and window is not None and bool(n_sink)
         if reindexed and f is not None:
@@ -195,6 +207,11 @@ class Block(nn.Module):
         x, h = add_rms_norm(x, a, self.mlp_norm.weight, self.mlp_norm.eps, ni)
         return x, self.mlp(h, ni)
 
+    def write(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache, layer: int, impl: str) -> None:
+        """``step``'s cache write alone (``Attention.write``), for ``x`` with nothing pending."""
+        _, h = add_rms_norm(x, None, self.attn_norm.weight, self.attn_norm.eps, op_impl(impl, x.device))
+        self.attn.write(h, pos, cache, layer, impl)
+
 
 def init_weights(module: nn.Module, generator: torch.Generator, n_layers: int) -> None:
     """Initialise every matrix ``N(0, 0.02)`` (output projections ``/ sqrt(2 n_layers)``), norms to 1."""
@@ -208,7 +225,8 @@ def init_weights(module: nn.Module, generator: torch.Generator, n_layers: int) -
 
 
 class TargetLM(nn.Module):
-    """The target model. ``forward`` returns logits and the final hidden state (before the norm).
+    """The target model. ``forward`` returns logits (at every position, or at ``logits_at``'s: NOTE
+    [Logits at] in wmtp/model.py) and the final hidden state (before the norm).
 
     Args:
         config: model shape.
@@ -290,7 +308,7 @@ class TargetLM(nn.Module):
 
 def check_logits_at(logits_at: torch.Tensor, ids: torch.Tensor) -> None:
     """``TargetLM.forward``'s check of ``logits_at`` against ``ids (B, L)``. The range is checked only
-    on the CPU: on a GPU it would wait for the device (``gather`` still fails there, less clearly)."""
+    on the CPU: on a GPU it would wait for the device (a bad index there is a device-side assert)."""
     B, L = ids.shape
     if (not isinstance(logits_at, torch.Tensor) or logits_at.dim() != 2 or logits_at.shape[0] != B
             or logits_at.dtype not in (torch.int32, torch.int64) or logits_at.device != ids.device):

@@ -92,8 +92,20 @@ class MTPHead(nn.Module):
         if pos is None:
             pos = torch.arange(hidden.shape[1], device=hidden.device)
         ni = op_impl(impl, hidden.device)
-        h, e = self.hidden_norm, self.embed_norm  # [norm(h_t), norm(e_{t+1})]: one kernel on CUDA (wmtp/head_input.py)
-        x = head_input(hidden, next_ids, self.target.embed, h.weight, e.weight, h.eps, e.eps, ni)  # (B, L, 2d)
-        x = linear(x, self.proj, self.zero)  # (B, L, d)
-        g, pending = self.block.step(x, None, pos, cache, 0, n_sink, window, impl, positions)  # (B, L, d) each
+        g, pending = self.block.step(self.inputs(hidden, next_ids, ni), None, pos, cache, 0, n_sink, window, impl,
+                                     positions)  # (B, L, d) each
         return self.target.final(g, pending, ni)  # logits, g = g + pending (NOTE [Pending addition])
+
+    def inputs(self, hidden: torch.Tensor, next_ids: torch.Tensor, ni: str) -> torch.Tensor:
+        """The block's input ``x_t = W [norm(h_t) ; norm(e_{t+1})]`` ``(B, L, d)``; ``ni`` the small ops' impl."""
+        h, e = self.hidden_norm, self.embed_norm  # one kernel on CUDA (wmtp/head_input.py)
+        x = head_input(hidden, next_ids, self.target.embed, h.weight, e.weight, h.eps, e.eps, ni)  # (B, L, 2d)
+        return linear(x, self.proj, self.zero)  # (B, L, d)
+
+    def write_cache(self, hidden: torch.Tensor, next_ids: torch.Tensor, pos: torch.Tensor, cache: KVCache,
+                    impl: str = "auto") -> None:
+        """``forward``'s cache write alone: the keys and values of positions ``pos`` into ``cache``, the
+        same bits as ``forward`` writes with any key set, without its attention, MLP or logits. A
+        prefill takes it (NOTE [Shared draft prefill] in wmtp/prefill.py): a one-block head's keys and
+        values are its input's alone, and nobody reads a prefill's drafts. Arguments as ``forward``'s."""
+        self.block.write(self.inputs(hidden, next_ids, op_impl(impl, hidden.device)), pos, cache, 0, impl)

@@ -10,11 +10,13 @@ ones, below), so one ``Prefill`` serves any number of runs, in any order, with a
 
 NOTE [Shared draft prefill]: the draft head is ONE block, so the keys and values it writes at a
 position are projections of that position's input alone (``x_t`` in wmtp/mtp.py); its attention
-output, the only thing the key set changes, is discarded by the prefill. So the head's prefill
-cache is the same for every ``(n_sink, window)``, and ``prefill_prompt`` fills it with the cheapest
-key set, each position reading only itself (tests/test_prefill.py checks the caches equal). A
-custom draft passed as ``draft`` (a wrapper, a grader's oracle) must write the same cache whatever
-its key set, as one block does: ``prefill_prompt`` cannot check that.
+output, the only thing the key set changes, and everything after it (MLP, logits) are discarded by
+the prefill. So the head's prefill cache is the same for every ``(n_sink, window)``, and every
+prefill (``prefill_prompt``, a generator's own, a batch's in wmtp/rows.py and wmtp/lockstep.py)
+writes it with ``MTPHead.write_cache``: the projections and the cache write alone, no attention, MLP
+or LM head (tests/test_prefill.py checks the caches equal ``forward``'s with every key set). A
+custom draft passed as ``draft`` (a wrapper, a grader's oracle) has a ``write_cache`` too, and must
+write the cache its calls would, whatever their key set: no prefill can check that.
 
 A ``Prefill`` holds the caches of the weights it was made with: change them in place and prefill
 again (a change of dtype or device is refused; a change of values cannot be seen). Each run copies
@@ -99,8 +101,7 @@ def prefill_prompt(target: TargetLM, prompt_ids: torch.Tensor, max_len: int | No
         check_draft(target, draft)
     prompt = prompt_ids.long().clone()  # a copy: the caller may edit theirs in place
     impl = resolve_impl(impl, prompt.device, target.embed.dtype, c.head_dim, c.n_heads // c.n_kv_heads)
-    # NOTE [Shared draft prefill]: the head's positions each read only themselves, key set (0, 1)
-    got = _run_prefill(target, draft, prompt, max_len, impl, True, 0, 1, page_size=page_size)
+    got = _run_prefill(target, draft, prompt, max_len, impl, True, page_size=page_size)
     return Prefill(target, draft, prompt, got.target_cache, got.draft_cache, got.logits.clone(), got.hidden.clone())
 
 
@@ -114,12 +115,12 @@ class Start(NamedTuple):
 
 
 def _run_prefill(target: TargetLM, draft: MTPHead | None, prompt: torch.Tensor, max_len: int, impl: str, checked: bool,
-                 n_sink: int | None, window: int | None, ring: tuple[int, int, int] | None = None,
-                 page_size: int | None = None) -> Start:
-    """The prefill into new caches of ``max_len`` positions: the target over the prompt, then the head
-    (if any) over the prompt's true chain, positions 0..P-2 (not part of any decoding step). With
-    ``ring=(n_sink, window, spare)`` the head's cache is a ring, filled ``spare + 1`` positions a
-    call (NOTE [Ring writes] in wmtp/ringcache.py); with ``page_size`` both caches are paged."""
+                 ring: tuple[int, int, int] | None = None, page_size: int | None = None) -> Start:
+    """The prefill into new caches of ``max_len`` positions: the target over the prompt, then the head's
+    cache write (if a head) over the prompt's true chain, positions 0..P-2 (not part of any decoding
+    step; NOTE [Shared draft prefill]). With ``ring=(n_sink, window, spare)`` the head's cache is a
+    ring, written ``spare + 1`` positions a call (NOTE [Ring writes] in wmtp/ringcache.py); with
+    ``page_size`` both caches are paged."""
     dev, P = prompt.device, prompt.numel()
     tcache = target.new_cache(1, max_len, checked=checked, page_size=page_size)
     last = torch.full((1, 1), P - 1, device=dev)  # NOTE [Logits at] in wmtp/model.py
@@ -131,26 +132,24 @@ def _run_prefill(target: TargetLM, draft: MTPHead | None, prompt: torch.Tensor, 
         step = max(P - 1, 1) if ring is None else ring[2] + 1
         for a in range(0, P - 1, step):  # one call without a ring
             b = min(a + step, P - 1)
-            draft(hidden[:, a:b], prompt[None, a + 1:b + 1], torch.arange(a, b, device=dev), dcache, n_sink, window,
-                  impl)
+            draft.write_cache(hidden[:, a:b], prompt[None, a + 1:b + 1], torch.arange(a, b, device=dev), dcache, impl)
     return Start(tcache, dcache, logits[0, 0], hidden[:, -1:])
 
 
 def start(target: TargetLM, draft: MTPHead | None, prompt_ids: torch.Tensor, *, needed: int, impl: str,
-          checked: bool, prefill: Prefill | None, n_sink: int | None = None, window: int | None = None,
-          ring: tuple[int, int, int] | None = None) -> Start:
+          checked: bool, prefill: Prefill | None, ring: tuple[int, int, int] | None = None) -> Start:
     """A generator's caches and first outputs: its own prefill of ``needed`` positions, or copies (forks
-    of paged ones) of ``prefill``'s caches (``prompt_ids`` already checked, ``impl`` resolved). ``checked``: the caches'
-    range check (off for the static loops, NOTE in wmtp/kvcache.py); ``n_sink, window``: the key set of
-    the draft's own prefill; ``ring=(n_sink, window, spare)``: the draft's cache is a ring
-    (wmtp/ringcache.py), filled by its own prefill or from ``prefill``'s positions it holds.
+    of paged ones) of ``prefill``'s caches (``prompt_ids`` already checked, ``impl`` resolved).
+    ``checked``: the caches' range check (off for the static loops, NOTE in wmtp/kvcache.py);
+    ``ring=(n_sink, window, spare)``: the draft's cache is a ring (wmtp/ringcache.py), filled by its
+    own prefill or from ``prefill``'s positions it holds.
 
     Raises:
         ValueError: for a ``prefill`` of other models (or of these before a dtype or device
             change), another prompt, or too few positions.
     """
     if prefill is None:
-        return _run_prefill(target, draft, prompt_ids, needed, impl, checked, n_sink, window, ring)
+        return _run_prefill(target, draft, prompt_ids, needed, impl, checked, ring)
     if not isinstance(prefill, Prefill):
         raise ValueError(f"prefill must be a wmtp.Prefill from prefill_prompt, got {type(prefill).__name__}")
     if prefill.target is not target or (draft is not None and prefill.draft is not draft):

@@ -47,13 +47,12 @@ def as_rows(prompts) -> list[torch.Tensor]:
 def prefill_rows(target: TargetLM, draft: MTPHead | None, rows: list[torch.Tensor], needed: int, impl: str,
                  checked: bool = True, into: tuple[KVCache, KVCache | None] | None = None):
     """The prompts prefilled as one batch, padded at their ends (NOTE [Padded rows] in wmtp/batched.py):
-    the target over the prompts, then the head (if any) over their true chains, positions
-    ``0 .. P_b - 2``, each position reading only itself (the head's cache is the same for every key
-    set: NOTE [Shared draft prefill] in wmtp/prefill.py). Into new caches of ``needed`` positions
-    (``checked``: their range check, off for the static loops), or into ``into``'s (a row's views:
-    ``admit``). Returns both caches (the head's ``None`` without a head), each row's first new token
-    ``(B,)``, its target hidden state at its last prompt position ``(B, d)`` and the prompts'
-    lengths ``(B,)``."""
+    the target over the prompts, then the head's cache write (if a head) over their true chains,
+    positions ``0 .. P_b - 2`` (NOTE [Shared draft prefill] in wmtp/prefill.py). Into new caches of
+    ``needed`` positions (``checked``: their range check, off for the static loops), or into
+    ``into``'s (a row's views: ``admit``). Returns both caches (the head's ``None`` without a head),
+    each row's first new token ``(B,)``, its target hidden state at its last prompt position
+    ``(B, d)`` and the prompts' lengths ``(B,)``."""
     B, dev = len(rows), rows[0].device
     lengths = torch.tensor([r.numel() for r in rows], device=dev)  # (B,)
     P = int(lengths.max())
@@ -67,7 +66,7 @@ def prefill_rows(target: TargetLM, draft: MTPHead | None, rows: list[torch.Tenso
     last = (lengths - 1)[:, None]  # (B, 1) each row's last prompt position
     logits, hidden = target(ids, torch.arange(P, device=dev), tcache, impl, last)  # (B, 1, V), (B, P, d)
     if draft is not None and P > 1:  # the head's true chains, positions 0 .. P_b - 2 (and padding past them)
-        draft(hidden[:, :-1], ids[:, 1:], torch.arange(P - 1, device=dev), dcache, 0, 1, impl)  # key set: itself
+        draft.write_cache(hidden[:, :-1], ids[:, 1:], torch.arange(P - 1, device=dev), dcache, impl)
     x = logits[:, 0].argmax(-1)  # (B,)
     h = hidden.gather(1, last[:, :, None].expand(-1, -1, hidden.shape[-1]))[:, 0]  # (B, d)
     return tcache, dcache, x, h, lengths

@@ -184,8 +184,7 @@ def _speculative(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max
     stats = SpecStats(depth=K)
     # the extend's rows reach n_prev + K <= n - 1 + K, below the verify pass's n + K: `needed` holds both
     tcache, dcache, last_logits, last_hidden = start(  # the prefill, as the eager loop's
-        target, draft, prompt_ids, needed=needed, impl=impl, checked=False, prefill=prefill, n_sink=n_sink,
-        window=window, ring=ring)
+        target, draft, prompt_ids, needed=needed, impl=impl, checked=False, prefill=prefill, ring=ring)
     stats.draft_kv_bytes = getattr(dcache, "nbytes", 0)
     P = prompt_ids.numel()
     x = last_logits.argmax()

@@ -122,8 +122,8 @@ def _lockstep(target: TargetLM, draft: MTPHead, prompts: torch.Tensor, max_new_t
     impl = _impl(target, impl, dev)
     graph = use_graph(cuda_graph, dev, impl)
     stats = LockstepStats(depth=K, batch=B)
-    tcache, dcache, last, h_last = timed(dev, lambda: _prefill_batch(target, draft, prompts, needed, impl, n_sink,
-                                                                      window, checked=False),
+    tcache, dcache, last, h_last = timed(dev, lambda: _prefill_batch(target, draft, prompts, needed, impl,
+                                                                      checked=False),
                                          stats.prefill_times_s.append)
     x = last.argmax(-1)  # (B,) each row's first new token, at position P
     rows_out = [[t] for t in x.tolist()]
