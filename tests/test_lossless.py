@@ -129,6 +129,33 @@ def test_a_draft_head_of_another_target_config_is_a_value_error(models):
         wmtp.speculative_generate(target, wmtp.MTPHead(head.config, wide).double(), random_prompt(5), 4, 2)
 
 
+class CallOnly:
+    """A draft with the head's call and ``new_cache`` but no ``write_cache`` (the prefill's)."""
+
+    def __init__(self, head):
+        self.head = head
+
+    def new_cache(self, *args, **kwargs):
+        return self.head.new_cache(*args, **kwargs)
+
+    def __call__(self, *args):
+        return self.head(*args)
+
+
+@pytest.mark.parametrize("run", ["speculative", "lockstep", "prefill"])
+def test_a_draft_without_write_cache_is_a_value_error_before_any_prefill(models, run, monkeypatch):
+    """The draft protocol (NOTE [Shared draft prefill] in wmtp/prefill.py), checked up front."""
+    target, head = models
+    monkeypatch.setattr(target, "forward", lambda *a, **k: pytest.fail("prefilled before refusing"))
+    calls = {"speculative": lambda d: wmtp.speculative_generate(target, d, random_prompt(5), 4, 2),
+             "lockstep": lambda d: wmtp.lockstep_generate(target, d, random_prompt(5)[None], 4, 2),
+             "prefill": lambda d: wmtp.prefill_prompt(target, random_prompt(5), 16, draft=d)}
+    with pytest.raises(ValueError, match="CallOnly has no write_cache$"):
+        calls[run](CallOnly(head))
+    with pytest.raises(ValueError, match="object has no __call__, new_cache, write_cache$"):
+        calls[run](object())
+
+
 def test_any_integer_dtype_of_prompt_decodes_as_int64(models):
     target, head = models
     prompt = random_prompt(9) % 120  # ids that fit int8

@@ -46,7 +46,12 @@ def check_request(target: TargetLM, prompt_ids: torch.Tensor, max_new_tokens: in
 
 
 def check_draft(target: TargetLM, draft: MTPHead) -> None:
-    """A draft head built on a target of another config is refused (a wrapper without ``target`` passes)."""
+    """A draft is an ``MTPHead`` or anything with its call, ``new_cache`` and ``write_cache`` (a wrapper,
+    an oracle); one built on a target of another config is refused (a wrapper without ``target`` passes)."""
+    missing = [name for name in ("__call__", "new_cache", "write_cache") if not callable(getattr(draft, name, None))]
+    if missing:
+        raise ValueError(f"a draft needs MTPHead's call, new_cache and write_cache; {type(draft).__name__} has no "
+                         f"{', '.join(missing)}")
     if getattr(getattr(draft, "target", None), "config", target.config) != target.config:
         raise ValueError("the draft head was built for a target of another config; build it on this target")
 
