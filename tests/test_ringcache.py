@@ -87,6 +87,38 @@ def test_bad_rings_and_writes_raise():
     assert not torch.equal(r2.k, r.k)  # a copy owns its rows
 
 
+@pytest.mark.parametrize("P, kept", [(3, [0, 1]), (9, [0, 1, 2, 3, 4, 5, 6, 7]), (30, [0, 1, *range(21, 29)])])
+def test_a_ring_prefill_writes_only_the_positions_it_keeps(models, P, kept):
+    """``RingKVCache.kept`` (2 sinks, a window of 5, 3 spare slots: the sinks and the last 8 of the
+    chain's ``P - 1`` positions), and the ring a prefill leaves is one written at every position, 4 a
+    call (to float64 rounding: the projections' row counts differ): every slot's last write is kept."""
+    from wmtp.prefill import _run_prefill
+
+    target, head = models
+    assert [p for span in ring(2, 5, 3).kept(P - 1) for p in span] == kept
+    written = []
+
+    class Spy:
+        def new_cache(self, *args, **kwargs):
+            return head.new_cache(*args, **kwargs)
+
+        def write_cache(self, hidden, next_ids, pos, cache, impl):
+            written.extend(pos.tolist())
+            head.write_cache(hidden, next_ids, pos, cache, impl)
+
+    prompt = random_prompt(P, seed=P)
+    got = _run_prefill(target, Spy(), prompt, 40, "torch", True, ring=(2, 5, 3))
+    assert sorted(written) == kept
+    every = head.new_cache(1, 40, ring=(2, 5, 3))
+    hidden = target(prompt[None], torch.arange(P), target.new_cache(1, 40))[1]  # (1, P, d): the prefill's
+    for a in range(0, P - 1, 4):
+        b = min(a + 4, P - 1)
+        head.write_cache(hidden[:, a:b], prompt[None, a + 1:b + 1], torch.arange(a, b), every, "torch")
+    for mine, theirs in ((got.draft_cache.k, every.k), (got.draft_cache.v, every.v)):  # products of other row counts
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-12)
+        assert torch.equal(mine == 0, theirs == 0)  # the same slots written
+
+
 def drafts_through_the_protocol(head, cache, hidden, tokens, steps, n_sink, window, chunk, impl="torch"):
     """The head driven as decode.py drives it: a prefill of the prompt's true chain, written in calls of
     ``chunk`` positions (``write_cache``), then per step (accepted a, depth k) an extend over the

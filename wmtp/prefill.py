@@ -119,8 +119,8 @@ def _run_prefill(target: TargetLM, draft: MTPHead | None, prompt: torch.Tensor, 
     """The prefill into new caches of ``max_len`` positions: the target over the prompt, then the head's
     cache write (if a head) over the prompt's true chain, positions 0..P-2 (not part of any decoding
     step; NOTE [Shared draft prefill]). With ``ring=(n_sink, window, spare)`` the head's cache is a
-    ring, written ``spare + 1`` positions a call (NOTE [Ring writes] in wmtp/ringcache.py); with
-    ``page_size`` both caches are paged."""
+    ring, written only at the positions it keeps (``RingKVCache.kept``), ``spare + 1`` a call (NOTE
+    [Ring writes] in wmtp/ringcache.py); with ``page_size`` both caches are paged."""
     dev, P = prompt.device, prompt.numel()
     tcache = target.new_cache(1, max_len, checked=checked, page_size=page_size)
     last = torch.full((1, 1), P - 1, device=dev)  # NOTE [Logits at] in wmtp/model.py
@@ -129,10 +129,12 @@ def _run_prefill(target: TargetLM, draft: MTPHead | None, prompt: torch.Tensor, 
     if draft is not None:
         layout = {"ring": ring} if ring is not None else {"page_size": page_size} if page_size is not None else {}
         dcache = draft.new_cache(1, max_len, checked=checked, **layout)  # a draft wrapper may take neither
-        step = max(P - 1, 1) if ring is None else ring[2] + 1
-        for a in range(0, P - 1, step):  # one call without a ring
-            b = min(a + step, P - 1)
-            draft.write_cache(hidden[:, a:b], prompt[None, a + 1:b + 1], torch.arange(a, b, device=dev), dcache, impl)
+        spans, step = ([range(P - 1)], P) if ring is None else (dcache.kept(P - 1), ring[2] + 1)  # a ring: what stays
+        for span in spans:
+            for a in range(span.start, span.stop, step):  # one call without a ring
+                b = min(a + step, span.stop)
+                draft.write_cache(hidden[:, a:b], prompt[None, a + 1:b + 1], torch.arange(a, b, device=dev), dcache,
+                                  impl)
     return Start(tcache, dcache, logits[0, 0], hidden[:, -1:])
 
 

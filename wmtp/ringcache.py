@@ -77,12 +77,17 @@ class RingKVCache(SeparateWrites):  # update_qkv: the separate ops, then update
         new.k, new.v = self.k.clone(), self.v.clone()
         return new
 
+    def kept(self, length: int) -> tuple[range, range]:
+        """The positions writing ``0 .. length-1`` one by one leaves in the ring: the sinks and the last
+        ``window + spare`` (each slot's last write; a prefill writes only these)."""
+        sinks = min(self.n_sink, length)
+        return range(sinks), range(max(sinks, length - self.window - self.spare), length)
+
     def fill_from(self, cache, length: int) -> None:
         """Hold what writing positions ``0 .. length-1`` of ``cache`` (a ``KVCache`` or ``PagedKVCache`` of
-        the same layers and heads) one by one would leave: the sinks and the last ``window + spare`` positions."""
-        sinks = min(self.n_sink, length)
-        first = max(sinks, length - self.window - self.spare)
-        keep = torch.cat([torch.arange(sinks), torch.arange(first, length)]).to(self.k.device)  # (kept,)
+        the same layers and heads) one by one would leave (``kept``)."""
+        keep = torch.tensor([p for span in self.kept(length) for p in span], dtype=torch.long,
+                            device=self.k.device)  # (kept,)
         if keep.numel():
             rows = self.block_table[:, keep].long().flatten()  # (B * kept,) batch-major
             Hkv, D = self.k.shape[-2:]
