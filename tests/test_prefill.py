@@ -9,6 +9,7 @@ import copy
 import pytest
 import torch
 from decode_harness import V, random_prompt, same_counts
+from op_impls import DEVICE, IMPLS
 
 import wmtp
 from wmtp.grading import harness_models
@@ -71,6 +72,32 @@ def test_the_draft_prefill_cache_is_the_same_for_every_key_set(models, P):
         assert torch.equal(pre.draft_cache.k, dcache.k) and torch.equal(pre.draft_cache.v, dcache.v), (n_sink, window)
     written = pre.draft_cache.k[:, :, :, : P - 1]  # (1, 1, Hkv, P-1, D)
     assert (written.abs().sum(-1) > 0).all() and not pre.draft_cache.k[:, :, :, P - 1:].any()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("per_row", [False, True])
+@pytest.mark.parametrize("layout", [{}, {"page_size": 4}, {"ring": (2, 5, 3)}])
+@torch.no_grad()
+def test_write_cache_writes_the_bits_forward_writes(models, layout, per_row, impl):
+    """``MTPHead.write_cache`` (the prefill's) against ``forward`` under every key set the cache takes:
+    the same keys and values bit for bit, in a contiguous, a paged and a ring cache, at positions
+    ``(L,)`` or ``(B, L)`` (each row's own), calls of 4 positions (a ring's spare + 1)."""
+    target, head = (m.to(DEVICE) for m in copy.deepcopy(models))  # one copy of both: the head shares the embedding
+    B, d = 2, target.config.d_model
+    g = torch.Generator().manual_seed(7)
+    hidden = torch.randn(B, 12, d, generator=g, dtype=torch.float64).to(DEVICE)  # (B, 12, d)
+    ids = torch.randint(0, V, (B, 12), generator=g).to(DEVICE)  # (B, 12)
+    keysets = [(2, 5), (0, 1)] + ([] if "ring" in layout else [(None, None), (1, 3)])
+    for n_sink, window in keysets:
+        by_forward, by_write = (head.new_cache(B, 32, **layout) for _ in range(2))
+        for a in range(0, 12, 4):
+            pos = torch.arange(a, a + 4, device=DEVICE)  # (4,)
+            if per_row:
+                pos = torch.stack([pos, pos + 9])  # (B, 4): row 1 nine positions on
+            head(hidden[:, a:a + 4], ids[:, a:a + 4], pos, by_forward, n_sink, window, impl)
+            head.write_cache(hidden[:, a:a + 4], ids[:, a:a + 4], pos, by_write, impl)
+        assert by_write.k.abs().sum() > 0
+        assert torch.equal(by_write.k, by_forward.k) and torch.equal(by_write.v, by_forward.v), (n_sink, window)
 
 
 @pytest.mark.parametrize("depth", [1, 3, 8])

@@ -45,6 +45,7 @@ from .model import TargetLM
 from .mtp import MTPHead
 from .pagedcache import PagedKVCache
 from .request import check_draft, check_request
+from .ringcache import ring_kept
 
 __all__ = ["Prefill", "prefill_prompt"]
 
@@ -89,7 +90,8 @@ def prefill_prompt(target: TargetLM, prompt_ids: torch.Tensor, max_len: int | No
     Raises:
         ValueError: for a prompt that is not a non-empty 1-D integer tensor of ids in the
             vocabulary, a ``max_len`` shorter than the prompt or longer than the target's
-            ``max_seq_len``, a ``page_size`` below 1, or a head built on another target.
+            ``max_seq_len``, a ``page_size`` below 1, a head built on another target, or a ``draft``
+            without a head's call, ``new_cache`` and ``write_cache``.
     """
     check_request(target, prompt_ids, 0, extra=0, eos_id=None)
     c = target.config
@@ -129,7 +131,7 @@ def _run_prefill(target: TargetLM, draft: MTPHead | None, prompt: torch.Tensor, 
     if draft is not None:
         layout = {"ring": ring} if ring is not None else {"page_size": page_size} if page_size is not None else {}
         dcache = draft.new_cache(1, max_len, checked=checked, **layout)  # a draft wrapper may take neither
-        spans, step = ([range(P - 1)], P) if ring is None else (dcache.kept(P - 1), ring[2] + 1)  # a ring: what stays
+        spans, step = ([range(P - 1)], P) if ring is None else (ring_kept(P - 1, *ring), ring[2] + 1)  # what stays
         for span in spans:
             for a in range(span.start, span.stop, step):  # one call without a ring
                 b = min(a + step, span.stop)

@@ -27,7 +27,14 @@ from .attention import paged_attention
 from .keyset import check_key_set_args
 from .kvcache import SeparateWrites, check_impl, check_write, ring_slot
 
-__all__ = ["RingKVCache"]
+__all__ = ["RingKVCache", "ring_kept"]
+
+
+def ring_kept(length: int, n_sink: int | None, window: int, spare: int) -> tuple[range, range]:
+    """The positions writing ``0 .. length-1`` one by one leaves in a ring of ``(n_sink, window, spare)``:
+    the sinks and the last ``window + spare`` (each slot's last write; a prefill writes only these)."""
+    sinks = min(n_sink or 0, length)
+    return range(sinks), range(max(sinks, length - window - spare), length)
 
 
 class RingKVCache(SeparateWrites):  # update_qkv: the separate ops, then update
@@ -78,10 +85,8 @@ class RingKVCache(SeparateWrites):  # update_qkv: the separate ops, then update
         return new
 
     def kept(self, length: int) -> tuple[range, range]:
-        """The positions writing ``0 .. length-1`` one by one leaves in the ring: the sinks and the last
-        ``window + spare`` (each slot's last write; a prefill writes only these)."""
-        sinks = min(self.n_sink, length)
-        return range(sinks), range(max(sinks, length - self.window - self.spare), length)
+        """``ring_kept`` of this ring's key set and spare slots."""
+        return ring_kept(length, self.n_sink, self.window, self.spare)
 
     def fill_from(self, cache, length: int) -> None:
         """Hold what writing positions ``0 .. length-1`` of ``cache`` (a ``KVCache`` or ``PagedKVCache`` of
