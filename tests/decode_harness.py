@@ -97,9 +97,9 @@ class InputOracle:
     true ones (the next token ``seq[b, t + 1]``; for a step's first call, the target's hidden state
     at ``t``) is wrong too. A fixed depth ``K`` makes the calls an extend and ``K - 1`` recursive
     drafts a step, so a call's index in its step is its count modulo ``K`` (the prompts' chains are
-    ``write_cache``'s, no call). Every column at position ``t`` of call index ``i`` is scripted as a draft of the
-    step at ``n = t + 1 - i``: the extend's last real column gets its row's first draft, padded
-    columns something the loop never reads."""
+    ``write_cache``'s, no call). Every column at position ``t`` of call index ``i`` is scripted as a
+    draft of the step at ``n = t + 1 - i``: the extend's last real column gets its row's first
+    draft, padded columns something the loop never reads."""
 
     def __init__(self, target, head, prompts, depth, new, j=None):
         want = [wmtp.greedy_generate(target, p, new + depth + 2, impl="torch") for p in prompts]
