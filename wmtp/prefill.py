@@ -121,7 +121,7 @@ def _run_prefill(target: TargetLM, draft: MTPHead | None, prompt: torch.Tensor, 
     """The prefill into new caches of ``max_len`` positions: the target over the prompt, then the head's
     cache write (if a head) over the prompt's true chain, positions 0..P-2 (not part of any decoding
     step; NOTE [Shared draft prefill]). With ``ring=(n_sink, window, spare)`` the head's cache is a
-    ring, written only at the positions it keeps (``RingKVCache.kept``), ``spare + 1`` a call (NOTE
+    ring, written only at the positions it keeps (``ring_kept``), ``spare + 1`` a call (NOTE
     [Ring writes] in wmtp/ringcache.py); with ``page_size`` both caches are paged."""
     dev, P = prompt.device, prompt.numel()
     tcache = target.new_cache(1, max_len, checked=checked, page_size=page_size)
