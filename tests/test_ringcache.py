@@ -7,7 +7,7 @@ import torch
 from decode_harness import V, random_prompt, same_counts
 
 import wmtp
-from wmtp import grading, request
+from wmtp import grading
 from wmtp.grading import harness_models
 from wmtp.kvcache import KVCache, ring_slot
 from wmtp.ringcache import RingKVCache
@@ -73,11 +73,14 @@ def test_bad_rings_and_writes_raise():
     with pytest.raises(ValueError, match="spare"):
         ring(2, 6, -1)
     r = ring(2, 6, 3)
-    k = torch.zeros(1, 2, 5, 4, dtype=torch.float64)
-    with pytest.raises(ValueError, match="at most 4 positions a write"):
-        r.update(0, torch.arange(5), k, k)
+    k = torch.zeros(1, 2, 12, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match="at most 11 positions a write"):  # 11 slots
+        r.update(0, torch.arange(12), k, k)
+    r.update(0, torch.arange(11), k[:, :, :11], k[:, :, :11])  # a write alone: one position a slot
     with pytest.raises(ValueError, match="do not fit"):
         r.update(0, torch.tensor([64]), k[:, :, :1], k[:, :, :1])
+    with pytest.raises(ValueError, match="at most 4 queries a call"):  # spare + 1: they read after their writes
+        r.attend(0, torch.zeros(1, 2, 5, 4, dtype=torch.float64), torch.arange(6, 11), 2, 6, "torch")
     q = torch.zeros(1, 2, 1, 4, dtype=torch.float64)
     for n_sink, window in [(3, 6), (2, 7), (0, None)]:
         with pytest.raises(ValueError, match="needs more"):
@@ -90,13 +93,14 @@ def test_bad_rings_and_writes_raise():
 @pytest.mark.parametrize("P, kept", [(3, [0, 1]), (9, [0, 1, 2, 3, 4, 5, 6, 7]), (30, [0, 1, *range(21, 29)])])
 def test_a_ring_prefill_writes_only_the_positions_it_keeps(models, P, kept):
     """``RingKVCache.kept`` (2 sinks, a window of 5, 3 spare slots: the sinks and the last 8 of the
-    chain's ``P - 1`` positions), and the ring a prefill leaves is one written at every position, 4 a
-    call (to float64 rounding: the projections' row counts differ): every slot's last write is kept."""
+    chain's ``P - 1`` positions), written one call a span, and the ring a prefill leaves is one written
+    at every position, 4 a call (to float64 rounding: the projections' row counts differ): every
+    slot's last write is kept."""
     from wmtp.prefill import _run_prefill
 
     target, head = models
     assert [p for span in ring(2, 5, 3).kept(P - 1) for p in span] == kept
-    written = []
+    written, calls = [], []
 
     class Spy:
         def new_cache(self, *args, **kwargs):
@@ -104,11 +108,12 @@ def test_a_ring_prefill_writes_only_the_positions_it_keeps(models, P, kept):
 
         def write_cache(self, hidden, next_ids, pos, cache, impl):
             written.extend(pos.tolist())
+            calls.append(pos.numel())
             head.write_cache(hidden, next_ids, pos, cache, impl)
 
     prompt = random_prompt(P, seed=P)
     got = _run_prefill(target, Spy(), prompt, 40, "torch", True, ring=(2, 5, 3))
-    assert sorted(written) == kept
+    assert sorted(written) == kept and calls == [n for n in (min(P - 1, 2), len(kept) - 2) if n > 0]
     every = head.new_cache(1, 40, ring=(2, 5, 3))
     hidden = target(prompt[None], torch.arange(P), target.new_cache(1, 40))[1]  # (1, P, d): the prefill's
     for a in range(0, P - 1, 4):
@@ -161,14 +166,14 @@ def test_the_head_reads_the_same_keys_from_a_ring(models, n_sink, window, depth)
         torch.testing.assert_close(b, a, rtol=0, atol=1e-12, msg=f"call {i}")
 
 
-@pytest.mark.parametrize("ring_prefill", [1, request.RING_PREFILL])
 @pytest.mark.parametrize("n_sink,window", WINDOWED)
-def test_decoding_with_a_ring_is_lossless(models, monkeypatch, ring_prefill, n_sink, window):
+def test_decoding_with_a_ring_is_lossless(models, n_sink, window):
     """Greedy and gumbel-sampled decoding with the ring equal dense decoding and the full-cache run
-    (same accepts), for the random head and an oracle right for 2 tokens a step; RING_PREFILL 1
-    makes the ring's spare the depth, so a 60-token run wraps it."""
-    monkeypatch.setattr(request, "RING_PREFILL", ring_prefill)
+    (same accepts), for the random head and an oracle right for 2 tokens a step; the ring holds
+    ``n_sink + window + depth`` slots, so a 60-token run wraps it."""
     target, head = models
+    c = target.config
+    slot_bytes = 2 * c.n_kv_heads * c.head_dim * head.proj.element_size()  # K and V of a slot
     prompt = random_prompt(21, seed=window)
     ref = wmtp.greedy_generate(target, prompt, 60)
     seq = torch.cat([prompt, ref, torch.zeros(10, dtype=torch.long)])
@@ -179,7 +184,7 @@ def test_decoding_with_a_ring_is_lossless(models, monkeypatch, ring_prefill, n_s
                                                    draft_cache="ring")
             assert torch.equal(out, ref) and torch.equal(full, ref)
             same_counts(stats, full_stats)
-            assert stats.draft_kv_bytes < full_stats.draft_kv_bytes or ring_prefill > 1
+            assert stats.draft_kv_bytes == (n_sink + window + depth) * slot_bytes < full_stats.draft_kv_bytes
     sampled = wmtp.sample_generate(target, prompt, 40, 0.9, seed=2)
     out, _ = wmtp.speculative_sample(target, head, prompt, 40, 3, n_sink, window, temperature=0.9, seed=2,
                                      method="gumbel", draft_cache="ring")
@@ -206,11 +211,10 @@ class Recorder:
 
 @pytest.mark.parametrize("n_sink,window", WINDOWED)
 @pytest.mark.parametrize("depth", [1, 3, 8])
-def test_the_static_loop_reads_the_same_keys_from_a_ring(models, monkeypatch, n_sink, window, depth):
+def test_the_static_loop_reads_the_same_keys_from_a_ring(models, n_sink, window, depth):
     """The device-resident loop's extend writes depth + 1 rows a step, most of them speculative: with
     a ring of depth spare slots its head calls get the full cache's logits (1e-12), and the tokens
     are dense decoding's."""
-    monkeypatch.setattr(request, "RING_PREFILL", 1)
     target, head = models
     prompt = random_prompt(21, seed=depth)
     ref = wmtp.greedy_generate(target, prompt, 50)
@@ -229,8 +233,7 @@ def test_the_static_loop_reads_the_same_keys_from_a_ring(models, monkeypatch, n_
         torch.testing.assert_close(b, a, rtol=0, atol=1e-12, msg=f"call {i}")
 
 
-def test_a_shared_prefill_fills_the_ring(models, monkeypatch):
-    monkeypatch.setattr(request, "RING_PREFILL", 1)
+def test_a_shared_prefill_fills_the_ring(models):
     target, head = models
     prompt = random_prompt(30, seed=4)
     pre = wmtp.prefill_prompt(target, prompt, 80, draft=head)
@@ -252,10 +255,9 @@ def test_bad_draft_caches_raise(models, kwargs, match):
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("impl", ["torch", "triton"])
-def test_cuda_ring_is_lossless(models, monkeypatch, impl):
+def test_cuda_ring_is_lossless(models, impl):
     import copy
 
-    monkeypatch.setattr(request, "RING_PREFILL", 1)
     target, head = (m.to("cuda") for m in copy.deepcopy(models))
     prompt = random_prompt(21, seed=3).cuda()
     ref = wmtp.greedy_generate(target, prompt, 50, impl=impl)

@@ -232,6 +232,8 @@ fig.tight_layout()
 #   slots are rewritten by the accepted tokens before any query reads them.
 # - `wmtp.ring_slot` is in `wmtp/kvcache.py`, and decoding uses it: `speculative_generate(...,
 #   draft_cache="ring")` keeps the draft's KV in such a ring (`wmtp/ringcache.py`: the slots are one-row
-#   pages, read through a block table built by this function), with `max(depth, 255)` spare slots so the
-#   prompt's prefill can write 256 positions a call. On an H200 at 1048576 tokens the draft KV of the
-#   64 + 4096 arm takes 8.6 MiB instead of 2048 MiB (`metrics/experiments/ring-h200-exp18.json`).
+#   pages, read through a block table built by this function), with `depth` spare slots. The prompt's
+#   prefill only writes (no query reads), so it writes the positions the ring keeps, one call for the
+#   sinks and one for the last `window + depth`. On an H200 at 1048576 tokens the draft KV of the
+#   64 + 4096 arm took 8.6 MiB instead of 2048 MiB (`metrics/experiments/ring-h200-exp18.json`, when
+#   the ring kept 255 spare slots; with `depth` 7 spare slots it is 8.1 MiB).

@@ -206,7 +206,7 @@ def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Ten
         prefill: ``prefill_prompt`` of this prompt with this target and head: start from copies
             of its caches (any key set: NOTE [Shared draft prefill] in wmtp/prefill.py).
         draft_cache: ``"full"`` (the draft's KV at every position) or ``"ring"``: only the
-            ``n_sink + window + max(depth, 255)`` slots its key set can read (wmtp/ringcache.py;
+            ``n_sink + window + depth`` slots its key set can read (wmtp/ringcache.py;
             a windowed draft only). The output is the same either way.
         positions: the draft keys' RoPE positions: ``"absolute"`` (the paper's) or ``"reindexed"``
             (StreamingLLM's, inside the key set: wmtp/keyset.py). Drafts, and so acceptance, may

@@ -121,8 +121,8 @@ def _run_prefill(target: TargetLM, draft: MTPHead | None, prompt: torch.Tensor, 
     """The prefill into new caches of ``max_len`` positions: the target over the prompt, then the head's
     cache write (if a head) over the prompt's true chain, positions 0..P-2 (not part of any decoding
     step; NOTE [Shared draft prefill]). With ``ring=(n_sink, window, spare)`` the head's cache is a
-    ring, written only at the positions it keeps (``ring_kept``), ``spare + 1`` a call (NOTE
-    [Ring writes] in wmtp/ringcache.py); with ``page_size`` both caches are paged."""
+    ring, written only at the positions it keeps (``ring_kept``; a write reads nothing, so one call a
+    span: NOTE [Ring writes] in wmtp/ringcache.py); with ``page_size`` both caches are paged."""
     dev, P = prompt.device, prompt.numel()
     tcache = target.new_cache(1, max_len, checked=checked, page_size=page_size)
     last = torch.full((1, 1), P - 1, device=dev)  # NOTE [Logits at] in wmtp/model.py
@@ -131,10 +131,9 @@ def _run_prefill(target: TargetLM, draft: MTPHead | None, prompt: torch.Tensor, 
     if draft is not None:
         layout = {"ring": ring} if ring is not None else {"page_size": page_size} if page_size is not None else {}
         dcache = draft.new_cache(1, max_len, checked=checked, **layout)  # a draft wrapper may take neither
-        spans, step = ([range(P - 1)], P) if ring is None else (ring_kept(P - 1, *ring), ring[2] + 1)  # what stays
-        for span in spans:
-            for a in range(span.start, span.stop, step):  # one call without a ring
-                b = min(a + step, span.stop)
+        for span in [range(P - 1)] if ring is None else ring_kept(P - 1, *ring):  # what stays, a call each
+            a, b = span.start, span.stop
+            if b > a:
                 draft.write_cache(hidden[:, a:b], prompt[None, a + 1:b + 1], torch.arange(a, b, device=dev), dcache,
                                   impl)
     return Start(tcache, dcache, logits[0, 0], hidden[:, -1:])

@@ -20,7 +20,6 @@ from .policy import check_gate
 __all__ = ["check_draft", "check_request", "check_spec_request", "draft_ring", "spec_extra", "with_positions"]
 
 DRAFT_CACHES = ("full", "ring")  # the draft's KV: every position, or a ring of its key set (wmtp/ringcache.py)
-RING_PREFILL = 256  # positions a ring's prefill writes a call: its spare slots are at least this minus one
 
 
 def check_request(target: TargetLM, prompt_ids: torch.Tensor, max_new_tokens: int, extra: int,
@@ -94,7 +93,7 @@ def draft_ring(draft_cache: str, n_sink: int | None, window: int | None, depth: 
     if gate is not None:
         raise ValueError(f"draft_cache='ring' keeps a window of keys; a draft gated at {gate} reads every key while "
                          "the context is at most that (use draft_cache='full')")
-    return n_sink or 0, window, max(depth, RING_PREFILL - 1)
+    return n_sink or 0, window, depth  # a step writes at most depth positions past a query (NOTE [Ring writes])
 
 
 def with_positions(draft: MTPHead, positions: str) -> MTPHead:

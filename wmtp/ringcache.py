@@ -10,13 +10,15 @@ in place (the Triton kernel) or gathers only the key set's ranges (the reference
 ``PagedView``, wmtp/attention/paged.py): a draft query never sees the ring's layout.
 
 NOTE [Ring writes]: ``ring_slot``'s no-evicted-read argument holds when at most ``spare``
-positions past a query have been written before it reads. Within one ``update`` the rows are
-written before any of the call's queries read, so a call may write at most ``spare + 1``
-positions (``update`` refuses more); a speculative step writes at most ``depth + 1`` (the
-extend) and the prompt's prefill is cut into calls of ``spare + 1`` positions
-(wmtp/prefill.py). Queries read only through ``attend``, whose key set must fit the ring:
-a window of at most ``window`` keys, no more than ``n_sink`` sinks (``window=None``, the
-native draft's full set, cannot).
+positions past a query have been written before it reads. A call's queries read after the call
+has written their positions, so ``attend`` takes at most ``spare + 1`` queries a call (a
+speculative step's extend: ``depth + 1``, with ``spare = depth``; ``attend`` refuses more). A write
+alone reads nothing, so ``update`` only needs one position a slot: it takes at most ``slots``
+positions a call, which must fall in distinct slots (consecutive ones do, up to ``window + spare``
+of them past the sinks, and so do ``ring_kept``'s), and the prompt's prefill writes the positions
+the ring keeps in one call a span (wmtp/prefill.py). Queries read only through ``attend``, whose
+key set must fit the ring: a window of at most ``window`` keys, no more than ``n_sink`` sinks
+(``window=None``, the native draft's full set, cannot).
 """
 
 from __future__ import annotations
@@ -108,15 +110,16 @@ class RingKVCache(SeparateWrites):  # update_qkv: the separate ops, then update
 
         Raises:
             ValueError: for a layer outside the cache, positions that are not a non-empty ``(L,)`` or
-                ``(B, L)`` integer tensor, more than ``spare + 1`` of them a row (NOTE [Ring writes]), or
+                ``(B, L)`` integer tensor, more of them a row than the ring has slots (NOTE [Ring writes]:
+                positions of one call must fall in distinct slots; only their count is checked), or
                 (when ``checked``) positions outside ``[0, max_len)``; ``k, v`` of another shape.
         """
         n_layers, _, _, Hkv, D = self.k.shape
         check_write(layer, pos, k, v, (n_layers, self.block_table.shape[0], Hkv, D),
                     self.max_len if self.checked else None)
         check_impl(impl)
-        if pos.shape[-1] > self.spare + 1:
-            raise ValueError(f"a ring of {self.spare} spare slots takes at most {self.spare + 1} positions a write, "
+        if pos.shape[-1] > self.slots:
+            raise ValueError(f"a ring of {self.slots} slots takes at most {self.slots} positions a write, "
                              f"got {pos.shape[-1]} (NOTE [Ring writes] in wmtp/ringcache.py)")
         pos = pos.long().to(self.block_table.device)
         table = self.block_table.gather(1, pos) if pos.dim() == 2 else self.block_table[:, pos]  # (B, L)
@@ -130,9 +133,13 @@ class RingKVCache(SeparateWrites):  # update_qkv: the separate ops, then update
         (``q_sink``: the queries that score the sinks, re-indexed positions).
 
         Raises:
-            ValueError: for a key set the ring does not hold (more sinks, a longer window, or none).
+            ValueError: for a key set the ring does not hold (more sinks, a longer window, or none), or
+                more than ``spare + 1`` queries (NOTE [Ring writes]: the call wrote theirs before they read).
         """
         check_key_set_args(n_sink, window)
+        if q.shape[2] > self.spare + 1:
+            raise ValueError(f"a ring of {self.spare} spare slots takes at most {self.spare + 1} queries a call, "
+                             f"got {q.shape[2]} (NOTE [Ring writes] in wmtp/ringcache.py)")
         if window is None or window > self.window or (n_sink or 0) > self.n_sink:
             raise ValueError(f"this ring holds {self.n_sink} sinks and a window of {self.window} keys; "
                              f"the key set ({n_sink}, {window}) needs more")
