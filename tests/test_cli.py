@@ -354,7 +354,7 @@ def test_bench_decode_writes_lossless_rows(capsys, wikitext_dir, tmp_path, monke
         assert ring["mean_accept_length"] == full["mean_accept_length"] and ring["steps"] == full["steps"]
         positions = r["context"] + 9 + 3  # the prefill's cache: the context, the new tokens, the depth
         assert full["draft_kv_bytes"] == 2 * 2 * positions * 16 * 8  # K, V; 2 kv heads; a row a position; D 16; fp64
-        assert ring["draft_kv_bytes"] == 2 * 2 * min(positions, 4 + 16 + 255) * 16 * 8  # the ring's slots
+        assert ring["draft_kv_bytes"] == 2 * 2 * min(positions, 4 + 16 + 3) * 16 * 8  # slots: n_sink + window + depth
         for arm in r["arms"].values():
             assert arm["lossless"] is True and 0 < arm["draft_share_of_step"] < 1
             assert arm["tpot_s"] == pytest.approx((arm["draft_time_per_step_s"] + arm["verify_time_per_step_s"])

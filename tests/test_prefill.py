@@ -81,7 +81,7 @@ def test_the_draft_prefill_cache_is_the_same_for_every_key_set(models, P):
 def test_write_cache_writes_the_bits_forward_writes(models, layout, per_row, impl):
     """``MTPHead.write_cache`` (the prefill's) against ``forward`` under every key set the cache takes:
     the same keys and values bit for bit, in a contiguous, a paged and a ring cache, at positions
-    ``(L,)`` or ``(B, L)`` (each row's own), calls of 4 positions (a ring's spare + 1)."""
+    ``(L,)`` or ``(B, L)`` (each row's own), calls of 4 positions (a ring serves spare + 1 queries a call)."""
     target, head = (m.to(DEVICE) for m in copy.deepcopy(models))  # one copy of both: the head shares the embedding
     B, d = 2, target.config.d_model
     g = torch.Generator().manual_seed(7)

@@ -39,11 +39,12 @@ def test_slots_follow_ring_slot():
 
 
 def test_attend_equals_the_full_cache_after_sequential_writes():
-    """Positions written one call at a time (at most spare + 1 a call), then queries at the last
-    positions: the ring's attention equals the full cache's, while the ring holds 11 of 40 rows."""
+    """Positions written one call at a time (4 a call: a ring serves at most spare + 1 queries), then
+    queries at the last positions: the ring's attention equals the full cache's, while the ring holds
+    11 of 40 rows."""
     g = torch.Generator().manual_seed(0)
     full, r = KVCache(1, 1, 2, 40, 4, dtype=torch.float64), ring(2, 6, 3, max_len=40)
-    for a in range(0, 40, 4):  # calls of 4 = spare + 1 positions
+    for a in range(0, 40, 4):  # calls of 4 = spare + 1 queries
         pos = torch.arange(a, a + 4)
         k, v = torch.randn(2, 1, 2, 4, 4, generator=g, dtype=torch.float64)
         full.update(0, pos, k, v)
@@ -67,7 +68,7 @@ def test_fill_from_holds_what_sequential_writes_leave():
         assert torch.equal(filled.k, written.k) and torch.equal(filled.v, written.v), length
 
 
-def test_bad_rings_and_writes_raise():
+def test_bad_rings_and_writes_raise(models):
     with pytest.raises(ValueError, match="window=None"):
         ring(2, None, 3)
     with pytest.raises(ValueError, match="spare"):
@@ -85,22 +86,37 @@ def test_bad_rings_and_writes_raise():
     for n_sink, window in [(3, 6), (2, 7), (0, None)]:
         with pytest.raises(ValueError, match="needs more"):
             r.attend(0, q, torch.tensor([10]), n_sink, window, "torch")
+    head = models[1]
+    cache, d = head.new_cache(1, 64, ring=(2, 6, 3)), head.target.config.d_model
+    before = cache.copy()
+    with pytest.raises(ValueError, match="at most 4 queries a call"):  # refused before the call writes
+        head(torch.ones(1, 5, d, dtype=head.proj.dtype), torch.ones(1, 5, dtype=torch.long), torch.arange(5), cache,
+             2, 6)
+    assert torch.equal(cache.k, before.k) and torch.equal(cache.v, before.v)
     r2 = r.copy()
     r2.update(0, torch.tensor([3]), k[:, :, :1] + 1, k[:, :, :1] + 1)
     assert not torch.equal(r2.k, r.k)  # a copy owns its rows
 
 
-@pytest.mark.parametrize("P, kept", [(3, [0, 1]), (9, [0, 1, 2, 3, 4, 5, 6, 7]), (30, [0, 1, *range(21, 29)])])
-def test_a_ring_prefill_writes_only_the_positions_it_keeps(models, P, kept):
-    """``RingKVCache.kept`` (2 sinks, a window of 5, 3 spare slots: the sinks and the last 8 of the
-    chain's ``P - 1`` positions), written one call a span, and the ring a prefill leaves is one written
-    at every position, 4 a call (to float64 rounding: the projections' row counts differ): every
-    slot's last write is kept."""
+@pytest.mark.parametrize("rg, P, kept, calls", [
+    ((2, 5, 3), 3, [0, 1], [2]),
+    ((2, 5, 3), 9, [0, 1, 2, 3, 4, 5, 6, 7], [2, 6]),
+    ((2, 5, 3), 11, list(range(10)), [2, 8]),  # P - 1 = the ring's 10 slots
+    ((2, 5, 3), 30, [0, 1, *range(21, 29)], [2, 8]),
+    ((0, 5, 3), 12, list(range(3, 11)), [8]),  # no sinks
+    ((4, 5, 3), 3, [0, 1], [2]),  # fewer positions than sinks
+    ((2, 5, 3), 1, [], []),  # a one-token prompt: no chain
+])
+def test_a_ring_prefill_writes_only_the_positions_it_keeps(models, rg, P, kept, calls):
+    """``RingKVCache.kept`` (``rg`` sinks, window and spare slots: the sinks and the last
+    ``window + spare`` of the chain's ``P - 1`` positions), written one call a span, and the ring a
+    prefill leaves is one written at every position, 4 a call (to float64 rounding: the projections'
+    row counts differ): every slot's last write is kept."""
     from wmtp.prefill import _run_prefill
 
     target, head = models
-    assert [p for span in ring(2, 5, 3).kept(P - 1) for p in span] == kept
-    written, calls = [], []
+    assert [p for span in ring(*rg).kept(P - 1) for p in span] == kept
+    written, made = [], []
 
     class Spy:
         def new_cache(self, *args, **kwargs):
@@ -108,13 +124,13 @@ def test_a_ring_prefill_writes_only_the_positions_it_keeps(models, P, kept):
 
         def write_cache(self, hidden, next_ids, pos, cache, impl):
             written.extend(pos.tolist())
-            calls.append(pos.numel())
+            made.append(pos.numel())
             head.write_cache(hidden, next_ids, pos, cache, impl)
 
     prompt = random_prompt(P, seed=P)
-    got = _run_prefill(target, Spy(), prompt, 40, "torch", True, ring=(2, 5, 3))
-    assert sorted(written) == kept and calls == [n for n in (min(P - 1, 2), len(kept) - 2) if n > 0]
-    every = head.new_cache(1, 40, ring=(2, 5, 3))
+    got = _run_prefill(target, Spy(), prompt, 40, "torch", True, ring=rg)
+    assert sorted(written) == kept and made == calls
+    every = head.new_cache(1, 40, ring=rg)
     hidden = target(prompt[None], torch.arange(P), target.new_cache(1, 40))[1]  # (1, P, d): the prefill's
     for a in range(0, P - 1, 4):
         b = min(a + 4, P - 1)
@@ -148,12 +164,13 @@ def drafts_through_the_protocol(head, cache, hidden, tokens, steps, n_sink, wind
 @pytest.mark.parametrize("n_sink,window", WINDOWED)
 @pytest.mark.parametrize("depth", [1, 3, 8])
 def test_the_head_reads_the_same_keys_from_a_ring(models, n_sink, window, depth):
-    """Random accept lengths over 60 steps (the context passes the ring many times over, with the
-    fewest spare slots the protocol allows: spare = depth): every head call's logits equal the
-    full cache's, to 1e-12."""
+    """Random depths up to ``depth`` (an adaptive policy's) and accept lengths over 60 steps (the
+    context passes the ring many times over, with the fewest spare slots the protocol allows:
+    spare = the largest depth): every head call's logits equal the full cache's, to 1e-12."""
     target, head = models
     g = torch.Generator().manual_seed(depth)
-    steps = [(int(torch.randint(0, depth + 1, (1,), generator=g)), depth) for _ in range(60)]
+    ks = [depth] * 20 + torch.randint(1, depth + 1, (40,), generator=g).tolist()  # fixed, then varying
+    steps = [(int(torch.randint(0, k + 1, (1,), generator=g)), k) for k in ks]
     N = 11 + sum(a + 1 for a, _ in steps) + depth + 2
     hidden = torch.randn(1, N, target.config.d_model, generator=g, dtype=torch.float64)
     tokens = torch.randint(0, V, (N,), generator=g)

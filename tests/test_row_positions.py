@@ -92,7 +92,7 @@ def test_a_head_pass_per_row_is_each_row_alone(models, kind, positions):
     ids = torch.randint(0, 512, (2, 20), generator=g)
     n_sink, window = 2, 8
     cache = _cache(head, kind, 2)
-    for p in (torch.arange(0, 7), torch.arange(7, 14)):  # a ring takes at most spare + 1 positions a write
+    for p in (torch.arange(0, 7), torch.arange(7, 14)):  # a ring serves at most spare + 1 queries a call
         head(hidden[:, p], ids[:, p], p, cache, n_sink, window, positions=positions)
     pos = torch.tensor([[14], [11]])  # row 0 drafts on, row 1 from an earlier position
     step_hidden, step_ids = torch.stack([hidden[0, 14], hidden[1, 11]])[:, None], torch.stack([ids[0, 14], ids[1, 11]])

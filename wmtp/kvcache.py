@@ -112,6 +112,10 @@ class KVCache:
             return self.k[layer][rows, :, pos].transpose(1, 2), self.v[layer][rows, :, pos].transpose(1, 2)
         return self.k[layer][:, :, pos], self.v[layer][:, :, pos]
 
+    def check_reads(self, q_len: int, n_sink: int | None, window: int | None) -> None:
+        """A call's refusals of its reads, made before it writes (``Attention.forward``): none here,
+        every position is held (a ring's: wmtp/ringcache.py)."""
+
     def attend(self, layer: int, q: torch.Tensor, pos: torch.Tensor, n_sink: int | None, window: int | None,
                impl: str, q_sink: torch.Tensor | None = None) -> torch.Tensor:
         """Attention of queries ``q`` ``(B, Hq, Lq, D)`` at ``pos`` over layer ``layer``'s keys in the
@@ -122,7 +126,10 @@ class KVCache:
 
 class SeparateWrites:
     """``update_qkv`` for caches whose writes stay indexed assignments (the ring and the paged
-    caches): the separate ops (``prepare_qk``), then the cache's own ``update``."""
+    caches): the separate ops (``prepare_qk``), then the cache's own ``update``; ``check_reads``
+    as ``KVCache``'s (a ring's refuses some)."""
+
+    check_reads = KVCache.check_reads
 
     def update_qkv(self, layer: int, pos: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    inv_freq: torch.Tensor | None, train_len: int | None, impl: str = "torch") -> torch.Tensor:

@@ -149,6 +149,7 @@ class Attention(StackedWeights):
             q_sink = rope(q, sink_query_position(pos, n_sink, window), f, oi)  # (B, Hq, L, D)
             q_sink = q_sink if T is None else logn_scale(q_sink, pos, T, oi)  # (no model has both)
         if cache is not None:  # a KVCache (one kernel: wmtp/qkv_write.py), a ring or a paged cache
+            cache.check_reads(L, n_sink, window)  # before the write: a refused call leaves the cache as it was
             q = cache.update_qkv(layer, pos, q, k, v, f, T, oi)  # (B, Hq, L, D): rotated or scaled
             y = cache.attend(layer, q, pos, n_sink, window, impl, q_sink)  # (B, Hq, L, D)
         elif pos.dim() != 1 or int(pos[0]) != 0:

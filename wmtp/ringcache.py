@@ -11,14 +11,14 @@ in place (the Triton kernel) or gathers only the key set's ranges (the reference
 
 NOTE [Ring writes]: ``ring_slot``'s no-evicted-read argument holds when at most ``spare``
 positions past a query have been written before it reads. A call's queries read after the call
-has written their positions, so ``attend`` takes at most ``spare + 1`` queries a call (a
-speculative step's extend: ``depth + 1``, with ``spare = depth``; ``attend`` refuses more). A write
-alone reads nothing, so ``update`` only needs one position a slot: it takes at most ``slots``
-positions a call, which must fall in distinct slots (consecutive ones do, up to ``window + spare``
-of them past the sinks, and so do ``ring_kept``'s), and the prompt's prefill writes the positions
-the ring keeps in one call a span (wmtp/prefill.py). Queries read only through ``attend``, whose
-key set must fit the ring: a window of at most ``window`` keys, no more than ``n_sink`` sinks
-(``window=None``, the native draft's full set, cannot).
+has written their positions, so a call takes at most ``spare + 1`` queries (a speculative step's
+extend: ``depth + 1``, with ``spare = depth``); ``check_reads`` refuses more before the call
+writes. A write alone reads nothing, so ``update`` only needs one position a slot: it takes at
+most ``slots`` positions a call, which must fall in distinct slots (consecutive ones do, up to
+``window + spare`` of them past the sinks, and so do ``ring_kept``'s), and the prompt's prefill
+writes the positions the ring keeps in one call a span (wmtp/prefill.py). Queries read only
+through ``attend``, whose key set must fit the ring: a window of at most ``window`` keys, no more
+than ``n_sink`` sinks (``window=None``, the native draft's full set, cannot).
 """
 
 from __future__ import annotations
@@ -127,21 +127,30 @@ class RingKVCache(SeparateWrites):  # update_qkv: the separate ops, then update
         self.k[layer][rows, 0] = k.transpose(1, 2).reshape(-1, Hkv, D).to(self.k.dtype)  # (B*L, Hkv, D)
         self.v[layer][rows, 0] = v.transpose(1, 2).reshape(-1, Hkv, D).to(self.v.dtype)
 
-    def attend(self, layer: int, q: torch.Tensor, pos: torch.Tensor, n_sink: int | None, window: int | None,
-               impl: str, q_sink: torch.Tensor | None = None) -> torch.Tensor:
-        """Attention of queries ``q`` ``(B, Hq, Lq, D)`` at ``pos`` over the key set ``(n_sink, window)``
-        (``q_sink``: the queries that score the sinks, re-indexed positions).
+    def check_reads(self, q_len: int, n_sink: int | None, window: int | None) -> None:
+        """Refuse a call of ``q_len`` queries over the key set ``(n_sink, window)`` that this ring cannot
+        serve, before the call writes (``Attention.forward``; ``attend`` checks again).
 
         Raises:
             ValueError: for a key set the ring does not hold (more sinks, a longer window, or none), or
                 more than ``spare + 1`` queries (NOTE [Ring writes]: the call wrote theirs before they read).
         """
         check_key_set_args(n_sink, window)
-        if q.shape[2] > self.spare + 1:
+        if q_len > self.spare + 1:
             raise ValueError(f"a ring of {self.spare} spare slots takes at most {self.spare + 1} queries a call, "
-                             f"got {q.shape[2]} (NOTE [Ring writes] in wmtp/ringcache.py)")
+                             f"got {q_len} (NOTE [Ring writes] in wmtp/ringcache.py)")
         if window is None or window > self.window or (n_sink or 0) > self.n_sink:
             raise ValueError(f"this ring holds {self.n_sink} sinks and a window of {self.window} keys; "
                              f"the key set ({n_sink}, {window}) needs more")
+
+    def attend(self, layer: int, q: torch.Tensor, pos: torch.Tensor, n_sink: int | None, window: int | None,
+               impl: str, q_sink: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention of queries ``q`` ``(B, Hq, Lq, D)`` at ``pos`` over the key set ``(n_sink, window)``
+        (``q_sink``: the queries that score the sinks, re-indexed positions).
+
+        Raises:
+            ValueError: as ``check_reads``.
+        """
+        self.check_reads(q.shape[2], n_sink, window)
         kp, vp = self.k[layer], self.v[layer]  # (B * slots, 1, Hkv, D): pages of one row
         return paged_attention(q, kp, vp, self.block_table, pos, n_sink, window, impl, q_sink=q_sink)
