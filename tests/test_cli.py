@@ -107,7 +107,7 @@ def test_unwritable_outputs_and_bad_paths_exit_2_before_any_work(capsys, tmp_pat
         (["reproduce", "--device", "cpu:abc"], "bad device"),
         (["bench", "attention", "--out", str(afile / "b.json")], "not a writable folder"),
         (["plot", str(tmp_path / "m.json"), "--out", str(tmp_path)], "is a folder"),
-        (["plot", str(tmp_path)], "error"),  # an OSError (IsADirectoryError) from reading it
+        (["plot", str(tmp_path)], "cannot read metrics file"),  # an OSError (IsADirectoryError) from reading it
     ]:
         code, out, err = _run(capsys, argv)
         assert code == 2 and len(err.strip().splitlines()) == 1 and match in err, (argv, err)
@@ -207,7 +207,10 @@ def test_plot_renders_a_reproduce_json(capsys, wikitext_dir, tmp_path):
     code, _, err = _run(capsys, ["plot", str(tmp_path / "rows.json")])
     assert code == 2 and "not a metrics file of" in err
     code, _, err = _run(capsys, ["plot", str(tmp_path / "missing.json")])
-    assert code == 2 and "cannot read" in err
+    assert code == 2 and "no such metrics file" in err
+    (tmp_path / "text.json").write_text("hi")
+    code, _, err = _run(capsys, ["plot", str(tmp_path / "text.json")])
+    assert code == 2 and "is not JSON (Expecting value, line 1 column 1)" in err
     for broken in ('{"contexts": [], "draft_attention": []}', '{"rows": [], "methods": []}',
                    '{"rows": 1, "kind": "draft-attention"}', '{"kind": "draft-attention"}',
                    '{"rows": [], "kind": "bench-decode"}'):
@@ -638,7 +641,8 @@ def test_generate_prints_the_text_and_writes_its_marks(capsys, wikitext_dir, tmp
 
 
 @pytest.mark.parametrize("bad,match", [
-    (["--keyset", "8"], "SINK:WINDOW"), (["--keyset", "8:64@0"], "gate must be"), (["--depth", "0"], "depth"),
+    (["--keyset", "natve"], "SINK:WINDOW@GATE (integers, e.g. 64:4096 or 8:64@8192), or native"),
+    (["--keyset", "8:64@0"], "gate must be"), (["--depth", "0"], "depth"),
     (["--max-new-tokens", "0"], "at least 1"),
     (["the", "--context", "9"], "not both"), ([""], "empty"), (["--device", "tpu"], "unknown device"),
     (["--preset", "huge"], "unknown preset"), (["--out", "TMP"], "is a folder"), (["--context", "0"], "at least 1"),

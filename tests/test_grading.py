@@ -376,6 +376,8 @@ def test_a_grader_out_of_date_with_the_decoder_is_not_blamed_on_the_student(monk
 def test_bad_input_raises_value_error(tmp_path):
     with pytest.raises(ValueError, match="no such file"):
         grading.grade("keyset", tmp_path / "missing.py")
+    with pytest.raises(ValueError, match="is a folder: pass the student's .py file"):
+        grading.grade("keyset", tmp_path)
     with pytest.raises(ValueError, match=r"defines no function draft_key_indices\(\)"):
         grading.grade("keyset", _write(tmp_path, "def keys(t, n_sink, window):\n    return []\n"))
     (tmp_path / "notes.txt").write_text("def draft_key_indices(t, n_sink, window):\n    return []\n")

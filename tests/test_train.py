@@ -111,8 +111,10 @@ def test_checkpoint_round_trip_and_config_check(trained, tmp_path):
     with pytest.raises(ValueError, match="another config.*version"):  # made by other training code
         load_checkpoint(path, t2, h2, {**meta, "version": meta["version"] + 1})
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
-    with pytest.raises(ValueError, match="cannot be read"):
+    with pytest.raises(ValueError, match="cannot be read: not a file torch.save wrote"):
         load_checkpoint(tmp_path / "junk.pt", t2, h2, meta)
+    with pytest.raises(ValueError, match="no such checkpoint"):
+        load_checkpoint(tmp_path / "missing.pt", t2, h2, meta)
 
 
 def test_perplexity_scores_the_same_text_in_windows(trained):

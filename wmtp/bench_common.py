@@ -152,7 +152,8 @@ def add_model_arguments(p) -> None:
     p.add_argument("--device", default="auto", help="cpu, mps, cuda or auto (default: auto)")
     p.add_argument("--new-tokens", type=int, default=None, help="tokens generated per run (default: the preset's)")
     p.add_argument("--preset", default="small", help="named preset (default: small, reproduce's models)")
-    p.add_argument("--dataset-dir", default=None, help="as reproduce's (default: the offline corpus fallback)")
+    p.add_argument("--dataset-dir", default=None, help="as reproduce's (default: none: the hub if online, else the "
+                   "offline corpus python-stdlib)")
     p.add_argument("--seed", type=int, default=42, help="the models' seed, as reproduce's (default: 42)")
     p.add_argument("--cache-dir", type=Path, default=Path(".wmtp-cache"),
                    help="tokenizer and checkpoint cache, shared with reproduce (default: .wmtp-cache)")

@@ -137,9 +137,9 @@ def build_parser(prog: str = "wmtp") -> argparse.ArgumentParser:
                     "reading one key set, print the text with the head's accepted drafts highlighted and the "
                     "run's counters, and check the output equals dense greedy decoding (exit 1 if not)."))
 
-    plot = sub.add_parser("plot", help="draw a metrics JSON (reproduce, bench attention or bench decode) as a PNG",
-                          description="Render a metrics file written by 'wmtp reproduce', 'wmtp bench attention' "
-                                      "or 'wmtp bench decode'.")
+    plot = sub.add_parser("plot", help="draw a metrics JSON of reproduce or any bench command as a PNG",
+                          description="Render a metrics file written by 'wmtp reproduce' or 'wmtp bench' (attention, "
+                                      "decode, depth, sampling, positions or batch).")
     plot.add_argument("json", type=Path, help="the metrics JSON")
     plot.add_argument("--out", type=Path, default=None, help="PNG path (default: the JSON's name with .png)")
     return parser

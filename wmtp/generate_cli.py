@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from .attention import IMPLS
+from .config import KeySetConfig, parse_keyset
 from .generate import DRAFT_STYLE, MAX_DEPTH, MAX_NEW_TOKENS, generate, loop_functions, styled_text, token_pieces
 
 __all__ = ["add_arguments", "cli"]
@@ -39,7 +40,8 @@ def add_arguments(p) -> None:
     p.add_argument("--out", type=Path, default=None,
                    help="also write the prompt, the new tokens, their marks and the counters as JSON")
     p.add_argument("--preset", default="small", help="named preset (default: small, reproduce's models)")
-    p.add_argument("--dataset-dir", default=None, help="as reproduce's (default: the offline corpus fallback)")
+    p.add_argument("--dataset-dir", default=None, help="as reproduce's (default: none: the hub if online, else the "
+                   "offline corpus python-stdlib)")
     p.add_argument("--seed", type=int, default=42, help="the models' seed, as reproduce's (default: 42)")
     p.add_argument("--device", default="auto", help="cpu, mps, cuda or auto (default: auto)")
     p.add_argument("--cache-dir", type=Path, default=Path(".wmtp-cache"),
@@ -51,7 +53,7 @@ def add_arguments(p) -> None:
 def _options(args):
     """The command line checked before any work: (preset, device, dtype, impl, key sets, depth)."""
     from .attention import resolve_impl
-    from .config import KeySetConfig, get_preset, parse_keyset
+    from .config import get_preset
     from .device import resolve_device
     from .fileio import check_writable
 
@@ -66,7 +68,7 @@ def _options(args):
     if not 1 <= depth <= MAX_DEPTH:
         raise ValueError(f"--depth must be from 1 to {MAX_DEPTH}, got {depth}")
     windowed = [k for k in preset.spec.keysets if k.window is not None]
-    keysets = ([KeySetConfig(0, None) if k == "native" else parse_keyset(k) for k in args.keyset] if args.keyset
+    keysets = ([_keyset(k) for k in args.keyset] if args.keyset
                else [windowed[-1] if windowed else KeySetConfig(0, None)])
     dtype = torch.float32 if device.type == "mps" else torch.float64  # decode.py NOTE [Exactness]; MPS: no float64
     m = preset.model
@@ -81,6 +83,16 @@ def _options(args):
         if args.out.resolve().is_relative_to(args.cache_dir.resolve()):
             raise ValueError(f"--out {args.out} is inside --cache-dir {args.cache_dir}: write it elsewhere")
     return preset, device, dtype, impl, keysets, depth
+
+
+def _keyset(text: str) -> KeySetConfig:
+    """``--keyset``'s ``native`` or ``parse_keyset``'s forms."""
+    if text == "native":
+        return KeySetConfig(0, None)
+    try:
+        return parse_keyset(text)
+    except ValueError as e:
+        raise ValueError(f"{e}, or native") from None
 
 
 def cli(args, prog: str, argv: list[str]) -> int:

@@ -96,7 +96,8 @@ def grade(assignment: str, path: str | Path, *, timeout_s: float = TIMEOUT_S) ->
     _function_name(assignment)
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"no such file: {path}")
+        raise ValueError(f"{path} is a folder: pass the student's .py file" if path.is_dir()
+                         else f"no such file: {path}")
     if importlib.util.spec_from_file_location("wmtp_student_probe", path) is None:
         raise ValueError(f"{path} is not a Python file")
     expected = sum(1 for _ in CHECKS[assignment](None))  # the thunks are not called: only counted

@@ -226,8 +226,14 @@ def render(json_path: str | Path, png_path: str | Path | None = None) -> Path:
     json_path = Path(json_path)
     try:
         m = json.loads(json_path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"cannot read metrics file {json_path}: {type(e).__name__}") from None
+    except FileNotFoundError:
+        raise ValueError(f"no such metrics file: {json_path}") from None
+    except OSError as e:  # a folder, no permission
+        raise ValueError(f"cannot read metrics file {json_path}: {e.strerror or type(e).__name__}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{json_path} is not JSON ({e.msg}, line {e.lineno} column {e.colno})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{json_path} is not JSON (not UTF-8 text)") from None
     png_path = Path(png_path) if png_path else json_path.with_suffix(".png")
     kinds = {DRAFT_ATTENTION_KIND: (plot_draft_attention, "'wmtp bench attention' (off CUDA)"),
              DECODE_KIND: (plot_decode, "'wmtp bench decode'"), DEPTH_KIND: (plot_depth, "'wmtp bench depth'"),

@@ -91,6 +91,8 @@ def prepare_models(preset: Preset, corpus: data.Corpus, tokens: dict, seed: int,
         info["loaded"] = True
     else:
         t0 = time.perf_counter()
+        log(f"training the target ({preset.train.target_steps} steps), then the head ({preset.train.head_steps}); "
+            f"saving them to {checkpoint}")
         info["target_losses"] = train_target(target, tokens["train"], preset.train, g, progress)
         info["target_train_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()

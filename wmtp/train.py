@@ -160,8 +160,11 @@ def load_checkpoint(path: str | Path, target: TargetLM, head: MTPHead, meta: dic
     """Load a checkpoint written for exactly ``meta``; raise ``ValueError`` naming what differs."""
     try:
         blob = torch.load(path, map_location=target.embed.device, weights_only=True)
+    except FileNotFoundError:
+        raise ValueError(f"no such checkpoint: {path}") from None
     except Exception as e:  # a truncated or foreign file
-        raise ValueError(f"checkpoint {path} cannot be read: {type(e).__name__}") from None
+        raise ValueError(f"checkpoint {path} cannot be read: not a file torch.save wrote, or a damaged one "
+                         f"({type(e).__name__})") from None
     saved = blob.get("meta", {}) if isinstance(blob, dict) else {}
     diff = sorted(k for k in set(meta) | set(saved) if saved.get(k) != meta.get(k))
     if diff:
