@@ -71,8 +71,9 @@ def attention_torch(
     group = Hq // Hkv
     acc = torch.promote_types(q.dtype, torch.float32)
     scale = D**-0.5
-    out = torch.empty_like(q)
-    for start, stop in _query_blocks(q_pos):
+    blocks = _query_blocks(q_pos)
+    out = torch.empty_like(q) if len(blocks) != 1 else None  # one block (a decode step): its output is out
+    for start, stop in blocks:
         pos = q_pos[start:stop]  # (Lb,) consecutive positions lo..hi
         lo, hi = int(pos[0]), int(pos[-1])
         # Keys any query in [lo, hi] may read: the sinks of `hi`, then the recent range from lo's start.
@@ -94,8 +95,10 @@ def attention_torch(
             scores = scores.view(B, Hkv, group, len(pos), -1).masked_fill(~allowed, float("-inf"))
         probs = torch.softmax(scores, dim=-1).view(B, Hkv, group * len(pos), -1)  # (B, Hkv, group*Lb, Kn)
         offsets = [0] + [b - a for a, b in keys]
-        ob = sum(probs[..., o : o + b - a] @ v[:, :, a:b].to(acc)  # (B, Hkv, group*Lb, D) per range
-                 for o, (a, b) in zip(itertools.accumulate(offsets), keys))
-        ob = ob.view(B, Hq, len(pos), D)  # (B, Hq, Lb, D)
-        out[:, :, start:stop] = ob.to(q.dtype)
+        parts = [probs[..., o : o + b - a] @ v[:, :, a:b].to(acc)  # (B, Hkv, group*Lb, D) per range
+                 for o, (a, b) in zip(itertools.accumulate(offsets), keys)]
+        ob = sum(parts[1:], start=parts[0]).view(B, Hq, len(pos), D).to(q.dtype)  # (B, Hq, Lb, D)
+        if out is None:
+            return ob
+        out[:, :, start:stop] = ob
     return out
