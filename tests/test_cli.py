@@ -104,6 +104,7 @@ def test_unwritable_outputs_and_bad_paths_exit_2_before_any_work(capsys, tmp_pat
         (["reproduce", "--out", str(tmp_path)], "is a folder"),
         (["reproduce", "--out", str(afile / "m.json")], "not a writable folder"),
         (["reproduce", "--cache-dir", str(afile)], "not a writable folder"),
+        (["reproduce", "--checkpoint", str(tmp_path)], "is a folder: pass the checkpoint file's path"),
         (["reproduce", "--device", "cpu:abc"], "bad device"),
         (["bench", "attention", "--out", str(afile / "b.json")], "not a writable folder"),
         (["plot", str(tmp_path / "m.json"), "--out", str(tmp_path)], "is a folder"),
@@ -211,6 +212,9 @@ def test_plot_renders_a_reproduce_json(capsys, wikitext_dir, tmp_path):
     (tmp_path / "text.json").write_text("hi")
     code, _, err = _run(capsys, ["plot", str(tmp_path / "text.json")])
     assert code == 2 and "is not JSON (Expecting value, line 1 column 1)" in err
+    (tmp_path / "bytes.json").write_bytes(b"\xff\xfe\x00")
+    code, _, err = _run(capsys, ["plot", str(tmp_path / "bytes.json")])
+    assert code == 2 and "is not JSON (not UTF-8 text)" in err
     for broken in ('{"contexts": [], "draft_attention": []}', '{"rows": [], "methods": []}',
                    '{"rows": 1, "kind": "draft-attention"}', '{"kind": "draft-attention"}',
                    '{"rows": [], "kind": "bench-decode"}'):
@@ -641,8 +645,9 @@ def test_generate_prints_the_text_and_writes_its_marks(capsys, wikitext_dir, tmp
 
 
 @pytest.mark.parametrize("bad,match", [
-    (["--keyset", "natve"], "SINK:WINDOW@GATE (integers, e.g. 64:4096 or 8:64@8192), or native"),
-    (["--keyset", "8:64@0"], "gate must be"), (["--depth", "0"], "depth"),
+    (["--keyset", "natve"], "is not native, SINK:WINDOW or SINK:WINDOW@GATE"), (["--keyset=-1:64"], "n_sink must be"),
+    (["--keyset", "8:64@0"], "gate must be a positive integer (a context length) or None, got 0\n"),
+    (["--depth", "0"], "depth"),
     (["--max-new-tokens", "0"], "at least 1"),
     (["the", "--context", "9"], "not both"), ([""], "empty"), (["--device", "tpu"], "unknown device"),
     (["--preset", "huge"], "unknown preset"), (["--out", "TMP"], "is a folder"), (["--context", "0"], "at least 1"),

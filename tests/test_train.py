@@ -115,6 +115,8 @@ def test_checkpoint_round_trip_and_config_check(trained, tmp_path):
         load_checkpoint(tmp_path / "junk.pt", t2, h2, meta)
     with pytest.raises(ValueError, match="no such checkpoint"):
         load_checkpoint(tmp_path / "missing.pt", t2, h2, meta)
+    with pytest.raises(ValueError, match="cannot read checkpoint .*: Is a directory"):
+        load_checkpoint(tmp_path, t2, h2, meta)
 
 
 def test_perplexity_scores_the_same_text_in_windows(trained):

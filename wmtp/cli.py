@@ -215,6 +215,8 @@ def _reproduce(args: argparse.Namespace, prog: str, argv: list[str]) -> int:
     preset, device = _preset_with_overrides(args), resolve_device(args.device)
     name = (args.preset, preset != get_preset(args.preset), args.seed, device.type)  # the default --out's parts
     new_checkpoint = args.checkpoint if args.checkpoint is not None and not args.checkpoint.exists() else None
+    if args.checkpoint is not None and args.checkpoint.is_dir():
+        raise ValueError(f"--checkpoint {args.checkpoint} is a folder: pass the checkpoint file's path")
     new_cache = None if args.cache_dir.is_dir() else args.cache_dir / "x"  # an existing cache may be read-only
     out = args.out or _default_out("*", *name)  # the default's name waits for the corpus's
     for path, what in ((out, "--out"), (new_checkpoint, "--checkpoint"), (new_cache, "--cache-dir")):

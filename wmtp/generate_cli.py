@@ -6,6 +6,7 @@ checks before any work, and the printed text, table and JSON.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -86,13 +87,13 @@ def _options(args):
 
 
 def _keyset(text: str) -> KeySetConfig:
-    """``--keyset``'s ``native`` or ``parse_keyset``'s forms."""
+    """``--keyset``'s ``native`` or ``parse_keyset``'s forms (whose range errors pass through)."""
     if text == "native":
         return KeySetConfig(0, None)
-    try:
-        return parse_keyset(text)
-    except ValueError as e:
-        raise ValueError(f"{e}, or native") from None
+    if not re.fullmatch(r"-?\d+:-?\d+(@-?\d+)?", text):
+        raise ValueError(f"key set {text!r} is not native, SINK:WINDOW or SINK:WINDOW@GATE (integers, e.g. 8:64 "
+                         "or 8:64@8192)")
+    return parse_keyset(text)
 
 
 def cli(args, prog: str, argv: list[str]) -> int:

@@ -225,7 +225,7 @@ def render(json_path: str | Path, png_path: str | Path | None = None) -> Path:
     """
     json_path = Path(json_path)
     try:
-        m = json.loads(json_path.read_text())
+        m = json.loads(json_path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ValueError(f"no such metrics file: {json_path}") from None
     except OSError as e:  # a folder, no permission

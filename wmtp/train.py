@@ -162,6 +162,8 @@ def load_checkpoint(path: str | Path, target: TargetLM, head: MTPHead, meta: dic
         blob = torch.load(path, map_location=target.embed.device, weights_only=True)
     except FileNotFoundError:
         raise ValueError(f"no such checkpoint: {path}") from None
+    except OSError as e:  # a folder, no permission
+        raise ValueError(f"cannot read checkpoint {path}: {e.strerror or type(e).__name__}") from None
     except Exception as e:  # a truncated or foreign file
         raise ValueError(f"checkpoint {path} cannot be read: not a file torch.save wrote, or a damaged one "
                          f"({type(e).__name__})") from None
