@@ -217,6 +217,8 @@ def test_cli_sweep_flags_need_cuda(capsys):
     assert main(["bench", "attention", "--device", "cpu", "--plot", "x.png"]) == 2
     assert "needs --device cuda" in capsys.readouterr().err
     assert main(["bench", "attention", "--rep-ms", "0"]) == 2
+    assert main(["bench", "attention", "--device", "cpu", "--rep-ms", "5"]) == 2  # not silently ignored
+    assert "--rep-ms belong to the kernel sweep" in capsys.readouterr().err
 
 
 def test_progress_reports_partial_results():

@@ -99,11 +99,13 @@ def attention_cli(args, prog: str, argv: list[str]) -> int:
     from .fileio import check_distinct, check_writable
     from .metrics import environment, write_json
 
-    if args.repeats < 1 or args.rep_ms < 1 or any(c < 1 for c in args.contexts or ()):
+    if any(x is not None and x < 1 for x in (args.repeats, args.rep_ms, *(args.contexts or ()))):
         raise ValueError("--repeats, --rep-ms and --contexts must be positive")
     device = resolve_device(args.device)
     dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
     if device.type == "cuda":  # the kernel sweep (wmtp/bench_attention.py)
+        if args.repeats is not None:
+            raise ValueError("--repeats times one draft query off CUDA; the kernel sweep measures for --rep-ms")
         from . import bench_attention as ba
         from . import bench_report
 
@@ -114,11 +116,12 @@ def attention_cli(args, prog: str, argv: list[str]) -> int:
         check_writable(png, "--plot")
         check_distinct(out, png, "--out", "--plot")
         contexts, methods = tuple(args.contexts or ba.CONTEXTS), tuple(args.methods or ba.METHODS)
+        rep_ms = 100 if args.rep_ms is None else args.rep_ms
         command = shlex.join(["wmtp", "bench", "attention", "--device", args.device, "--dtype", dtype, "--rep-ms",
-                              str(args.rep_ms), "--contexts", *map(str, contexts), "--methods", *methods,
+                              str(rep_ms), "--contexts", *map(str, contexts), "--methods", *methods,
                               "--out", str(out), "--plot", str(png)])
         result = ba.sweep(device, contexts=contexts, dtype=getattr(torch, dtype), methods=methods,
-                          rep_ms=args.rep_ms, command=command, on_progress=lambda partial: write_json(out, partial))
+                          rep_ms=rep_ms, command=command, on_progress=lambda partial: write_json(out, partial))
         Console(width=200).print(bench_report.table(result))
         write_json(out, result)
         err = Console(stderr=True)
@@ -133,15 +136,16 @@ def attention_cli(args, prog: str, argv: list[str]) -> int:
             err.print(f"bar {name}: {'met' if bar['met'] else 'NOT met'}{step}", markup=False)
         err.print(f"wrote {wrote}; the sweep took {result['wall_time_s']:.0f} s", markup=False)
         return 0
-    if args.plot or args.methods:
-        raise ValueError("--plot and --methods belong to the kernel sweep, which needs --device cuda")
+    if args.plot or args.methods or args.rep_ms is not None:
+        raise ValueError("--plot, --methods and --rep-ms belong to the kernel sweep, which needs --device cuda")
     from .config import get_preset
 
     preset = get_preset(args.preset)
     if args.out:
         check_writable(args.out, "--out")
     rows = bench_draft_attention(preset.model, tuple(args.contexts or (1024, 4096, 16384)), preset.spec.keysets,
-                                 repeats=args.repeats, dtype=getattr(torch, dtype), device=device)
+                                 repeats=100 if args.repeats is None else args.repeats, dtype=getattr(torch, dtype),
+                                 device=device)
     stdout_console().print(attention_table(rows))
     if args.out:  # a metrics file `wmtp plot` draws (plots.plot_draft_attention)
         from .metrics import SCHEMA_VERSION

@@ -109,8 +109,10 @@ def build_parser(prog: str = "wmtp") -> argparse.ArgumentParser:
                      help="(CPU/MPS) preset whose head shapes and key sets are used")
     att.add_argument("--contexts", type=int, nargs="+", default=None,
                      help="cache lengths S (default: 16384 131072 524288 1048576 on CUDA, 1024 4096 16384 elsewhere)")
-    att.add_argument("--repeats", type=int, default=100, help="(CPU/MPS) timed repeats per cell (median reported)")
-    att.add_argument("--rep-ms", type=int, default=100, help="(CUDA) do_bench measuring time per cell, in ms")
+    att.add_argument("--repeats", type=int, default=None,
+                     help="(CPU/MPS) timed repeats per cell, median reported (default: 100)")
+    att.add_argument("--rep-ms", type=int, default=None, help="(CUDA) do_bench measuring time per cell, in ms "
+                     "(default: 100)")
     att.add_argument("--methods", nargs="+", default=None, help="(CUDA) methods to time (default: all)")
     att.add_argument("--dtype", choices=("float32", "float64", "float16", "bfloat16"), default=None,
                      help="default: bfloat16 on CUDA, float32 elsewhere")
