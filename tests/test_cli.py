@@ -625,6 +625,7 @@ def test_generate_prints_the_text_and_writes_its_marks(capsys, wikitext_dir, tmp
     assert m["prompt_ids"] == tokenizer.encode(tok, " the of and in").tolist()
     assert " ".join(r["text"].split()) in " ".join(stdout.split())  # the new text, printed
     assert "identical to dense greedy" in stdout and "yes" in stdout and "Traceback" not in err
+    assert "dense greedy decoding: 4 prompt tokens" in err and "speculative decoding, sink4+win16, depth 3" in err
     code, stdout, err = _run(capsys, [*base, "--context", "40", "--keyset", "2:3", "native", "2:3@45", "--depth", "2",
                                       "--impl", "torch", "--out", str(out)])
     assert code == 0 and "sink2+win3" in stdout and "native" in stdout and "sink2+win3+gate45" in stdout, err

@@ -129,12 +129,17 @@ def cli(args, prog: str, argv: list[str]) -> int:
                                      not args.no_progress, log)
     target, head = with_capacity(target.to(dtype), head.to(dtype), prompt.numel() + args.max_new_tokens + depth)
     prompt, eos = prompt.to(device), tokenizer.eos_id(tok)
+    work = f"{prompt.numel()} prompt tokens (each run's prefill reads them all), {args.max_new_tokens} new tokens"
     dense_steps: list[float] = []  # the dense run's one-token steps, seconds
+    if not args.no_check:
+        log(f"dense greedy decoding: {work}")
     dense = None if args.no_check else loop_functions(args.loop)[0](target, prompt, args.max_new_tokens, impl=impl,
                                                                     eos_id=eos, step_times=dense_steps)
-    runs = [generate(target, head, prompt, args.max_new_tokens, depth, ks.n_sink, ks.window, impl,
-                     check=not args.no_check, eos_id=eos, reference=dense, loop=args.loop, gate=ks.gate)
-            for ks in keysets]
+    runs = []
+    for ks in keysets:
+        log(f"speculative decoding, {ks.label}, depth {depth}: {work}")
+        runs.append(generate(target, head, prompt, args.max_new_tokens, depth, ks.n_sink, ks.window, impl,
+                             check=not args.no_check, eos_id=eos, reference=dense, loop=args.loop, gate=ks.gate))
     out, dec = stdout_console(), (lambda x: tokenizer.decode(tok, x))
     out.print(Text(dec(prompt[-64:]).lstrip("\ufffd"), style="dim"), soft_wrap=True)  # from a whole character
     for ks, g in zip(keysets, runs):
