@@ -3,6 +3,7 @@ end-to-end ``reproduce`` that writes a metrics JSON whose every arm was asserted
 
 import dataclasses
 import json
+import os
 import random
 from pathlib import Path
 
@@ -57,7 +58,15 @@ BAD = [
     (["reproduce", "--preset", "huge"], "unknown preset"),
     (["reproduce", "--contexts", "100000"], "cache"),
     (["reproduce", "--dataset-dir", "/no/such/dir"], "does not exist"),
-    (["reproduce", "--seed", "abc"], "invalid int"),
+    (["reproduce", "--seed", "abc"], "--seed: must be an integer from 0 to 2**63 - 1, got 'abc'"),
+    (["reproduce", "--seed", "-1"], "from 0 to 2**63 - 1"), (["generate", "--seed", str(2**63)], "from 0"),
+    (["bench", "decode", "--seed", "1e3"], "from 0"),
+    (["reproduce", "--keysets", " 8:64"], "is not SINK:WINDOW"), (["reproduce", "--keysets", "1_0:64"], "SINK:WINDOW"),
+    (["reproduce", "--keysets", "8:64", "8:64"], "key set sink8+win64 is given twice"),
+    (["reproduce", "--contexts", "64", "128", "64"], "context 64 is given twice"),
+    (["reproduce", "--device", "auto:3"], "only cuda and mps take an index"), (["bench", "decode", "--device", "cpu:1"],
+                                                                             "only cuda and mps take an index"),
+    (["plot", ""], "is a folder"),
     (["reproduce", "--paper", "other"], "invalid choice"),
     (["bench", "attention", "--device", "tpu"], "unknown device"),
     (["bench", "attention", "--repeats", "0"], "positive"),
@@ -95,12 +104,29 @@ def test_devices_resolve_in_one_place_and_mps_has_no_float64(capsys, monkeypatch
 def test_unwritable_outputs_and_bad_paths_exit_2_before_any_work(capsys, tmp_path, monkeypatch):
     """An --out that is a folder or lies under a file, a --cache-dir that is a file, a malformed
     device, a JSON path that is a folder: one line, exit 2, and reproduce never starts its run."""
+    import wmtp.bench_common
     import wmtp.reproduce
 
     monkeypatch.setattr(wmtp.reproduce, "reproduce", lambda *a, **k: pytest.fail("the run started"))
-    afile = tmp_path / "f"
+    monkeypatch.setattr(wmtp.bench_common, "bench_setup", lambda *a, **k: pytest.fail("the bench started"))
+    afile, fifo, cache = tmp_path / "f", tmp_path / "fifo", tmp_path / "cache"
     afile.write_text("x")
+    os.mkfifo(fifo)
     for argv, match in [
+        (["reproduce", "--out", str(fifo)], "is not a regular file"),
+        (["reproduce", "--checkpoint", str(tmp_path / "x.json"), "--out", str(tmp_path / "x.json")],
+         "is the same file as --checkpoint"),
+        (["reproduce", "--checkpoint", str(tmp_path / "x.png"), "--out", str(tmp_path / "x.json")],
+         "--out's plot"),
+        (["reproduce", "--cache-dir", str(cache), "--out", str(cache / "m.json")], "is inside --cache-dir"),
+        (["bench", "decode", "--device", "cpu", "--cache-dir", str(afile), "--out", str(tmp_path / "b.json")],
+         "--cache-dir"),
+        (["bench", "depth", "--device", "cpu", "--cache-dir", str(cache), "--out", str(cache / "b.json")],
+         "is inside --cache-dir"),
+        (["bench", "batch", "--device", "cpu", "--batch-sizes", "4", "4"], "each once"),
+        (["bench", "batch", "--device", "cpu", "--batch-sizes", "64", "--prompts-per-row", "100"], "at most 4096"),
+        (["bench", "decode", "--device", "cpu", "--loops", "eager", "eager"], "distinct"),
+        (["plot", str(tmp_path / "m.json"), "--out", str(tmp_path / "m.jpg")], "the plot is a PNG, name it .png"),
         (["reproduce", "--out", str(tmp_path)], "is a folder"),
         (["reproduce", "--out", str(afile / "m.json")], "not a writable folder"),
         (["reproduce", "--cache-dir", str(afile)], "not a writable folder"),
@@ -108,11 +134,12 @@ def test_unwritable_outputs_and_bad_paths_exit_2_before_any_work(capsys, tmp_pat
         (["reproduce", "--device", "cpu:abc"], "bad device"),
         (["bench", "attention", "--out", str(afile / "b.json")], "not a writable folder"),
         (["plot", str(tmp_path / "m.json"), "--out", str(tmp_path)], "is a folder"),
-        (["plot", str(tmp_path)], "cannot read metrics file"),  # an OSError (IsADirectoryError) from reading it
+        (["plot", str(tmp_path)], "is a folder: pass a JSON file's path"),
     ]:
         code, out, err = _run(capsys, argv)
         assert code == 2 and len(err.strip().splitlines()) == 1 and match in err, (argv, err)
         assert "Traceback" not in err + out
+    assert fifo.is_fifo() and not cache.exists() and sorted(x.name for x in tmp_path.iterdir()) == ["f", "fifo"]
     monkeypatch.chdir(tmp_path)
     (tmp_path / "metrics").write_text("a file where the default --out's folder goes")
     code, out, err = _run(capsys, ["reproduce"])
@@ -204,6 +231,10 @@ def test_plot_renders_a_reproduce_json(capsys, wikitext_dir, tmp_path):
     (tmp_path / "bad.json").write_text('{"runs": 1}')
     code, _, err = _run(capsys, ["plot", str(tmp_path / "bad.json")])
     assert code == 2 and "not a metrics file of" in err
+    for kind in ('["x"]', '{"a": 1}'):  # a kind that is not a string
+        (tmp_path / "kind.json").write_text(f'{{"kind": {kind}}}')
+        code, _, err = _run(capsys, ["plot", str(tmp_path / "kind.json")])
+        assert code == 2 and "not a metrics file of" in err and "Traceback" not in err, err
     (tmp_path / "rows.json").write_text('{"rows": [], "unit": "us"}')  # rows, but of no kind plot knows
     code, _, err = _run(capsys, ["plot", str(tmp_path / "rows.json")])
     assert code == 2 and "not a metrics file of" in err
@@ -222,7 +253,10 @@ def test_plot_renders_a_reproduce_json(capsys, wikitext_dir, tmp_path):
         code, _, err = _run(capsys, ["plot", str(tmp_path / "broken.json")])
         assert code == 2 and "incomplete" in err and len(err.strip().splitlines()) == 1, err
     code, _, err = _run(capsys, ["plot", str(out), "--out", str(out)])  # the plot would overwrite its JSON
-    assert code == 2 and "same file" in err and out.read_text().startswith("{")
+    assert code == 2 and "name it .png" in err and out.read_text().startswith("{")
+    (tmp_path / "j.png").write_text(out.read_text())  # a JSON named .png: its default plot is itself
+    code, _, err = _run(capsys, ["plot", str(tmp_path / "j.png")])
+    assert code == 2 and "same file" in err and (tmp_path / "j.png").read_text().startswith("{")
 
 
 def test_bench_attention_off_cuda_writes_a_json_that_plot_draws(capsys, tmp_path):

@@ -72,6 +72,13 @@ def test_tokenizer_cache_hit_does_not_retrain(small_corpus, tmp_path, monkeypatc
     assert path.stat().st_mtime_ns == mtime
 
 
+def test_damaged_cached_tokenizer_is_a_clear_error(small_corpus, tmp_path):
+    path = tmp_path / f"tokenizer-python-stdlib-{small_corpus.fingerprint}-v300.json"
+    path.write_text("{bad")
+    with pytest.raises(ValueError, match=f"cached tokenizer {path} cannot be read .*: delete it to train it anew"):
+        tokenizer_mod.train_tokenizer(small_corpus, 300, tmp_path)
+
+
 def test_failed_tokenizer_write_leaves_no_file(small_corpus, tmp_path, monkeypatch):
     class HalfWritten:
         def save(self, path):

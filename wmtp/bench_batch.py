@@ -68,6 +68,7 @@ from .static_lockstep import static_batched_greedy_generate, static_lockstep_gen
 
 LENGTHS = ("equal", "mixed")
 WARMUP = 1  # untimed rounds a cell: a prefill of a new prompt length compiles kernels first
+MAX_PROMPTS = 4096  # prompts a cell (batch size x prompts a row): the bench builds them all up front
 
 
 def prompt_lengths(context: int, batch: int, lengths: str) -> list[int]:
@@ -239,16 +240,19 @@ def bench_batch(preset: Preset, dataset_dir: str | None, device: torch.device, s
 def check_options(preset: Preset, batches: tuple[int, ...], lengths: tuple[str, ...], loops: tuple[str, ...],
                   rounds: int, device: torch.device, prompts_per_row: int = 1) -> None:
     """``ValueError`` for options the bench cannot run, before any model is loaded."""
-    if not batches or any(b < 1 for b in batches):
-        raise ValueError(f"--batch-sizes must be integers >= 1, got {list(batches)}")
+    if not batches or any(b < 1 for b in batches) or len(set(batches)) < len(batches):
+        raise ValueError(f"--batch-sizes must be integers >= 1, each once, got {list(batches)}")
     if not lengths or not set(lengths) <= set(LENGTHS):
         raise ValueError(f"--lengths must be some of {', '.join(LENGTHS)}, got {list(lengths)}")
     if isinstance(prompts_per_row, bool) or not isinstance(prompts_per_row, int) or prompts_per_row < 1:
         raise ValueError(f"--prompts-per-row must be an integer >= 1, got {prompts_per_row!r}")
+    if max(batches) * prompts_per_row > MAX_PROMPTS:
+        raise ValueError(f"a cell decodes --batch-sizes x --prompts-per-row prompts, at most {MAX_PROMPTS}; got "
+                         f"{max(batches)} x {prompts_per_row}")
     if lengths == ("mixed",) and set(batches) == {1} and prompts_per_row == 1:
         raise ValueError("--lengths mixed needs more than one prompt (a batch size or --prompts-per-row above 1)")
-    if not loops or not set(loops) <= set(LOOPS):
-        raise ValueError(f"--loops must be some of {', '.join(LOOPS)}, got {list(loops)}")
+    if not loops or not set(loops) <= set(LOOPS) or len(set(loops)) < len(loops):
+        raise ValueError(f"--loops must be distinct ones of {', '.join(LOOPS)}, got {list(loops)}")
     if "graph" in loops and device.type != "cuda":
         raise ValueError(f"the graph loop captures CUDA graphs; device {device.type} has none (use --loops eager)")
     if rounds < 1:

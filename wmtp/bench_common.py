@@ -149,12 +149,14 @@ def run_contexts(name: str, setup: BenchSetup, preset: Preset, device: torch.dev
 
 def add_model_arguments(p) -> None:
     """The options every bench on reproduce's models shares (bench decode's, bench sampling's)."""
+    from .cli import seed_arg
+
     p.add_argument("--device", default="auto", help="cpu, mps, cuda or auto (default: auto)")
     p.add_argument("--new-tokens", type=int, default=None, help="tokens generated per run (default: the preset's)")
     p.add_argument("--preset", default="small", help="named preset (default: small, reproduce's models)")
     p.add_argument("--dataset-dir", default=None, help="as reproduce's (default: none: the hub if online, else the "
                    "offline corpus python-stdlib)")
-    p.add_argument("--seed", type=int, default=42, help="the models' seed, as reproduce's (default: 42)")
+    p.add_argument("--seed", type=seed_arg, default=42, help="the models' seed, as reproduce's (default: 42)")
     p.add_argument("--cache-dir", type=Path, default=Path(".wmtp-cache"),
                    help="tokenizer and checkpoint cache, shared with reproduce (default: .wmtp-cache)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -198,7 +200,7 @@ def bench_cli(args, prog: str, argv: list[str], name: str, slug: str, run: Calla
 
     from rich.console import Console
 
-    from .fileio import check_distinct, check_writable
+    from .fileio import check_cache_dir, check_distinct, check_writable
     from .metrics import write_json
 
     out = args.out or Path("metrics") / f"bench-{name}-{slug}.json"
@@ -206,6 +208,7 @@ def bench_cli(args, prog: str, argv: list[str], name: str, slug: str, run: Calla
     if plot:
         check_writable(out.with_suffix(".png"), "--out's plot")
         check_distinct(out, out.with_suffix(".png"), "--out", "its plot")
+    check_cache_dir(args.cache_dir, {"--out": out, "--out's plot": out.with_suffix(".png") if plot else None})
     err = Console(stderr=True)
 
     def log(line: str) -> None:

@@ -101,8 +101,8 @@ def bench_decode(preset: Preset, dataset_dir: str | None, device: torch.device, 
     Raises:
         ValueError: for an unknown loop or draft cache, a context the corpus cannot fill, or ``graph`` off CUDA.
     """
-    if not loops or any(lp not in LOOPS for lp in loops):
-        raise ValueError(f"loops must be some of {', '.join(LOOPS)}, got {list(loops)}")
+    if not loops or any(lp not in LOOPS for lp in loops) or len(set(loops)) < len(loops):
+        raise ValueError(f"loops must be distinct ones of {', '.join(LOOPS)}, got {list(loops)}")
     if not draft_caches or not set(draft_caches) <= set(DRAFT_CACHES) or len(set(draft_caches)) < len(draft_caches):
         raise ValueError(f"draft caches must be distinct ones of {', '.join(DRAFT_CACHES)}, got {list(draft_caches)}")
     if page_size is not None and (isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1):

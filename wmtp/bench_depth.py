@@ -202,9 +202,9 @@ def add_arguments(p) -> None:
     add_keysets_argument(p)
     p.add_argument("--contexts", type=int, nargs="+", default=[1024, 16384],
                    help="prompt lengths (default: 1024 16384)")
-    p.add_argument("--depths", type=int, nargs="+", default=[1, 3, 7],
+    p.add_argument("--depths", type=int, nargs="+", default=None,
                    help="fixed draft depths, each in [1, the preset's depth]; the adaptive policy always runs "
-                        "(default: 1 3 7)")
+                        "(default: 1 3 7, those up to the preset's depth, and the preset's depth)")
     p.add_argument("--rounds", type=int, default=3,
                    help="runs of every method, interleaved; TPOT is their median (default: 3)")
     p.add_argument("--loop", choices=LOOPS, default="eager",
@@ -218,8 +218,10 @@ def add_arguments(p) -> None:
 def cli(args, prog: str, argv: list[str]) -> int:
     """Run ``wmtp bench depth``: check the options, write the JSON after every context, print a table."""
     device, preset, slug = model_options(args)
-    check_options(tuple(args.depths), preset.spec.depth, args.rounds, args.loop, device)
+    k = preset.spec.depth
+    depths = tuple(args.depths or sorted({d for d in (1, 3, 7) if d <= k} | {k}))  # small: 1 3 7; tiny: 1 3
+    check_options(depths, k, args.rounds, args.loop, device)
     return bench_cli(args, prog, argv, "depth", slug, lambda command, log, on_context: bench_depth(
-        preset, args.dataset_dir, device, args.seed, tuple(args.contexts), tuple(args.depths), args.rounds,
+        preset, args.dataset_dir, device, args.seed, tuple(args.contexts), depths, args.rounds,
         args.cache_dir, command, progress=not args.no_progress, log=log, on_context=on_context, loop=args.loop), table,
         plot=True)

@@ -23,7 +23,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from .fileio import check_distinct, check_writable
+from .fileio import check_cache_dir, check_distinct, check_writable
 
 DEFAULT_PRESET = "small"  # reproduce's and bench's --preset; its results are the committed metrics files
 
@@ -61,6 +61,17 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def seed_arg(text: str) -> int:
+    """``--seed``'s type: an integer from 0 to 2**63 - 1 (what ``torch.Generator.manual_seed`` takes)."""
+    try:
+        seed = int(text)
+    except ValueError:
+        seed = -1
+    if not 0 <= seed < 2**63:
+        raise argparse.ArgumentTypeError(f"must be an integer from 0 to 2**63 - 1, got {text!r}")
+    return seed
+
+
 def build_parser(prog: str = "wmtp") -> argparse.ArgumentParser:
     parser = _Parser(prog=prog, description="Windowed-MTP: speculative decoding whose MTP draft head reads only "
                      "attention sinks and a recent window, verified losslessly by the full-attention target.")
@@ -77,7 +88,7 @@ def build_parser(prog: str = "wmtp") -> argparse.ArgumentParser:
     rep.add_argument("--device", default="auto",
                      help="cpu, mps, cuda or auto (default: auto); where the models evaluate and decode "
                           "(training runs on the CPU, so every device decodes the same weights)")
-    rep.add_argument("--seed", type=int, default=42, help="seed of weights and batches (default: 42)")
+    rep.add_argument("--seed", type=seed_arg, default=42, help="seed of weights and batches (default: 42)")
     rep.add_argument("--preset", default=DEFAULT_PRESET,
                      help=f"named preset from wmtp.PRESETS (default: {DEFAULT_PRESET}; tiny: a smoke test of "
                           "seconds whose numbers mean nothing)")
@@ -219,12 +230,15 @@ def _reproduce(args: argparse.Namespace, prog: str, argv: list[str]) -> int:
     new_checkpoint = args.checkpoint if args.checkpoint is not None and not args.checkpoint.exists() else None
     if args.checkpoint is not None and args.checkpoint.is_dir():
         raise ValueError(f"--checkpoint {args.checkpoint} is a folder: pass the checkpoint file's path")
-    new_cache = None if args.cache_dir.is_dir() else args.cache_dir / "x"  # an existing cache may be read-only
     out = args.out or _default_out("*", *name)  # the default's name waits for the corpus's
-    for path, what in ((out, "--out"), (new_checkpoint, "--checkpoint"), (new_cache, "--cache-dir")):
+    for path, what in ((out, "--out"), (new_checkpoint, "--checkpoint")):
         if path is not None:  # fail now, not after the training and decoding
             check_writable(path, what)
+    check_cache_dir(args.cache_dir, {"--out": out, "--out's plot": out.with_suffix(".png")})
     check_distinct(out, out.with_suffix(".png"), "--out", "its plot")
+    if args.checkpoint is not None:
+        check_distinct(args.checkpoint, out, "--checkpoint", "--out")
+        check_distinct(args.checkpoint, out.with_suffix(".png"), "--checkpoint", "--out's plot")
     console = Console(stderr=True)
     command = " ".join([prog, *map(shlex.quote, argv)])
 
@@ -271,8 +285,12 @@ def main(argv: list[str] | None = None, prog: str = "wmtp") -> int:
         if args.command == "plot":
             from .plots import render
 
+            if args.json.is_dir():
+                raise ValueError(f"metrics file {str(args.json)!r} is a folder: pass a JSON file's path")
             if args.out:
                 check_writable(args.out, "--out")
+                if args.out.suffix.lower() != ".png":
+                    raise ValueError(f"--out {args.out}: the plot is a PNG, name it .png")
             check_distinct(args.json, args.out or args.json.with_suffix(".png"), "the metrics file", "the plot")
             print(f"wrote {render(args.json, args.out)}")
             return 0
@@ -284,6 +302,20 @@ def main(argv: list[str] | None = None, prog: str = "wmtp") -> int:
     except (ValueError, OSError) as e:  # bad input, or a path that cannot be read or written: one line
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
+    except (MemoryError, RuntimeError) as e:  # a size the machine cannot hold: one line; any other error raises
+        if not _out_of_memory(e):
+            raise
+        print(f"{prog}: error: out of memory ({str(e).splitlines()[0] if str(e) else type(e).__name__}): ask for "
+              "less (contexts, new tokens, batch sizes, page size)", file=sys.stderr)
+        return 2
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """Whether ``e`` is an allocation that failed: Python's, the CPU allocator's or CUDA's."""
+    import torch
+
+    return (isinstance(e, (MemoryError, torch.OutOfMemoryError))
+            or "can't allocate memory" in str(e) or "out of memory" in str(e).lower())
 
 
 def auto_research_main(argv: list[str] | None = None) -> int:

@@ -8,6 +8,7 @@ the field comments. Presets live in one dict, ``PRESETS``: ``tiny`` for tests (s
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from .keyset import check_key_set_args
@@ -77,14 +78,12 @@ class KeySetConfig:
 def parse_keyset(text: str) -> KeySetConfig:
     """``"SINK:WINDOW"`` or ``"SINK:WINDOW@GATE"`` (the command line's forms, e.g. ``64:4096`` and
     ``8:64@8192``) to a ``KeySetConfig``; ``ValueError`` on anything else."""
-    keys, at, gate = text.partition("@")
-    try:
-        sink, window = (int(x) for x in keys.split(":"))
-        gate = int(gate) if at else None
-    except ValueError:
+    match = re.fullmatch(r"(-?[0-9]+):(-?[0-9]+)(?:@(-?[0-9]+))?", text)
+    if match is None:  # int() alone would take " 8:64" and "1_0:64"
         raise ValueError(f"key set {text!r} is not SINK:WINDOW or SINK:WINDOW@GATE (integers, e.g. 64:4096 "
-                         "or 8:64@8192)") from None
-    return KeySetConfig(n_sink=sink, window=window, gate=gate)
+                         "or 8:64@8192)")
+    sink, window, gate = match.groups()
+    return KeySetConfig(n_sink=int(sink), window=int(window), gate=None if gate is None else int(gate))
 
 
 @dataclass(frozen=True)
@@ -121,6 +120,10 @@ class SpecConfig:
     def __post_init__(self) -> None:
         if isinstance(self.depth, bool) or not isinstance(self.depth, int) or self.depth < 1:
             raise ValueError(f"depth must be a positive integer, got {self.depth!r}")
+        for what, items in (("key set", [k.label for k in self.keysets]), ("context", self.contexts)):
+            twice = [x for i, x in enumerate(items) if x in items[:i]]
+            if twice:  # an arm or a context run twice would overwrite its own metrics
+                raise ValueError(f"{what} {twice[0]} is given twice")
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,8 @@ def resolve_device(name: str) -> torch.device:
     base = name.split(":")[0]
     if base not in DEVICES:
         raise ValueError(f"unknown device {name!r}; choose one of {', '.join(DEVICES)}")
+    if base in ("auto", "cpu") and name != base:  # torch would ignore cpu's index; auto has none
+        raise ValueError(f"bad device {name!r}: only cuda and mps take an index (cuda:1)")
     if base == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")

@@ -3,8 +3,10 @@
 ``atomic_path(path)`` yields a temporary path in the same folder; when the block succeeds the
 file is renamed onto ``path`` (``os.replace`` is atomic on one filesystem), otherwise removed.
 ``check_writable(path)`` says up front, as a ``ValueError``, why ``path`` could not be written, and
-``check_distinct`` that two paths are not one file, so a command fails before its work rather than
-after it.
+``check_distinct`` that two paths are not one file, and ``check_cache_dir`` that a cache folder can
+be made and holds no output, so a command fails before its work rather than after it. A symbolic
+link is written through (its target replaced, the link kept); a device, FIFO or socket is refused,
+never replaced by a regular file.
 """
 
 from __future__ import annotations
@@ -18,10 +20,14 @@ from pathlib import Path
 
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Write to the yielded temporary path; it becomes ``path`` only if the block succeeds."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    """Write to the yielded temporary path; it becomes ``path`` (a link's target, for a symbolic
+    link) only if the block succeeds. ``ValueError`` if ``path`` exists and is not a regular file."""
+    path = _regular(Path(path), "output")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:  # name the file asked for, not the temporary one
+        raise OSError(e.errno, f"cannot write {path}: {e.strerror}") from None
     os.close(fd)
     os.chmod(tmp, 0o644)  # mkstemp makes 0600; these files are meant to be read
     try:
@@ -34,9 +40,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 def check_writable(path: str | Path, what: str = "output") -> None:
     """Raise ``ValueError`` if a file could not be written at ``path`` (the folders above it are
     created as needed): ``path`` is a folder, or its nearest existing ancestor is not a writable folder."""
-    path = Path(path)
-    if path.is_dir():
-        raise ValueError(f"{what} {path} is a folder, not a file path")
+    path = _regular(Path(path), what)
     parent = path.parent
     while not parent.exists():
         parent = parent.parent
@@ -47,6 +51,28 @@ def check_writable(path: str | Path, what: str = "output") -> None:
             pass
     except OSError as e:
         raise ValueError(f"{what} {path} cannot be written: {parent} refuses a new file ({e.strerror})") from None
+
+
+def _regular(path: Path, what: str) -> Path:
+    """``path`` with symbolic links resolved; ``ValueError`` if it exists and is not a regular file."""
+    path = Path(os.path.realpath(path)) if path.is_symlink() else path
+    if path.is_dir():
+        raise ValueError(f"{what} {path} is a folder, not a file path")
+    if path.exists() and not path.is_file():
+        raise ValueError(f"{what} {path} is not a regular file (a device, FIFO or socket): it would be replaced")
+    return path
+
+
+def check_cache_dir(cache_dir: str | Path, outputs: dict[str, str | Path | None]) -> None:
+    """Raise ``ValueError`` if the cache folder ``cache_dir`` could not be made (an existing one may
+    be read-only: a cache already filled is only read), or if an output (``{what: path}``, ``None``
+    skipped) lies inside it, where it could overwrite a cached tokenizer or checkpoint."""
+    cache_dir = Path(cache_dir)
+    if not cache_dir.is_dir():
+        check_writable(cache_dir / "x", "--cache-dir")
+    for what, path in outputs.items():
+        if path is not None and Path(path).resolve().is_relative_to(cache_dir.resolve()):
+            raise ValueError(f"{what} {path} is inside --cache-dir {cache_dir}: write it elsewhere")
 
 
 def check_distinct(first: str | Path, second: str | Path, what_first: str, what_second: str) -> None:

@@ -20,6 +20,8 @@ __all__ = ["add_arguments", "cli"]
 
 def add_arguments(p) -> None:
     """``wmtp generate``'s options (wmtp/cli.py builds the parser)."""
+    from .cli import seed_arg
+
     p.add_argument("prompt", nargs="?", default=None,
                    help="the prompt's text (default: the last --context tokens of the corpus); its last 64 "
                         "tokens are printed, dim, before the new text")
@@ -43,7 +45,7 @@ def add_arguments(p) -> None:
     p.add_argument("--preset", default="small", help="named preset (default: small, reproduce's models)")
     p.add_argument("--dataset-dir", default=None, help="as reproduce's (default: none: the hub if online, else the "
                    "offline corpus python-stdlib)")
-    p.add_argument("--seed", type=int, default=42, help="the models' seed, as reproduce's (default: 42)")
+    p.add_argument("--seed", type=seed_arg, default=42, help="the models' seed, as reproduce's (default: 42)")
     p.add_argument("--device", default="auto", help="cpu, mps, cuda or auto (default: auto)")
     p.add_argument("--cache-dir", type=Path, default=Path(".wmtp-cache"),
                    help="tokenizer and checkpoint cache, shared with reproduce (default: .wmtp-cache; without "
@@ -56,7 +58,7 @@ def _options(args):
     from .attention import resolve_impl
     from .config import get_preset
     from .device import resolve_device
-    from .fileio import check_writable
+    from .fileio import check_cache_dir, check_writable
 
     device, preset = resolve_device(args.device), get_preset(args.preset)
     if args.prompt is not None and args.context is not None:
@@ -77,12 +79,9 @@ def _options(args):
     if args.loop == "graph" and (device.type != "cuda" or impl != "triton"):
         raise ValueError(f"--loop graph captures CUDA graphs of the Triton kernels; got device {device.type}, "
                          f"impl {impl}")
-    if not args.cache_dir.is_dir():
-        check_writable(args.cache_dir / "x", "--cache-dir")
     if args.out is not None:
         check_writable(args.out, "--out")
-        if args.out.resolve().is_relative_to(args.cache_dir.resolve()):
-            raise ValueError(f"--out {args.out} is inside --cache-dir {args.cache_dir}: write it elsewhere")
+    check_cache_dir(args.cache_dir, {"--out": args.out})
     return preset, device, dtype, impl, keysets, depth
 
 

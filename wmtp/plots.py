@@ -240,7 +240,7 @@ def render(json_path: str | Path, png_path: str | Path | None = None) -> Path:
              SAMPLING_KIND: (plot_acceptance, "'wmtp bench sampling'"),
              POSITIONS_KIND: (plot_acceptance, "'wmtp bench positions'"),
              BATCH_KIND: (plot_batch, "'wmtp bench batch'")}
-    if isinstance(m, dict) and m.get("kind") in kinds:  # a file that names its kind first
+    if isinstance(m, dict) and isinstance(m.get("kind"), str) and m["kind"] in kinds:  # a file naming its kind
         draw, kind = kinds[m["kind"]]
     elif isinstance(m, dict) and "contexts" in m and "draft_attention" in m:
         draw, kind = plot_reproduction, "'wmtp reproduce'"

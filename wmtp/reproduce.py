@@ -25,6 +25,7 @@ from . import data, tokenizer
 from .bench import bench_draft_attention
 from .config import Preset
 from .decode import greedy_generate, speculative_generate
+from .fileio import check_writable
 from .metrics import SCHEMA_VERSION, environment, reduction, speedup, tpot, write_json
 from .model import TargetLM
 from .mtp import MTPHead
@@ -90,6 +91,7 @@ def prepare_models(preset: Preset, corpus: data.Corpus, tokens: dict, seed: int,
         log(f"loaded checkpoint {checkpoint}")
         info["loaded"] = True
     else:
+        check_writable(checkpoint, "checkpoint")  # a read-only cache fails now, not after the training
         t0 = time.perf_counter()
         log(f"training the target ({preset.train.target_steps} steps), then the head ({preset.train.head_steps}); "
             f"saving them to {checkpoint}")
@@ -154,6 +156,9 @@ def reproduce(preset: Preset, dataset_dir: str | None, device: torch.device, see
     tok = tokenizer.train_tokenizer(corpus, preset.model.vocab_size, cache_dir)
     tokens = tokenizer.corpus_token_splits(corpus, tok)
     ppl_tokens = perplexity_tokens(tokens["valid"].numel(), preset.spec.ppl_contexts)  # before the training
+    if tokens["test"].numel() < max(preset.spec.contexts):  # the prompts: the test split's first tokens
+        raise ValueError(f"the test split has {tokens['test'].numel()} tokens; context {max(preset.spec.contexts)} "
+                         "needs more")
     target, head, train_info = prepare_models(preset, corpus, tokens, seed, device, cache_dir, checkpoint, progress,
                                               log)
 
@@ -169,8 +174,6 @@ def reproduce(preset: Preset, dataset_dir: str | None, device: torch.device, see
     for c in spec.contexts:
         log(f"decoding at context {c}: dense and {len(spec.keysets)} draft arms")
         prompt = tokens["test"][:c].to(device)
-        if prompt.numel() < c:
-            raise ValueError(f"the test split has {prompt.numel()} tokens; context {c} needs more")
         contexts.append(run_arms(target64, head64, prompt, preset))
 
     log("timing draft attention alone per key set")

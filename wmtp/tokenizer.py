@@ -44,7 +44,10 @@ def train_tokenizer(corpus: Corpus, vocab_size: int, cache_dir: str | Path) -> T
         raise ValueError(f"vocab_size must be >= 257 (256 bytes + {EOS}), got {vocab_size}")
     path = Path(cache_dir) / f"tokenizer-{corpus.name}-{corpus.fingerprint}-v{vocab_size}.json"
     if path.is_file():
-        return Tokenizer.from_file(str(path))
+        try:
+            return Tokenizer.from_file(str(path))
+        except Exception as e:  # tokenizers raises a bare Exception for a damaged file
+            raise ValueError(f"cached tokenizer {path} cannot be read ({e}): delete it to train it anew") from None
     tokenizer = _train_bpe(leading_lines(corpus.train, TOKENIZER_TRAIN_CHARS), vocab_size)
     with atomic_path(path) as tmp:  # a reader never sees half a file
         tokenizer.save(str(tmp))

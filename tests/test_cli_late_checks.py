@@ -1,0 +1,69 @@
+"""Bad input the command line can only see once a run has begun (the corpus's size, a cache that
+cannot take the checkpoint, a size the machine cannot hold): still one line, exit 2, and caught
+before the long work (training) where it can be."""
+
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from wmtp.cli import main
+from wmtp.config import get_preset
+
+
+def test_a_short_test_split_is_refused_before_the_training(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr("wmtp.reproduce.prepare_models", lambda *a, **k: pytest.fail("the training started"))
+    rng, words = random.Random(0), "the of and in to a was is for on as with by he at from".split()
+    for split, n in (("train", 3000), ("valid", 3000), ("test", 40)):  # tiny's contexts: 64 and 256 tokens
+        (tmp_path / f"{split}.txt").write_text(" ".join(rng.choice(words) for _ in range(n)) + "\n")
+    code = main(["reproduce", "--preset", "tiny", "--dataset-dir", str(tmp_path), "--device", "cpu", "--no-progress",
+                 "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "m.json")])
+    err = capsys.readouterr().err
+    assert code == 2 and "wmtp: error: the test split has" in err and "context 256 needs more" in err, err
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_a_checkpoint_that_cannot_be_written_fails_before_the_training(tmp_path, monkeypatch):
+    from wmtp import reproduce
+
+    monkeypatch.setattr(reproduce, "train_target", lambda *a, **k: pytest.fail("the training started"))
+    (tmp_path / "f").write_text("x")
+    corpus = SimpleNamespace(name="c", fingerprint="0")
+    with pytest.raises(ValueError, match="checkpoint .*f/ckpt.pt cannot be written"):
+        reproduce.prepare_models(get_preset("tiny"), corpus, {}, 0, "cpu", tmp_path, tmp_path / "f" / "ckpt.pt",
+                                 False, print)
+
+
+@pytest.mark.parametrize("error", [RuntimeError("[enforce fail] DefaultCPUAllocator: can't allocate memory: you "
+                                                "tried to allocate 10 bytes\nmore"), MemoryError()])
+def test_an_allocation_that_fails_is_one_line(capsys, monkeypatch, error):
+    def run(*args):
+        raise error
+
+    monkeypatch.setattr("wmtp.bench.attention_cli", run)
+    assert main(["bench", "attention", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("wmtp: error: out of memory (") and "ask for less" in err and len(err.splitlines()) == 1
+
+
+def test_another_runtime_error_is_not_hidden(monkeypatch):
+    def run(*args):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr("wmtp.bench.attention_cli", run)
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["bench", "attention", "--device", "cpu"])
+
+
+def test_bench_depth_default_depths_fit_the_preset(capsys, monkeypatch):
+    seen = []
+
+    def check_options(depths, max_depth, *rest):
+        seen.append((depths, max_depth))
+        raise ValueError("stop here")
+
+    monkeypatch.setattr("wmtp.bench_depth.check_options", check_options)
+    for preset, depths in (("tiny", (1, 3)), ("small", (1, 3, 7))):
+        assert main(["bench", "depth", "--preset", preset, "--device", "cpu"]) == 2
+        assert seen.pop() == (depths, get_preset(preset).spec.depth)
+    assert "stop here" in capsys.readouterr().err
