@@ -112,12 +112,16 @@ def test_unwritable_outputs_and_bad_paths_exit_2_before_any_work(capsys, tmp_pat
     afile, fifo, cache = tmp_path / "f", tmp_path / "fifo", tmp_path / "cache"
     afile.write_text("x")
     os.mkfifo(fifo)
+    os.mkfifo(tmp_path / "fifo.png")
     for argv, match in [
         (["reproduce", "--out", str(fifo)], "is not a regular file"),
         (["reproduce", "--checkpoint", str(tmp_path / "x.json"), "--out", str(tmp_path / "x.json")],
-         "is the same file as --checkpoint"),
+         "would be overwritten by --out"),
         (["reproduce", "--checkpoint", str(tmp_path / "x.png"), "--out", str(tmp_path / "x.json")],
-         "--out's plot"),
+         "would be overwritten by --out's plot"),
+        (["reproduce", "--checkpoint", "metrics/python-stdlib-tiny-seed42.json", "--preset", "tiny"],
+         "would be overwritten by --out metrics/*-tiny-seed42.json"),  # the default --out, any corpus
+        (["reproduce", "--out", str(tmp_path / "fifo.json")], "--out's plot"),  # fifo.png: the plot's path
         (["reproduce", "--cache-dir", str(cache), "--out", str(cache / "m.json")], "is inside --cache-dir"),
         (["bench", "decode", "--device", "cpu", "--cache-dir", str(afile), "--out", str(tmp_path / "b.json")],
          "--cache-dir"),
@@ -126,6 +130,9 @@ def test_unwritable_outputs_and_bad_paths_exit_2_before_any_work(capsys, tmp_pat
         (["bench", "batch", "--device", "cpu", "--batch-sizes", "4", "4"], "each once"),
         (["bench", "batch", "--device", "cpu", "--batch-sizes", "64", "--prompts-per-row", "100"], "at most 4096"),
         (["bench", "decode", "--device", "cpu", "--loops", "eager", "eager"], "distinct"),
+        (["bench", "batch", "--device", "cpu", "--lengths", "equal", "equal"], "distinct"),
+        (["bench", "sampling", "--device", "cpu", "--contexts", "64", "64"], "--contexts must each be given once"),
+        (["bench", "attention", "--device", "cpu", "--contexts", "64", "64"], "--contexts must each be given once"),
         (["plot", str(tmp_path / "m.json"), "--out", str(tmp_path / "m.jpg")], "the plot is a PNG, name it .png"),
         (["reproduce", "--out", str(tmp_path)], "is a folder"),
         (["reproduce", "--out", str(afile / "m.json")], "not a writable folder"),
@@ -139,7 +146,8 @@ def test_unwritable_outputs_and_bad_paths_exit_2_before_any_work(capsys, tmp_pat
         code, out, err = _run(capsys, argv)
         assert code == 2 and len(err.strip().splitlines()) == 1 and match in err, (argv, err)
         assert "Traceback" not in err + out
-    assert fifo.is_fifo() and not cache.exists() and sorted(x.name for x in tmp_path.iterdir()) == ["f", "fifo"]
+    assert fifo.is_fifo() and not cache.exists()
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["f", "fifo", "fifo.png"]  # nothing written
     monkeypatch.chdir(tmp_path)
     (tmp_path / "metrics").write_text("a file where the default --out's folder goes")
     code, out, err = _run(capsys, ["reproduce"])

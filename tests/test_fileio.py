@@ -26,15 +26,27 @@ def test_a_fifo_is_refused_not_replaced(tmp_path):
         check_writable(fifo, "--out")
     with pytest.raises(ValueError, match="is not a regular file"), atomic_path(fifo) as tmp:
         tmp.write_text("never")
-    assert fifo.is_fifo() and os.listdir(tmp_path) == ["fifo"]
+    link = tmp_path / "link.json"
+    link.symlink_to(fifo)
+    with pytest.raises(ValueError, match=r"--out .*link\.json \(a link to .*fifo\) is not a regular file"):
+        check_writable(link, "--out")
+    assert fifo.is_fifo() and sorted(os.listdir(tmp_path)) == ["fifo", "link.json"]
 
 
-def test_a_failed_write_names_the_file_asked_for(tmp_path):
+def test_a_failed_write_names_what_failed_not_the_temporary_file(tmp_path, monkeypatch):
     afile = tmp_path / "f"
     afile.write_text("x")
-    with pytest.raises(OSError, match=r"cannot write .*f/m\.json: ") as e, atomic_path(afile / "m.json") as tmp:
+    with pytest.raises(OSError, match=r"cannot make folder .*/f: "), atomic_path(afile / "m.json") as tmp:
         tmp.write_text("never")
-    assert ".tmp" not in str(e.value)
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("tempfile.mkstemp", refuse)
+    with pytest.raises(PermissionError, match=r"cannot write .*/m\.json: Permission denied") as e, \
+            atomic_path(tmp_path / "m.json") as tmp:
+        tmp.write_text("never")
+    assert ".tmp" not in str(e.value) and os.listdir(tmp_path) == ["f"]
 
 
 def test_check_cache_dir(tmp_path):

@@ -101,6 +101,8 @@ def attention_cli(args, prog: str, argv: list[str]) -> int:
 
     if any(x is not None and x < 1 for x in (args.repeats, args.rep_ms, *(args.contexts or ()))):
         raise ValueError("--repeats, --rep-ms and --contexts must be positive")
+    if args.contexts and len(set(args.contexts)) < len(args.contexts):
+        raise ValueError(f"--contexts must each be given once, got {args.contexts}")
     device = resolve_device(args.device)
     dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
     if device.type == "cuda":  # the kernel sweep (wmtp/bench_attention.py)
@@ -114,6 +116,8 @@ def attention_cli(args, prog: str, argv: list[str]) -> int:
         png = args.plot or out.with_suffix(".png")
         check_writable(out, "--out")
         check_writable(png, "--plot")
+        if png.suffix.lower() != ".png":
+            raise ValueError(f"--plot {png}: the plot is a PNG, name it .png")
         check_distinct(out, png, "--out", "--plot")
         contexts, methods = tuple(args.contexts or ba.CONTEXTS), tuple(args.methods or ba.METHODS)
         rep_ms = 100 if args.rep_ms is None else args.rep_ms

@@ -242,8 +242,8 @@ def check_options(preset: Preset, batches: tuple[int, ...], lengths: tuple[str, 
     """``ValueError`` for options the bench cannot run, before any model is loaded."""
     if not batches or any(b < 1 for b in batches) or len(set(batches)) < len(batches):
         raise ValueError(f"--batch-sizes must be integers >= 1, each once, got {list(batches)}")
-    if not lengths or not set(lengths) <= set(LENGTHS):
-        raise ValueError(f"--lengths must be some of {', '.join(LENGTHS)}, got {list(lengths)}")
+    if not lengths or not set(lengths) <= set(LENGTHS) or len(set(lengths)) < len(lengths):
+        raise ValueError(f"--lengths must be distinct ones of {', '.join(LENGTHS)}, got {list(lengths)}")
     if isinstance(prompts_per_row, bool) or not isinstance(prompts_per_row, int) or prompts_per_row < 1:
         raise ValueError(f"--prompts-per-row must be an integer >= 1, got {prompts_per_row!r}")
     if max(batches) * prompts_per_row > MAX_PROMPTS:
@@ -300,7 +300,8 @@ def add_arguments(p) -> None:
                    help="decode loops to time (default: graph on CUDA, eager elsewhere)")
     p.add_argument("--prompts-per-row", type=int, default=1,
                    help="prompts a row of the batch: above 1, every method decodes them in waves of the batch "
-                        "size, and a refilling batch in its rows, a stopped row taking the next (default: 1)")
+                        "size, and a refilling batch in its rows, a stopped row taking the next; at most "
+                        f"{MAX_PROMPTS} prompts a cell, batch size x this (default: 1)")
     p.add_argument("--rounds", type=int, default=3,
                    help="runs of every method, interleaved; times are their median (default: 3)")
     p.add_argument("--out", type=Path, default=None,
@@ -312,7 +313,7 @@ def cli(args, prog: str, argv: list[str]) -> int:
     """Run ``wmtp bench batch``: check the options, write the JSON after every cell, print a table."""
     device, preset, slug = model_options(args)
     loops = tuple(args.loops or (("graph",) if device.type == "cuda" else ("eager",)))
-    batches, lengths = tuple(args.batch_sizes), tuple(dict.fromkeys(args.lengths))
+    batches, lengths = tuple(args.batch_sizes), tuple(args.lengths)
     check_options(preset, batches, lengths, loops, args.rounds, device, args.prompts_per_row)
     return bench_cli(args, prog, argv, "batch", slug, lambda command, log, on_row: bench_batch(
         preset, args.dataset_dir, device, args.seed, tuple(args.contexts), batches, lengths, loops, args.rounds,

@@ -203,6 +203,8 @@ def bench_cli(args, prog: str, argv: list[str], name: str, slug: str, run: Calla
     from .fileio import check_cache_dir, check_distinct, check_writable
     from .metrics import write_json
 
+    if len(set(args.contexts)) < len(args.contexts):
+        raise ValueError(f"--contexts must each be given once, got {args.contexts}")
     out = args.out or Path("metrics") / f"bench-{name}-{slug}.json"
     check_writable(out, "--out")
     if plot:

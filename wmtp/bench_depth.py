@@ -204,7 +204,8 @@ def add_arguments(p) -> None:
                    help="prompt lengths (default: 1024 16384)")
     p.add_argument("--depths", type=int, nargs="+", default=None,
                    help="fixed draft depths, each in [1, the preset's depth]; the adaptive policy always runs "
-                        "(default: 1 3 7, those up to the preset's depth, and the preset's depth)")
+                        "(default: those of 1 3 7 up to the preset's depth, and the preset's depth: small 1 3 7, "
+                        "tiny 1 3)")
     p.add_argument("--rounds", type=int, default=3,
                    help="runs of every method, interleaved; TPOT is their median (default: 3)")
     p.add_argument("--loop", choices=LOOPS, default="eager",

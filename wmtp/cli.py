@@ -15,6 +15,8 @@ exits with status 2 and one line on stderr, no traceback.
 from __future__ import annotations
 
 import argparse
+import fnmatch
+import glob
 import importlib
 import shlex
 import sys
@@ -62,7 +64,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def seed_arg(text: str) -> int:
-    """``--seed``'s type: an integer from 0 to 2**63 - 1 (what ``torch.Generator.manual_seed`` takes)."""
+    """``--seed``'s type: an integer from 0 to 2**63 - 1, a range every generator seeded from it
+    takes (``torch.Generator.manual_seed``: -2**63 to 2**64 - 1; sampled verification: 0 to 2**64 - 1)."""
     try:
         seed = int(text)
     except ValueError:
@@ -231,14 +234,17 @@ def _reproduce(args: argparse.Namespace, prog: str, argv: list[str]) -> int:
     if args.checkpoint is not None and args.checkpoint.is_dir():
         raise ValueError(f"--checkpoint {args.checkpoint} is a folder: pass the checkpoint file's path")
     out = args.out or _default_out("*", *name)  # the default's name waits for the corpus's
-    for path, what in ((out, "--out"), (new_checkpoint, "--checkpoint")):
+    png = out.with_suffix(".png")
+    for path, what in ((out, "--out"), (png, "--out's plot"), (new_checkpoint, "--checkpoint")):
         if path is not None:  # fail now, not after the training and decoding
             check_writable(path, what)
-    check_cache_dir(args.cache_dir, {"--out": out, "--out's plot": out.with_suffix(".png")})
-    check_distinct(out, out.with_suffix(".png"), "--out", "its plot")
-    if args.checkpoint is not None:
-        check_distinct(args.checkpoint, out, "--checkpoint", "--out")
-        check_distinct(args.checkpoint, out.with_suffix(".png"), "--checkpoint", "--out's plot")
+    check_cache_dir(args.cache_dir, {"--out": out, "--out's plot": png})
+    check_distinct(out, png, "--out", "its plot")
+    for path, what in ((out, "--out"), (png, "--out's plot")):  # the default's "*": any corpus's name
+        pattern = glob.escape(str(path.resolve())).replace("[*]", "*")
+        if args.checkpoint is not None and fnmatch.fnmatchcase(str(args.checkpoint.resolve()), pattern):
+            raise ValueError(f"--checkpoint {args.checkpoint} would be overwritten by {what} {path}: give them "
+                             "two names")
     console = Console(stderr=True)
     command = " ".join([prog, *map(shlex.quote, argv)])
 

@@ -25,6 +25,9 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     path = _regular(Path(path), "output")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OSError(e.errno, f"cannot make folder {path.parent}: {e.strerror}") from None
+    try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as e:  # name the file asked for, not the temporary one
         raise OSError(e.errno, f"cannot write {path}: {e.strerror}") from None
@@ -39,27 +42,30 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 def check_writable(path: str | Path, what: str = "output") -> None:
     """Raise ``ValueError`` if a file could not be written at ``path`` (the folders above it are
-    created as needed): ``path`` is a folder, or its nearest existing ancestor is not a writable folder."""
-    path = _regular(Path(path), what)
-    parent = path.parent
+    created as needed): ``path`` is a folder, a device, FIFO or socket (or a link to one), or its
+    nearest existing ancestor is not a writable folder."""
+    given = Path(path)
+    parent = _regular(given, what).parent
     while not parent.exists():
         parent = parent.parent
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"{what} {path} cannot be written: {parent} is not a writable folder")
+        raise ValueError(f"{what} {given} cannot be written: {parent} is not a writable folder")
     try:  # os.access says yes to root everywhere (a read-only mount, /proc): try a file there
         with tempfile.TemporaryFile(dir=parent):
             pass
     except OSError as e:
-        raise ValueError(f"{what} {path} cannot be written: {parent} refuses a new file ({e.strerror})") from None
+        raise ValueError(f"{what} {given} cannot be written: {parent} refuses a new file ({e.strerror})") from None
 
 
-def _regular(path: Path, what: str) -> Path:
-    """``path`` with symbolic links resolved; ``ValueError`` if it exists and is not a regular file."""
-    path = Path(os.path.realpath(path)) if path.is_symlink() else path
+def _regular(given: Path, what: str) -> Path:
+    """The path written for ``given`` (a symbolic link's target); ``ValueError`` naming ``given``
+    if that exists and is not a regular file."""
+    path = Path(os.path.realpath(given)) if given.is_symlink() else given
+    name = f"{given}" if path == given else f"{given} (a link to {path})"
     if path.is_dir():
-        raise ValueError(f"{what} {path} is a folder, not a file path")
+        raise ValueError(f"{what} {name} is a folder, not a file path")
     if path.exists() and not path.is_file():
-        raise ValueError(f"{what} {path} is not a regular file (a device, FIFO or socket): it would be replaced")
+        raise ValueError(f"{what} {name} is not a regular file (a device, FIFO or socket): it would be replaced")
     return path
 
 

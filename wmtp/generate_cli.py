@@ -89,7 +89,7 @@ def _keyset(text: str) -> KeySetConfig:
     """``--keyset``'s ``native`` or ``parse_keyset``'s forms (whose range errors pass through)."""
     if text == "native":
         return KeySetConfig(0, None)
-    if not re.fullmatch(r"-?\d+:-?\d+(@-?\d+)?", text):
+    if not re.fullmatch(r"-?[0-9]+:-?[0-9]+(@-?[0-9]+)?", text):
         raise ValueError(f"key set {text!r} is not native, SINK:WINDOW or SINK:WINDOW@GATE (integers, e.g. 8:64 "
                          "or 8:64@8192)")
     return parse_keyset(text)
