@@ -2,6 +2,7 @@
 cannot take the checkpoint, a size the machine cannot hold): still one line, exit 2, and caught
 before the long work (training) where it can be."""
 
+import os
 import random
 from types import SimpleNamespace
 
@@ -67,3 +68,11 @@ def test_bench_depth_default_depths_fit_the_preset(capsys, monkeypatch):
         assert main(["bench", "depth", "--preset", preset, "--device", "cpu"]) == 2
         assert seen.pop() == (depths, get_preset(preset).spec.depth)
     assert "stop here" in capsys.readouterr().err
+
+
+def test_a_checkpoint_that_is_a_fifo_is_refused_not_read(tmp_path):
+    from wmtp.train import load_checkpoint
+
+    os.mkfifo(tmp_path / "fifo.pt")  # torch.load would wait for a writer forever
+    with pytest.raises(ValueError, match="checkpoint .*fifo.pt is not a regular file"):
+        load_checkpoint(tmp_path / "fifo.pt", None, None, {})

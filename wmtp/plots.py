@@ -224,6 +224,8 @@ def render(json_path: str | Path, png_path: str | Path | None = None) -> Path:
         ValueError: if the file is missing, not JSON, or of a kind this module does not know.
     """
     json_path = Path(json_path)
+    if json_path.exists() and not json_path.is_file() and not json_path.is_dir():  # reading a FIFO would hang
+        raise ValueError(f"metrics file {json_path} is not a regular file (a device, FIFO or socket)")
     try:
         m = json.loads(json_path.read_text(encoding="utf-8"))
     except FileNotFoundError:

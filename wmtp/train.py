@@ -158,6 +158,8 @@ def save_checkpoint(path: str | Path, target: TargetLM, head: MTPHead, meta: dic
 
 def load_checkpoint(path: str | Path, target: TargetLM, head: MTPHead, meta: dict) -> None:
     """Load a checkpoint written for exactly ``meta``; raise ``ValueError`` naming what differs."""
+    if Path(path).exists() and not Path(path).is_file() and not Path(path).is_dir():  # reading a FIFO would hang
+        raise ValueError(f"checkpoint {path} is not a regular file (a device, FIFO or socket)")
     try:
         blob = torch.load(path, map_location=target.embed.device, weights_only=True)
     except FileNotFoundError:
