@@ -119,7 +119,7 @@ def test_unwritable_outputs_and_bad_paths_exit_2_before_any_work(capsys, tmp_pat
          "would be overwritten by --out"),
         (["reproduce", "--checkpoint", str(tmp_path / "x.png"), "--out", str(tmp_path / "x.json")],
          "would be overwritten by --out's plot"),
-        (["reproduce", "--checkpoint", "metrics/python-stdlib-tiny-seed42.json", "--preset", "tiny"],
+        (["reproduce", "--checkpoint", "metrics/python-stdlib-tiny-seed42.json", "--preset", "tiny", "--device", "cpu"],
          "would be overwritten by --out metrics/*-tiny-seed42.json"),  # the default --out, any corpus
         (["reproduce", "--out", str(tmp_path / "fifo.json")], "--out's plot"),  # fifo.png: the plot's path
         (["plot", str(fifo)], f"metrics file {fifo} is not a regular file"),  # not a read that never ends
