@@ -6,6 +6,7 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"  # before `datasets` is imported: never 
 
 import contextlib
 import hashlib
+import logging
 import random
 import re
 import socket
@@ -149,6 +150,22 @@ def test_unreadable_split_file_raises_naming_it(tmp_path):
     (tmp_path / "test.txt").write_bytes(b"ok line\n\xff\xfe not utf-8\n")
     with pytest.raises(ValueError, match=re.escape(str(tmp_path / "test.txt"))):
         data.load_corpus(tmp_path)
+
+
+def test_broken_parquet_raises_one_error_and_logs_nothing(tmp_path):
+    for split in ("validation", "test"):  # shorter than parquet's footer
+        (tmp_path / f"{split}-00000-of-00001.parquet").write_bytes(b"garbage")
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("datasets")  # datasets' own handler writes to a stderr of its import time
+    logger.addHandler(handler)
+    try:
+        with pytest.raises(ValueError, match=r"cannot read the split files .*as parquet: ArrowInvalid"):
+            data.load_corpus(tmp_path)
+    finally:
+        logger.removeHandler(handler)
+    assert [r.getMessage() for r in records] == []  # no "Failed to read schema" line before wmtp's error
 
 
 def test_wikitext_without_test_split_raises(tmp_path):

@@ -200,15 +200,19 @@ def _datasets():
 
 @contextlib.contextmanager
 def _quiet_datasets():
-    """Hide the progress bars of `datasets` for the duration, then restore them as they were."""
-    datasets = _datasets()
-    was_enabled = datasets.utils.logging.is_progress_bar_enabled()
-    datasets.utils.logging.disable_progress_bar()
+    """Hide the progress bars and log lines of `datasets` for the duration, then restore both as
+    they were. Its log lines repeat a parser's error (a broken parquet file) before wmtp's own
+    one-line error says the same, naming the files."""
+    logging = _datasets().utils.logging
+    was_enabled, verbosity = logging.is_progress_bar_enabled(), logging.get_verbosity()
+    logging.disable_progress_bar()
+    logging.set_verbosity(logging.CRITICAL)
     try:
         yield
     finally:
+        logging.set_verbosity(verbosity)
         if was_enabled:
-            datasets.utils.logging.enable_progress_bar()
+            logging.enable_progress_bar()
 
 
 def _hub_offline_reason(timeout_s: float) -> str | None:
