@@ -18,7 +18,7 @@ from typing import NamedTuple
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from . import data, tokenizer
+from . import data, reproduce, tokenizer
 from .config import Preset
 from .decode import greedy_generate, speculative_generate
 from .device import synchronize
@@ -26,7 +26,6 @@ from .metrics import SCHEMA_VERSION, environment
 from .model import TargetLM
 from .mtp import MTPHead
 from .prefill import Prefill, prefill_prompt
-from .reproduce import prepare_models
 from .static_decode import static_greedy_generate, static_speculative_generate
 
 LOOPS = ("eager", "graph")  # wmtp/decode.py's loops; wmtp/static_decode.py's, in CUDA graphs
@@ -95,7 +94,8 @@ def bench_setup(kind: str, preset: Preset, dataset_dir: str | None, device: torc
                                                                          cache_dir))
     prompts = {c: long_prompt(tokens, c) for c in contexts}  # every context checked before the training
     text = torch.cat([tokens["train"], tokens["valid"], tokens["test"]])
-    target, head, train_info = prepare_models(preset, corpus, tokens, seed, device, cache_dir, None, progress, log)
+    target, head, train_info = reproduce.prepare_models(preset, corpus, tokens, seed, device, cache_dir, None,
+                                                        progress, log)  # looked up at call time, as tests patch it
     dtype = torch.float64 if device.type == "cpu" else torch.float32  # decode.py NOTE [Exactness]
     capacity = max(contexts) + preset.spec.new_tokens + preset.spec.depth
     target, head = with_capacity(target.to(dtype), head.to(dtype), capacity)
