@@ -210,7 +210,7 @@ def test_tiny_reproduce_end_to_end(capsys, wikitext_dir, tmp_path):
 def test_default_out_names_another_preset_and_device(capsys, wikitext_dir, tmp_path, monkeypatch):
     """Neither a quick --preset tiny run nor a GPU or MPS run overwrites the committed
     metrics/<corpus>-seed<seed>.json."""
-    from wmtp.cli import _default_out
+    from wmtp.reproduce_cli import _default_out
 
     assert _default_out("wikitext-2", "small", False, 42, "cpu") == Path("metrics/wikitext-2-seed42.json")
     assert _default_out("wikitext-2", "tiny", False, 42, "cpu") == Path("metrics/wikitext-2-tiny-seed42.json")

@@ -1,35 +1,29 @@
 """The ``wmtp`` command (and its ``auto-research`` alias): ``build_parser()`` + ``main(argv) -> int``.
 
 Subcommands: ``reproduce`` (train or load the models, run every arm, assert losslessness, write
-the metrics JSON; arXiv 2607.21535 in miniature), ``bench attention`` (draft-attention time per
-key set and context), ``bench decode`` (end-to-end decoding, eager and CUDA-graph loops;
-wmtp/bench_decode.py), ``bench sampling`` (acceptance of sampled speculative decoding per key set,
-temperature and method; wmtp/bench_sampling.py), ``bench depth`` (measured time per token per key
-set and draft-depth policy; wmtp/bench_depth.py), ``bench positions`` (acceptance with absolute
-and re-indexed draft key positions; wmtp/bench_positions.py), ``bench batch`` (batches of prompts:
-the dense batch, lockstep and a position a row; wmtp/bench_batch.py), ``generate`` (text with the accepted
-drafts marked; wmtp/generate.py), ``grade`` and ``plot``. Bad input
-exits with status 2 and one line on stderr, no traceback.
+the metrics JSON; arXiv 2607.21535 in miniature; wmtp/reproduce_cli.py), ``bench attention``
+(draft-attention time per key set and context), ``bench decode`` (end-to-end decoding, eager and
+CUDA-graph loops; wmtp/bench_decode.py), ``bench sampling`` (acceptance of sampled speculative
+decoding per key set, temperature and method; wmtp/bench_sampling.py), ``bench depth`` (measured
+time per token per key set and draft-depth policy; wmtp/bench_depth.py), ``bench positions``
+(acceptance with absolute and re-indexed draft key positions; wmtp/bench_positions.py), ``bench
+batch`` (batches of prompts: the dense batch, lockstep and a position a row; wmtp/bench_batch.py),
+``generate`` (text with the accepted drafts marked; wmtp/generate_cli.py), ``grade`` and ``plot``.
+Bad input exits with status 2 and one line on stderr, no traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-import fnmatch
-import glob
 import importlib
-import shlex
 import sys
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
-from .fileio import check_cache_dir, check_distinct, check_writable
+from .fileio import check_distinct, check_writable
 
 DEFAULT_PRESET = "small"  # reproduce's and bench's --preset; its results are the committed metrics files
-
-PAPERS = ("windowed-mtp",)
 
 # `wmtp bench NAME` on reproduce's models: wmtp/bench_NAME.py's add_arguments and cli; (help, description)
 BENCHES = {
@@ -80,36 +74,11 @@ def build_parser(prog: str = "wmtp") -> argparse.ArgumentParser:
                      "attention sinks and a recent window, verified losslessly by the full-attention target.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    rep = sub.add_parser("reproduce", help="train (or load) the models, run all arms, write metrics JSON",
-                         description="Reproduce Windowed-MTP: train the target LM and MTP head on the CPU (or "
-                         "load the cached checkpoint), decode on --device at each context with the native and "
-                         "windowed draft arms, assert every arm equals dense greedy decoding, and write "
-                         "metrics/*.json.")
-    rep.add_argument("--paper", choices=PAPERS, default="windowed-mtp", help="which paper to reproduce")
-    rep.add_argument("--dataset-dir", default=None, help="folder holding WikiText-2 (any of its layouts); "
-                     "without WikiText there, the hub is tried when online, else the offline corpus python-stdlib")
-    rep.add_argument("--device", default="auto",
-                     help="cpu, mps, cuda or auto (default: auto); where the models evaluate and decode "
-                          "(training runs on the CPU, so every device decodes the same weights)")
-    rep.add_argument("--seed", type=seed_arg, default=42, help="seed of weights and batches (default: 42)")
-    rep.add_argument("--preset", default=DEFAULT_PRESET,
-                     help=f"named preset from wmtp.PRESETS (default: {DEFAULT_PRESET}; tiny: a smoke test of "
-                          "seconds whose numbers mean nothing)")
-    rep.add_argument("--out", type=Path, default=None,
-                     help="metrics JSON path (default: metrics/<corpus>-seed<seed>.json for the preset small, "
-                          "as it is, on the CPU; another preset adds -<preset> after the corpus, overrides of "
-                          "the preset -<preset>-custom, another device -<device> at the end)")
-    rep.add_argument("--cache-dir", type=Path, default=Path(".wmtp-cache"),
-                     help="tokenizer and checkpoint cache (default: .wmtp-cache)")
-    rep.add_argument("--checkpoint", type=Path, default=None,
-                     help="checkpoint to load, or to write after training (default: in the cache dir)")
-    rep.add_argument("--depth", type=int, default=None, help="draft tokens per step K (default: the preset's)")
-    rep.add_argument("--keysets", nargs="+", default=None, metavar="SINK:WINDOW[@GATE]",
-                     help="windowed draft arms, e.g. 64:4096 8:64, or 8:64@8192 (native up to a context of 8192 "
-                          "tokens); the native arm always runs (default: preset's)")
-    rep.add_argument("--contexts", type=int, nargs="+", default=None, help="prompt lengths (default: preset's)")
-    rep.add_argument("--new-tokens", type=int, default=None, help="tokens generated per arm (default: preset's)")
-    rep.add_argument("--no-progress", action="store_true", help="no progress bars")
+    importlib.import_module(".reproduce_cli", __package__).add_arguments(sub.add_parser(
+        "reproduce", help="train (or load) the models, run all arms, write metrics JSON",
+        description="Reproduce Windowed-MTP: train the target LM and MTP head on the CPU (or load the cached "
+                    "checkpoint), decode on --device at each context with the native and windowed draft arms, "
+                    "assert every arm equals dense greedy decoding, and write metrics/*.json."))
 
     bench = sub.add_parser("bench", help="benchmarks", description="Benchmarks; figures are medians of repeats.")
     bench_sub = bench.add_subparsers(dest="bench", required=True, parser_class=_Parser)
@@ -161,108 +130,10 @@ def build_parser(prog: str = "wmtp") -> argparse.ArgumentParser:
     return parser
 
 
-def _print_reproduce(console: Console, m: dict) -> None:
-    table = Table(title=f"Windowed-MTP reproduction: {m['corpus']['name']}, depth {m['config']['spec']['depth']}, "
-                  f"decode {m['decode_dtype']}")
-    for col in ("context", "arm", "keys/step", "accept", "AL", "draft ms/step", "verify ms/step", "TPOT ms",
-                "TPOT speedup vs dense", "lossless"):
-        table.add_column(col, justify="right")
-    for c in m["contexts"]:
-        table.add_row(str(c["context"]), "dense", "-", "-", "1.00", "-", f"{c['dense']['step_median_s'] * 1e3:.2f}",
-                      f"{c['dense']['tpot_s'] * 1e3:.2f}", "-", "-")
-        for name, a in c["arms"].items():
-            table.add_row("", name, f"{a['draft_keys_read_per_step']:.0f}", f"{a['acceptance_rate']:.2f}",
-                          f"{a['mean_accept_length']:.2f}", f"{a['draft_time_per_step_s'] * 1e3:.2f}",
-                          f"{a['verify_time_per_step_s'] * 1e3:.2f}", f"{a['tpot_s'] * 1e3:.2f}",
-                          f"{a['tpot_speedup_vs_dense']:+.2f}", "yes" if a["lossless"] else "NO")
-    console.print(table)
-    from .bench import attention_table
-
-    console.print(attention_table(m["draft_attention"]))
-    ppl = m["target_perplexity"]
-    console.print(f"target perplexity on {ppl['valid_tokens_scored']} valid tokens, by context: {ppl['by_context']}")
-
-
-def _preset_with_overrides(args: argparse.Namespace):
-    """The named preset with the command line's overrides, validated before any work starts."""
-    from dataclasses import replace
-
-    from .config import KeySetConfig, get_preset, parse_keyset
-
-    preset = get_preset(args.preset)
-    spec = preset.spec
-    if args.depth is not None:
-        spec = replace(spec, depth=args.depth)
-    if args.keysets is not None:
-        spec = replace(spec, keysets=(KeySetConfig(0, None), *map(parse_keyset, args.keysets)))
-    if args.contexts is not None:
-        spec = replace(spec, contexts=tuple(args.contexts))
-    if args.new_tokens is not None:
-        spec = replace(spec, new_tokens=args.new_tokens)
-    if spec.new_tokens < 2 or any(c < 1 for c in spec.contexts):
-        raise ValueError("--contexts must be positive and --new-tokens at least 2 (one decode step to time)")
-    longest = max(spec.contexts) + spec.new_tokens + spec.depth - 1  # as speculative_generate reserves
-    if longest > preset.model.max_seq_len:
-        raise ValueError(f"a prompt of {max(spec.contexts)} tokens plus {spec.new_tokens} new tokens and depth "
-                         f"{spec.depth} needs {longest} cache positions; the KV cache holds {preset.model.max_seq_len}")
-    return replace(preset, spec=spec)
-
-
-def _default_out(corpus: str, preset: str, custom: bool, seed: int, device: str) -> Path:
-    """``metrics/<corpus>-seed<seed>.json`` for the default preset as it is, on the CPU (the
-    committed results). Another preset, overrides of it (``custom``) and another device go into
-    the name, so that neither a quick ``--preset tiny``, nor ``--contexts 64``, nor a GPU or MPS
-    run overwrites them."""
-    tag = "" if preset == DEFAULT_PRESET and not custom else f"-{preset}{'-custom' if custom else ''}"
-    return Path("metrics") / f"{corpus}{tag}-seed{seed}{'' if device == 'cpu' else '-' + device}.json"
-
-
 def stdout_console() -> Console:
     """A rich console on stdout; 160 columns when stdout is not a terminal (a pipe or a log), where
     rich would squeeze tables to 80 and cut their headers."""
     return Console(width=None if sys.stdout.isatty() else 160)
-
-
-def _reproduce(args: argparse.Namespace, prog: str, argv: list[str]) -> int:
-    from .config import get_preset
-    from .device import resolve_device
-    from .reproduce import reproduce
-
-    preset, device = _preset_with_overrides(args), resolve_device(args.device)
-    name = (args.preset, preset != get_preset(args.preset), args.seed, device.type)  # the default --out's parts
-    new_checkpoint = args.checkpoint if args.checkpoint is not None and not args.checkpoint.exists() else None
-    if args.checkpoint is not None and args.checkpoint.is_dir():
-        raise ValueError(f"--checkpoint {args.checkpoint} is a folder: pass the checkpoint file's path")
-    out = args.out or _default_out("*", *name)  # the default's name waits for the corpus's
-    png = out.with_suffix(".png")
-    for path, what in ((out, "--out"), (png, "--out's plot"), (new_checkpoint, "--checkpoint")):
-        if path is not None:  # fail now, not after the training and decoding
-            check_writable(path, what)
-    check_cache_dir(args.cache_dir, {"--out": out, "--out's plot": png})
-    check_distinct(out, png, "--out", "its plot")
-    for path, what in ((out, "--out"), (png, "--out's plot")):  # the default's "*": any corpus's name
-        pattern = glob.escape(str(path.resolve())).replace("[*]", "*")
-        if args.checkpoint is not None and fnmatch.fnmatchcase(str(args.checkpoint.resolve()), pattern):
-            raise ValueError(f"--checkpoint {args.checkpoint} would be overwritten by {what} {path}: give them "
-                             "two names")
-    console = Console(stderr=True)
-    command = " ".join([prog, *map(shlex.quote, argv)])
-
-    def log(line: str) -> None:  # one plain line each, never re-wrapped or styled
-        console.print(line, markup=False, highlight=False, soft_wrap=True)
-
-    m = reproduce(preset, args.dataset_dir, device, args.seed, None, args.cache_dir, args.checkpoint, command,
-                  progress=not args.no_progress, log=log)
-    from .metrics import write_json
-
-    out = args.out or _default_out(m["corpus"]["name"], *name)
-    write_json(out, m)
-    from .plots import render
-
-    png = render(out)
-    _print_reproduce(stdout_console(), m)
-    console.print(f"wrote {out} and {png} in {m['wall_time_s']:.0f} s")
-    return 0
 
 
 def _grade(args: argparse.Namespace) -> int:
@@ -283,7 +154,7 @@ def main(argv: list[str] | None = None, prog: str = "wmtp") -> int:
         return int(e.code or 0)
     try:
         if args.command == "reproduce":
-            return _reproduce(args, prog, argv)
+            return importlib.import_module(".reproduce_cli", __package__).cli(args, prog, argv)
         if args.command == "grade":
             return _grade(args)
         if args.command == "generate":
