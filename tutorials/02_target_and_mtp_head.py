@@ -74,9 +74,9 @@ print(f"bigram top-1 accuracy on held-out text: {bigram_acc:.3f}   (ceiling on t
 # %% [markdown]
 # ## Mechanism
 #
-# `wmtp.build_models("tiny")` gives a 2-layer Llama-style target (RMSNorm, RoPE, SwiGLU, grouped-query
-# attention; one local sliding-window layer and one global layer) and its MTP head. One head step at
-# position `t` (DeepSeek-V3 style):
+# `wmtp.build_models("tiny")` gives a 2-layer Llama-style target (RMSNorm, SwiGLU, grouped-query
+# attention; one local sliding-window layer with RoPE and one global layer without positional encoding,
+# NoPE) and its MTP head, whose one block uses RoPE. One head step at position `t` (DeepSeek-V3 style):
 #
 #     x_t = W [ RMSNorm(h_t) ; RMSNorm(Emb(token_{t+1})) ]
 #     g_t = Block(x_t)                      # attention over the draft KV: the Windowed-MTP key set

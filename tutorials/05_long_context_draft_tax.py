@@ -47,9 +47,12 @@ print(f"draft attention shapes: Hq={MODEL.n_heads}, Hkv={MODEL.n_kv_heads}, head
 # ## Naive reference
 #
 # Count, don't time. One speculative step with depth `K` at context `S` makes `K` draft queries at
-# positions `S-1 .. S+K-2`; each reads `key_count(t, n_sink, window)` keys, and each key read moves its
-# key and value vectors (`2 * Hkv * head_dim` numbers per layer) from memory. If the draft were pure
-# memory traffic, its time would be proportional to this count.
+# positions `S-1 .. S+K-2`, one for each draft it proposes; each reads `key_count(t, n_sink, window)`
+# keys, and each key read moves its key and value vectors (`2 * Hkv * head_dim` numbers per layer) from
+# memory. If the draft were pure memory traffic, its time would be proportional to this count. (A real
+# step's draft extend also runs one query for each draft the step before accepted, `a + K` queries in
+# all, so the measured `draft_keys_read_per_step` of the committed CPU run below is about
+# `1 + (AL - 1) / K` times this count.)
 
 # %%
 K = 7  # the paper's draft depth

@@ -236,4 +236,5 @@ fig.tight_layout()
 #   prefill only writes (no query reads), so it writes the positions the ring keeps, one call for the
 #   sinks and one for the last `window + depth`. On an H200 at 1048576 tokens the draft KV of the
 #   64 + 4096 arm took 8.6 MiB instead of 2048 MiB (`metrics/experiments/ring-h200-exp18.json`, when
-#   the ring kept 255 spare slots; with `depth` 7 spare slots it is 8.1 MiB).
+#   the ring kept 255 spare slots; with `depth` 7 spare slots it is 8.1 MiB,
+#   `metrics/bench-decode-h200-ring-spare-depth.json`; `docs/results/gpu-decode.md` has both runs).

@@ -77,9 +77,10 @@ print(f"\nbeta = sum min(p, q) = {float(beta):.4f}   (independent samples would 
       f"probability sum p q = {float(sum(px * qx for px, qx in zip(p, q))):.4f})")
 
 # %% [markdown]
-# The residual `1 - beta = 0.40` equals the residual's own mass, `sum max(p - q, 0)`: what acceptance
-# under-delivers on tokens 0 and 3 (where `p > q`), the residual adds back, and nothing else. Tokens 1, 2
-# and 4, which the draft over-proposes, are trimmed to `p` by the acceptance test alone.
+# The rejection probability `1 - beta = 0.40` equals the residual's own mass, `sum max(p - q, 0)`, so
+# the residual term of a token is `max(p - q, 0)` itself: what acceptance under-delivers on tokens 0
+# and 3 (where `p > q`), the residual adds back, and nothing else. Tokens 1, 2 and 4, which the draft
+# over-proposes, are trimmed to `p` by the acceptance test alone.
 
 # %% [markdown]
 # ## Mechanism

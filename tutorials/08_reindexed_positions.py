@@ -26,18 +26,26 @@
 #
 # (`wmtp/keyset.py`). You will build the re-indexed attention the slow way (a compact cache, rotated
 # again), derive the shortcut, check that both agree for both attention impls, and decode with it.
+#
+# Without a CUDA device the Triton kernel runs under Triton's interpreter, as in notebook 04: the first
+# code cell sets `TRITON_INTERPRET=1`, which Triton reads when it is imported (nothing here imports it
+# before the Check cell).
 
 # %%
 import json
 import math
+import os
 from pathlib import Path
 
 import torch
 
-import wmtp
-from wmtp.grading import harness_models
-from wmtp.keyset import draft_key_indices, reindexed_key_positions, sink_query_position
-from wmtp.model import apply_rope
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # CPU: the Check cell's impl="triton" runs in Triton's interpreter
+
+import wmtp  # noqa: E402
+from wmtp.grading import harness_models  # noqa: E402
+from wmtp.keyset import draft_key_indices, reindexed_key_positions, sink_query_position  # noqa: E402
+from wmtp.model import apply_rope  # noqa: E402
 
 THETA = 10000.0
 g = torch.Generator().manual_seed(0)

@@ -362,8 +362,10 @@ else:
 #   removes that wait: on the H200, 64 prompts of 16384 tokens in 16 refilling rows took 29.6 % less
 #   time a token than waves of 16, and 9.7 % less than the dense batch (a +10.7 % speedup; prefills
 #   excluded).
-# - With the prefills counted the refilling batch loses everywhere measured: a prompt prefilled
-#   alone cost at least 1.5-9.1 times its share of a batched prefill, and with 128 new tokens a prompt the
-#   prefills are most of its time (docs/results/lockstep.md, "With the prefills"). `prefill_batch`
-#   prefills the waiting prompts together instead, each copied into a row as one frees up; its
-#   H200 measurement is still to come.
+# - With the prefills counted, and 128 new tokens a prompt, the prefills are most of a prompt's time.
+#   In the run above (`bench-batch-h200-chunks.json`) refilling beats the same rows in waves at 16384
+#   tokens, but the dense batch stays the fastest in every cell; at 1024 tokens a prompt prefilled
+#   alone still pays a forward's fixed launches, and `prefill_batch` (`refill staged`) wins most of
+#   that back. Since the prefills got lighter (`metrics/bench-batch-h200-prefill-writes.json`)
+#   refilling trails the dense batch at 16384 tokens by speedups of −10.1 % to −0.5 %
+#   (docs/results/lockstep.md, "With the prefills").

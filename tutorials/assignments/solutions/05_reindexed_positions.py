@@ -8,11 +8,13 @@ keep their distances (they shift with the query) and only the sinks move. wmtp t
 sink keys with the query rotated to one position, ``sink_query_position(t, n_sink, window)``, and
 needs no second cache (``docs/concepts.md#re-indexed-key-positions``; tutorial 08).
 
-Your task: implement ``sink_query_position`` below (plain Python): the position, in the
-re-indexed key set of the query at absolute position ``t``, at which the query sits. Think about
-when the key set is still the whole prefix ``0 .. t`` (nothing evicted), and about a key set
-without sinks (``n_sink == 0``) or without a window (``window is None``: the full causal set),
-where nothing is re-indexed. You need not validate arguments.
+Your task: implement ``sink_query_position`` below (plain Python): the position to rotate the
+query at absolute position ``t`` to when it scores the sinks, which is its index in the re-indexed
+key set (the set's last index). Think about when the key set is still the whole prefix ``0 .. t``
+(nothing evicted). Without sinks (``n_sink == 0``) or without a window (``window is None``: the full
+causal set) no score changes under re-indexing (a pure window shifts with the query; the full set
+is never evicted), so there is nothing to re-index and the answer is ``t`` itself, as in
+``wmtp.keyset.sink_query_position``. You need not validate arguments.
 
 Grade it:
 
@@ -35,7 +37,8 @@ def sink_query_position(t: int, n_sink: int, window: int | None) -> int:
         window: recent keys including the query's own (>= 1), or ``None`` for the full causal set.
 
     Returns:
-        The query's position once the key set's keys are re-indexed ``0, 1, 2, ...``.
+        The query's position once the key set's keys are re-indexed ``0, 1, 2, ...``; ``t`` when there
+        is nothing to re-index (``n_sink == 0`` or ``window is None``).
     """
     if window is None or n_sink == 0:
         return t  # the full causal set, or a pure sliding window: every distance is the absolute one
