@@ -1,7 +1,8 @@
 """Dense greedy decoding, greedy verification, and (Windowed-)MTP speculative decoding.
 
-One speculative step (arXiv 2607.21535, Sec. 2-3), with ``n`` tokens committed and ``x`` the
-target's latest token at position ``n``:
+One speculative step (arXiv 2607.21535, Sec. 2-3), with the committed tokens at positions
+``0 .. n-1`` in the target's KV cache and ``x``, the target's latest token, at position ``n``
+(committed, not yet fed to the target):
 
 1. *draft extend*: the head consumes the target hidden states of the positions committed since
    its last step (filling the draft KV with true-chain entries) and guesses ``d_1``;
