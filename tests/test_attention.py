@@ -42,6 +42,7 @@ SHAPES = [
     pytest.param(1, 1, 1, 8, 37, 32, 0, 1, id="verify-window1-nosink"),
     pytest.param(1, 8, 2, 1, 37, 128, None, None, id="decode-both-None"),
     pytest.param(1, 4, 1, 8, 37, 32, 40, 4, id="verify-n_sink>S"),
+    pytest.param(1, 4, 1, 2, 37, 32, 4, 8, id="verify-Lq2"),  # a block of 2 queries: the formula masks it
 ]
 
 

@@ -98,6 +98,26 @@ def test_rejection_rule_emits_the_target_distribution():
     assert abs(accepted / trials - beta) <= 5 * (beta * (1 - beta) / trials).sqrt()
 
 
+def test_a_draft_the_target_rules_out_is_rejected_even_at_u_zero(monkeypatch):
+    """Acceptance is ``u * q(d) < p(d)`` with ``u`` in ``[0, 1)``: strict, so a draft with ``p(d) = 0`` is
+    never committed, not even at ``u = 0`` (``<=`` would commit it there), and one with ``p(d) > 0`` is
+    accepted at ``u = 0``. The accept uniforms are forced to 0; the resample keeps its own noise."""
+    real = sampling.position_uniforms
+
+    def zero_accept(seed, stream, positions, n):
+        u = real(seed, stream, positions, n)
+        return torch.zeros_like(u) if stream == sampling.ACCEPT else u
+
+    monkeypatch.setattr(sampling, "position_uniforms", zero_accept)
+    q = torch.tensor([[0.0, 1.0, 0.0]], dtype=torch.float64)  # (K=1, V=3): the draft is sure of token 1
+    p = torch.tensor([[0.5, 0.0, 0.5], [0.2, 0.3, 0.5]], dtype=torch.float64)  # (K+1, V): the target rules 1 out
+    for pos in range(16):
+        a, x = verify_rejection(torch.tensor([1]), q, p, pos, seed=3)
+        assert (a, int(x) in (0, 2)) == (0, True), pos  # rejected; resampled from max(p - q, 0) = [.5, 0, .5]
+    p[0] = torch.tensor([0.5, 0.25, 0.25], dtype=torch.float64)
+    assert verify_rejection(torch.tensor([1]), q, p, 0, seed=3)[0] == 1
+
+
 @pytest.mark.parametrize("k, q_rows, p_rows", [(0, 0, 1), (2, 1, 3), (2, 2, 2), (2, 2, 4)])
 def test_rejection_rule_refuses_mismatched_shapes(k, q_rows, p_rows):
     with pytest.raises(ValueError, match="verify_rejection needs"):
