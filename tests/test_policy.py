@@ -9,7 +9,7 @@ from decode_harness import Cycling, V, random_prompt
 import wmtp
 from wmtp import grading
 from wmtp.grading import harness_models
-from wmtp.policy import LINE_WEIGHT, AdaptiveDepth, FixedDepth, as_policy
+from wmtp.policy import LINE_WEIGHT, AdaptiveDepth, FixedDepth, as_policy, best_depth
 
 CUDA = torch.cuda.is_available()
 KEYSETS = [(0, None), (4, 16), (0, 1)]
@@ -220,3 +220,14 @@ def test_cuda_policies_are_lossless(models, impl):
         for policy in (Cycling([3, 1, 6]), AdaptiveDepth(6, learn_costs=True)):
             out, _ = wmtp.speculative_generate(target, head, prompt, 30, policy, n_sink, window, impl=impl)
             assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("alphas,costs,k", [
+    ([0.5, 0.5], [1.0, 1.0], 2),  # 1.5 vs 1.75 tokens at one cost: the deeper draft
+    ([0.5, 0.5], [1.0, 2.0], 1),  # 1.5 vs 0.875 tokens a unit of cost
+    ([1.0, 0.0, 0.0], [1.0, 1.0, 1.0], 1),  # 2 tokens at every depth: a tie goes to the smallest k
+    ([0.0, 1.0, 1.0], [2.0, 1.0, 1.0], 2),  # 0.5 vs 1 vs 1: the tie between 2 and 3 goes to 2
+])
+def test_best_depth_literal(alphas, costs, k):
+    assert best_depth(alphas, costs) == k
+
