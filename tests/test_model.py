@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import wmtp
-from wmtp.config import ModelConfig
+from wmtp.config import ModelConfig, MTPConfig, SpecConfig, TrainConfig
 from wmtp.kvcache import KVCache
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -98,10 +98,51 @@ def test_hybrid_layers():
     (dict(d_model=65), "divisible"), (dict(n_kv_heads=3), "divisible"),
     (dict(global_layers=(7,)), "global_layers"), (dict(local_window=0), "window"),
     (dict(train_seq_len=1), "train_seq_len"),
+    # each was a ZeroDivisionError, a TypeError, or a config accepted that fails (or decodes garbage) later
+    (dict(n_heads=0), "n_heads must be an integer >= 1, got 0"), (dict(n_kv_heads=0), "n_kv_heads"),
+    (dict(d_model=0), "d_model"), (dict(d_model=-128), "d_model"), (dict(d_model=128.0), "d_model"),
+    (dict(vocab_size=0), "vocab_size"), (dict(vocab_size=True), "vocab_size"), (dict(vocab_size=4096.0), "vocab_size"),
+    (dict(n_layers=0, global_layers=()), "n_layers"), (dict(n_layers=2.5, global_layers=()), "n_layers"),
+    (dict(d_ff=0), "d_ff"), (dict(max_seq_len=0), "max_seq_len"), (dict(max_seq_len=-1), "max_seq_len"),
+    (dict(rope_theta=0), "rope_theta"), (dict(rope_theta=-1.0), "rope_theta"),
+    (dict(rope_theta=float("nan")), "rope_theta"), (dict(norm_eps=-1.0), "norm_eps"),
+    (dict(norm_eps=float("nan")), "norm_eps"), (dict(global_layers=1), "global_layers"),
+    (dict(global_layers=(1.5,)), "global_layers"), (dict(train_seq_len=None), "train_seq_len"),
 ])
 def test_bad_model_config(kwargs, match):
     with pytest.raises(ValueError, match=match):
         ModelConfig(**kwargs)
+
+
+@pytest.mark.parametrize("cls,kwargs,match", [
+    (MTPConfig, dict(train_depth=0), "train_depth"), (MTPConfig, dict(train_depth=2.0), "train_depth"),
+    (MTPConfig, dict(rope="no"), "rope must be True or False"),
+    (SpecConfig, dict(keysets=((4, 16),)), "keysets must be a non-empty tuple of KeySetConfig"),  # an AttributeError
+    (SpecConfig, dict(keysets=()), "keysets"), (SpecConfig, dict(contexts=(0,)), "contexts"),
+    (SpecConfig, dict(contexts=()), "contexts"), (SpecConfig, dict(contexts=(64.5,)), "contexts"),
+    (SpecConfig, dict(ppl_contexts=(-5,)), "ppl_contexts"), (SpecConfig, dict(new_tokens=0), "new_tokens"),
+    (SpecConfig, dict(repeats=0), "repeats"),
+    (TrainConfig, dict(batch_size=0), "batch_size"), (TrainConfig, dict(batch_size=8.0), "batch_size"),
+    (TrainConfig, dict(seq_len=0), "seq_len"), (TrainConfig, dict(target_steps=-1), "target_steps"),
+    (TrainConfig, dict(warmup_steps=-1), "warmup_steps"), (TrainConfig, dict(lr=-1.0), "lr"),
+    (TrainConfig, dict(head_lr=float("nan")), "head_lr"), (TrainConfig, dict(weight_decay=-0.1), "weight_decay"),
+    (TrainConfig, dict(grad_clip=0.0), "grad_clip"), (TrainConfig, dict(max_train_chars=0), "max_train_chars"),
+])
+def test_bad_configs(cls, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        cls(**kwargs)
+
+
+def test_config_edges_that_stay_valid():
+    assert ModelConfig(global_layers=[1, 3]).global_layers == (1, 3)  # a list reads as the tuple
+    assert TrainConfig(grad_clip=float("inf"), max_train_chars=None).grad_clip == float("inf")  # no clipping
+    assert ModelConfig(norm_eps=0.0, local_window=None).norm_eps == 0.0
+
+
+@pytest.mark.parametrize("name", [["tiny"], None, "TINY"])
+def test_bad_preset_names(name):
+    with pytest.raises(ValueError, match="unknown preset"):  # a list was a TypeError (unhashable)
+        wmtp.get_preset(name)
 
 
 def test_rope_needs_an_even_head_dim():
