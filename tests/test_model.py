@@ -3,6 +3,7 @@ are never read (no rollback needed), weights come from an explicit generator."""
 
 import copy
 import os
+import random
 
 import pytest
 import torch
@@ -208,9 +209,30 @@ def test_cache_writes_keys_at_their_positions_only(pos_dtype):
 def test_unknown_preset():
     with pytest.raises(ValueError, match="unknown preset"):
         wmtp.build_models("huge")
-    for seed in (1.5, True):  # torch's RuntimeError before
+    for seed in (1.5, True, None, 2**70, -2**63 - 1):  # torch's RuntimeError before (2**70: "Overflow ...")
         with pytest.raises(ValueError, match="seed"):
             wmtp.build_models("tiny", seed=seed)
+    with pytest.raises(ValueError, match="unknown preset"):
+        wmtp.build_models(["tiny"])  # a TypeError (unhashable) before
+
+
+SMALL = ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=16, global_layers=())
+
+
+@pytest.mark.parametrize("build,match", [  # each was an AttributeError or a TypeError from deep inside
+    (lambda t: wmtp.TargetLM(None), "config must be a wmtp.ModelConfig, got NoneType"),
+    (lambda t: wmtp.TargetLM("tiny"), "config must be a wmtp.ModelConfig, got str"),
+    (lambda t: wmtp.TargetLM(wmtp.get_preset("tiny")), "got Preset"),
+    (lambda t: wmtp.TargetLM(SMALL, generator=5), "generator must be None or a CPU torch.Generator, got int"),
+    (lambda t: wmtp.TargetLM(SMALL, generator=random.Random(0)), "generator .* got Random"),
+    (lambda t: wmtp.MTPHead(MTPConfig(), None), r"MTPHead takes \(MTPConfig, TargetLM\), got \(MTPConfig, NoneType\)"),
+    (lambda t: wmtp.MTPHead(t, MTPConfig()), r"got \(TargetLM, MTPConfig\)"),  # arguments swapped
+    (lambda t: wmtp.MTPHead(t.config, t), r"got \(ModelConfig, TargetLM\)"),
+    (lambda t: wmtp.MTPHead(MTPConfig(), t, generator=5), "generator"),
+])
+def test_bad_model_construction(build, match):
+    with pytest.raises(ValueError, match=match):
+        build(wmtp.TargetLM(SMALL))
 
 
 def test_zero_biases_are_buffers_outside_checkpoints():
