@@ -44,7 +44,7 @@ from .model import TargetLM
 from .mtp import MTPHead
 from .policy import DepthPolicy, as_policy, gated_key_set, next_depth
 from .prefill import Prefill, start
-from .request import check_request, check_spec_request, draft_ring, with_positions
+from .request import check_request, check_spec_request, check_times, draft_ring, with_positions
 from .stats import SpecStats
 
 VERIFIERS = ("batched", "loop")
@@ -146,6 +146,7 @@ def greedy_generate(target: TargetLM, prompt_ids: torch.Tensor | list[torch.Tens
     Returns:
         1-D LongTensor of the new tokens (``max_new_tokens`` long, shorter only after ``eos_id``).
     """
+    check_times(step_times=step_times)
     if isinstance(prompt_ids, (list, tuple)):
         _one_prompt(prefill)
         return _each_prompt(prompt_ids, lambda p: greedy_generate(target, p, max_new_tokens, eos_id, impl,
