@@ -217,6 +217,22 @@ def test_loop_and_batched_verifiers_agree(models):
     assert torch.equal(a, b) and sa.accept_length_histogram == sb.accept_length_histogram
 
 
+@pytest.mark.parametrize("verify", [verify_greedy, verify_greedy_loop])
+@pytest.mark.parametrize("drafts, choice, match", [  # RuntimeError, IndexError, AttributeError or a silent answer
+    ([1, 2], [1, 2, 3], "must be tensors, got list, list"),
+    (torch.tensor([1, 2, 3]), torch.tensor([1, 2]), r"target_choice \(K\+1,\)"),  # choice too short
+    (torch.tensor([1, 2]), torch.tensor([1, 2]), r"target_choice \(K\+1,\)"),  # (K,): no committed token
+    (torch.tensor([[1, 2]]), torch.tensor([1, 2, 3]), r"drafts \(K,\)"),  # batched: 1, silently
+    (torch.tensor(1), torch.tensor([1, 2]), r"torch.int64 \(\)"),
+    (torch.tensor([1, 2]), torch.tensor([[1, 2, 3]]), r"\(1, 3\)"),
+    (torch.tensor([1.5, 2.0]), torch.tensor([1, 2, 3]), "integer token ids"),  # the loop's int(1.5) == 1 accepted
+    (torch.tensor([1, 2], device="meta"), torch.tensor([1, 2, 3]), "one device"),
+])
+def test_verifiers_refuse_bad_arguments(verify, drafts, choice, match):
+    with pytest.raises(ValueError, match=match):
+        verify(drafts, choice)
+
+
 def test_draft_keys_read_follow_the_key_set(models):
     """Per draft query the windowed head reads min(t+1, n_sink+window) keys."""
     target, head = models
