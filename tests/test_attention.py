@@ -152,6 +152,26 @@ def test_impl_switch(monkeypatch):
         resolve_impl("flash", "cpu")
     with pytest.raises(ValueError, match="bad device"):  # was torch's RuntimeError
         resolve_impl("torch", "nope")
+    for device in (None, torch.zeros(2)):  # one line, not torch's signatures (nor a tensor's repr)
+        with pytest.raises(ValueError, match=r"^bad device: give a torch.device .*, got (NoneType|Tensor)$"):
+            resolve_impl("auto", device)
+    with pytest.raises(ValueError, match="dtype must be a torch.dtype"):  # "auto" chose the reference silently
+        resolve_impl("auto", "cpu", "float16")
+    with pytest.raises(ValueError, match="head_dim must be an int"):
+        resolve_impl("auto", "cpu", torch.float16, "64")
+
+
+def test_paged_arguments_must_be_tensors():
+    q, k, v, q_pos = make_inputs(1, 4, 2, 3, 16, 16, torch.float32, seed=0)
+    pages = k[0].transpose(0, 1).reshape(4, 4, 2, 16)  # (num_pages, page_size, Hkv, D)
+    table = torch.arange(4, dtype=torch.int32)[None]  # (1, 4)
+    wmtp.paged_attention(q, pages, pages, table, q_pos, 2, 4, impl="torch")
+    for args, name in (((q, pages, pages, table.tolist()), "block_table"),  # AttributeErrors before
+                       ((q, pages.tolist(), pages, table), "k_pages"), ((q.numpy(), pages, pages, table), "q")):
+        with pytest.raises(ValueError, match=f"^{name} must be a torch.Tensor"):
+            wmtp.paged_attention(*args, q_pos, 2, 4, impl="torch")
+    with pytest.raises(ValueError, match="q_sink must be a torch.Tensor, got list"):
+        wmtp.paged_attention(q, pages, pages, table, q_pos, 2, 4, impl="torch", q_sink=q.tolist())
 
 
 def _bad_inputs():
@@ -171,6 +191,13 @@ def _bad_inputs():
         "3-D": ((q[0], k[0], v[0], q_pos), "expected"),
         "B=0": ((q[:0], k[:0], v[:0], q_pos), "empty"),  # torch failed in a reshape, Triton returned nothing
         "D=0": ((q[..., :0], k[..., :0], v[..., :0], q_pos), "empty"),  # a ZeroDivisionError
+        # AttributeErrors, TypeErrors and RuntimeErrors from inside before
+        "q-list": ((q.tolist(), k, v, q_pos), "q must be a torch.Tensor, got list"),
+        "k-numpy": ((q, k.numpy(), v, q_pos), "k must be a torch.Tensor, got ndarray"),
+        "v-None": ((q, k, None, q_pos), "v must be a torch.Tensor, got NoneType"),
+        "q_pos-str": ((q, k, v, "789"), "q_pos must be a tensor .* of integer positions, got str"),
+        "q_pos-None": ((q, k, v, None), "q_pos must be a tensor .* got NoneType"),
+        "q_pos-ragged": ((q, k, v, [[7, 8], [9]]), "q_pos must be a tensor .* got list"),
     }
 
 

@@ -96,3 +96,14 @@ def test_each_row_is_its_prompt_alone_on_cuda(impl):
 def test_bad_prompts_are_value_errors(target, generate, prompts, match):
     with pytest.raises(ValueError, match=match):
         generate(target, prompts, 4, impl="torch")
+
+
+@pytest.mark.parametrize("kwargs, match", [  # AttributeErrors before (the timings: after the prefill's work)
+    (dict(step_times=5), "step_times must be None or a list"), (dict(prefill_times=5), "prefill_times must be None"),
+    (dict(target=None), "^target must be a wmtp.TargetLM, got NoneType"),  # not as "prompts row 0"'s error
+])
+@pytest.mark.parametrize("generate", [batched_greedy_generate, static_batched_greedy_generate])
+def test_bad_arguments_are_value_errors(target, generate, kwargs, match):
+    args = dict(target=target, prompts=[torch.zeros(2, dtype=torch.long)], max_new_tokens=4, impl="torch") | kwargs
+    with pytest.raises(ValueError, match=match):
+        generate(**args)

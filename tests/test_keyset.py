@@ -152,6 +152,28 @@ def test_bad_key_set_args_raise(call, n_sink, window, name):
         call(n_sink, window)
 
 
+@pytest.mark.parametrize("call, match", [  # TypeErrors, RuntimeErrors and torch's unnamed ValueError before
+    (lambda: draft_key_mask("abc", 3, 1, 2), "q_pos must be a tensor .* got str"),
+    (lambda: draft_key_mask(None, 3, 1, 2), "q_pos must be a tensor .* got NoneType"),
+    (lambda: draft_key_mask([[0, 1], [2]], 3, 1, 2), "q_pos must be a tensor .* got list"),
+    (lambda: draft_key_csr([0.0, 1.0], 1, 2), r"q_pos must be \(Lq,\) integer positions .* torch.float32"),
+    (lambda: draft_key_csr(5, 1, 2), r"q_pos must be \(Lq,\) integer positions .* torch.int64 \(\)"),
+    (lambda: draft_key_csr(None, 1, 2), "q_pos must be a tensor .* got NoneType"),
+    (lambda: draft_key_csr([torch.arange(2), "ab"], 1, 2), "q_pos must be a tensor .* got str"),
+    (lambda: draft_key_csr(torch.arange(4).view(2, 2), 1, 2), r"q_pos must be \(Lq,\) integer positions"),
+    (lambda: draft_key_csr(torch.tensor([True, False]), 1, 2), "torch.bool"),
+])
+def test_bad_positions_raise(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_position_forms_that_stay_valid():
+    assert draft_key_csr([[0, 1], [0, 1, 2]], 1, 2)[0].tolist() == [0, 1, 3, 4, 6, 9]  # lists of lists
+    assert draft_key_csr([], 1, 2)[0].tolist() == [0]  # no queries (an empty list is a float tensor)
+    assert torch.equal(draft_key_mask([0, 1, 2], 3, 1, 2), draft_key_mask(torch.arange(3), 3, 1, 2))
+
+
 @pytest.mark.parametrize("fn", [draft_key_indices, key_ranges, key_count])
 @pytest.mark.parametrize("window", [4, None])
 def test_negative_position_raises(fn, window):

@@ -217,6 +217,22 @@ def test_loop_and_batched_verifiers_agree(models):
     assert torch.equal(a, b) and sa.accept_length_histogram == sb.accept_length_histogram
 
 
+@pytest.mark.parametrize("verify", [verify_greedy, verify_greedy_loop])
+@pytest.mark.parametrize("drafts, choice, match", [  # RuntimeError, IndexError, AttributeError or a silent answer
+    ([1, 2], [1, 2, 3], "must be tensors, got list, list"),
+    (torch.tensor([1, 2, 3]), torch.tensor([1, 2]), r"target_choice \(K\+1,\)"),  # choice too short
+    (torch.tensor([1, 2]), torch.tensor([1, 2]), r"target_choice \(K\+1,\)"),  # (K,): no committed token
+    (torch.tensor([[1, 2]]), torch.tensor([1, 2, 3]), r"drafts \(K,\)"),  # batched: 1, silently
+    (torch.tensor(1), torch.tensor([1, 2]), r"torch.int64 \(\)"),
+    (torch.tensor([1, 2]), torch.tensor([[1, 2, 3]]), r"\(1, 3\)"),
+    (torch.tensor([1.5, 2.0]), torch.tensor([1, 2, 3]), "integer token ids"),  # the loop's int(1.5) == 1 accepted
+    (torch.tensor([1, 2], device="meta"), torch.tensor([1, 2, 3]), "one device"),
+])
+def test_verifiers_refuse_bad_arguments(verify, drafts, choice, match):
+    with pytest.raises(ValueError, match=match):
+        verify(drafts, choice)
+
+
 def test_draft_keys_read_follow_the_key_set(models):
     """Per draft query the windowed head reads min(t+1, n_sink+window) keys."""
     target, head = models
@@ -235,12 +251,37 @@ def test_draft_keys_read_follow_the_key_set(models):
     (dict(eos_id=-1), "eos_id"), (dict(eos_id="a"), "eos_id"), (dict(eos_id=10**6), "eos_id"),
     (dict(verifier=lambda d, c: -1), "verifier must return"), (dict(verifier=lambda d, c: 3), "verifier must return"),
     (dict(verifier=lambda d, c: True), "verifier must return"), (dict(prompt_ids=random_prompt(5).float()), "integer"),
+    # were AttributeErrors, or torch's errors from deep inside the first pass
+    (dict(target=None), "target must be a wmtp.TargetLM, got NoneType"), (dict(draft=None), "a draft needs"),
+    (dict(prompt_ids=random_prompt(5).to("meta")), "prompt_ids is on meta, the target on cpu"),
 ])
 def test_bad_arguments_raise_value_error(models, kwargs, match):
     target, head = models
-    args = dict(prompt_ids=random_prompt(5), max_new_tokens=4, depth=2) | kwargs
+    args = dict(target=target, draft=head, prompt_ids=random_prompt(5), max_new_tokens=4, depth=2) | kwargs
     with pytest.raises(ValueError, match=match):
-        wmtp.speculative_generate(target, head, **args)
+        wmtp.speculative_generate(**args)
+
+
+def test_a_head_in_another_dtype_than_its_target_is_refused_up_front(models):
+    """A float32 head on the float64 target (built before ``target.double()``, say): a ValueError
+    naming both, before any prefill (it was head_input's "w_hidden must be on cpu in torch.float64")."""
+    target, head = models
+    with pytest.raises(ValueError, match="the draft head is torch.float32 on cpu, the target torch.float64 on cpu"):
+        wmtp.speculative_generate(target, wmtp.MTPHead(head.config, target), random_prompt(5), 4, 2)
+
+
+@pytest.mark.parametrize("generate", [wmtp.greedy_generate, wmtp.static_greedy_generate])
+@pytest.mark.parametrize("kwargs,match", [  # were AttributeErrors (step_times: after the first step's work)
+    (dict(target=None), "target must be a wmtp.TargetLM, got NoneType"),
+    (dict(target="tiny"), "target must be a wmtp.TargetLM, got str"),
+    (dict(step_times=5), "step_times must be None or a list"), (dict(step_times=()), "got tuple"),
+    (dict(prompt_ids=random_prompt(5).to("meta")), "prompt_ids is on meta, the target on cpu"),  # RuntimeError
+])
+def test_bad_dense_arguments_raise_value_error(models, generate, kwargs, match):
+    target, _ = models
+    args = dict(target=target, prompt_ids=random_prompt(5), max_new_tokens=4) | kwargs
+    with pytest.raises(ValueError, match=match):
+        generate(**args)
 
 
 # (device, impl, depth, n_sink, window): both impls on CUDA at every depth and arm; the kernel

@@ -3,12 +3,13 @@ are never read (no rollback needed), weights come from an explicit generator."""
 
 import copy
 import os
+import random
 
 import pytest
 import torch
 
 import wmtp
-from wmtp.config import ModelConfig
+from wmtp.config import ModelConfig, MTPConfig, SpecConfig, TrainConfig
 from wmtp.kvcache import KVCache
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -98,10 +99,51 @@ def test_hybrid_layers():
     (dict(d_model=65), "divisible"), (dict(n_kv_heads=3), "divisible"),
     (dict(global_layers=(7,)), "global_layers"), (dict(local_window=0), "window"),
     (dict(train_seq_len=1), "train_seq_len"),
+    # each was a ZeroDivisionError, a TypeError, or a config accepted that fails (or decodes garbage) later
+    (dict(n_heads=0), "n_heads must be an integer >= 1, got 0"), (dict(n_kv_heads=0), "n_kv_heads"),
+    (dict(d_model=0), "d_model"), (dict(d_model=-128), "d_model"), (dict(d_model=128.0), "d_model"),
+    (dict(vocab_size=0), "vocab_size"), (dict(vocab_size=True), "vocab_size"), (dict(vocab_size=4096.0), "vocab_size"),
+    (dict(n_layers=0, global_layers=()), "n_layers"), (dict(n_layers=2.5, global_layers=()), "n_layers"),
+    (dict(d_ff=0), "d_ff"), (dict(max_seq_len=0), "max_seq_len"), (dict(max_seq_len=-1), "max_seq_len"),
+    (dict(rope_theta=0), "rope_theta"), (dict(rope_theta=-1.0), "rope_theta"),
+    (dict(rope_theta=float("nan")), "rope_theta"), (dict(norm_eps=-1.0), "norm_eps"),
+    (dict(norm_eps=float("nan")), "norm_eps"), (dict(global_layers=1), "global_layers"),
+    (dict(global_layers=(1.5,)), "global_layers"), (dict(train_seq_len=None), "train_seq_len"),
 ])
 def test_bad_model_config(kwargs, match):
     with pytest.raises(ValueError, match=match):
         ModelConfig(**kwargs)
+
+
+@pytest.mark.parametrize("cls,kwargs,match", [
+    (MTPConfig, dict(train_depth=0), "train_depth"), (MTPConfig, dict(train_depth=2.0), "train_depth"),
+    (MTPConfig, dict(rope="no"), "rope must be True or False"),
+    (SpecConfig, dict(keysets=((4, 16),)), "keysets must be a non-empty tuple of KeySetConfig"),  # an AttributeError
+    (SpecConfig, dict(keysets=()), "keysets"), (SpecConfig, dict(contexts=(0,)), "contexts"),
+    (SpecConfig, dict(contexts=()), "contexts"), (SpecConfig, dict(contexts=(64.5,)), "contexts"),
+    (SpecConfig, dict(ppl_contexts=(-5,)), "ppl_contexts"), (SpecConfig, dict(new_tokens=0), "new_tokens"),
+    (SpecConfig, dict(repeats=0), "repeats"),
+    (TrainConfig, dict(batch_size=0), "batch_size"), (TrainConfig, dict(batch_size=8.0), "batch_size"),
+    (TrainConfig, dict(seq_len=0), "seq_len"), (TrainConfig, dict(target_steps=-1), "target_steps"),
+    (TrainConfig, dict(warmup_steps=-1), "warmup_steps"), (TrainConfig, dict(lr=-1.0), "lr"),
+    (TrainConfig, dict(head_lr=float("nan")), "head_lr"), (TrainConfig, dict(weight_decay=-0.1), "weight_decay"),
+    (TrainConfig, dict(grad_clip=0.0), "grad_clip"), (TrainConfig, dict(max_train_chars=0), "max_train_chars"),
+])
+def test_bad_configs(cls, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        cls(**kwargs)
+
+
+def test_config_edges_that_stay_valid():
+    assert ModelConfig(global_layers=[1, 3]).global_layers == (1, 3)  # a list reads as the tuple
+    assert TrainConfig(grad_clip=float("inf"), max_train_chars=None).grad_clip == float("inf")  # no clipping
+    assert ModelConfig(norm_eps=0.0, local_window=None).norm_eps == 0.0
+
+
+@pytest.mark.parametrize("name", [["tiny"], None, "TINY"])
+def test_bad_preset_names(name):
+    with pytest.raises(ValueError, match="unknown preset"):  # a list was a TypeError (unhashable)
+        wmtp.get_preset(name)
 
 
 def test_rope_needs_an_even_head_dim():
@@ -167,9 +209,30 @@ def test_cache_writes_keys_at_their_positions_only(pos_dtype):
 def test_unknown_preset():
     with pytest.raises(ValueError, match="unknown preset"):
         wmtp.build_models("huge")
-    for seed in (1.5, True):  # torch's RuntimeError before
+    for seed in (1.5, True, None, 2**70, -2**63 - 1):  # torch's RuntimeError before (2**70: "Overflow ...")
         with pytest.raises(ValueError, match="seed"):
             wmtp.build_models("tiny", seed=seed)
+    with pytest.raises(ValueError, match="unknown preset"):
+        wmtp.build_models(["tiny"])  # a TypeError (unhashable) before
+
+
+SMALL = ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=16, global_layers=())
+
+
+@pytest.mark.parametrize("build,match", [  # each was an AttributeError or a TypeError from deep inside
+    (lambda t: wmtp.TargetLM(None), "config must be a wmtp.ModelConfig, got NoneType"),
+    (lambda t: wmtp.TargetLM("tiny"), "config must be a wmtp.ModelConfig, got str"),
+    (lambda t: wmtp.TargetLM(wmtp.get_preset("tiny")), "got Preset"),
+    (lambda t: wmtp.TargetLM(SMALL, generator=5), "generator must be None or a CPU torch.Generator, got int"),
+    (lambda t: wmtp.TargetLM(SMALL, generator=random.Random(0)), "generator .* got Random"),
+    (lambda t: wmtp.MTPHead(MTPConfig(), None), r"MTPHead takes \(MTPConfig, TargetLM\), got \(MTPConfig, NoneType\)"),
+    (lambda t: wmtp.MTPHead(t, MTPConfig()), r"got \(TargetLM, MTPConfig\)"),  # arguments swapped
+    (lambda t: wmtp.MTPHead(t.config, t), r"got \(ModelConfig, TargetLM\)"),
+    (lambda t: wmtp.MTPHead(MTPConfig(), t, generator=5), "generator"),
+])
+def test_bad_model_construction(build, match):
+    with pytest.raises(ValueError, match=match):
+        build(wmtp.TargetLM(SMALL))
 
 
 def test_zero_biases_are_buffers_outside_checkpoints():

@@ -196,7 +196,7 @@ def test_bad_depths_raise_value_error(models, make, match, generate):
                                     {"prior": (1,)}, {"prior": (True, 1)}, {"decay": 0}, {"decay": 1.5},
                                     {"decay": True}, {"verify_cost_per_draft": True}, {"learn_costs": 1},
                                     {"cost_model": "table", "learn_costs": True}, {"cost_model": "per-depth"},
-                                    {"max_depth": 0}])
+                                    {"max_depth": 0}, {"prior": 5}, {"prior": None}])  # the last two: TypeErrors
 def test_bad_adaptive_settings_raise_value_error(kwargs):
     with pytest.raises(ValueError):
         AdaptiveDepth(**({"max_depth": 4} | kwargs))

@@ -34,8 +34,8 @@ def build_models(preset: str = "tiny", seed: int = 0) -> tuple[TargetLM, MTPHead
         seed: seeds one ``torch.Generator`` used for both models' weights.
     """
     p = get_preset(preset)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an int, got {seed!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not -2**63 <= seed < 2**64:  # manual_seed's range
+        raise ValueError(f"seed must be an int in [-2**63, 2**64), got {seed!r}")
     g = torch.Generator().manual_seed(seed)
     target = TargetLM(p.model, generator=g)
     head = MTPHead(p.mtp, target, generator=g)

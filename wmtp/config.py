@@ -8,11 +8,35 @@ the field comments. Presets live in one dict, ``PRESETS``: ``tiny`` for tests (s
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
 from .keyset import check_key_set_args
 from .policy import check_gate
+
+
+def _check_int(name: str, value, low: int) -> None:
+    """``value`` must be an int (not a bool) ``>= low``, else a ``ValueError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
+def _check_number(name: str, value, *, positive: bool, finite: bool = True) -> None:
+    """``value`` must be a real number (not a bool, not NaN), ``> 0`` (``positive``) or ``>= 0``, and
+    finite unless ``finite=False``; else a ``ValueError`` naming ``name``."""
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and not math.isnan(value) and (
+        value > 0 if positive else value >= 0) and (math.isfinite(value) or not finite)
+    if not ok:
+        raise ValueError(f"{name} must be a{' finite' if finite else ''} number {'>' if positive else '>='} 0, "
+                         f"got {value!r}")
+
+
+def _check_ints(name: str, values, low: int) -> None:
+    """``values`` must be a non-empty tuple of ints ``>= low``."""
+    if not isinstance(values, tuple) or not values or any(
+            isinstance(v, bool) or not isinstance(v, int) or v < low for v in values):
+        raise ValueError(f"{name} must be a non-empty tuple of integers >= {low}, got {values!r}")
 
 
 @dataclass(frozen=True)
@@ -34,6 +58,16 @@ class ModelConfig:
     head_dim: int = field(init=False)
 
     def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq_len"):
+            _check_int(name, getattr(self, name), 1)
+        _check_int("train_seq_len", self.train_seq_len, 2)  # global layers scale q by log(t + 1) / log(train_seq_len)
+        _check_number("rope_theta", self.rope_theta, positive=True)
+        _check_number("norm_eps", self.norm_eps, positive=False)
+        if isinstance(self.global_layers, list):  # a list reads as the tuple (a frozen config stays hashable)
+            object.__setattr__(self, "global_layers", tuple(self.global_layers))
+        if not isinstance(self.global_layers, tuple) or any(
+                isinstance(i, bool) or not isinstance(i, int) for i in self.global_layers):
+            raise ValueError(f"global_layers must be a tuple of layer indices (ints), got {self.global_layers!r}")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
         if self.n_heads % self.n_kv_heads:
@@ -41,8 +75,6 @@ class ModelConfig:
         if any(not 0 <= i < self.n_layers for i in self.global_layers):
             raise ValueError(f"global_layers {self.global_layers} out of range for {self.n_layers} layers")
         check_key_set_args(0, self.local_window)
-        if self.train_seq_len < 2:  # global layers scale q by log(t + 1) / log(train_seq_len)
-            raise ValueError(f"train_seq_len must be at least 2, got {self.train_seq_len}")
         object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
 
 
@@ -52,6 +84,11 @@ class MTPConfig:
 
     train_depth: int = 3  # recursive steps unrolled in training (draft positions 1..train_depth)
     rope: bool = True  # draft keys carry RoPE of their absolute position (paper default)
+
+    def __post_init__(self) -> None:
+        _check_int("train_depth", self.train_depth, 1)
+        if not isinstance(self.rope, bool):
+            raise ValueError(f"rope must be True or False, got {self.rope!r}")
 
 
 @dataclass(frozen=True)
@@ -101,6 +138,17 @@ class TrainConfig:
     grad_clip: float = 1.0
     max_train_chars: int | None = 4_000_000  # cap on training text (tokenizer and LM)
 
+    def __post_init__(self) -> None:
+        for name, low in (("target_steps", 0), ("head_steps", 0), ("batch_size", 1), ("seq_len", 1),
+                          ("warmup_steps", 0)):
+            _check_int(name, getattr(self, name), low)
+        for name in ("lr", "head_lr"):
+            _check_number(name, getattr(self, name), positive=True)
+        _check_number("weight_decay", self.weight_decay, positive=False)
+        _check_number("grad_clip", self.grad_clip, positive=True, finite=False)  # inf: no clipping
+        if self.max_train_chars is not None:
+            _check_int("max_train_chars", self.max_train_chars, 1)
+
 
 @dataclass(frozen=True)
 class SpecConfig:
@@ -120,6 +168,13 @@ class SpecConfig:
     def __post_init__(self) -> None:
         if isinstance(self.depth, bool) or not isinstance(self.depth, int) or self.depth < 1:
             raise ValueError(f"depth must be a positive integer, got {self.depth!r}")
+        if not isinstance(self.keysets, tuple) or not self.keysets or not all(
+                isinstance(k, KeySetConfig) for k in self.keysets):
+            raise ValueError(f"keysets must be a non-empty tuple of KeySetConfig, got {self.keysets!r}")
+        _check_ints("contexts", self.contexts, 1)
+        _check_ints("ppl_contexts", self.ppl_contexts, 1)
+        _check_int("new_tokens", self.new_tokens, 1)
+        _check_int("repeats", self.repeats, 1)
         for what, items in (("key set", [k.label for k in self.keysets]), ("context", self.contexts)):
             twice = [x for i, x in enumerate(items) if x in items[:i]]
             if twice:  # an arm or a context run twice would overwrite its own metrics
@@ -157,6 +212,6 @@ PRESETS: dict[str, Preset] = {
 
 def get_preset(name: str) -> Preset:
     """Look up a preset by name; raises ``ValueError`` naming the known presets."""
-    if name not in PRESETS:
+    if not isinstance(name, str) or name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}")
     return PRESETS[name]

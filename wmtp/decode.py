@@ -39,16 +39,30 @@ import torch
 
 from .attention import resolve_impl
 from .device import synchronize
-from .keyset import key_count
+from .keyset import is_integer_tensor, key_count
 from .model import TargetLM
 from .mtp import MTPHead
 from .policy import DepthPolicy, as_policy, gated_key_set, next_depth
 from .prefill import Prefill, start
-from .request import check_request, check_spec_request, draft_ring, with_positions
+from .request import check_request, check_spec_request, check_times, draft_ring, with_positions
 from .stats import SpecStats
 
 VERIFIERS = ("batched", "loop")
 Verifier = Callable[[torch.Tensor, torch.Tensor], int]  # (drafts (K,), target choices (K+1,)) -> accepted
+
+
+def _check_verify(drafts: torch.Tensor, target_choice: torch.Tensor) -> None:
+    """Both verifiers' arguments: ``drafts (K,)`` and ``target_choice (K+1,)`` integer tensors on one
+    device, else ``ValueError`` (shapes, dtypes and devices only: no sync in the decoding loop)."""
+    if not isinstance(drafts, torch.Tensor) or not isinstance(target_choice, torch.Tensor):
+        raise ValueError(f"drafts and target_choice must be tensors, got {type(drafts).__name__}, "
+                         f"{type(target_choice).__name__}")
+    K = drafts.shape[0] if drafts.dim() == 1 else -1
+    if (K < 0 or target_choice.shape != (K + 1,) or not is_integer_tensor(drafts)
+            or not is_integer_tensor(target_choice) or drafts.device != target_choice.device):
+        raise ValueError(f"expected drafts (K,) and target_choice (K+1,) of integer token ids on one device; got "
+                         f"{drafts.dtype} {tuple(drafts.shape)} on {drafts.device}, {target_choice.dtype} "
+                         f"{tuple(target_choice.shape)} on {target_choice.device}")
 
 
 def verify_greedy(drafts: torch.Tensor, target_choice: torch.Tensor) -> int:
@@ -56,12 +70,17 @@ def verify_greedy(drafts: torch.Tensor, target_choice: torch.Tensor) -> int:
 
     ``drafts`` is ``(K,)``; ``target_choice`` ``(K+1,)`` is the target's argmax at the verify
     positions, so ``target_choice[a]`` is the token committed after ``a`` accepted drafts.
+
+    Raises:
+        ValueError: for arguments of other shapes, a non-integer dtype, or two devices.
     """
+    _check_verify(drafts, target_choice)
     return int((drafts == target_choice[: drafts.shape[0]]).long().cumprod(0).sum())
 
 
 def verify_greedy_loop(drafts: torch.Tensor, target_choice: torch.Tensor) -> int:
     """Token-by-token reference for :func:`verify_greedy`: stop at the first mismatch."""
+    _check_verify(drafts, target_choice)
     accepted = 0
     for i in range(drafts.shape[0]):
         if int(drafts[i]) != int(target_choice[i]):
@@ -146,6 +165,7 @@ def greedy_generate(target: TargetLM, prompt_ids: torch.Tensor | list[torch.Tens
     Returns:
         1-D LongTensor of the new tokens (``max_new_tokens`` long, shorter only after ``eos_id``).
     """
+    check_times(step_times=step_times)
     if isinstance(prompt_ids, (list, tuple)):
         _one_prompt(prefill)
         return _each_prompt(prompt_ids, lambda p: greedy_generate(target, p, max_new_tokens, eos_id, impl,

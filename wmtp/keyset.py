@@ -34,6 +34,7 @@ import torch
 
 __all__ = [
     "POSITIONS",
+    "as_positions",
     "check_key_set_args",
     "check_positions",
     "in_key_set",
@@ -78,6 +79,16 @@ def in_key_set(t: torch.Tensor, j: torch.Tensor, n_sink: int | None, window: int
 def is_integer_tensor(t: torch.Tensor) -> bool:
     """Whether ``t`` holds integers (token ids, positions): not floating, complex or bool."""
     return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
+
+
+def as_positions(q_pos, name: str = "q_pos") -> torch.Tensor:
+    """``q_pos`` (a tensor, a list of ints, a numpy array) as a tensor, else ``ValueError`` (``None``, a
+    string, ragged lists: torch's TypeError, RuntimeError or unnamed ValueError otherwise)."""
+    try:
+        return torch.as_tensor(q_pos)
+    except (TypeError, RuntimeError, ValueError):
+        raise ValueError(f"{name} must be a tensor (or list) of integer positions, got {type(q_pos).__name__}"
+                         ) from None
 
 
 def _position(t) -> int:
@@ -141,7 +152,7 @@ def draft_key_mask(q_pos: torch.Tensor, kv_len: int, n_sink: int | None, window:
         window: recent-window size including the query (``None`` = full causal set).
     """
     check_key_set_args(n_sink, window)
-    q_pos = torch.as_tensor(q_pos)
+    q_pos = as_positions(q_pos)
     if q_pos.dim() != 1 or not is_integer_tensor(q_pos):
         raise ValueError(f"q_pos must be a 1-D tensor of integer positions, got {q_pos.dtype} {tuple(q_pos.shape)}")
     if q_pos.numel() and int(q_pos.min()) < 0:
@@ -172,9 +183,13 @@ def draft_key_csr(
     """
     one = not isinstance(q_pos, (list, tuple)) or all(isinstance(t, int) or torch.is_tensor(t) and t.dim() == 0
                                                       for t in q_pos)  # positions of one sequence
-    seqs = [q_pos] if one else q_pos
+    seqs = [as_positions(seq) for seq in ([q_pos] if one else q_pos)]
     check_key_set_args(n_sink, window)
-    rows = [draft_key_indices(t, n_sink, window) for seq in seqs for t in torch.as_tensor(seq).tolist()]
+    for seq in seqs:  # an empty list is a float tensor: no positions, no dtype to check
+        if seq.dim() != 1 or (seq.numel() and not is_integer_tensor(seq)):
+            raise ValueError(f"q_pos must be (Lq,) integer positions or a list of such, got {seq.dtype} "
+                             f"{tuple(seq.shape)}")
+    rows = [draft_key_indices(t, n_sink, window) for seq in seqs for t in seq.tolist()]
     counts = torch.tensor([len(r) for r in rows], dtype=torch.long)
     indptr = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
     indices = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)

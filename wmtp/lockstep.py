@@ -36,7 +36,7 @@ from .keyset import key_count
 from .model import TargetLM
 from .mtp import MTPHead
 from .policy import DepthPolicy, as_policy, next_depth
-from .request import check_request, check_spec_request, spec_extra
+from .request import check_request, check_spec_request, check_target, check_times, spec_extra
 from .rows import as_rows, prefill_rows, timed
 
 __all__ = ["LockstepStats", "batched_greedy_generate", "check_dense_batch", "lockstep_generate"]
@@ -133,6 +133,7 @@ def _prefill_batch(target: TargetLM, draft: MTPHead | None, prompts: torch.Tenso
 def check_dense_batch(target: TargetLM, prompts, max_new_tokens: int, eos_id: int | None, impl: str):
     """The dense batch's checks: returns the prompts as a list of rows (a ``(B, P)`` tensor's, or a
     list of 1-D ones of any lengths), the cache positions a row writes and ``impl`` resolved."""
+    check_target(target)  # once, not as a row's error
     rows = as_rows(prompts)
     dev = rows[0].device
     if any(r.device != dev for r in rows):
@@ -173,6 +174,7 @@ def batched_greedy_generate(target: TargetLM, prompts, max_new_tokens: int, eos_
     Returns:
         One 1-D LongTensor of new tokens a row.
     """
+    check_times(step_times=step_times, prefill_times=prefill_times)
     rows, needed, impl = check_dense_batch(target, prompts, max_new_tokens, eos_id, impl)
     dev = rows[0].device
     cache, _, x, _, lengths = timed(dev, lambda: prefill_rows(target, None, rows, needed, impl),

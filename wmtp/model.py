@@ -214,6 +214,13 @@ class Block(nn.Module):
         self.attn.write(h, pos, cache, layer, impl)
 
 
+def check_generator(generator) -> None:
+    """A model's ``generator`` must be ``None`` or a CPU ``torch.Generator`` (weights are drawn on the CPU)."""
+    if generator is not None and (not isinstance(generator, torch.Generator) or generator.device.type != "cpu"):
+        where = f" on {generator.device}" if isinstance(generator, torch.Generator) else ""
+        raise ValueError(f"generator must be None or a CPU torch.Generator, got {type(generator).__name__}{where}")
+
+
 def init_weights(module: nn.Module, generator: torch.Generator, n_layers: int) -> None:
     """Initialise every matrix ``N(0, 0.02)`` (output projections ``/ sqrt(2 n_layers)``), norms to 1."""
     with torch.no_grad():
@@ -236,6 +243,9 @@ class TargetLM(nn.Module):
 
     def __init__(self, config: ModelConfig, generator: torch.Generator | None = None) -> None:
         super().__init__()
+        if not isinstance(config, ModelConfig):
+            raise ValueError(f"config must be a wmtp.ModelConfig, got {type(config).__name__}")
+        check_generator(generator)
         self.config = config
         self.embed = nn.Parameter(torch.empty(config.vocab_size, config.d_model))  # tied with the LM head
         self.layers = nn.ModuleList(

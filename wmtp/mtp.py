@@ -22,7 +22,7 @@ from .config import MTPConfig
 from .head_input import head_input
 from .kvcache import KVCache
 from .linear import linear, rezero, zero_bias
-from .model import Block, RMSNorm, TargetLM, init_weights, op_impl
+from .model import Block, RMSNorm, TargetLM, check_generator, init_weights, op_impl
 from .pagedcache import PagedKVCache
 from .ringcache import RingKVCache
 
@@ -38,6 +38,10 @@ class MTPHead(nn.Module):
 
     def __init__(self, config: MTPConfig, target: TargetLM, generator: torch.Generator | None = None) -> None:
         super().__init__()
+        if not isinstance(config, MTPConfig) or not isinstance(target, TargetLM):
+            raise ValueError(f"MTPHead takes (MTPConfig, TargetLM), got ({type(config).__name__}, "
+                             f"{type(target).__name__})")
+        check_generator(generator)
         self.config = config
         self.__dict__["target"] = target  # shared, frozen; kept out of this module's parameters
         mc = target.config

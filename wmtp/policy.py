@@ -125,8 +125,8 @@ class AdaptiveDepth:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
                     math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        if len(prior) != 2 or not all(not isinstance(p, bool) and isinstance(p, (int, float)) and p > 0
-                                      and math.isfinite(p) for p in prior):
+        if not isinstance(prior, (tuple, list)) or len(prior) != 2 or not all(
+                not isinstance(p, bool) and isinstance(p, (int, float)) and p > 0 and math.isfinite(p) for p in prior):
             raise ValueError(f"prior must be two finite numbers > 0 (accepts, rejects), got {prior!r}")
         if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 < decay <= 1:
             raise ValueError(f"decay must be in (0, 1], got {decay!r}")

@@ -82,16 +82,15 @@ def _preset_with_overrides(args: argparse.Namespace):
 
     preset = get_preset(args.preset)
     spec = preset.spec
+    contexts = spec.contexts if args.contexts is None else tuple(args.contexts)
+    new_tokens = spec.new_tokens if args.new_tokens is None else args.new_tokens
+    if new_tokens < 2 or any(c < 1 for c in contexts):  # before SpecConfig's own check, which names no flag
+        raise ValueError("--contexts must be positive and --new-tokens at least 2 (one decode step to time)")
     if args.depth is not None:
         spec = replace(spec, depth=args.depth)
     if args.keysets is not None:
         spec = replace(spec, keysets=(KeySetConfig(0, None), *map(parse_keyset, args.keysets)))
-    if args.contexts is not None:
-        spec = replace(spec, contexts=tuple(args.contexts))
-    if args.new_tokens is not None:
-        spec = replace(spec, new_tokens=args.new_tokens)
-    if spec.new_tokens < 2 or any(c < 1 for c in spec.contexts):
-        raise ValueError("--contexts must be positive and --new-tokens at least 2 (one decode step to time)")
+    spec = replace(spec, contexts=contexts, new_tokens=new_tokens)
     longest = max(spec.contexts) + spec.new_tokens + spec.depth - 1  # as speculative_generate reserves
     if longest > preset.model.max_seq_len:
         raise ValueError(f"a prompt of {max(spec.contexts)} tokens plus {spec.new_tokens} new tokens and depth "

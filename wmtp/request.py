@@ -17,19 +17,37 @@ from .model import TargetLM
 from .mtp import MTPHead
 from .policy import check_gate
 
-__all__ = ["check_draft", "check_request", "check_spec_request", "draft_ring", "spec_extra", "with_positions"]
+__all__ = ["check_draft", "check_request", "check_spec_request", "check_target", "check_times", "draft_ring",
+           "spec_extra", "with_positions"]
 
 DRAFT_CACHES = ("full", "ring")  # the draft's KV: every position, or a ring of its key set (wmtp/ringcache.py)
+
+
+def check_target(target: TargetLM) -> None:
+    """``target`` must be a ``TargetLM`` (a draft head or ``None`` passed in its place is refused)."""
+    if not isinstance(target, TargetLM):
+        raise ValueError(f"target must be a wmtp.TargetLM, got {type(target).__name__}")
+
+
+def check_times(**lists) -> None:
+    """Timing outputs (``step_times=``, ``prefill_times=``): ``None`` or a list that seconds are appended to."""
+    for name, value in lists.items():
+        if value is not None and not isinstance(value, list):
+            raise ValueError(f"{name} must be None or a list (seconds are appended to it), got {type(value).__name__}")
 
 
 def check_request(target: TargetLM, prompt_ids: torch.Tensor, max_new_tokens: int, extra: int,
                   eos_id: int | None) -> int:
     """A request's checks; returns the cache positions it writes, ``P + max_new_tokens + extra``
     (at least the prompt's ``P``)."""
+    check_target(target)
     if not isinstance(prompt_ids, torch.Tensor) or prompt_ids.dim() != 1 or prompt_ids.numel() == 0:
         raise ValueError("prompt_ids must be a non-empty 1-D LongTensor of token ids")
     if not is_integer_tensor(prompt_ids):
         raise ValueError(f"prompt_ids must hold integer token ids, got dtype {prompt_ids.dtype}")
+    if prompt_ids.device != target.embed.device:
+        raise ValueError(f"prompt_ids is on {prompt_ids.device}, the target on {target.embed.device}; move the "
+                         "prompt with .to(device)")
     if eos_id is not None and (isinstance(eos_id, bool) or not isinstance(eos_id, int)
                                or not 0 <= eos_id < target.config.vocab_size):
         raise ValueError(f"eos_id must be None or a token id in [0, {target.config.vocab_size}), got {eos_id!r}")
@@ -53,6 +71,10 @@ def check_draft(target: TargetLM, draft: MTPHead) -> None:
                          f"{', '.join(missing)}")
     if getattr(getattr(draft, "target", None), "config", target.config) != target.config:
         raise ValueError("the draft head was built for a target of another config; build it on this target")
+    w, e = getattr(draft, "proj", None), target.embed  # an MTPHead's own weights must follow the target's
+    if isinstance(draft, MTPHead) and (w.dtype, w.device) != (e.dtype, e.device):
+        raise ValueError(f"the draft head is {w.dtype} on {w.device}, the target {e.dtype} on {e.device}; move both "
+                         "with .to()")
 
 
 def check_spec_request(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tensor, max_new_tokens: int,
@@ -62,6 +84,7 @@ def check_spec_request(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tenso
     positions it writes."""
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
         raise ValueError(f"depth must be a positive integer, got {depth!r}")
+    check_target(target)
     check_draft(target, draft)
     check_key_set_args(n_sink, window)
     check_gate(gate, window)

@@ -35,12 +35,14 @@ silently return garbage.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 
 from .decode import GreedyRule, _each_prompt, _one_prompt, dense_loop, speculative_loop, verify_greedy
+from .keyset import is_integer_tensor
 from .model import TargetLM
 from .mtp import MTPHead
 from .policy import DepthPolicy
@@ -101,16 +103,22 @@ def verify_rejection(drafts: torch.Tensor, draft_probs: torch.Tensor, target_pro
         ``a``, the drafts accepted (each with probability ``min(1, p(d) / q(d))``, until the first
         rejection), and the token at position ``pos + a``: a sample of ``max(p - q, 0)`` after a
         rejection, of ``p`` after ``K`` acceptances.
+
+    Raises:
+        ValueError: for arguments of other types, shapes or dtypes, probabilities on two devices, a
+            negative ``pos``, a bad ``seed``, or a draft token outside ``[0, V)`` or a probability
+            that is negative or NaN where it is read (checked as read: no extra sync).
     """
-    K = drafts.shape[0]
-    if drafts.dim() != 1 or K < 1 or draft_probs.shape != (K, target_probs.shape[-1]) or target_probs.shape[0] != K + 1:
-        shapes = ", ".join(str(tuple(t.shape)) for t in (drafts, draft_probs, target_probs))
-        raise ValueError(f"verify_rejection needs drafts (K,) with K >= 1, draft_probs (K, V) and target_probs "
-                         f"(K+1, V); got {shapes}")
+    pos = _check_rejection_args(drafts, draft_probs, target_probs, pos, seed)
+    K, V = drafts.shape[0], target_probs.shape[-1]
     u = position_uniforms(seed, ACCEPT, range(pos, pos + K), 1)[:, 0]  # (K,) one uniform a draft
     for i in range(K):
         d = int(drafts[i])
+        if not 0 <= d < V:  # a negative id would index from the end: another token's probability, silently
+            raise ValueError(f"drafts[{i}] = {d} is not a token id in [0, {V})")
         p, q = float(target_probs[i, d]), float(draft_probs[i, d])
+        if not (p >= 0 and q >= 0):
+            raise ValueError(f"probabilities must be >= 0, got target {p} and draft {q} for drafts[{i}] = {d}")
         if float(u[i]) * q < p:  # accept with probability min(1, p / q)
             continue
         residual = (target_probs[i] - draft_probs[i]).clamp_min(0)  # (V,) where p exceeds q
@@ -118,6 +126,32 @@ def verify_rejection(drafts: torch.Tensor, draft_probs: torch.Tensor, target_pro
             residual = target_probs[i]
         return i, sample_positions(residual[None], [pos + i], seed, RESIDUAL)[0]
     return K, sample_positions(target_probs[K:], [pos + K], seed)[0]
+
+
+def _check_rejection_args(drafts, draft_probs, target_probs, pos, seed) -> int:
+    """``verify_rejection``'s arguments, shapes, dtypes and devices only (no sync); returns ``pos`` as an int."""
+    if not all(isinstance(t, torch.Tensor) for t in (drafts, draft_probs, target_probs)):
+        raise ValueError("verify_rejection needs tensors, got " + ", ".join(type(t).__name__ for t in (
+            drafts, draft_probs, target_probs)))
+    K = drafts.shape[0] if drafts.dim() == 1 else 0
+    if K < 1 or draft_probs.shape != (K, target_probs.shape[-1]) or target_probs.shape[0] != K + 1:
+        shapes = ", ".join(str(tuple(t.shape)) for t in (drafts, draft_probs, target_probs))
+        raise ValueError(f"verify_rejection needs drafts (K,) with K >= 1, draft_probs (K, V) and target_probs "
+                         f"(K+1, V); got {shapes}")
+    if not is_integer_tensor(drafts) or not (draft_probs.is_floating_point() and target_probs.is_floating_point()):
+        raise ValueError(f"verify_rejection needs integer drafts and floating-point probabilities, got "
+                         f"{drafts.dtype}, {draft_probs.dtype}, {target_probs.dtype}")
+    if draft_probs.device != target_probs.device:
+        raise ValueError(f"draft_probs and target_probs must be on one device, got {draft_probs.device}, "
+                         f"{target_probs.device}")
+    _check_seed(seed)
+    try:
+        index = None if isinstance(pos, bool) else operator.index(pos)
+    except TypeError:
+        index = None
+    if index is None or index < 0:
+        raise ValueError(f"pos must be an int >= 0 (the first draft's position), got {pos!r}")
+    return index
 
 
 def _probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -166,13 +200,17 @@ class RejectionRule(GumbelRule):
         return verify_rejection(drafts, q, _probs(logits, self.temperature), pos, self.seed)
 
 
+def _check_seed(seed: int) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= _MASK:
+        raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
+
+
 def check_sampling(temperature: float, seed: int, method: str = METHODS[0]) -> None:
     """A sampled request's own arguments, refused with a ``ValueError``."""
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not (
             math.isfinite(temperature) and (temperature == 0 or temperature >= MIN_TEMPERATURE)):
         raise ValueError(f"temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE}, got {temperature!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= _MASK:
-        raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
+    _check_seed(seed)
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
 

@@ -54,7 +54,7 @@ from .model import TargetLM
 from .mtp import MTPHead
 from .policy import DepthPolicy, as_policy, gated_key_set, next_depth
 from .prefill import Prefill, start
-from .request import check_request, check_spec_request, draft_ring, with_positions
+from .request import check_request, check_spec_request, check_times, draft_ring, with_positions
 from .stats import SpecStats
 
 EOS_CHECK = 16  # greedy: steps between reads of the output when an eos_id can stop it early
@@ -76,6 +76,7 @@ def static_greedy_generate(target: TargetLM, prompt_ids: torch.Tensor | list[tor
         step_times: if a list, each step's seconds are appended (device time under a graph).
         prefill: as ``greedy_generate``'s (wmtp/prefill.py).
     """
+    check_times(step_times=step_times)
     if isinstance(prompt_ids, (list, tuple)):
         _one_prompt(prefill)
         return _each_prompt(prompt_ids, lambda p: static_greedy_generate(target, p, max_new_tokens, eos_id, impl,

@@ -48,7 +48,7 @@ from .lockstep import (
 from .model import TargetLM
 from .mtp import MTPHead
 from .policy import DepthPolicy, as_policy, next_depth
-from .request import check_spec_request, spec_extra
+from .request import check_spec_request, check_times, spec_extra
 from .rows import prefill_rows, timed
 from .static_decode import greedy_steps
 
@@ -78,6 +78,7 @@ def static_batched_greedy_generate(target: TargetLM, prompts, max_new_tokens: in
         step_times: if a list, each step's seconds are appended (device time under a graph).
         prefill_times: if a list, the prefill's wall-clock seconds are appended.
     """
+    check_times(step_times=step_times, prefill_times=prefill_times)
     rows, needed, impl = check_dense_batch(target, prompts, max_new_tokens, eos_id, impl)
     dev = rows[0].device
     with on_device_of(rows[0]):

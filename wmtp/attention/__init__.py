@@ -17,7 +17,7 @@ import os
 
 import torch
 
-from ..keyset import check_key_set_args, is_integer_tensor
+from ..keyset import as_positions, check_key_set_args, is_integer_tensor
 from .paged import paged_attention_torch
 from .plan import max_tile_rows
 from .reference import attention_torch
@@ -64,10 +64,18 @@ def resolve_impl(impl: str, device: torch.device | str, dtype: torch.dtype | Non
     """
     if impl not in IMPLS:
         raise ValueError(f"unknown attention impl {impl!r}; choose one of {', '.join(IMPLS)}")
+    if dtype is not None and not isinstance(dtype, torch.dtype):  # "auto" would silently pick the reference
+        raise ValueError(f"dtype must be a torch.dtype or None, got {dtype!r}")
+    for name, value in (("head_dim", head_dim), ("group", group)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"{name} must be an int or None, got {value!r}")
     try:
         device = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise ValueError(f"bad device {device!r}: {e}") from None
+    except (RuntimeError, TypeError) as e:  # one line: neither a tensor's repr nor torch's list of signatures
+        if isinstance(device, (str, int)):
+            raise ValueError(f"bad device {device!r}: {str(e).splitlines()[0]}") from None
+        raise ValueError(f"bad device: give a torch.device or a string such as 'cuda', got {type(device).__name__}"
+                         ) from None
     if impl == "torch":
         return "torch"
     if impl == "auto":
@@ -83,6 +91,13 @@ def resolve_impl(impl: str, device: torch.device | str, dtype: torch.dtype | Non
     if reason is not None:
         raise ValueError(f"impl='triton' does not support {reason}; use impl='torch'")
     return "triton"
+
+
+def _check_tensors(**named) -> None:
+    """Each argument must be a tensor (a list or a NumPy array was an AttributeError inside)."""
+    for name, t in named.items():
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
 
 
 def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor) -> int:
@@ -147,7 +162,7 @@ def _prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos, impl: str
     """Shared by both ops: check shapes against the ``(B, Hkv, S, D)`` cache (``logical`` for pages),
     devices and dtypes, resolve ``impl`` once, check positions where that costs no sync, and move
     them to ``q``'s device. Returns ``impl``, ``q`` (contiguous in its head dim for Triton), positions."""
-    q_pos = torch.as_tensor(q_pos)
+    q_pos = as_positions(q_pos)
     if not is_integer_tensor(q_pos):
         raise ValueError(f"q_pos must hold integer positions, got dtype {q_pos.dtype}")
     q_pos = q_pos.long()  # (Lq,) or (B, Lq) where it was given
@@ -172,6 +187,7 @@ def _check_q_sink(q: torch.Tensor, q_sink: torch.Tensor | None, window: int | No
     """``q_sink`` must match ``q`` (shape, dtype, device) and needs sinks to score (a window)."""
     if q_sink is None:
         return
+    _check_tensors(q_sink=q_sink)
     if window is None:
         raise ValueError("q_sink scores the sink keys of a windowed key set; window=None has none")
     if q_sink.shape != q.shape or q_sink.dtype != q.dtype or q_sink.device != q.device:
@@ -219,6 +235,7 @@ def attention(
         ``(B, Hq, Lq, D)`` tensor in ``q.dtype``.
     """
     check_key_set_args(n_sink, window)
+    _check_tensors(q=q, k=k, v=v)
     _check_q_sink(q, q_sink, window)
     impl, q, q_pos = _prepare(q, k, v, q_pos, impl, q_sink=q_sink)
     if impl == "triton":
@@ -261,6 +278,7 @@ def paged_attention(
         ``(B, Hq, Lq, D)`` tensor in ``q.dtype``.
     """
     check_key_set_args(n_sink, window)
+    _check_tensors(q=q, k_pages=k_pages, v_pages=v_pages, block_table=block_table)
     _check_q_sink(q, q_sink, window)
     if k_pages.dim() != 4 or v_pages.shape != k_pages.shape or block_table.dim() != 2:
         raise ValueError(f"expected k_pages, v_pages (num_pages, page_size, Hkv, D) and block_table (B, max_pages); "
