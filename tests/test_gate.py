@@ -70,6 +70,7 @@ def test_parse_and_label():
     assert parse_keyset("8:64") == KeySetConfig(8, 64, None)
     assert KeySetConfig(8, 64, 4096).label == "sink8+win64+gate4096"
     assert KeySetConfig(8, 64).label == "sink8+win64" and KeySetConfig(0, None).label == "native"
+    assert KeySetConfig(None, 64) == KeySetConfig(0, 64) and KeySetConfig(None, 64).label == "sink0+win64"
     for bad, match in [("8:64@", "SINK:WINDOW@GATE"), ("8:64@x", "SINK:WINDOW@GATE"), ("8@64", "SINK:WINDOW@GATE"),
                        ("8:64@0", "gate must be"), ("8:64@4@5", "SINK:WINDOW@GATE")]:
         with pytest.raises(ValueError, match=match):

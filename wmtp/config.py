@@ -101,8 +101,8 @@ class KeySetConfig:
     window: int | None = 4096  # paper: 4096 recent keys, including the query's own
     gate: int | None = None  # beyond the paper: the full causal set up to this context
 
-    def __post_init__(self) -> None:
-        check_key_set_args(self.n_sink, self.window)
+    def __post_init__(self) -> None:  # n_sink None reads as 0, as everywhere (label and JSON say 0)
+        object.__setattr__(self, "n_sink", check_key_set_args(self.n_sink, self.window))
         check_gate(self.gate, self.window)
 
     @property
