@@ -244,6 +244,29 @@ def test_draft_keys_read_follow_the_key_set(models):
     assert full.draft_keys_read > 60 * full.draft_queries
 
 
+def test_an_oracle_runs_counters_are_literal(models):
+    """Every counter of one small run, worked out by hand from the protocol, not read off the code.
+    A 12-token prompt (positions 0..11), 10 new tokens, depth 2, an oracle right for the first draft
+    of a step and wrong for the second: every step accepts 1 draft and keeps 2 tokens. The prefill
+    gives the first token, at n = 12; the head has consumed positions 0..10. A step at n queries the
+    head at its extend, head_start .. n-1 (head_start: 11, then the last step's n), and once more
+    recursively at n: n = 12 queries [11, 12], then n = 14, 16, 18, 20 each [n-2, n-1, n], so
+    2 + 4 * 3 = 14 queries in 5 steps (1 + 2 * 5 = 11 tokens, cut to 10: the steps kept 9, AL 9/5).
+    A query at t reads t + 1 keys (full), min(t + 1, 4 + 16) with 4 sinks and a window of 16:
+    full 12+13 + 13+14+15 + 15+16+17 + 17+18+19 + 19+20+21 = 229; the window clips t = 20 only: 228."""
+    target, head = models
+    prompt = random_prompt(12)
+    ref = wmtp.greedy_generate(target, prompt, 10)
+    seq = torch.cat([prompt, ref, torch.zeros(4, dtype=torch.long)])
+    for (n_sink, window), keys in (((None, None), 229), ((4, 16), 228)):
+        out, s = wmtp.speculative_generate(target, OracleDraft(head, seq, 1), prompt, 10, 2, n_sink, window)
+        assert torch.equal(out, ref)
+        assert (s.steps, s.proposed, s.accepted, s.committed, s.steps_by_depth) == (5, 10, 5, 9, [0, 0, 5])
+        assert s.accept_length_histogram == [0, 5, 0] and s.per_position_accepted == [5, 0]
+        assert s.acceptance_rate == 0.5 and s.per_position_acceptance == [1.0, 0.0] and s.mean_accept_length == 1.8
+        assert (s.draft_queries, s.draft_keys_read) == (14, keys), (n_sink, window)
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(depth=0), "depth"), (dict(depth=-2), "depth"), (dict(n_sink=-1), "n_sink"),
     (dict(window=0), "window"), (dict(max_new_tokens=-1), "max_new_tokens"),
