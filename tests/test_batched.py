@@ -8,7 +8,7 @@ import os
 
 import pytest
 import torch
-from decode_harness import InputOracle, prompts_of, scripted_counts
+from decode_harness import Cycling, InputOracle, prompts_of, scripted_counts
 
 import wmtp
 from wmtp.batched import batched_speculative_generate
@@ -62,7 +62,9 @@ def test_a_stopped_row_stays_where_it_stopped(stop):
     (its ``eos_id``) or when it has ``max_new_tokens`` (past them by up to K); row 1 goes on. Had row
     0 moved past its last live step's positions, its next passes would have written past its cache
     (checked). The harness models (wide weights): the tiny target's greedy tokens repeat, and the
-    eos stop needs a token new to both rows."""
+    eos stop needs a token new to both rows. A depth policy is asked at the least position of the
+    live rows: row 1's, ``8 + s`` at step ``s`` (row 0, live, is ahead of it; stopped, it sits at 8
+    in the eos case, which must not count)."""
     from wmtp.grading_checks import harness_models
 
     target, head = harness_models()
@@ -70,8 +72,10 @@ def test_a_stopped_row_stays_where_it_stopped(stop):
     oracle = InputOracle(target, head, prompts, K, new, j=lambda b, n: K if b == 0 else 0)
     eos = int(oracle.want[0][K + 1]) if stop == "eos" else None  # row 0's last token of its first step
     assert eos is None or eos not in oracle.want[0][: K + 1].tolist() + oracle.want[1][:new].tolist()
-    outs, stats = batched_speculative_generate(target, oracle, prompts, new, K, impl="torch", eos_id=eos)
+    policy = Cycling([K])  # depth K every step, the positions it is asked at recorded
+    outs, stats = batched_speculative_generate(target, oracle, prompts, new, policy, impl="torch", eos_id=eos)
     assert torch.equal(outs[0], oracle.want[0][: K + 2 if eos else new]) and torch.equal(outs[1], oracle.want[1][:new])
+    assert policy.positions == list(range(8, 8 + new - 1))
     assert stats.live_steps == [1 if eos else -(-(new - 1) // (K + 1)), new - 1] and stats.steps == new - 1
 
 

@@ -7,7 +7,7 @@ import os
 
 import pytest
 import torch
-from decode_harness import InputOracle, prompts_of
+from decode_harness import Cycling, InputOracle, prompts_of
 
 import wmtp
 from wmtp.batched import batched_speculative_generate
@@ -42,9 +42,12 @@ def test_the_static_loop_is_the_eager_one(models, n_sink, window, depth):
 
 @pytest.mark.parametrize("stop", ["eos", "max_new_tokens"])
 def test_scripted_matches_and_stops(models, stop):
-    """``InputOracle``: row 0 matches every draft, row 1 none, row 2 some; row 0 stops first (its
+    """``InputOracle``: row 0 matches every draft, row 1 none, row 2 its script's; row 0 stops first (its
     ``eos_id``, or ``max_new_tokens``) and sits at the positions after its last step, past the eager
-    loop's, inside the static loop's larger caches (unchecked: a write past them would be an error)."""
+    loop's, inside the static loop's larger caches (unchecked: a write past them would be an error).
+    A depth policy is asked at the least position of the live rows: rows from 8, 8 and 5 keep
+    ``j + 1`` tokens a step (row 2's ``n`` stays 1 mod 4, so its j is 3), so step 0 asks at 5 and
+    step ``s >= 1`` at row 1's ``8 + s``; row 0, stopped at 12 by its eos, must not count."""
     target, head = models
     K, new, prompts = 3, 30, prompts_of([8, 8, 5], seed=9)
     j = lambda b, n: K if b == 0 else 0 if b == 1 else (3 * n) % (K + 1)  # noqa: E731
@@ -52,10 +55,12 @@ def test_scripted_matches_and_stops(models, stop):
     eos = int(oracle.want[0][K + 1]) if stop == "eos" else None
     assert eos is None or eos not in oracle.want[0][: K + 1].tolist() + oracle.want[1][:new].tolist() + \
         oracle.want[2][:new].tolist()
-    eager = batched_speculative_generate(target, InputOracle(target, head, prompts, K, new, j=j), prompts, new, K,
-                                         impl="torch", eos_id=eos)
-    static = static_batched_speculative_generate(target, oracle, prompts, new, K, impl="torch", eos_id=eos)
+    policies = Cycling([K]), Cycling([K])  # depth K every step, the positions asked at recorded
+    eager = batched_speculative_generate(target, InputOracle(target, head, prompts, K, new, j=j), prompts, new,
+                                         policies[0], impl="torch", eos_id=eos)
+    static = static_batched_speculative_generate(target, oracle, prompts, new, policies[1], impl="torch", eos_id=eos)
     assert_same_run(static, eager)
+    assert policies[0].positions == policies[1].positions == [5, *range(9, 8 + new - 1)]
     assert static[1].live_steps[0] < static[1].live_steps[1] and static[1].mean_accept_length > 1.5
 
 
