@@ -119,11 +119,13 @@ def test_one_prefill_serves_every_arm_and_loop(models, depth):
 
 
 @pytest.mark.parametrize("prompt_len", [2, 21])
-@pytest.mark.parametrize("n_sink,window", KEYSETS)
-def test_every_accept_length_drafts_the_same_rows(models, n_sink, window, prompt_len):
+@pytest.mark.parametrize("n_sink,window,draft_cache", [(*keys, "full") for keys in KEYSETS] + [(2, 3, "ring")])
+def test_every_accept_length_drafts_the_same_rows(models, n_sink, window, draft_cache, prompt_len):
     """The real head forced to every accept length j: from the shared prefill, each draft call's
     logits and hidden state equal those of a run that prefilled itself (float64, 1e-9), both loops.
-    (The random head alone accepts nothing: only these rows see the draft cache the prefill left.)"""
+    (The random head alone accepts nothing: only these rows see the draft cache the prefill left.)
+    A ring (wmtp/ringcache.py) is filled from the prefill's chain, positions 0 .. P-2: the first
+    extend, at P-1, reads P-3 .. P-1 (window 3), so a ring filled short of P-2 drafts other rows."""
     target, head = models
     prompt, depth = random_prompt(prompt_len, seed=3), 4
     ref = wmtp.greedy_generate(target, prompt, 30)
@@ -135,8 +137,9 @@ def test_every_accept_length_drafts_the_same_rows(models, n_sink, window, prompt
             own = Forced(head, seq, depth)
             shared.j = own.j = j
             shared.reset()
-            out, stats = speculative(target, shared, prompt, 30, depth, n_sink, window, prefill=pre)
-            own_out, own_stats = speculative(target, own, prompt, 30, depth, n_sink, window)
+            out, stats = speculative(target, shared, prompt, 30, depth, n_sink, window, prefill=pre,
+                                     draft_cache=draft_cache)
+            own_out, own_stats = speculative(target, own, prompt, 30, depth, n_sink, window, draft_cache=draft_cache)
             assert torch.equal(out, ref) and torch.equal(own_out, ref), (loop, j)
             same_counts(stats, own_stats)
             assert stats.accept_length_histogram[j] >= stats.steps - 1, (loop, j)
