@@ -66,6 +66,8 @@ def test_the_draft_prefill_cache_is_the_same_for_every_key_set(models, P):
     logits, hidden = target(prompt[None], torch.arange(P), tcache, logits_at=torch.tensor([[P - 1]]))  # [Logits at]
     assert torch.equal(pre.target_cache.k, tcache.k) and torch.equal(pre.target_cache.v, tcache.v)
     assert torch.equal(pre.logits, logits[0, 0]) and torch.equal(pre.hidden, hidden[:, -1:])
+    d = hidden.shape[-1]  # the prefill keeps the last position's (1, 1, d) alone, not a view pinning all P
+    assert pre.hidden.untyped_storage().nbytes() == d * pre.hidden.element_size()
     for n_sink, window in KEYSETS:
         dcache = head.new_cache(1, 64)
         head(hidden[:, :-1], prompt[None, 1:], torch.arange(P - 1), dcache, n_sink, window)
