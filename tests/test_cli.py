@@ -319,6 +319,19 @@ def test_draft_attention_bar_is_judged_on_cpu_only():
     assert draft_attention_bar(rows[:2], torch.device("cpu")) is None  # only the gated row at 16384
 
 
+def test_speedup_reduction_and_tpot_are_the_stated_formulas():
+    """The metrics JSON's figures (wmtp/metrics.py, DESIGN.md "Measuring"): a speedup is old/new - 1,
+    a reduction 1 - new/old, TPOT (t_verify + t_draft) / AL, and an AL that is not positive a ValueError."""
+    from wmtp.metrics import reduction, speedup, tpot
+
+    assert speedup(3.0, 2.0) == 0.5 and speedup(2.0, 4.0) == -0.5  # 3 s -> 2 s: 50% faster
+    assert reduction(4.0, 3.0) == 0.25 and reduction(2.0, 3.0) == -0.5  # a cost of 4 -> 3: 25% less
+    assert tpot(3.0, 1.0, 2.0) == 2.0  # a 4 s step keeping 2 tokens
+    for al in (0, -1.0):
+        with pytest.raises(ValueError, match="mean accept length must be positive"):
+            tpot(1.0, 1.0, al)
+
+
 @pytest.mark.parametrize("device, warmed", [("cpu", False), ("meta", True)])
 def test_run_arms_warms_up_off_the_cpu_only(monkeypatch, device, warmed):
     """Off the CPU every run is made once untimed first (Triton compiles on first calls); on the
