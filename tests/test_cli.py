@@ -104,10 +104,11 @@ def test_devices_resolve_in_one_place_and_mps_has_no_float64(capsys, monkeypatch
 def test_unwritable_outputs_and_bad_paths_exit_2_before_any_work(capsys, tmp_path, monkeypatch):
     """An --out that is a folder or lies under a file, a --cache-dir that is a file, a malformed
     device, a JSON path that is a folder: one line, exit 2, and reproduce never starts its run."""
+    import wmtp.cli
     import wmtp.reproduce
 
     monkeypatch.setattr(wmtp.reproduce, "reproduce", lambda *a, **k: pytest.fail("the run started"))
-    for bench in ("decode", "depth", "batch", "sampling", "positions"):  # each holds its own name for bench_setup
+    for bench in wmtp.cli.BENCHES:  # each bench module holds its own name for bench_setup
         monkeypatch.setattr(f"wmtp.bench_{bench}.bench_setup", lambda *a, **k: pytest.fail("the bench started"))
     afile, fifo, cache = tmp_path / "f", tmp_path / "fifo", tmp_path / "cache"
     afile.write_text("x")

@@ -219,7 +219,7 @@ def test_loop_and_batched_verifiers_agree(models):
 
 @pytest.mark.parametrize("verify", [verify_greedy, verify_greedy_loop])
 @pytest.mark.parametrize("drafts, choice, match", [  # RuntimeError, IndexError, AttributeError or a silent answer
-    ([1, 2], [1, 2, 3], "must be tensors, got list, list"),
+    ([1, 2], [1, 2, 3], "drafts must be a torch.Tensor, got list"),
     (torch.tensor([1, 2, 3]), torch.tensor([1, 2]), r"target_choice \(K\+1,\)"),  # choice too short
     (torch.tensor([1, 2]), torch.tensor([1, 2]), r"target_choice \(K\+1,\)"),  # (K,): no committed token
     (torch.tensor([[1, 2]]), torch.tensor([1, 2, 3]), r"drafts \(K,\)"),  # batched: 1, silently

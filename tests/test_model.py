@@ -209,9 +209,11 @@ def test_cache_writes_keys_at_their_positions_only(pos_dtype):
 def test_unknown_preset():
     with pytest.raises(ValueError, match="unknown preset"):
         wmtp.build_models("huge")
-    for seed in (1.5, True, None, 2**70, -2**63 - 1):  # torch's RuntimeError before (2**70: "Overflow ...")
-        with pytest.raises(ValueError, match="seed"):
+    for seed in (1.5, True, None, 2**70, 2**64, -1):  # torch's RuntimeError before (2**70: "Overflow ...")
+        with pytest.raises(ValueError, match=r"seed must be an int in \[0, 2\*\*64\)"):  # -1 would draw 2**64 - 1's
             wmtp.build_models("tiny", seed=seed)
+    a, b = wmtp.build_models("tiny", seed=2**64 - 1), wmtp.build_models("tiny", seed=0)  # the range's two ends
+    assert not torch.equal(a[0].embed, b[0].embed)
     with pytest.raises(ValueError, match="unknown preset"):
         wmtp.build_models(["tiny"])  # a TypeError (unhashable) before
 

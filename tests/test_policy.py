@@ -231,3 +231,9 @@ def test_cuda_policies_are_lossless(models, impl):
 def test_best_depth_literal(alphas, costs, k):
     assert best_depth(alphas, costs) == k
 
+
+def test_an_adaptive_prior_is_any_pair():
+    import numpy as np
+
+    for prior in ((2, 3), [2, 3], np.array([2.0, 3.0])):
+        assert AdaptiveDepth(3, prior=prior).prior == (2.0, 3.0)

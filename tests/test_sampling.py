@@ -129,14 +129,15 @@ P3, Q2, D2 = random_probs(3, 5, 0), random_probs(2, 5, 1), torch.tensor([1, 2]) 
 
 @pytest.mark.parametrize("args, match", [  # IndexError, TypeError, AttributeError or a silent answer before
     ((torch.tensor(1), Q2[:1], P3[:2], 0, 0), "drafts \\(K,\\) with K >= 1"),  # 0-d drafts: IndexError
-    (([1, 2], Q2, P3, 0, 0), "needs tensors, got list"),
+    ((D2, Q2, torch.tensor(1.0), 0, 0), "drafts \\(K,\\) with K >= 1"),  # 0-d target_probs: IndexError
+    (([1, 2], Q2, P3, 0, 0), "drafts must be a torch.Tensor, got list"),
     ((D2.float(), Q2, P3, 0, 0), "integer drafts and floating-point probabilities"),
     ((D2, (Q2 * 100).long(), P3, 0, 0), "floating-point probabilities"),
     ((torch.tensor([-1, 2]), Q2, P3, 0, 0), r"drafts\[0\] = -1 is not a token id in \[0, 5\)"),  # read p[-1]
     ((torch.tensor([5, 2]), Q2, P3, 0, 0), r"drafts\[0\] = 5"),  # IndexError
     ((D2, -Q2, P3, 0, 0), "probabilities must be >= 0"), ((D2, Q2 * float("nan"), P3, 0, 0), "nan"),
     ((D2, Q2.to("meta"), P3, 0, 0), "one device"),
-    ((D2, Q2, P3, -1, 0), "pos must be an int >= 0"), ((D2, Q2, P3, 1.5, 0), "got 1.5"),
+    ((D2, Q2, P3, -1, 0), r"pos \(the first draft's position\) must be >= 0"), ((D2, Q2, P3, 1.5, 0), "got 1.5"),
     ((D2, Q2, P3, 0, -1), r"seed must be an int in \[0, 2\*\*64\)"), ((D2, Q2, P3, 0, 1.5), "seed"),
     ((D2, Q2, P3, 0, None), "seed"),
 ])

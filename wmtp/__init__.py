@@ -8,6 +8,7 @@ import torch
 
 from .attention import attention, paged_attention, resolve_impl
 from .batched import BatchedStats, batched_speculative_generate
+from .checks import check_seed
 from .config import PRESETS, KeySetConfig, ModelConfig, MTPConfig, SpecConfig, TrainConfig, get_preset
 from .decode import greedy_generate, speculative_generate, verify_greedy, verify_greedy_loop
 from .keyset import draft_key_csr, draft_key_indices, draft_key_mask
@@ -34,8 +35,7 @@ def build_models(preset: str = "tiny", seed: int = 0) -> tuple[TargetLM, MTPHead
         seed: seeds one ``torch.Generator`` used for both models' weights.
     """
     p = get_preset(preset)
-    if isinstance(seed, bool) or not isinstance(seed, int) or not -2**63 <= seed < 2**64:  # manual_seed's range
-        raise ValueError(f"seed must be an int in [-2**63, 2**64), got {seed!r}")
+    check_seed(seed)
     g = torch.Generator().manual_seed(seed)
     target = TargetLM(p.model, generator=g)
     head = MTPHead(p.mtp, target, generator=g)

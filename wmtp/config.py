@@ -8,35 +8,20 @@ the field comments. Presets live in one dict, ``PRESETS``: ``tiny`` for tests (s
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 
+from .checks import check_int, check_number
 from .keyset import check_key_set_args
 from .policy import check_gate
 
 
-def _check_int(name: str, value, low: int) -> None:
-    """``value`` must be an int (not a bool) ``>= low``, else a ``ValueError`` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-
-
-def _check_number(name: str, value, *, positive: bool, finite: bool = True) -> None:
-    """``value`` must be a real number (not a bool, not NaN), ``> 0`` (``positive``) or ``>= 0``, and
-    finite unless ``finite=False``; else a ``ValueError`` naming ``name``."""
-    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and not math.isnan(value) and (
-        value > 0 if positive else value >= 0) and (math.isfinite(value) or not finite)
-    if not ok:
-        raise ValueError(f"{name} must be a{' finite' if finite else ''} number {'>' if positive else '>='} 0, "
-                         f"got {value!r}")
-
-
 def _check_ints(name: str, values, low: int) -> None:
     """``values`` must be a non-empty tuple of ints ``>= low``."""
-    if not isinstance(values, tuple) or not values or any(
-            isinstance(v, bool) or not isinstance(v, int) or v < low for v in values):
+    if not isinstance(values, tuple) or not values:
         raise ValueError(f"{name} must be a non-empty tuple of integers >= {low}, got {values!r}")
+    for v in values:
+        check_int(f"each of {name}", v, low)
 
 
 @dataclass(frozen=True)
@@ -59,10 +44,10 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq_len"):
-            _check_int(name, getattr(self, name), 1)
-        _check_int("train_seq_len", self.train_seq_len, 2)  # global layers scale q by log(t + 1) / log(train_seq_len)
-        _check_number("rope_theta", self.rope_theta, positive=True)
-        _check_number("norm_eps", self.norm_eps, positive=False)
+            check_int(name, getattr(self, name), 1)
+        check_int("train_seq_len", self.train_seq_len, 2)  # global layers scale q by log(t + 1) / log(train_seq_len)
+        check_number("rope_theta", self.rope_theta, positive=True)
+        check_number("norm_eps", self.norm_eps, positive=False)
         if isinstance(self.global_layers, list):  # a list reads as the tuple (a frozen config stays hashable)
             object.__setattr__(self, "global_layers", tuple(self.global_layers))
         if not isinstance(self.global_layers, tuple) or any(
@@ -86,7 +71,7 @@ class MTPConfig:
     rope: bool = True  # draft keys carry RoPE of their absolute position (paper default)
 
     def __post_init__(self) -> None:
-        _check_int("train_depth", self.train_depth, 1)
+        check_int("train_depth", self.train_depth, 1)
         if not isinstance(self.rope, bool):
             raise ValueError(f"rope must be True or False, got {self.rope!r}")
 
@@ -141,13 +126,13 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for name, low in (("target_steps", 0), ("head_steps", 0), ("batch_size", 1), ("seq_len", 1),
                           ("warmup_steps", 0)):
-            _check_int(name, getattr(self, name), low)
+            check_int(name, getattr(self, name), low)
         for name in ("lr", "head_lr"):
-            _check_number(name, getattr(self, name), positive=True)
-        _check_number("weight_decay", self.weight_decay, positive=False)
-        _check_number("grad_clip", self.grad_clip, positive=True, finite=False)  # inf: no clipping
+            check_number(name, getattr(self, name), positive=True)
+        check_number("weight_decay", self.weight_decay, positive=False)
+        check_number("grad_clip", self.grad_clip, positive=True, finite=False)  # inf: no clipping
         if self.max_train_chars is not None:
-            _check_int("max_train_chars", self.max_train_chars, 1)
+            check_int("max_train_chars", self.max_train_chars, 1)
 
 
 @dataclass(frozen=True)
@@ -166,15 +151,14 @@ class SpecConfig:
     ppl_contexts: tuple[int, ...] = (1024, 4096, 16384)
 
     def __post_init__(self) -> None:
-        if isinstance(self.depth, bool) or not isinstance(self.depth, int) or self.depth < 1:
-            raise ValueError(f"depth must be a positive integer, got {self.depth!r}")
+        check_int("depth", self.depth, 1)
         if not isinstance(self.keysets, tuple) or not self.keysets or not all(
                 isinstance(k, KeySetConfig) for k in self.keysets):
             raise ValueError(f"keysets must be a non-empty tuple of KeySetConfig, got {self.keysets!r}")
         _check_ints("contexts", self.contexts, 1)
         _check_ints("ppl_contexts", self.ppl_contexts, 1)
-        _check_int("new_tokens", self.new_tokens, 1)
-        _check_int("repeats", self.repeats, 1)
+        check_int("new_tokens", self.new_tokens, 1)
+        check_int("repeats", self.repeats, 1)
         for what, items in (("key set", [k.label for k in self.keysets]), ("context", self.contexts)):
             twice = [x for i, x in enumerate(items) if x in items[:i]]
             if twice:  # an arm or a context run twice would overwrite its own metrics

@@ -38,6 +38,7 @@ from collections.abc import Callable
 import torch
 
 from .attention import resolve_impl
+from .checks import check_tensors
 from .device import synchronize
 from .keyset import is_integer_tensor, key_count
 from .model import TargetLM
@@ -54,9 +55,7 @@ Verifier = Callable[[torch.Tensor, torch.Tensor], int]  # (drafts (K,), target c
 def _check_verify(drafts: torch.Tensor, target_choice: torch.Tensor) -> None:
     """Both verifiers' arguments: ``drafts (K,)`` and ``target_choice (K+1,)`` integer tensors on one
     device, else ``ValueError`` (shapes, dtypes and devices only: no sync in the decoding loop)."""
-    if not isinstance(drafts, torch.Tensor) or not isinstance(target_choice, torch.Tensor):
-        raise ValueError(f"drafts and target_choice must be tensors, got {type(drafts).__name__}, "
-                         f"{type(target_choice).__name__}")
+    check_tensors(drafts=drafts, target_choice=target_choice)
     K = drafts.shape[0] if drafts.dim() == 1 else -1
     if (K < 0 or target_choice.shape != (K + 1,) or not is_integer_tensor(drafts)
             or not is_integer_tensor(target_choice) or drafts.device != target_choice.device):

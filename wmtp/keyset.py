@@ -21,7 +21,7 @@ the key set, key ``i`` (ascending) sits at position ``i`` and the query at the s
 ``reindexed_key_positions``. RoPE scores depend only on the distance between query and key, so
 this needs no second copy of the cache: a recent key moves by the same shift as the query (its
 distance ``t - j`` is unchanged), and only the sinks change, to the distance from
-``sink_query_position(t) = min(t, n_sink + window - 1)``. Re-indexed attention is therefore
+``sink_queryas_position(t) = min(t, n_sink + window - 1)``. Re-indexed attention is therefore
 the usual attention with the sink keys scored by the query rotated to that position (the
 attention ops' ``q_sink``; wmtp/model.py rotates it).
 """
@@ -34,6 +34,7 @@ import torch
 
 __all__ = [
     "POSITIONS",
+    "as_position",
     "as_positions",
     "check_key_set_args",
     "check_positions",
@@ -81,26 +82,27 @@ def is_integer_tensor(t: torch.Tensor) -> bool:
     return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
 
 
-def as_positions(q_pos, name: str = "q_pos") -> torch.Tensor:
+def as_positions(q_pos) -> torch.Tensor:
     """``q_pos`` (a tensor, a list of ints, a numpy array) as a tensor, else ``ValueError`` (``None``, a
     string, ragged lists: torch's TypeError, RuntimeError or unnamed ValueError otherwise)."""
     try:
         return torch.as_tensor(q_pos)
     except (TypeError, RuntimeError, ValueError):
-        raise ValueError(f"{name} must be a tensor (or list) of integer positions, got {type(q_pos).__name__}"
+        raise ValueError(f"q_pos must be a tensor (or list) of integer positions, got {type(q_pos).__name__}"
                          ) from None
 
 
-def _position(t) -> int:
-    """``t`` as a query position: an int (or 0-d integer tensor) >= 0, else ``ValueError`` (5.5 is no position)."""
+def as_position(t, name: str = "a query position") -> int:
+    """``t`` as a position: an int (or 0-d integer tensor) >= 0, else ``ValueError`` naming ``name``
+    (5.5 is no position)."""
     try:
         if isinstance(t, bool):
             raise TypeError
         t = operator.index(t)
     except TypeError:
-        raise ValueError(f"a query position must be an integer, got {t!r}") from None
+        raise ValueError(f"{name} must be an integer, got {t!r}") from None
     if t < 0:
-        raise ValueError(f"query position must be >= 0, got {t}")
+        raise ValueError(f"{name} must be >= 0, got {t}")
     return t
 
 
@@ -111,7 +113,7 @@ def key_ranges(t: int, n_sink: int | None, window: int | None) -> tuple[tuple[in
     the form the kernels loop over: two contiguous key ranges, never a gathered copy.
     """
     n_sink = check_key_set_args(n_sink, window)
-    t = _position(t)
+    t = as_position(t)
     if window is None:
         return (0, 0), (0, t + 1)
     a = min(n_sink, t + 1)  # sinks that exist yet
@@ -222,7 +224,7 @@ def sink_query_position(t, n_sink: int | None, window: int | None):
     re-index (``window=None``, or no sinks). ``t``: an int, or a tensor of positions.
     """
     n_sink = check_key_set_args(n_sink, window)
-    t = t if torch.is_tensor(t) else _position(t)
+    t = t if torch.is_tensor(t) else as_position(t)
     if window is None or n_sink == 0:
         return t
     last = n_sink + window - 1

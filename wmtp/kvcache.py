@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from .attention import IMPLS, attention
+from .checks import check_int
 from .fused import kv_write
 from .keyset import is_integer_tensor
 from .qkv_write import prepare_qk, qkv_write
@@ -204,7 +205,6 @@ def ring_slot(p: int, n_sink: int, window: int, depth: int) -> int:
     else:
         checks = (("p", p, 0), *checks)
     for name, value, low in checks:
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        check_int(name, value, low)
     # p for the sinks, else n_sink + (p - n_sink) mod (window + depth): one expression for ints and tensors
     return p - (p >= n_sink) * ((p - n_sink) - (p - n_sink) % (window + depth))

@@ -35,6 +35,7 @@ import torch
 
 from .attention import paged_attention
 from .attention.paged import page_rows
+from .checks import check_int
 from .kvcache import SeparateWrites, check_impl, check_read, check_write
 
 __all__ = ["PagedKVCache", "fork_pages", "fork_table"]
@@ -98,8 +99,7 @@ class PagedKVCache(SeparateWrites):  # update_qkv: the separate ops, then update
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", checked: bool = True,
                  generator: torch.Generator | None = None) -> None:
         for name, value in (("n_layers", n_layers), ("batch", batch), ("max_len", max_len), ("page_size", page_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+            check_int(name, value, 1)
         self.checked, self.max_len, self.page_size = checked, max_len, page_size
         pages = -(-max_len // page_size)  # a sequence's pages
         shape = (n_layers, batch * pages + batch + 1, page_size, n_kv_heads, head_dim)  # spares: NOTE [Forks]

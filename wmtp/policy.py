@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
+from .checks import check_number
 from .keyset import check_key_set_args
 
 __all__ = ["DepthPolicy", "FixedDepth", "AdaptiveDepth", "as_policy", "best_depth", "check_gate", "expected_tokens",
@@ -122,11 +123,13 @@ class AdaptiveDepth:
                  cost_model: str = "line") -> None:
         FixedDepth(max_depth)  # the same check of max_depth
         for name, value in (("draft_cost", draft_cost), ("verify_cost_per_draft", verify_cost_per_draft)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                    math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        if not isinstance(prior, (tuple, list)) or len(prior) != 2 or not all(
-                not isinstance(p, bool) and isinstance(p, (int, float)) and p > 0 and math.isfinite(p) for p in prior):
+            check_number(name, value, positive=False)
+        try:
+            pair = tuple(prior)  # any pair: a tuple, a list, a NumPy array
+        except TypeError:
+            pair = ()
+        if len(pair) != 2 or not all(not isinstance(p, bool) and isinstance(p, (int, float)) and p > 0
+                                     and math.isfinite(p) for p in pair):
             raise ValueError(f"prior must be two finite numbers > 0 (accepts, rejects), got {prior!r}")
         if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 < decay <= 1:
             raise ValueError(f"decay must be in (0, 1], got {decay!r}")

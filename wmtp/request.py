@@ -30,9 +30,10 @@ def check_target(target: TargetLM) -> None:
 
 
 def check_times(**lists) -> None:
-    """Timing outputs (``step_times=``, ``prefill_times=``): ``None`` or a list that seconds are appended to."""
+    """Timing outputs (``step_times=``, ``prefill_times=``): ``None`` or a list (anything with
+    ``append``) that seconds are appended to."""
     for name, value in lists.items():
-        if value is not None and not isinstance(value, list):
+        if value is not None and not callable(getattr(value, "append", None)):
             raise ValueError(f"{name} must be None or a list (seconds are appended to it), got {type(value).__name__}")
 
 
@@ -71,8 +72,8 @@ def check_draft(target: TargetLM, draft: MTPHead) -> None:
                          f"{', '.join(missing)}")
     if getattr(getattr(draft, "target", None), "config", target.config) != target.config:
         raise ValueError("the draft head was built for a target of another config; build it on this target")
-    w, e = getattr(draft, "proj", None), target.embed  # an MTPHead's own weights must follow the target's
-    if isinstance(draft, MTPHead) and (w.dtype, w.device) != (e.dtype, e.device):
+    w, e = (draft.proj, target.embed) if isinstance(draft, MTPHead) else (None, None)  # a head follows its target
+    if w is not None and (w.dtype, w.device) != (e.dtype, e.device):
         raise ValueError(f"the draft head is {w.dtype} on {w.device}, the target {e.dtype} on {e.device}; move both "
                          "with .to()")
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from .attention import paged_attention
+from .checks import check_int
 from .keyset import check_key_set_args
 from .kvcache import SeparateWrites, check_impl, check_write, ring_slot
 
@@ -57,8 +58,7 @@ class RingKVCache(SeparateWrites):  # update_qkv: the separate ops, then update
             raise ValueError("a ring cache holds a window of keys; window=None (every key) needs a KVCache")
         for name, value, low in (("spare", spare, 0), ("n_layers", n_layers, 1), ("batch", batch, 1),
                                  ("max_len", max_len, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+            check_int(name, value, low)
         self.n_sink, self.window, self.spare, self.checked = n_sink or 0, window, spare, checked
         # no more slots than positions: below n_sink + window + spare, ring_slot(p) is p (nothing wraps)
         self.slots = min(self.n_sink + window + spare, max_len)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .checks import check_int
 from .decode import _finish
 from .device import synchronize
 from .kvcache import KVCache
@@ -90,8 +91,7 @@ def batch_rows(max_batch: int | None, n_prompts: int, prefill_batch: int = 1) ->
     """
     if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1):
         raise ValueError(f"max_batch must be None or an integer >= 1, got {max_batch!r}")
-    if isinstance(prefill_batch, bool) or not isinstance(prefill_batch, int) or prefill_batch < 1:
-        raise ValueError(f"prefill_batch must be an integer >= 1, got {prefill_batch!r}")
+    check_int("prefill_batch", prefill_batch, 1)
     return n_prompts if max_batch is None else min(max_batch, n_prompts)
 
 

@@ -35,14 +35,14 @@ silently return garbage.
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 
+from .checks import check_seed, check_tensors
 from .decode import GreedyRule, _each_prompt, _one_prompt, dense_loop, speculative_loop, verify_greedy
-from .keyset import is_integer_tensor
+from .keyset import as_position, is_integer_tensor
 from .model import TargetLM
 from .mtp import MTPHead
 from .policy import DepthPolicy
@@ -130,11 +130,10 @@ def verify_rejection(drafts: torch.Tensor, draft_probs: torch.Tensor, target_pro
 
 def _check_rejection_args(drafts, draft_probs, target_probs, pos, seed) -> int:
     """``verify_rejection``'s arguments, shapes, dtypes and devices only (no sync); returns ``pos`` as an int."""
-    if not all(isinstance(t, torch.Tensor) for t in (drafts, draft_probs, target_probs)):
-        raise ValueError("verify_rejection needs tensors, got " + ", ".join(type(t).__name__ for t in (
-            drafts, draft_probs, target_probs)))
+    check_tensors(drafts=drafts, draft_probs=draft_probs, target_probs=target_probs)
     K = drafts.shape[0] if drafts.dim() == 1 else 0
-    if K < 1 or draft_probs.shape != (K, target_probs.shape[-1]) or target_probs.shape[0] != K + 1:
+    if K < 1 or target_probs.dim() != 2 or draft_probs.shape != (K, target_probs.shape[-1]) or \
+            target_probs.shape[0] != K + 1:
         shapes = ", ".join(str(tuple(t.shape)) for t in (drafts, draft_probs, target_probs))
         raise ValueError(f"verify_rejection needs drafts (K,) with K >= 1, draft_probs (K, V) and target_probs "
                          f"(K+1, V); got {shapes}")
@@ -144,14 +143,8 @@ def _check_rejection_args(drafts, draft_probs, target_probs, pos, seed) -> int:
     if draft_probs.device != target_probs.device:
         raise ValueError(f"draft_probs and target_probs must be on one device, got {draft_probs.device}, "
                          f"{target_probs.device}")
-    _check_seed(seed)
-    try:
-        index = None if isinstance(pos, bool) else operator.index(pos)
-    except TypeError:
-        index = None
-    if index is None or index < 0:
-        raise ValueError(f"pos must be an int >= 0 (the first draft's position), got {pos!r}")
-    return index
+    check_seed(seed)
+    return as_position(pos, "pos (the first draft's position)")
 
 
 def _probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -200,17 +193,12 @@ class RejectionRule(GumbelRule):
         return verify_rejection(drafts, q, _probs(logits, self.temperature), pos, self.seed)
 
 
-def _check_seed(seed: int) -> None:
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= _MASK:
-        raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
-
-
 def check_sampling(temperature: float, seed: int, method: str = METHODS[0]) -> None:
     """A sampled request's own arguments, refused with a ``ValueError``."""
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not (
             math.isfinite(temperature) and (temperature == 0 or temperature >= MIN_TEMPERATURE)):
         raise ValueError(f"temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE}, got {temperature!r}")
-    _check_seed(seed)
+    check_seed(seed)
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
 

@@ -17,6 +17,7 @@ import os
 
 import torch
 
+from ..checks import check_tensors
 from ..keyset import as_positions, check_key_set_args, is_integer_tensor
 from .paged import paged_attention_torch
 from .plan import max_tile_rows
@@ -91,13 +92,6 @@ def resolve_impl(impl: str, device: torch.device | str, dtype: torch.dtype | Non
     if reason is not None:
         raise ValueError(f"impl='triton' does not support {reason}; use impl='torch'")
     return "triton"
-
-
-def _check_tensors(**named) -> None:
-    """Each argument must be a tensor (a list or a NumPy array was an AttributeError inside)."""
-    for name, t in named.items():
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
 
 
 def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor) -> int:
@@ -187,7 +181,7 @@ def _check_q_sink(q: torch.Tensor, q_sink: torch.Tensor | None, window: int | No
     """``q_sink`` must match ``q`` (shape, dtype, device) and needs sinks to score (a window)."""
     if q_sink is None:
         return
-    _check_tensors(q_sink=q_sink)
+    check_tensors(q_sink=q_sink)
     if window is None:
         raise ValueError("q_sink scores the sink keys of a windowed key set; window=None has none")
     if q_sink.shape != q.shape or q_sink.dtype != q.dtype or q_sink.device != q.device:
@@ -235,7 +229,7 @@ def attention(
         ``(B, Hq, Lq, D)`` tensor in ``q.dtype``.
     """
     check_key_set_args(n_sink, window)
-    _check_tensors(q=q, k=k, v=v)
+    check_tensors(q=q, k=k, v=v)
     _check_q_sink(q, q_sink, window)
     impl, q, q_pos = _prepare(q, k, v, q_pos, impl, q_sink=q_sink)
     if impl == "triton":
@@ -278,7 +272,7 @@ def paged_attention(
         ``(B, Hq, Lq, D)`` tensor in ``q.dtype``.
     """
     check_key_set_args(n_sink, window)
-    _check_tensors(q=q, k_pages=k_pages, v_pages=v_pages, block_table=block_table)
+    check_tensors(q=q, k_pages=k_pages, v_pages=v_pages, block_table=block_table)
     _check_q_sink(q, q_sink, window)
     if k_pages.dim() != 4 or v_pages.shape != k_pages.shape or block_table.dim() != 2:
         raise ValueError(f"expected k_pages, v_pages (num_pages, page_size, Hkv, D) and block_table (B, max_pages); "
