@@ -59,6 +59,7 @@ from .bench_common import (
     progress_bar,
     with_capacity,
 )
+from .checks import check_int
 from .config import Preset
 from .lockstep import batched_greedy_generate, lockstep_generate
 from .metrics import reduction, speedup
@@ -244,8 +245,7 @@ def check_options(preset: Preset, batches: tuple[int, ...], lengths: tuple[str, 
         raise ValueError(f"--batch-sizes must be integers >= 1, each once, got {list(batches)}")
     if not lengths or not set(lengths) <= set(LENGTHS) or len(set(lengths)) < len(lengths):
         raise ValueError(f"--lengths must be distinct ones of {', '.join(LENGTHS)}, got {list(lengths)}")
-    if isinstance(prompts_per_row, bool) or not isinstance(prompts_per_row, int) or prompts_per_row < 1:
-        raise ValueError(f"--prompts-per-row must be an integer >= 1, got {prompts_per_row!r}")
+    check_int("--prompts-per-row", prompts_per_row, 1)
     if max(batches) * prompts_per_row > MAX_PROMPTS:
         raise ValueError(f"a cell decodes --batch-sizes x --prompts-per-row prompts, at most {MAX_PROMPTS}; got "
                          f"{max(batches)} x {prompts_per_row}")

@@ -42,6 +42,7 @@ from .bench_common import (
     run_contexts,
     with_capacity,  # noqa: F401  (experiments 17 and 18 import it from here)
 )
+from .checks import check_int
 from .config import Preset
 from .metrics import reduction, speedup, tpot
 from .model import TargetLM
@@ -105,8 +106,8 @@ def bench_decode(preset: Preset, dataset_dir: str | None, device: torch.device, 
         raise ValueError(f"loops must be distinct ones of {', '.join(LOOPS)}, got {list(loops)}")
     if not draft_caches or not set(draft_caches) <= set(DRAFT_CACHES) or len(set(draft_caches)) < len(draft_caches):
         raise ValueError(f"draft caches must be distinct ones of {', '.join(DRAFT_CACHES)}, got {list(draft_caches)}")
-    if page_size is not None and (isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1):
-        raise ValueError(f"--page-size must be an integer >= 1, got {page_size!r}")
+    if page_size is not None:
+        check_int("--page-size", page_size, 1)
     if "graph" in loops and device.type != "cuda":
         raise ValueError(f"the graph loop captures CUDA graphs; device {device.type} has none (use --loops eager)")
     t_start = time.perf_counter()
