@@ -238,7 +238,7 @@ def test_per_row_positions_of_another_shape_are_value_errors(impl):
 
 
 def test_the_references_are_the_models_formulas():
-    """Bit for bit what wmtp/model.py computed before the ops existed (CPU results do not move)."""
+    """Bit for bit what the blocks (wmtp/block.py) computed before the ops existed (CPU results do not move)."""
     q = torch.randn(1, 2, 5, 8, generator=torch.Generator().manual_seed(0))
     pos = torch.tensor([0, 255, 256, 9999, 1_000_000])
     scale = (torch.log(pos.to(torch.float32) + 1) / math.log(256)).clamp(min=1.0)
@@ -286,13 +286,13 @@ def test_a_model_pass_on_cuda_takes_the_kernels(monkeypatch):
     """Every global layer's scaling and every block's activation (the target's and the head's) run
     the kernels with Triton attention, none with impl='torch'. Passes with paged caches: with a
     contiguous cache the scaling and the write are ``qkv_write``'s one kernel (tests/test_qkv_write.py)."""
-    from wmtp import model, qkv_write
+    from wmtp import block, qkv_write
 
     calls = []
-    plain_logn, plain_silu = qkv_write.logn_scale, model.silu_mul
+    plain_logn, plain_silu = qkv_write.logn_scale, block.silu_mul
     monkeypatch.setattr(qkv_write, "logn_scale", lambda q, p, t, impl: calls.append(("logn", impl)) or
                         plain_logn(q, p, t, impl))
-    monkeypatch.setattr(model, "silu_mul", lambda g, u, impl: calls.append(("silu", impl)) or plain_silu(g, u, impl))
+    monkeypatch.setattr(block, "silu_mul", lambda g, u, impl: calls.append(("silu", impl)) or plain_silu(g, u, impl))
     target, head = (m.cuda().float() for m in wmtp.build_models("tiny", seed=0))
     n_global, n = len(target.config.global_layers), target.config.n_layers
     ids, pos = torch.arange(8, device="cuda")[None], torch.arange(8, device="cuda")

@@ -22,9 +22,9 @@ from decode_harness import random_prompt, same_counts
 import wmtp
 from wmtp.attention import paged_attention
 from wmtp.attention.paged import paginate
+from wmtp.block import apply_rope
 from wmtp.grading import harness_models
 from wmtp.keyset import draft_key_indices, reindexed_key_positions, sink_query_position
-from wmtp.model import apply_rope
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"

@@ -13,7 +13,7 @@ from attention_truth import assert_op_close
 from op_impls import CUDA, DEVICE, IMPLS, INTERPRETED
 
 import wmtp
-from wmtp.model import op_impl
+from wmtp.block import op_impl
 from wmtp.rmsnorm import add_rms_norm, eps_halves, rms_norm, rms_norm_torch
 
 DTYPES = [torch.float32, torch.float64] + ([torch.bfloat16, torch.float16] if CUDA else [])
@@ -49,7 +49,7 @@ ADD_DTYPES = [torch.float32, torch.float64] + ([torch.bfloat16] if CUDA else [to
 @pytest.mark.parametrize("dtype", ADD_DTYPES)
 @pytest.mark.parametrize("shape", [(1, 1), (3, 17), (2, 5, 64), (1, 3, 1000)])
 def test_add_rms_norm_is_the_addition_then_the_norm(impl, dtype, shape):
-    """NOTE [Pending addition] in wmtp/model.py: the fused sum is torch's ``x + r`` and the norm
+    """NOTE [Pending addition] in wmtp/block.py: the fused sum is torch's ``x + r`` and the norm
     ``rms_norm``'s of it, both bit for bit, whatever the layouts (a strided ``r``)."""
     g = torch.Generator().manual_seed(sum(shape))
     x = (torch.randn(shape, generator=g, dtype=torch.float64) * 3).to(DEVICE, dtype)
@@ -158,14 +158,15 @@ def test_a_model_pass_on_cuda_norms_with_the_kernel(monkeypatch):
     the final one, each with the addition before it but the first; the head's 2 on its input as one
     kernel, wmtp/head_input.py; its block's 2 and the final one with their additions), none with
     impl='torch'."""
-    from wmtp import model, mtp
+    from wmtp import block, model, mtp
 
     impls = []
-    plain, plain_add = model.rms_norm, model.add_rms_norm
-    monkeypatch.setattr(model, "rms_norm", lambda x, w, eps, impl: impls.append(("norm", impl)) or
+    plain, plain_add = block.rms_norm, block.add_rms_norm
+    monkeypatch.setattr(block, "rms_norm", lambda x, w, eps, impl: impls.append(("norm", impl)) or
                         plain(x, w, eps, impl))
-    monkeypatch.setattr(model, "add_rms_norm", lambda x, r, w, eps, impl: impls.append(
-        ("add" if r is not None else "first", impl)) or plain_add(x, r, w, eps, impl))
+    for module in (block, model):  # the blocks' norms, and TargetLM.final's (the target's and the head's)
+        monkeypatch.setattr(module, "add_rms_norm", lambda x, r, w, eps, impl: impls.append(
+            ("add" if r is not None else "first", impl)) or plain_add(x, r, w, eps, impl))
     plain_input = mtp.head_input
     monkeypatch.setattr(mtp, "head_input", lambda *a: impls.append(("input", a[-1])) or plain_input(*a))
     target, head = (m.cuda().float() for m in wmtp.build_models("tiny", seed=0))

@@ -16,7 +16,7 @@ from attention_truth import assert_op_close
 from op_impls import CUDA, DEVICE, IMPLS, INTERPRETED
 
 import wmtp
-from wmtp.model import apply_rope
+from wmtp.block import apply_rope
 from wmtp.rope import rope, rope_frequencies, rope_pair, rope_torch
 
 DTYPES = [torch.float32, torch.float64, torch.float16] + ([torch.bfloat16] if CUDA else [])

@@ -43,9 +43,9 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # CPU: the Check cell's impl="triton" runs in Triton's interpreter
 
 import wmtp  # noqa: E402
+from wmtp.block import apply_rope  # noqa: E402
 from wmtp.grading import harness_models  # noqa: E402
 from wmtp.keyset import draft_key_indices, reindexed_key_positions, sink_query_position  # noqa: E402
-from wmtp.model import apply_rope  # noqa: E402
 
 THETA = 10000.0
 g = torch.Generator().manual_seed(0)

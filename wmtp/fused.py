@@ -3,7 +3,7 @@ SwiGLU's activation, and a layer's key and value writes into a contiguous KV cac
 PyTorch reference and a Triton kernel of one signature.
 
 The target's full-attention layers (arXiv 2607.21535, Sec. 5: the few layers of a hybrid model that
-hold the whole KV) scale their queries by ``max(1, log(t + 1) / log(train_seq_len))`` (wmtp/model.py).
+hold the whole KV) scale their queries by ``max(1, log(t + 1) / log(train_seq_len))`` (``Attention`` in wmtp/block.py).
 In PyTorch that is six kernels a layer on a GPU (a cast, an add, a log, a division, a clamp, the
 product), and SwiGLU's ``silu(gate) * up`` two a block. Inside a CUDA graph each kernel costs a few
 microseconds however little it computes: experiment 27 counted 14 µs of a dense step's 287 µs in the
@@ -17,7 +17,7 @@ NOTE [eps] in wmtp/rmsnorm.py), rounded to the query's dtype before the product,
 rounds it; ``silu(g) = g / (1 + exp(-g))``. They agree with the references to rounding, not
 bit for bit (their logarithm and exponential are Triton's): decoding needs no more, since a dense step
 and a verify pass scale with the same op (decode.py NOTE [Exactness]). The model takes the kernels on
-CUDA unless asked for ``impl="torch"`` or a gradient is needed (``op_impl`` in wmtp/model.py).
+CUDA unless asked for ``impl="torch"`` or a gradient is needed (``op_impl`` in wmtp/block.py).
 The write copies and casts, so it is the indexed assignment bit for bit, for positions in ``[0, S)``:
 the kernel writes no other (the reference would wrap a negative one and raise for one past the
 end), and the caller checks the range (``KVCache.update``, unless its caller checked once).

@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterator
 import torch
 
 from .attention.reference import attention_torch
+from .block import apply_rope
 from .keyset import draft_key_indices, reindexed_key_positions, sink_query_position
-from .model import apply_rope
 
 __all__ = ["REINDEX_LITERAL", "reindex_checks"]
 

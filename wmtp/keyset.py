@@ -23,7 +23,7 @@ this needs no second copy of the cache: a recent key moves by the same shift as 
 distance ``t - j`` is unchanged), and only the sinks change, to the distance from
 ``sink_queryas_position(t) = min(t, n_sink + window - 1)``. Re-indexed attention is therefore
 the usual attention with the sink keys scored by the query rotated to that position (the
-attention ops' ``q_sink``; wmtp/model.py rotates it).
+attention ops' ``q_sink``; wmtp/block.py rotates it).
 """
 
 from __future__ import annotations

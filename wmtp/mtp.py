@@ -18,11 +18,12 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from .block import Block, RMSNorm, op_impl
 from .config import MTPConfig
 from .head_input import head_input
 from .kvcache import KVCache
 from .linear import linear, rezero, zero_bias
-from .model import Block, RMSNorm, TargetLM, check_generator, init_weights, op_impl
+from .model import TargetLM, check_generator, init_weights
 from .pagedcache import PagedKVCache
 from .ringcache import RingKVCache
 

@@ -21,7 +21,7 @@ position outside ``[0, S)``; the cache checks the range first (``KVCache.update_
 
 Only the contiguous cache writes this way; the ring and paged caches keep their indexed writes
 after the separate ops (``SeparateWrites`` in wmtp/kvcache.py). The model takes the kernel on CUDA
-unless asked for ``impl="torch"`` or a gradient is needed (``op_impl`` in wmtp/model.py). A dense step of the small
+unless asked for ``impl="torch"`` or a gradient is needed (``op_impl`` in wmtp/block.py). A dense step of the small
 preset launches 4 kernels fewer, a one-row head call 1. In the CUDA-graph decode loop on the H200,
 every run lossless, dense decoding took 1.6-2.8 % less time a token and speculative decoding
 1.1-3.5 % less (metrics/experiments/qkv-write-h200-exp42.json).

@@ -13,12 +13,12 @@ for float64 inputs); the sums run in another order, so the two agree to rounding
 (tests/test_rmsnorm.py bounds the difference by the dtype's). Decoding needs no more: a dense step
 and a verify pass use the same op, row by row (decode.py NOTE [Exactness]). The model norms with the
 kernel on CUDA unless asked for ``impl="torch"`` or a gradient is needed (``op_impl`` in
-wmtp/model.py; ``"auto"`` falls back to the reference under autograd, as attention does). Side by side on the H200
+wmtp/block.py; ``"auto"`` falls back to the reference under autograd, as attention does). Side by side on the H200
 (experiment 25, metrics/experiments/fused-norm-h200-exp25.json, the CUDA-graph loop): dense decoding
 takes 6.5-18.4 % less time a token, speculative decoding 7.9-22.1 % less.
 
 ``add_rms_norm`` makes a residual addition and the norm that reads its sum one kernel (NOTE
-[Pending addition] in wmtp/model.py): the sum rounded as torch's ``x + r``, then this norm, so both
+[Pending addition] in wmtp/block.py): the sum rounded as torch's ``x + r``, then this norm, so both
 outputs are the unfused ops' bit for bit, and a block launches no addition of its own. Side by
 side on the H200 (experiment 37, metrics/experiments/add-norm-h200-exp37.json): dense decoding takes
 3.1-5.9 % less time a token, speculative decoding 1.8-4.6 % less.

@@ -17,7 +17,7 @@ as the reference does, with its own cosine and sine and possibly fused multiply-
 to rounding, not bit for bit (tests/test_rope.py bounds the difference by the dtype's). Decoding
 needs no more: a dense step and a verify pass rotate with the same op, row by row (decode.py NOTE
 [Exactness]). The model rotates with the kernel on CUDA unless asked for ``impl="torch"`` or a
-gradient is needed (``op_impl`` in wmtp/model.py; ``"auto"`` falls back to the reference under
+gradient is needed (``op_impl`` in wmtp/block.py; ``"auto"`` falls back to the reference under
 autograd, as attention does).
 
 ``rope_pair`` rotates a layer's queries and keys with one call when they are neighbouring heads of

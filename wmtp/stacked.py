@@ -4,7 +4,7 @@ A block's attention multiplies its normed input by three weights (queries, keys,
 SwiGLU by two (gate, up) (arXiv 2607.21535, Sec. 2: the MTP head is one such block). In a decode
 step each product is a one-row gemv or a few-row GEMM that a CUDA graph replays in a few
 microseconds, however little it computes (docs/results/step-anatomy.md), so ``Attention`` and
-``MLP`` in wmtp/model.py make them one product of the weights stacked by rows and split its output:
+``MLP`` in wmtp/block.py make them one product of the weights stacked by rows and split its output:
 ``x @ cat([wq, wk, wv]).T`` is ``cat([x @ wq.T, x @ wk.T, x @ wv.T])`` in exact arithmetic.
 
 In floating point the stacked product can sum in another order (cuBLAS picks a kernel by shape), so
@@ -34,7 +34,7 @@ __all__ = ["StackedWeights", "pack", "repack", "stacked_view", "stacks"]
 
 def stacks(impl: str, x: torch.Tensor, weights: list[torch.Tensor]) -> bool:
     """Whether ``x``'s products with ``weights`` go stacked: on CUDA, the small ops' ``impl`` (``op_impl``
-    in wmtp/model.py) not ``"torch"``, and no weight needs a gradient (the stacked view is detached;
+    in wmtp/block.py) not ``"torch"``, and no weight needs a gradient (the stacked view is detached;
     a gradient for ``x`` is fine)."""
     needs_grad = torch.is_grad_enabled() and any(w.requires_grad for w in weights)
     return x.is_cuda and impl != "torch" and not needs_grad

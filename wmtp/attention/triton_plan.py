@@ -22,7 +22,7 @@ The merge's launch is planned with the attention's, in ``_static_plan``.
 
 NOTE [Output layout]: the output ``(B, Hq, Lq, D)`` lives in ``(B, Lq, Hq, D)`` memory, a query's
 heads side by side, as the model's output projection reads them: ``y.transpose(1, 2).reshape(B, Lq,
-Hq * D)`` in wmtp/model.py is then a view, where a head-major output made it a copy kernel a layer
+Hq * D)`` in wmtp/block.py is then a view, where a head-major output made it a copy kernel a layer
 for ``Lq >= 2`` (4 of a verify pass's 51 kernels: metrics/experiments/kernel-census-h200-exp27-2396f73.json).
 Both kernels store through the output's strides; at ``Lq = 1`` the two layouts are the same memory.
 ``TOKEN_MAJOR = False`` gives the head-major layout of the code before (experiment 41 times both;
