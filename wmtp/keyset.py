@@ -21,7 +21,7 @@ the key set, key ``i`` (ascending) sits at position ``i`` and the query at the s
 ``reindexed_key_positions``. RoPE scores depend only on the distance between query and key, so
 this needs no second copy of the cache: a recent key moves by the same shift as the query (its
 distance ``t - j`` is unchanged), and only the sinks change, to the distance from
-``sink_queryas_position(t) = min(t, n_sink + window - 1)``. Re-indexed attention is therefore
+``sink_query_position(t) = min(t, n_sink + window - 1)``. Re-indexed attention is therefore
 the usual attention with the sink keys scored by the query rotated to that position (the
 attention ops' ``q_sink``; wmtp/model.py rotates it).
 """

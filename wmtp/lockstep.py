@@ -245,7 +245,7 @@ def lockstep_generate(target: TargetLM, draft: MTPHead, prompts: torch.Tensor, m
             dlogits, g = draft(g[:, -1:], drafts[-1][:, None], torch.tensor([n - 1 + i], device=dev), dcache,
                                n_sink, window, impl)
             drafts.append(dlogits[:, -1].argmax(-1))
-        d = torch.stack(drafts, dim=1)  # (B, K)
+        d = torch.stack(drafts, dim=1)  # (B, k)
         stats.draft_keys_read += sum(key_count(t, n_sink, window) for t in range(head_start, n - 1 + k))
         synchronize(dev)
         t1 = time.perf_counter()

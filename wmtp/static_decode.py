@@ -156,7 +156,7 @@ def static_speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: to
         draft_cache: as ``speculative_generate``'s: ``"ring"`` keeps the draft's KV in a ring
             (wmtp/ringcache.py; the extend's at most ``depth + 1`` rows are within its spare slots).
         positions: as ``speculative_generate``'s (``"reindexed"``: StreamingLLM's, wmtp/keyset.py).
-        gate: as ``speculative_generate``'s (a context gate: wmtp/keyset.py); a draft phase is
+        gate: as ``speculative_generate``'s (a context gate: ``gated_key_set`` in wmtp/policy.py); a draft phase is
             captured per key set too.
     """
     if isinstance(prompt_ids, (list, tuple)):
