@@ -118,7 +118,7 @@ def _prefill_batch(target: TargetLM, draft: MTPHead | None, prompts: torch.Tenso
     the head's cache write (if a head) over their true chains, positions ``0 .. P-2`` (NOTE [Shared
     draft prefill] in wmtp/prefill.py). Returns both caches (the head's ``None`` without a head), the
     target's last logits ``(B, V)`` and last hidden states ``(B, 1, d)``. ``checked``: the caches'
-    range check (off for the static loops, NOTE in wmtp/kvcache.py)."""
+    range check (off for the static loops: ``KVCache``'s docstring in wmtp/kvcache.py)."""
     B, P = prompts.shape
     dev = prompts.device
     tcache = target.new_cache(B, needed, checked=checked)
