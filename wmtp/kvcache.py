@@ -195,6 +195,16 @@ def ring_slot(p: int, n_sink: int, window: int, depth: int) -> int:
     ``p`` may be an int or an integer tensor of positions (the slot of each: wmtp/ringcache.py's
     block table), by the same expression.
 
+    Args:
+        p: absolute position(s), an int or an integer tensor, each ``>= 0``.
+        n_sink: pinned sink slots (an int ``>= 0``; not ``None`` here).
+        window: the draft's window (an int ``>= 1``).
+        depth: spare slots for the positions a step writes past a query (an int ``>= 0``).
+
+    Returns:
+        The slot(s), in ``[0, n_sink + window + depth)``: an int for an int ``p``, else a tensor of
+        ``p``'s shape and dtype.
+
     Raises:
         ValueError: if ``p < 0``, ``n_sink < 0``, ``window < 1`` or ``depth < 0``.
     """

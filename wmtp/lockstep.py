@@ -173,6 +173,10 @@ def batched_greedy_generate(target: TargetLM, prompts, max_new_tokens: int, eos_
 
     Returns:
         One 1-D LongTensor of new tokens a row.
+
+    Raises:
+        ValueError: for prompts of another form or on two devices, timing outputs that are not
+            lists, and for any row ``greedy_generate`` refuses.
     """
     check_times(step_times=step_times, prefill_times=prefill_times)
     rows, needed, impl = check_dense_batch(target, prompts, max_new_tokens, eos_id, impl)
@@ -217,6 +221,10 @@ def lockstep_generate(target: TargetLM, draft: MTPHead, prompts: torch.Tensor, m
     Returns:
         One 1-D LongTensor of new tokens a row (each ``greedy_generate`` of its prompt: NOTE [Batch
         exactness]) and the batch's ``LockstepStats``.
+
+    Raises:
+        ValueError: for ``prompts`` that are not a non-empty ``(B, P)`` tensor, and for any row
+            ``speculative_generate`` refuses.
     """
     _check_shape(prompts)
     policy = as_policy(depth)
