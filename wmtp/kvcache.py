@@ -8,6 +8,10 @@ accepted prefix hold stale keys, but no later query reads a position before it h
 again by the accepted tokens (queries only read ``j <= t`` and every step rewrites from the first
 unaccepted position on). So rejected drafts need no rollback: they are simply overwritten.
 (Paper arXiv 2607.21535, Sec. 3: the draft KV and the target KV are separate caches.)
+
+Beside ``KVCache`` this file holds what every cache shares: the checks of a write and a read
+(``check_write``, ``check_read``, ``check_impl``), ``SeparateWrites`` (the ring and paged caches'
+``update_qkv``), and ``ring_slot``, the slot formula of the draft's ring buffer (wmtp/ringcache.py).
 """
 
 from __future__ import annotations
