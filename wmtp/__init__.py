@@ -32,7 +32,13 @@ def build_models(preset: str = "tiny", seed: int = 0) -> tuple[TargetLM, MTPHead
 
     Args:
         preset: a name in ``wmtp.PRESETS``.
-        seed: seeds one ``torch.Generator`` used for both models' weights.
+        seed: seeds one ``torch.Generator`` used for both models' weights (an int in ``[0, 2**64)``).
+
+    Returns:
+        ``(target, head)``: a ``TargetLM`` and the ``MTPHead`` built on it, float32 on the CPU.
+
+    Raises:
+        ValueError: for an unknown preset or a seed that is not an int in ``[0, 2**64)``.
     """
     p = get_preset(preset)
     check_seed(seed)

@@ -1,9 +1,9 @@
 """Reading an attention sweep (wmtp/bench_attention.py): the issue's bars, the timing caveats
 written into every result, a rich table, a PNG.
 
-The bars are the kernel issue's targets for arXiv 2607.21535's draft-KV tax on a GPU: (a) the
-windowed draft kernel, one query, flat in the context and under ``DRAFT_MAX_MS``; (b) the full
-verify kernel at the largest context within ``VERIFY_MIN_PCT`` of the HBM floor.
+The bars are the kernel issue's targets for arXiv 2607.21535's draft-KV tax on a GPU (Sec. 4):
+(a) the windowed draft kernel, one query, flat in the context and under ``DRAFT_MAX_MS``; (b) the
+full verify kernel at the largest context within ``VERIFY_MIN_PCT`` of the HBM floor.
 """
 
 from __future__ import annotations

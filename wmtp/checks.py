@@ -2,7 +2,7 @@
 a seed and a tensor argument must be. Each raises a one-line ``ValueError`` that names the argument
 and the value it got (bad input is a clear ``ValueError``, never a ``TypeError`` or ``IndexError``
 from deep inside torch). The key set's own arguments are checked in wmtp/keyset.py
-(``check_key_set_args``), next to its formula.
+(``check_key_set_args``), next to its formula. Library plumbing, beyond the paper (arXiv 2607.21535).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The ``wmtp`` command (and its ``auto-research`` alias): ``build_parser()`` + ``main(argv) -> int``.
 
 Subcommands: ``reproduce`` (train or load the models, run every arm, assert losslessness, write
-the metrics JSON; arXiv 2607.21535 in miniature; wmtp/reproduce_cli.py), ``bench attention``
+the metrics JSON; arXiv 2607.21535, Sec. 4, in miniature; wmtp/reproduce_cli.py), ``bench attention``
 (draft-attention time per key set and context), ``bench decode`` (end-to-end decoding, eager and
 CUDA-graph loops; wmtp/bench_decode.py), ``bench sampling`` (acceptance of sampled speculative
 decoding per key set, temperature and method; wmtp/bench_sampling.py), ``bench depth`` (measured

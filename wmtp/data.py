@@ -1,4 +1,5 @@
-"""Text corpora that wmtp trains on (the tokenizer is wmtp/tokenizer.py).
+"""Text corpora that wmtp trains on (the tokenizer is wmtp/tokenizer.py; how the text is found is
+beyond the paper, arXiv 2607.21535).
 
 `load_corpus` finds WikiText-2 (Merity et al., 2016), the corpus of the Windowed-MTP experiments,
 in this order, and says in `Corpus.message` what it loaded and what it substituted:
@@ -7,6 +8,8 @@ in this order, and says in `Corpus.message` what it loaded and what it substitut
 2. the HuggingFace hub (`wikitext-2-raw-v1`), only when huggingface.co answers quickly;
 3. offline default `python-stdlib`: the standard-library source of the running Python, which
    every machine has, split 90/5/5 into train/valid/test by a stable hash of each file's path.
+
+`load_corpus(..., max_chars=...)` cuts the splits short (`leading_lines`) for quick runs.
 """
 
 from __future__ import annotations
@@ -82,7 +85,8 @@ def load_corpus(dataset_dir: str | Path | None = None, *, hub_timeout_s: float =
     Raises:
         ValueError: `dataset_dir` does not exist, is not a directory or is empty; it holds only
             part of WikiText-2 (no valid or no test split); a split file is empty or cannot be
-            read (not UTF-8 text, a broken parquet file); or the hub is reachable but fails.
+            read (not UTF-8 text, a broken parquet file); the hub is reachable but fails; or
+            `max_chars` is below 1.
     """
     if dataset_dir is not None:
         folder = Path(dataset_dir)

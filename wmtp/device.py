@@ -3,7 +3,7 @@
 The plain-PyTorch reference path (wmtp/attention/reference.py) runs on CPU, Apple MPS and CUDA;
 ``auto`` prefers CUDA, then MPS, then CPU. Asking for a device that is absent is an error, never a
 silent fallback. ``capture_graph`` captures a CUDA call in a graph (wmtp/static_decode.py's steps,
-the bench's timings).
+the bench's timings). Library plumbing, beyond the paper (arXiv 2607.21535).
 """
 
 from __future__ import annotations

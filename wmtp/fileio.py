@@ -6,7 +6,7 @@ file is renamed onto ``path`` (``os.replace`` is atomic on one filesystem), othe
 ``check_distinct`` that two paths are not one file, and ``check_cache_dir`` that a cache folder can
 be made and holds no output, so a command fails before its work rather than after it. A symbolic
 link is written through (its target replaced, the link kept); a device, FIFO or socket is refused,
-never replaced by a regular file.
+never replaced by a regular file. Library plumbing, beyond the paper (arXiv 2607.21535).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ the key set, key ``i`` (ascending) sits at position ``i`` and the query at the s
 ``reindexed_key_positions``. RoPE scores depend only on the distance between query and key, so
 this needs no second copy of the cache: a recent key moves by the same shift as the query (its
 distance ``t - j`` is unchanged), and only the sinks change, to the distance from
-``sink_queryas_position(t) = min(t, n_sink + window - 1)``. Re-indexed attention is therefore
+``sink_query_position(t) = min(t, n_sink + window - 1)``. Re-indexed attention is therefore
 the usual attention with the sink keys scored by the query rotated to that position (the
 attention ops' ``q_sink``; wmtp/block.py rotates it).
 """
@@ -138,7 +138,11 @@ def draft_key_indices(t: int, n_sink: int | None, window: int | None) -> torch.T
         window: number of recent keys including the query's own (``None`` = full causal set).
 
     Returns:
-        LongTensor of key positions.
+        LongTensor ``(min(t + 1, n_sink + window),)`` of key positions (``(t + 1,)`` for ``window=None``).
+
+    Raises:
+        ValueError: for a ``t`` that is not an integer >= 0, or a bad ``(n_sink, window)``
+            (``check_key_set_args``).
     """
     (s0, s1), (r0, r1) = key_ranges(t, n_sink, window)
     return torch.cat([torch.arange(s0, s1), torch.arange(r0, r1)])
@@ -148,10 +152,17 @@ def draft_key_mask(q_pos: torch.Tensor, kv_len: int, n_sink: int | None, window:
     """Boolean mask ``(len(q_pos), kv_len)``: ``mask[i, j]`` iff query ``q_pos[i]`` may read key ``j``.
 
     Args:
-        q_pos: LongTensor ``(Lq,)`` of absolute query positions.
+        q_pos: ``(Lq,)`` absolute query positions: an integer tensor (any integer dtype) or a list of ints.
         kv_len: number of key positions (columns).
         n_sink: number of sink keys (``None`` = 0).
         window: recent-window size including the query (``None`` = full causal set).
+
+    Returns:
+        BoolTensor ``(Lq, kv_len)`` on ``q_pos``'s device.
+
+    Raises:
+        ValueError: for ``q_pos`` that is not 1-D integer positions >= 0, a ``kv_len`` that is not an
+            int >= 0, or a bad ``(n_sink, window)``.
     """
     check_key_set_args(n_sink, window)
     q_pos = as_positions(q_pos)
@@ -181,7 +192,11 @@ def draft_key_csr(
         window: recent-window size including the query (``None`` = full causal set).
 
     Returns:
-        ``indptr`` LongTensor ``(R + 1,)`` and ``indices`` LongTensor ``(nnz,)``.
+        ``indptr`` LongTensor ``(R + 1,)`` and ``indices`` LongTensor ``(nnz,)``, on the CPU.
+
+    Raises:
+        ValueError: for positions that are not 1-D integer tensors (or lists of ints) of positions
+            >= 0, or a bad ``(n_sink, window)``.
     """
     one = not isinstance(q_pos, (list, tuple)) or all(isinstance(t, int) or torch.is_tensor(t) and t.dim() == 0
                                                       for t in q_pos)  # positions of one sequence

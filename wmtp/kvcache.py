@@ -8,6 +8,10 @@ accepted prefix hold stale keys, but no later query reads a position before it h
 again by the accepted tokens (queries only read ``j <= t`` and every step rewrites from the first
 unaccepted position on). So rejected drafts need no rollback: they are simply overwritten.
 (Paper arXiv 2607.21535, Sec. 3: the draft KV and the target KV are separate caches.)
+
+Beside ``KVCache`` this file holds what every cache shares: the checks of a write and a read
+(``check_write``, ``check_read``, ``check_impl``), ``SeparateWrites`` (the ring and paged caches'
+``update_qkv``), and ``ring_slot``, the slot formula of the draft's ring buffer (wmtp/ringcache.py).
 """
 
 from __future__ import annotations
@@ -194,6 +198,16 @@ def ring_slot(p: int, n_sink: int, window: int, depth: int) -> int:
 
     ``p`` may be an int or an integer tensor of positions (the slot of each: wmtp/ringcache.py's
     block table), by the same expression.
+
+    Args:
+        p: absolute position(s), an int or an integer tensor, each ``>= 0``.
+        n_sink: pinned sink slots (an int ``>= 0``; not ``None`` here).
+        window: the draft's window (an int ``>= 1``).
+        depth: spare slots for the positions a step writes past a query (an int ``>= 0``).
+
+    Returns:
+        The slot(s), in ``[0, n_sink + window + depth)``: an int for an int ``p``, else a tensor of
+        ``p``'s shape and dtype.
 
     Raises:
         ValueError: if ``p < 0``, ``n_sink < 0``, ``window < 1`` or ``depth < 0``.

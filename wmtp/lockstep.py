@@ -118,7 +118,7 @@ def _prefill_batch(target: TargetLM, draft: MTPHead | None, prompts: torch.Tenso
     the head's cache write (if a head) over their true chains, positions ``0 .. P-2`` (NOTE [Shared
     draft prefill] in wmtp/prefill.py). Returns both caches (the head's ``None`` without a head), the
     target's last logits ``(B, V)`` and last hidden states ``(B, 1, d)``. ``checked``: the caches'
-    range check (off for the static loops, NOTE in wmtp/kvcache.py)."""
+    range check (off for the static loops: ``KVCache``'s docstring in wmtp/kvcache.py)."""
     B, P = prompts.shape
     dev = prompts.device
     tcache = target.new_cache(B, needed, checked=checked)
@@ -173,6 +173,10 @@ def batched_greedy_generate(target: TargetLM, prompts, max_new_tokens: int, eos_
 
     Returns:
         One 1-D LongTensor of new tokens a row.
+
+    Raises:
+        ValueError: for prompts of another form or on two devices, timing outputs that are not
+            lists, and for any row ``greedy_generate`` refuses.
     """
     check_times(step_times=step_times, prefill_times=prefill_times)
     rows, needed, impl = check_dense_batch(target, prompts, max_new_tokens, eos_id, impl)
@@ -217,6 +221,10 @@ def lockstep_generate(target: TargetLM, draft: MTPHead, prompts: torch.Tensor, m
     Returns:
         One 1-D LongTensor of new tokens a row (each ``greedy_generate`` of its prompt: NOTE [Batch
         exactness]) and the batch's ``LockstepStats``.
+
+    Raises:
+        ValueError: for ``prompts`` that are not a non-empty ``(B, P)`` tensor, and for any row
+            ``speculative_generate`` refuses.
     """
     _check_shape(prompts)
     policy = as_policy(depth)
@@ -245,7 +253,7 @@ def lockstep_generate(target: TargetLM, draft: MTPHead, prompts: torch.Tensor, m
             dlogits, g = draft(g[:, -1:], drafts[-1][:, None], torch.tensor([n - 1 + i], device=dev), dcache,
                                n_sink, window, impl)
             drafts.append(dlogits[:, -1].argmax(-1))
-        d = torch.stack(drafts, dim=1)  # (B, K)
+        d = torch.stack(drafts, dim=1)  # (B, k)
         stats.draft_keys_read += sum(key_count(t, n_sink, window) for t in range(head_start, n - 1 + k))
         synchronize(dev)
         t1 = time.perf_counter()

@@ -34,7 +34,11 @@ class MTPHead(nn.Module):
     Args:
         config: head settings.
         target: the target LM whose embedding, final norm and LM head are used.
-        generator: RNG for the initial weights (default: a generator seeded with 1).
+        generator: CPU RNG for the initial weights (default: a generator seeded with 1).
+
+    Raises:
+        ValueError: for a ``config`` that is not an ``MTPConfig``, a ``target`` that is not a
+            ``TargetLM``, or a ``generator`` that is not ``None`` or a CPU ``torch.Generator``.
     """
 
     def __init__(self, config: MTPConfig, target: TargetLM, generator: torch.Generator | None = None) -> None:
@@ -60,7 +64,10 @@ class MTPHead(nn.Module):
                   page_size: int | None = None) -> KVCache | RingKVCache | PagedKVCache:
         """The draft KV: every position (``KVCache``; with ``page_size``, a ``PagedKVCache`` of pages of
         that many positions, wmtp/pagedcache.py), or with ``ring=(n_sink, window, spare)`` a ring of
-        ``n_sink + window + spare`` slots (``RingKVCache``, wmtp/ringcache.py) for that key set."""
+        ``n_sink + window + spare`` slots (``RingKVCache``, wmtp/ringcache.py) for that key set.
+
+        Raises:
+            ValueError: for both ``ring`` and ``page_size``, or sizes the cache refuses."""
         mc = self.target.config
         kw = dict(dtype=dtype or self.proj.dtype, device=device or self.proj.device, checked=checked)
         if ring is not None and page_size is not None:

@@ -159,7 +159,7 @@ class PagedKVCache(SeparateWrites):  # update_qkv: the separate ops, then update
         if self._free is None:  # freeze: every page not addressed below `filled` is free
             kept = set(self.block_table[:, :-(-filled // ps)].flatten().tolist())
             free = [p for p in self._order if p not in kept]
-            self._free, self._frozen = _FreePages(free[:-1], free[-1]), filled  # the last: a spare, never written
+            self._free, self._frozen = _FreePages(free[:-1], free[-1]), filled  # the last: the scratch page
             self._addressed = B * -(-filled // ps)  # the pages past `filled` are the forks' now
         elif filled != self._frozen:
             raise ValueError(f"this cache was frozen at {self._frozen} positions by its first fork; got {filled}")

@@ -1,13 +1,14 @@
 """Plots of the metrics JSON that ``wmtp reproduce`` and ``wmtp bench`` (attention, decode, depth,
-sampling, positions) write.
+sampling, positions, batch) write.
 
 ``render(json_path, png_path)`` draws any such file: the reproduction (arXiv 2607.21535's draft-KV
-tax in miniature: draft-attention cost against context per key set, and the per-step draft and
-verify time behind the step-cost equation ``step = t_verify + t_draft``), the GPU kernel sweep
-(wmtp/bench_attention.py), the draft-attention benchmark off CUDA (its first panel alone) or the
-end-to-end decoding benchmark (wmtp/bench_decode.py: per-step draft and verify time per loop) or
+tax, Sec. 1 and 4, in miniature: draft-attention cost against context per key set, and the per-step
+draft and verify time behind the step-cost equation ``step = t_verify + t_draft``), the GPU kernel
+sweep (wmtp/bench_attention.py), the draft-attention benchmark off CUDA (its first panel alone) or
+the end-to-end decoding benchmark (wmtp/bench_decode.py: per-step draft and verify time per loop) or
 the draft-depth benchmark (wmtp/bench_depth.py: time per token of each policy, per arm and context),
-or the acceptance benchmarks (wmtp/bench_sampling.py, bench_positions.py: AL per arm and variant).
+the acceptance benchmarks (wmtp/bench_sampling.py, bench_positions.py: AL per arm and variant), or
+the batch benchmark (wmtp/bench_batch.py: each method's time per token a row against the batch size).
 matplotlib's object API is used (no pyplot, no global state), and the PNG is written atomically.
 """
 

@@ -81,7 +81,14 @@ class DepthPolicy(Protocol):
 
 
 class FixedDepth:
-    """Draft ``depth`` tokens every step (the paper's setting)."""
+    """Draft ``depth`` tokens every step (the paper's setting).
+
+    Args:
+        depth: the drafts of every step, a positive integer (``max_depth``).
+
+    Raises:
+        ValueError: for a ``depth`` that is not a positive integer.
+    """
 
     def __init__(self, depth: int) -> None:
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
@@ -116,6 +123,12 @@ class AdaptiveDepth:
         cost_model: with ``learn_costs``, ``"line"`` (the fitted line for every depth) or
             ``"per-depth"`` (each depth's decayed mean step seconds and the line, weighted
             ``n_k : LINE_WEIGHT``, ``n_k`` the depth's decayed count of steps).
+
+    Raises:
+        ValueError: for a ``max_depth`` that is not a positive integer, negative or non-finite
+            costs, a ``prior`` that is not two finite numbers > 0, a ``decay`` outside ``(0, 1]``,
+            a non-bool ``learn_costs``, or an unknown ``cost_model`` (or ``"per-depth"`` without
+            ``learn_costs``).
     """
 
     def __init__(self, max_depth: int, draft_cost: float = 0.05, verify_cost_per_draft: float = 0.0,

@@ -143,7 +143,7 @@ def start(target: TargetLM, draft: MTPHead | None, prompt_ids: torch.Tensor, *, 
           checked: bool, prefill: Prefill | None, ring: tuple[int, int, int] | None = None) -> Start:
     """A generator's caches and first outputs: its own prefill of ``needed`` positions, or copies (forks
     of paged ones) of ``prefill``'s caches (``prompt_ids`` already checked, ``impl`` resolved).
-    ``checked``: the caches' range check (off for the static loops, NOTE in wmtp/kvcache.py);
+    ``checked``: the caches' range check (off for the static loops: ``KVCache``'s docstring);
     ``ring=(n_sink, window, spare)``: the draft's cache is a ring (wmtp/ringcache.py), filled by its
     own prefill or from ``prefill``'s positions it holds.
 

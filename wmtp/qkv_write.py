@@ -76,6 +76,7 @@ def _kernel():
     import triton
     import triton.language as tl
 
+    # Outputs: Qo (B, Hq, L, D) contiguous, the prepared queries; Kb, Vb (B, Hkv, S, D), the cache buffers
     @triton.jit
     def _qkv_write_kernel(Q, K, V, Pos, F, Qo, Kb, Vb,  # q (B, Hq, L, D); k, v (B, Hkv, L, D); pos; inv_freq
                           sqb, sqh, sql, skb, skh, skl, svb, svh, svl,  # q's, k's and v's strides (last 1)

@@ -1,7 +1,7 @@
 """``wmtp reproduce``: train (or load) the models, decode every arm at each context, assert each
-arm lossless and write the metrics JSON and its plot (wmtp/reproduce.py; arXiv 2607.21535 in
-miniature). Its options, their checks before any work (the preset's overrides, the output paths,
-the checkpoint), the default ``--out``'s name and the printed tables.
+arm lossless and write the metrics JSON and its plot (wmtp/reproduce.py; arXiv 2607.21535,
+Sec. 4, in miniature). Its options, their checks before any work (the preset's overrides, the
+output paths, the checkpoint), the default ``--out``'s name and the printed tables.
 """
 
 from __future__ import annotations

@@ -209,7 +209,12 @@ def sample_generate(target: TargetLM, prompt_ids: torch.Tensor | list[torch.Tens
                     prefill: Prefill | None = None) -> torch.Tensor | list[torch.Tensor]:
     """Dense sampled decoding: the token at position ``t`` is a sample of ``softmax(logits / temperature)``
     drawn with ``seed``'s noise for ``t`` (NOTE [Position-keyed noise]); ``temperature=0`` is
-    ``greedy_generate``. The other arguments and the result are ``greedy_generate``'s."""
+    ``greedy_generate``. The other arguments and the result are ``greedy_generate``'s.
+
+    Raises:
+        ValueError: for a ``temperature`` that is not 0 or a finite number ``>= MIN_TEMPERATURE``, a
+            ``seed`` that is not an int in ``[0, 2**64)``, and whatever ``greedy_generate`` refuses.
+    """
     check_sampling(temperature, seed)
     if isinstance(prompt_ids, (list, tuple)):
         _one_prompt(prefill)
@@ -243,6 +248,10 @@ def speculative_sample(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tenso
 
     Returns:
         The new tokens and the step statistics (a list of each for a list of prompts).
+
+    Raises:
+        ValueError: for a bad ``temperature`` or ``seed`` (as ``sample_generate``), an unknown
+            ``method``, and whatever ``speculative_generate`` refuses.
     """
     check_sampling(temperature, seed, method)
     if isinstance(prompt_ids, (list, tuple)):

@@ -55,6 +55,12 @@ def static_batched_speculative_generate(target: TargetLM, draft: MTPHead, prompt
         cuda_graph: capture the draft phase and the verify phase, each in a CUDA graph (``None``:
             when on CUDA with the Triton impl; ``True`` elsewhere is a ``ValueError``); the counters'
             ``draft_times_s`` and ``verify_times_s`` are then device times.
+
+    Returns:
+        One 1-D LongTensor of new tokens a prompt and the batch's ``BatchedStats``.
+
+    Raises:
+        ValueError: as ``batched_speculative_generate``, and for a bad ``cuda_graph`` (as above).
     """
     rows, policy, needed, impl = check_batch(target, draft, prompts, max_new_tokens, depth, n_sink, window, eos_id,
                                              impl)

@@ -75,6 +75,13 @@ def static_greedy_generate(target: TargetLM, prompt_ids: torch.Tensor | list[tor
             Triton impl; ``True`` elsewhere is a ``ValueError``).
         step_times: if a list, each step's seconds are appended (device time under a graph).
         prefill: as ``greedy_generate``'s (wmtp/prefill.py).
+
+    Returns:
+        As ``greedy_generate``: a 1-D LongTensor of new tokens (a list of them for a list of prompts).
+
+    Raises:
+        ValueError: as ``greedy_generate``, and for a ``cuda_graph`` that is not ``None`` or a bool,
+            or ``True`` off CUDA or without the Triton impl.
     """
     check_times(step_times=step_times)
     if isinstance(prompt_ids, (list, tuple)):
@@ -156,8 +163,16 @@ def static_speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: to
         draft_cache: as ``speculative_generate``'s: ``"ring"`` keeps the draft's KV in a ring
             (wmtp/ringcache.py; the extend's at most ``depth + 1`` rows are within its spare slots).
         positions: as ``speculative_generate``'s (``"reindexed"``: StreamingLLM's, wmtp/keyset.py).
-        gate: as ``speculative_generate``'s (a context gate: wmtp/keyset.py); a draft phase is
+        gate: as ``speculative_generate``'s (a context gate: ``gated_key_set`` in wmtp/policy.py); a draft phase is
             captured per key set too.
+
+    Returns:
+        As ``speculative_generate``: the new tokens and a ``SpecStats`` (a list of each for a list
+        of prompts).
+
+    Raises:
+        ValueError: as ``speculative_generate``, and for a ``cuda_graph`` that is not ``None`` or a
+            bool, or ``True`` off CUDA or without the Triton impl.
     """
     if isinstance(prompt_ids, (list, tuple)):
         _one_prompt(prefill)

@@ -77,6 +77,13 @@ def static_batched_greedy_generate(target: TargetLM, prompts, max_new_tokens: in
             Triton impl; ``True`` elsewhere is a ``ValueError``).
         step_times: if a list, each step's seconds are appended (device time under a graph).
         prefill_times: if a list, the prefill's wall-clock seconds are appended.
+
+    Returns:
+        One 1-D LongTensor of new tokens a row, as ``batched_greedy_generate``.
+
+    Raises:
+        ValueError: as ``batched_greedy_generate``, and for a ``cuda_graph`` that is not ``None`` or
+            a bool, or ``True`` off CUDA or without the Triton impl.
     """
     check_times(step_times=step_times, prefill_times=prefill_times)
     rows, needed, impl = check_dense_batch(target, prompts, max_new_tokens, eos_id, impl)
@@ -104,6 +111,12 @@ def static_lockstep_generate(target: TargetLM, draft: MTPHead, prompts: torch.Te
         cuda_graph: capture the draft phase and the verify phase, each in a CUDA graph (``None``:
             when on CUDA with the Triton impl; ``True`` elsewhere is a ``ValueError``); the
             counters' ``draft_times_s`` and ``verify_times_s`` are then device times.
+
+    Returns:
+        One 1-D LongTensor of new tokens a row and the batch's ``LockstepStats``.
+
+    Raises:
+        ValueError: as ``lockstep_generate``, and for a bad ``cuda_graph`` (as above).
     """
     _check_shape(prompts)
     with on_device_of(prompts):

@@ -1,8 +1,9 @@
-"""The byte-level BPE tokenizer that wmtp trains on its corpora (wmtp/data.py).
+"""The byte-level BPE tokenizer that wmtp trains on its corpora (wmtp/data.py; library plumbing,
+beyond the paper, arXiv 2607.21535).
 
 `train_tokenizer` trains (or loads from its cache) a byte-level BPE through `tokenizers`; `encode`
-and `decode` turn text into a 1-D LongTensor of token ids and back, exactly; `corpus_token_splits`
-encodes a corpus's three splits.
+and `decode` turn text into a 1-D LongTensor of token ids and back, exactly; `eos_id` is the
+end-of-sequence token's id; `corpus_token_splits` encodes a corpus's three splits.
 """
 
 from __future__ import annotations

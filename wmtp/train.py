@@ -125,7 +125,8 @@ def head_accuracy(head: MTPHead, target: TargetLM, tokens: torch.Tensor, depth: 
                   n_windows: int, generator: torch.Generator) -> list[float]:
     """Top-1 accuracy of the teacher-forced head at draft positions ``1 .. depth`` (``tokens`` on
     any device: the windows move to the head's)."""
-    x = random_windows(tokens, n_windows, seq_len + depth + 1, generator).to(head.proj.device)  # (n, L)
+    # (n_windows, seq_len + depth + 1): each window's seq_len positions and the depth + 1 tokens after them
+    x = random_windows(tokens, n_windows, seq_len + depth + 1, generator).to(head.proj.device)
     steps = head_step_logits(head, target, x, depth)
     return [(lg.argmax(-1) == x[:, k + 1 : k + 1 + seq_len]).sum().item() / (n_windows * seq_len)  # no fp64 on MPS
             for k, lg in enumerate(steps, start=1)]

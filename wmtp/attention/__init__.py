@@ -60,6 +60,16 @@ def resolve_impl(impl: str, device: torch.device | str, dtype: torch.dtype | Non
     ``"torch"``. ``"triton"`` runs on CUDA, or on
     CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``, read only to detect it).
 
+    Args:
+        impl: ``"auto"``, ``"torch"`` or ``"triton"``.
+        device: where the tensors live (a ``torch.device`` or a string such as ``"cuda:0"``).
+        dtype, head_dim, group: the call's dtype, head dimension and query heads per kv head, each
+            ``None`` when not known; given, ``"auto"`` picks the reference for what the kernel
+            cannot take and ``"triton"`` raises.
+
+    Returns:
+        ``"torch"`` or ``"triton"``.
+
     Raises:
         ValueError: for an unknown name or an implementation that cannot run here.
     """
@@ -227,6 +237,14 @@ def attention(
 
     Returns:
         ``(B, Hq, Lq, D)`` tensor in ``q.dtype``.
+
+    Raises:
+        ValueError: for a bad ``(n_sink, window)``, arguments that are not tensors, shapes that do not
+            fit, ``q, k, v`` on two devices or not floating point, positions that are not integers or
+            (where checked) not in ``[0, S)``, a ``q_sink`` unlike ``q`` or without a window, or an
+            ``impl`` that cannot run (``resolve_impl``; ``"triton"`` also refuses tensors that need a
+            gradient, k and v of two layouts, and q, k, v of different dtypes, where ``"auto"`` takes
+            the reference).
     """
     check_key_set_args(n_sink, window)
     check_tensors(q=q, k=k, v=v)
@@ -270,6 +288,11 @@ def paged_attention(
 
     Returns:
         ``(B, Hq, Lq, D)`` tensor in ``q.dtype``.
+
+    Raises:
+        ValueError: as ``attention``, and for pages that are not ``(num_pages, page_size, Hkv, D)``,
+            a block table that is not 2-D int32 on ``q``'s device, or (where checked) page ids the
+            queries reach outside ``[0, num_pages)``.
     """
     check_key_set_args(n_sink, window)
     check_tensors(q=q, k_pages=k_pages, v_pages=v_pages, block_table=block_table)

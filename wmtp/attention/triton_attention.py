@@ -230,12 +230,12 @@ def _store_rows(Out, tile, rows, qi, real, b, kvh, Lq,  # tile (R, D) accumulato
 
 @triton.jit
 def _attention_kernel(
-    Q,  # (B, Hq, Lq, D) queries, any strides
-    QS,  # (B, Hq, Lq, D) queries that score the sinks, Q's strides (QSINK only; any tensor otherwise)
+    Q,  # (B, Hq, n_queries, D) queries, any strides (Lq = n_queries but with CHUNKED)
+    QS,  # (B, Hq, n_queries, D) queries that score the sinks, Q's strides (QSINK only; any tensor otherwise)
     K, V,  # contiguous: (B, Hkv, S, D); paged: (num_pages, PAGE_SIZE, Hkv, D); same strides for K and V
     BT,  # (B, max_pages) int32 block table (paged only; any tensor otherwise)
-    QPOS,  # (Lq,) absolute query positions (int64), or (B, Lq): each batch row's, rows stride_pb apart
-    Out,  # (B, Hq, Lq, D) output in q.dtype (written when n_splits == 1)
+    QPOS,  # (n_queries,) absolute query positions (int64), or (B, n_queries): each row's, stride_pb apart
+    Out,  # (B, Hq, n_queries, D) output in q.dtype (written when n_splits == 1)
     WS,  # partials (accumulator dtype), one flat workspace: m, l (n_rows each) and acc (n_rows * D); NOTE [Workspace]
     stride_qb, stride_qh, stride_ql, stride_qd,
     stride_kouter, stride_kpos, stride_kh, stride_kd,  # batch|page, position|page row, kv head, head dim
@@ -355,12 +355,15 @@ def attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: t
         n_sink: sink keys (``None`` = 0).
         window: recent keys including the query's own (``None`` = full causal set).
         num_splits: split-K programs per (batch, kv head) and chunk of queries (NOTE [Chunks]; the
-            workspace holds every chunk's partials: ``n_chunks * B * Hq * chunk * (D + 2)`` floats
-            a split); ``None`` picks from the SM count, a prefill of many chunks one split.
+            workspace holds every chunk's partials: ``n_chunks * B * Hkv * BLOCK_M * (D + 2)``
+            floats a split, ``BLOCK_M`` the tile's ``group * chunk`` rows padded to a power of
+            two, at least 16; NOTE [Workspace]); ``None`` picks from the SM count, a prefill of many
+            chunks one split.
         block_n: keys per block (tests use small blocks); ``None`` picks from ``D``.
         num_warps, num_stages: Triton launch options; ``None`` picks (scripts/tune_attention.py tunes them).
         pdl: launch the split merge with programmatic dependent launch (NOTE [PDL]); ``None`` = where
-            the GPU has it (compute capability >= 9); ``True`` on a GPU without it is a ``ValueError``.
+            the GPU has it (compute capability >= 9); ``True`` without it (an older GPU, the CPU
+            interpreter) is a ``ValueError``.
         q_sink: queries that score the sink keys (NOTE [Re-indexed sinks]), q's shape, dtype and strides.
 
     Returns:

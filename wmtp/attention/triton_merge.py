@@ -43,7 +43,7 @@ def _tile_rows(pid_bh, rows, Lq, n_queries, GROUP: tl.constexpr, CHUNKED: tl.con
 @triton.jit
 def _merge_kernel(
     WS,  # partials written by _attention_kernel, one flat workspace: m, l (n_rows each), acc (n_rows * D)
-    Out,  # (B, Hq, Lq, D) output in q.dtype
+    Out,  # (B, Hq, n_queries, D) output in q.dtype
     stride_ob, stride_oh, stride_ol, stride_od,
     Hkv, Lq, n_splits, n_rows, n_queries,  # n_rows = grid axis 0 * n_splits * BLOCK_M; Lq, n_queries: the kernel's
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr,

@@ -32,8 +32,8 @@ NOTE [tf32x3]: float32 dots as IEEE FMA loops keep the small preset's full-atten
 the bandwidth floor (48 us a call where 16K keys' bytes take 7 us on the H200). ``"tf32x3"`` splits
 each float32 operand into a TF32 part and a TF32 remainder and adds three tensor-core products,
 dropping only the remainders' product: on the H200 it took 58.2-70.8 % less time a full-set call
-and 14.6-18.4 % less over short ranges, and met NOTE [Tolerances]' kernel rule where plain TF32 did
-not (metrics/experiments/tf32x3-h200-exp31.json). Its operands take more shared memory (a D256
+and 14.6-18.4 % less over short ranges, and met NOTE [Tolerances]' kernel rule (tests/attention_truth.py)
+where plain TF32 did not (metrics/experiments/tf32x3-h200-exp31.json). Its operands take more shared memory (a D256
 tile of 64 rows compiled to 256 KiB, over the H200's limit; scripts/kernel_sm90.py compiles the
 launches offline), so ``precision`` takes it only for tiles of at most 64 rows at ``D <= 64``, on a
 GPU: every float32 tile at that width, as ``max_tile_rows`` (attention/plan.py) caps them at 64 rows;
