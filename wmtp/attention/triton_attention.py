@@ -230,7 +230,7 @@ def _store_rows(Out, tile, rows, qi, real, b, kvh, Lq,  # tile (R, D) accumulato
 
 @triton.jit
 def _attention_kernel(
-    Q,  # (B, Hq, n_queries, D) queries, any strides (Lq = n_queries but with CHUNKED)
+    Q,  # (B, Hq, n_queries, D) queries, any strides (n_queries is Lq unless CHUNKED)
     QS,  # (B, Hq, n_queries, D) queries that score the sinks, Q's strides (QSINK only; any tensor otherwise)
     K, V,  # contiguous: (B, Hkv, S, D); paged: (num_pages, PAGE_SIZE, Hkv, D); same strides for K and V
     BT,  # (B, max_pages) int32 block table (paged only; any tensor otherwise)
