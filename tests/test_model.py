@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import wmtp
-from wmtp.config import ModelConfig, MTPConfig, SpecConfig, TrainConfig
+from wmtp.config import KeySetConfig, ModelConfig, MTPConfig, SpecConfig, TrainConfig
 from wmtp.kvcache import KVCache
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -136,6 +136,9 @@ def test_bad_configs(cls, kwargs, match):
 
 def test_config_edges_that_stay_valid():
     assert ModelConfig(global_layers=[1, 3]).global_layers == (1, 3)  # a list reads as the tuple
+    spec = SpecConfig(keysets=[KeySetConfig(0, None)], contexts=[64, 128], ppl_contexts=[64])  # in every tuple field
+    assert (spec.keysets, spec.contexts, spec.ppl_contexts) == ((KeySetConfig(0, None),), (64, 128), (64,))
+    assert hash(spec) == hash(SpecConfig(keysets=(KeySetConfig(0, None),), contexts=(64, 128), ppl_contexts=(64,)))
     assert TrainConfig(grad_clip=float("inf"), max_train_chars=None).grad_clip == float("inf")  # no clipping
     assert ModelConfig(norm_eps=0.0, local_window=None).norm_eps == 0.0
 

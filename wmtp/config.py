@@ -16,6 +16,15 @@ from .keyset import check_key_set_args
 from .policy import check_gate
 
 
+def _tuple_field(config, name: str):
+    """The field ``name`` of ``config``, a list given for it read as the tuple: one rule for every tuple
+    field (a frozen config stays hashable; ``asdict`` writes either as a JSON list)."""
+    value = getattr(config, name)
+    if isinstance(value, list):
+        object.__setattr__(config, name, tuple(value))
+    return getattr(config, name)
+
+
 def _check_ints(name: str, values, low: int) -> None:
     """``values`` must be a non-empty tuple of ints ``>= low``."""
     if not isinstance(values, tuple) or not values:
@@ -48,9 +57,7 @@ class ModelConfig:
         check_int("train_seq_len", self.train_seq_len, 2)  # global layers scale q by log(t + 1) / log(train_seq_len)
         check_number("rope_theta", self.rope_theta, positive=True)
         check_number("norm_eps", self.norm_eps, positive=False)
-        if isinstance(self.global_layers, list):  # a list reads as the tuple (a frozen config stays hashable)
-            object.__setattr__(self, "global_layers", tuple(self.global_layers))
-        if not isinstance(self.global_layers, tuple) or any(
+        if not isinstance(_tuple_field(self, "global_layers"), tuple) or any(
                 isinstance(i, bool) or not isinstance(i, int) for i in self.global_layers):
             raise ValueError(f"global_layers must be a tuple of layer indices (ints), got {self.global_layers!r}")
         if self.d_model % self.n_heads:
@@ -152,11 +159,11 @@ class SpecConfig:
 
     def __post_init__(self) -> None:
         check_int("depth", self.depth, 1)
-        if not isinstance(self.keysets, tuple) or not self.keysets or not all(
+        if not isinstance(_tuple_field(self, "keysets"), tuple) or not self.keysets or not all(
                 isinstance(k, KeySetConfig) for k in self.keysets):
             raise ValueError(f"keysets must be a non-empty tuple of KeySetConfig, got {self.keysets!r}")
-        _check_ints("contexts", self.contexts, 1)
-        _check_ints("ppl_contexts", self.ppl_contexts, 1)
+        _check_ints("contexts", _tuple_field(self, "contexts"), 1)
+        _check_ints("ppl_contexts", _tuple_field(self, "ppl_contexts"), 1)
         check_int("new_tokens", self.new_tokens, 1)
         check_int("repeats", self.repeats, 1)
         for what, items in (("key set", [k.label for k in self.keysets]), ("context", self.contexts)):
