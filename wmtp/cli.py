@@ -21,6 +21,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from .checks import SEED_LIMIT
 from .fileio import check_distinct, check_writable
 
 DEFAULT_PRESET = "small"  # reproduce's and bench's --preset; its results are the committed metrics files
@@ -58,14 +59,14 @@ class _Parser(argparse.ArgumentParser):
 
 
 def seed_arg(text: str) -> int:
-    """``--seed``'s type: an integer from 0 to 2**63 - 1, a range every generator seeded from it
-    takes (``torch.Generator.manual_seed``: -2**63 to 2**64 - 1; sampled verification: 0 to 2**64 - 1)."""
+    """``--seed``'s type: an integer from 0 to 2**64 - 1, the library's range (``checks.check_seed``:
+    what ``torch.Generator.manual_seed`` takes, less the negative seeds it reads as their 2**64 complement)."""
     try:
         seed = int(text)
     except ValueError:
         seed = -1
-    if not 0 <= seed < 2**63:
-        raise argparse.ArgumentTypeError(f"must be an integer from 0 to 2**63 - 1, got {text!r}")
+    if not 0 <= seed < SEED_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be an integer from 0 to 2**64 - 1, got {text!r}")
     return seed
 
 
