@@ -47,6 +47,31 @@ def test_help_lists_every_subcommand_and_flag(capsys):
     assert code == 0 and "--contexts" in out
 
 
+def test_version_and_python_m(capsys):
+    """``--version`` names the package's version (pyproject.toml's); ``python -m wmtp`` is the command
+    from a checkout, and a metrics JSON records the command as typed and wmtp's version."""
+    import re
+    import subprocess
+    import sys
+
+    import wmtp
+    from wmtp.metrics import command_line, environment
+
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert re.search(r'^version = "([^"]+)"$', pyproject, flags=re.M)[1] == wmtp.__version__
+    code, out, _ = _run(capsys, ["--version"])
+    assert code == 0 and out == f"wmtp {wmtp.__version__}\n"
+    run = subprocess.run([sys.executable, "-m", "wmtp", "--version"], capture_output=True, text=True, timeout=120)
+    assert (run.returncode, run.stdout) == (0, f"python -m wmtp {wmtp.__version__}\n")
+    run = subprocess.run([sys.executable, "-m", "wmtp", "reproduce", "--depth", "0"], capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 2 and run.stderr == "python -m wmtp: error: depth must be an integer >= 1, got 0\n"
+    assert "Traceback" not in run.stderr
+    assert command_line("python -m wmtp", ["generate", "it's a prompt", "--seed", "1"]) == (
+        "python -m wmtp generate 'it'\"'\"'s a prompt' --seed 1")
+    assert environment("cpu")["versions"]["wmtp"] == wmtp.__version__
+
+
 BAD = [
     (["reproduce", "--depth", "0"], "depth"),
     (["reproduce", "--depth", "-3"], "depth"),

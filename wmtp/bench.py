@@ -89,7 +89,6 @@ def attention_table(rows: list[dict]):
 def attention_cli(args, prog: str, argv: list[str]) -> int:
     """Run ``wmtp bench attention``: the CUDA kernel sweep (wmtp/bench_attention.py), or elsewhere one
     draft query per key set and context, timed side by side."""
-    import shlex
     from pathlib import Path
 
     from rich.console import Console
@@ -97,7 +96,7 @@ def attention_cli(args, prog: str, argv: list[str]) -> int:
     from .cli import stdout_console
     from .device import resolve_device
     from .fileio import check_distinct, check_writable
-    from .metrics import environment, write_json
+    from .metrics import command_line, environment, write_json
 
     if any(x is not None and x < 1 for x in (args.repeats, args.rep_ms, *(args.contexts or ()))):
         raise ValueError("--repeats, --rep-ms and --contexts must be positive")
@@ -121,9 +120,9 @@ def attention_cli(args, prog: str, argv: list[str]) -> int:
         check_distinct(out, png, "--out", "--plot")
         contexts, methods = tuple(args.contexts or ba.CONTEXTS), tuple(args.methods or ba.METHODS)
         rep_ms = 100 if args.rep_ms is None else args.rep_ms
-        command = shlex.join(["wmtp", "bench", "attention", "--device", args.device, "--dtype", dtype, "--rep-ms",
-                              str(rep_ms), "--contexts", *map(str, contexts), "--methods", *methods,
-                              "--out", str(out), "--plot", str(png)])
+        command = command_line(prog, ["bench", "attention", "--device", args.device, "--dtype", dtype, "--rep-ms",
+                                      str(rep_ms), "--contexts", *map(str, contexts), "--methods", *methods,
+                                      "--out", str(out), "--plot", str(png)])
         result = ba.sweep(device, contexts=contexts, dtype=getattr(torch, dtype), methods=methods,
                           rep_ms=rep_ms, command=command, on_progress=lambda partial: write_json(out, partial))
         Console(width=200).print(bench_report.table(result))
@@ -156,7 +155,7 @@ def attention_cli(args, prog: str, argv: list[str]) -> int:
         from .plots import DRAFT_ATTENTION_KIND
 
         write_json(args.out, {"schema_version": SCHEMA_VERSION, "kind": DRAFT_ATTENTION_KIND,
-                              "command": shlex.join([prog, *argv]),
+                              "command": command_line(prog, argv),
                               "environment": environment(device), "preset": args.preset, "dtype": dtype,
                               "rows": rows})
     return 0

@@ -196,12 +196,11 @@ def bench_cli(args, prog: str, argv: list[str], name: str, slug: str, run: Calla
     output (``--out``, default ``metrics/bench-<name>-<slug>.json``; with ``plot`` its PNG beside it)
     checked writable, then ``run(command, log, on_context)`` (the bench, logging to stderr and writing
     the JSON so far after every row), the final JSON, the plot and a rich table."""
-    import shlex
 
     from rich.console import Console
 
     from .fileio import check_cache_dir, check_distinct, check_writable
-    from .metrics import write_json
+    from .metrics import command_line, write_json
 
     if len(set(args.contexts)) < len(args.contexts):
         raise ValueError(f"--contexts must each be given once, got {args.contexts}")
@@ -216,7 +215,7 @@ def bench_cli(args, prog: str, argv: list[str], name: str, slug: str, run: Calla
     def log(line: str) -> None:
         err.print(line, markup=False, highlight=False, soft_wrap=True)
 
-    result = run(shlex.join([prog, *argv]), log, lambda partial: write_json(out, partial))
+    result = run(command_line(prog, argv), log, lambda partial: write_json(out, partial))
     write_json(out, result)
     wrote = str(out)
     if plot:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from . import __version__
 from .checks import SEED_LIMIT
 from .fileio import check_distinct, check_writable
 
@@ -73,6 +74,7 @@ def seed_arg(text: str) -> int:
 def build_parser(prog: str = "wmtp") -> argparse.ArgumentParser:
     parser = _Parser(prog=prog, description="Windowed-MTP: speculative decoding whose MTP draft head reads only "
                      "attention sinks and a recent window, verified losslessly by the full-attention target.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     importlib.import_module(".reproduce_cli", __package__).add_arguments(sub.add_parser(

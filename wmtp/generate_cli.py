@@ -98,8 +98,6 @@ def _keyset(text: str) -> KeySetConfig:
 def cli(args, prog: str, argv: list[str]) -> int:
     """Run ``wmtp generate``: load (or train) reproduce's models, generate, print the text with the
     accepted drafts highlighted and the run's counters; exit 1 if the output differs from dense."""
-    import shlex
-
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
@@ -107,7 +105,7 @@ def cli(args, prog: str, argv: list[str]) -> int:
     from . import data, tokenizer
     from .bench_common import long_prompt, with_capacity
     from .cli import stdout_console
-    from .metrics import SCHEMA_VERSION, environment, write_json
+    from .metrics import SCHEMA_VERSION, command_line, environment, write_json
     from .reproduce import prepare_models
 
     preset, device, dtype, impl, keysets, depth = _options(args)
@@ -164,7 +162,7 @@ def cli(args, prog: str, argv: list[str]) -> int:
     out.print(table)
     if args.out is not None:
         write_json(args.out, {
-            "schema_version": SCHEMA_VERSION, "kind": "generate", "command": shlex.join([prog, *argv]),
+            "schema_version": SCHEMA_VERSION, "kind": "generate", "command": command_line(prog, argv),
             "environment": environment(device), "preset": preset.name, "seed": args.seed, "corpus": corpus.name,
             "depth": depth, "decode_dtype": str(dtype)[6:], "impl": impl, "loop": args.loop,
             "prompt_ids": prompt.tolist(), "dense_ids": None if dense is None else dense.tolist(),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 from importlib import metadata
@@ -43,10 +44,22 @@ def reduction(old: float, new: float) -> float:
 
 
 def _version(pkg: str) -> str | None:
+    """``pkg``'s installed version, ``None`` when it is not installed; wmtp's own from the package (it
+    runs from a checkout too: the GPU machine's copy is not pip-installed)."""
+    if pkg == "wmtp":
+        from . import __version__
+
+        return __version__
     try:
         return metadata.version(pkg)
     except metadata.PackageNotFoundError:
         return None
+
+
+def command_line(prog: str, argv: list[str]) -> str:
+    """The command a metrics JSON records: ``prog`` as typed (``python -m wmtp`` is three words, not
+    one argument to quote), then each argument quoted for a POSIX shell."""
+    return " ".join([prog, *map(shlex.quote, argv)])
 
 
 def git_revision(cwd: str | Path | None = None) -> str | None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import glob
-import shlex
 from pathlib import Path
 
 from rich.console import Console
@@ -111,6 +110,7 @@ def cli(args: argparse.Namespace, prog: str, argv: list[str]) -> int:
     """Run ``wmtp reproduce``: check every option and path, then train or load, decode, write and print."""
     from .config import get_preset
     from .device import resolve_device
+    from .metrics import command_line, write_json
     from .reproduce import reproduce
 
     preset, device = _preset_with_overrides(args), resolve_device(args.device)
@@ -131,15 +131,13 @@ def cli(args: argparse.Namespace, prog: str, argv: list[str]) -> int:
             raise ValueError(f"--checkpoint {args.checkpoint} would be overwritten by {what} {path}: give them "
                              "two names")
     console = Console(stderr=True)
-    command = " ".join([prog, *map(shlex.quote, argv)])
+    command = command_line(prog, argv)
 
     def log(line: str) -> None:  # one plain line each, never re-wrapped or styled
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     m = reproduce(preset, args.dataset_dir, device, args.seed, None, args.cache_dir, args.checkpoint, command,
                   progress=not args.no_progress, log=log)
-    from .metrics import write_json
-
     out = args.out or _default_out(m["corpus"]["name"], *name)
     write_json(out, m)
     from .plots import render
