@@ -76,6 +76,8 @@ BAD = [
     (["reproduce", "--depth", "0"], "depth"),
     (["reproduce", "--depth", "-3"], "depth"),
     (["reproduce", "--keysets=-1:64"], "n_sink"),
+    (["reproduce", "--keysets", "-1:64"], "n_sink must be a non-negative integer, got -1"),  # was read as an option
+    (["generate", "--keyset", "8:64", "-1:64"], "n_sink"), (["reproduce", "--contexts", "-5"], "--contexts"),
     (["reproduce", "--keysets", "8:-2"], "window"),
     (["reproduce", "--keysets", "8"], "SINK:WINDOW"),
     (["reproduce", "--device", "tpu"], "unknown device"),

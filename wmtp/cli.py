@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 from pathlib import Path
 
@@ -53,7 +54,14 @@ BENCHES = {
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports a usage error in one line and exits 2."""
+    """argparse that reports a usage error in one line and exits 2, and reads any word that starts with
+    ``-`` and a digit as a value: ``--keysets -1:64`` then says what is wrong with the key set, where
+    argparse, which takes only plain negative numbers as values, read ``-1:64`` as an unknown option
+    and said ``--keysets`` expected an argument."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-\.?\d")  # no option of wmtp's starts so
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message}\n")
