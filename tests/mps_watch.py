@@ -14,7 +14,9 @@ look alike:
 It records (``violations``) every float64 or complex128 tensor *on the device*, every such tensor a
 factory makes without saying ``device="cpu"`` (under ``torch.set_default_device("mps")`` it would
 land on the device), every one an op makes inside torch with no input at all (a hidden factory),
-and every sparse tensor. Host-side float64 helpers (``sampling.position_uniforms``' noise, the
+every sparse tensor, and every draw from a ``torch.Generator`` that does not name its ``device``
+(under ``torch.set_default_device("mps")`` a CPU generator's draw would be made on MPS, which
+raises). Host-side float64 helpers (``sampling.position_uniforms``' noise, the
 float64 cross-entropy of ``train.perplexity`` after ``.cpu()``) pass because they say so in code,
 not because an allow-list names them.
 
@@ -98,7 +100,10 @@ class _Calls(TorchFunctionMode):
                 out = func(*args, **kwargs)
             finally:
                 self.watch.factory_depth -= 1
-            device = kwargs.get("device")
+            device, generator = kwargs.get("device"), kwargs.get("generator")
+            if generator is not None and device is None:
+                self.watch.record(f"torch.{func.__name__} draws from a {generator.device.type} generator without "
+                                  "naming device= (torch.set_default_device('mps') would put it on MPS: raises)")
             for t in _tensors(out):
                 if device is not None and not _names_host(device):
                     _mark(t)

@@ -19,8 +19,9 @@ import torch
 from mps_watch import DeviceDtypeWatch, on_device
 
 import wmtp
+from wmtp.bench import bench_draft_attention
 from wmtp.cli import build_parser, main
-from wmtp.config import TrainConfig
+from wmtp.config import KeySetConfig, TrainConfig
 from wmtp.generate import generate
 from wmtp.train import head_accuracy, perplexity, train_head, train_target
 
@@ -66,6 +67,8 @@ def _pipeline(target, head, prompt) -> None:
     assert torch.equal(out, sampled)
     wmtp.speculative_sample(target, head, prompt, NEW, DEPTH, N_SINK, WINDOW, temperature=0.8, seed=1,
                             method="rejection", impl="torch", draft_cache="ring")
+    keysets = (KeySetConfig(0, None), KeySetConfig(N_SINK, WINDOW))  # bench attention's CPU/MPS timing
+    assert len(bench_draft_attention(target.config, (32,), keysets, repeats=1, impl="torch")) == 2
 
 
 def _training(target, head, text) -> None:
@@ -86,17 +89,20 @@ def test_float32_pipeline_makes_nothing_mps_lacks(models):
     assert watch.violations == [], "\n".join(watch.violations)
 
 
-def test_float32_training_makes_nothing_mps_lacks():
-    target, head = (m.float() for m in wmtp.build_models("tiny", seed=0))  # its own: training changes the weights
+def test_float32_building_and_training_make_nothing_mps_lacks():
+    with DeviceDtypeWatch() as watch:  # its own models: training changes the weights
+        target, head = (m.float() for m in wmtp.build_models("tiny", seed=0))
     text = _prompt(120, seed=3)  # host tokens, as a corpus
-    with DeviceDtypeWatch(target, head) as watch:
+    with DeviceDtypeWatch(target, head) as watch_training:
         _training(target, head, text)
+    watch.violations += watch_training.violations
     assert watch.violations == [], "\n".join(watch.violations)
 
 
 def test_the_watch_catches_float64_on_the_device(models, monkeypatch):
     """The check can fail: a ``.double()`` in the reference attention, a float64 factory on a tensor's
-    device, a float64 host tensor moved to the device, and a sparse tensor are each recorded;
+    device, a float64 host tensor moved to the device, a sparse tensor and a generator's draw that does
+    not name its device are each recorded;
     host-side float64 that says so (``device="cpu"``, ``.cpu()``) is not."""
     target, head = models
     prompt = _prompt()
@@ -119,6 +125,7 @@ def test_the_watch_catches_float64_on_the_device(models, monkeypatch):
         "moved": lambda x: torch.zeros(3, dtype=torch.float64, device="cpu").to(x.device),
         "promoted": lambda x: x + torch.zeros(1, dtype=torch.float64, device="cpu"),
         "sparse": lambda x: x.to_sparse(),
+        "generator": lambda x: torch.randn(3, generator=torch.Generator()),  # lands on the default device
     }
     for name, make in cases.items():
         with DeviceDtypeWatch(target) as watch:
