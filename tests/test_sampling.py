@@ -67,6 +67,18 @@ def test_noise_is_a_function_of_seed_stream_and_position():
         assert not torch.equal(other[0], rows[1])
 
 
+def test_noise_stays_on_the_cpu_whatever_the_default_device():
+    """The float64 noise is drawn on the CPU by name: under ``torch.set_default_device("mps")`` an
+    unnamed draw would land on MPS, which has no float64 (and rejects a CPU generator). "meta"
+    stands in for MPS here; the sampled token still lands on the probabilities' device."""
+    expected = position_uniforms(7, 0, [3, 900], 16)
+    with torch.device("meta"):
+        rows = position_uniforms(7, 0, [3, 900], 16)
+        token = sample_positions(torch.full((1, 16), 1 / 16, device="cpu"), [3], seed=7)
+    assert rows.device.type == "cpu" and torch.equal(rows, expected)
+    assert token.device.type == "cpu"
+
+
 def test_sampled_tokens_follow_the_distribution():
     probs = torch.tensor([0.5, 0.25, 0.15, 0.1, 0.0], dtype=torch.float64)
     n = 20000

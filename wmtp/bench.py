@@ -54,11 +54,15 @@ def bench_draft_attention(model: ModelConfig, contexts: tuple[int, ...], keysets
     device = torch.device(device)
     check_dtype(device, dtype)
     g = torch.Generator(device="cpu").manual_seed(seed)
+
+    def draw(*shape: int) -> torch.Tensor:  # on the CPU by name (a CPU generator draws there only), then moved
+        return torch.randn(*shape, generator=g, device="cpu").to(device, dtype)
+
     rows = []
     for S in contexts:
-        q = torch.randn(1, model.n_heads, q_len, model.head_dim, generator=g).to(device, dtype)  # (1, Hq, Lq, D)
-        k = torch.randn(1, model.n_kv_heads, S, model.head_dim, generator=g).to(device, dtype)  # (1, Hkv, S, D)
-        v = torch.randn(1, model.n_kv_heads, S, model.head_dim, generator=g).to(device, dtype)  # (1, Hkv, S, D)
+        q = draw(1, model.n_heads, q_len, model.head_dim)  # (1, Hq, Lq, D)
+        k = draw(1, model.n_kv_heads, S, model.head_dim)  # (1, Hkv, S, D)
+        v = draw(1, model.n_kv_heads, S, model.head_dim)  # (1, Hkv, S, D)
         q_pos = torch.arange(S - q_len, S, device=device)
         native = None
         for ks in sorted(keysets, key=lambda c: c.window is not None):  # native first: the baseline

@@ -57,7 +57,7 @@ def init_weights(module: nn.Module, generator: torch.Generator, n_layers: int) -
                 p.fill_(1.0)
                 continue
             std = 0.02 / math.sqrt(2 * n_layers) if name.endswith(("wo", "w_down")) else 0.02
-            p.copy_(torch.randn(p.shape, generator=generator) * std)
+            p.copy_(torch.randn(p.shape, generator=generator, device=generator.device) * std)
 
 
 class TargetLM(nn.Module):

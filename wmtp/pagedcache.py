@@ -105,7 +105,8 @@ class PagedKVCache(SeparateWrites):  # update_qkv: the separate ops, then update
         shape = (n_layers, batch * pages + batch + 1, page_size, n_kv_heads, head_dim)  # spares: NOTE [Forks]
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # (n_layers, num_pages, page_size, Hkv, D)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        order = torch.randperm(shape[1], generator=generator or torch.Generator().manual_seed(0))
+        generator = generator or torch.Generator().manual_seed(0)
+        order = torch.randperm(shape[1], generator=generator, device=generator.device)  # where it draws, by name
         self.block_table = order[:batch * pages].view(batch, pages).to(device=device, dtype=torch.int32)  # (B, pages)
         self._order = order.tolist()  # the pool's pages in their random order: a fork's free pages keep it
         self._writable = (0, max_len)  # positions a write may touch: a fork's own (NOTE [Forks])

@@ -68,9 +68,10 @@ def _stream_seed(seed: int, stream: int, pos: int) -> int:
 
 def position_uniforms(seed: int, stream: int, positions: Sequence[int], n: int) -> torch.Tensor:
     """``(len(positions), n)`` float64 uniforms in ``[0, 1)`` on the CPU, row ``i`` a function of
-    ``(seed, stream, positions[i])`` only (NOTE [Position-keyed noise])."""
+    ``(seed, stream, positions[i])`` only (NOTE [Position-keyed noise]). On the CPU by name, whatever
+    ``torch.set_default_device`` says: Apple MPS has no float64, and a CPU generator draws on the CPU only."""
     rows = [torch.rand(n, generator=torch.Generator().manual_seed(_stream_seed(seed, stream, int(t))),
-                       dtype=torch.float64) for t in positions]
+                       dtype=torch.float64, device="cpu") for t in positions]
     return torch.stack(rows)  # (L, n)
 
 

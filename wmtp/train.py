@@ -32,7 +32,8 @@ def random_windows(tokens: torch.Tensor, batch_size: int, length: int, generator
     committed reproductions trained on these draws (changing them needs a ``CHECKPOINT_VERSION`` bump)."""
     if tokens.numel() < length:
         raise ValueError(f"training text has {tokens.numel()} tokens; need at least {length}")
-    starts = torch.randint(0, max(tokens.numel() - length, 1), (batch_size,), generator=generator)
+    starts = torch.randint(0, max(tokens.numel() - length, 1), (batch_size,), generator=generator,
+                           device=generator.device)
     return torch.stack([tokens[s : s + length] for s in starts.tolist()])  # (B, length)
 
 
