@@ -352,6 +352,35 @@ def test_numpy_integers_are_integers(tmp_path, assignment, source):
     assert report.passed, report
 
 
+def _solution(assignment):
+    """The instructor's function of ``assignment``, imported in this process."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"solution_{assignment}", ASSIGNMENTS / "solutions" / FILES[assignment])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, grading.ASSIGNMENTS[assignment])
+
+
+@pytest.mark.parametrize("assignment", ["keyset", "ring_slot", "greedy_verify", "reindexed", "rejection"])
+def test_numpy_integers_pass_every_int_grader(assignment):
+    """A right answer in numpy ints (np.searchsorted, np.argmax, np.arange) is right: every grader
+    that wants an int takes numpy's, as the depth and paged graders always did; a float still fails."""
+    import numpy as np
+
+    right = _solution(assignment)
+    if assignment == "keyset":
+        as_numpy = lambda *args: list(np.asarray(right(*args), dtype=np.int64))  # noqa: E731
+        as_float = lambda *args: [float(k) for k in right(*args)]  # noqa: E731
+    else:
+        as_numpy = lambda *args: np.int64(right(*args))  # noqa: E731
+        as_float = lambda *args: float(right(*args))  # noqa: E731
+    report = grading.grade_function(assignment, as_numpy)
+    assert report.passed, report
+    report = grading.grade_function(assignment, as_float)
+    assert not report.passed and "expected the" in report.first_failure, report
+
+
 @pytest.mark.parametrize("body, why", [
     ("import os\nos._exit(0)\n", "ended the grading process (exit status 0)"),  # not a silent pass
     ("while True:\n    pass\n", "took longer than 20 s"),

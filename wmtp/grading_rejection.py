@@ -22,6 +22,8 @@ import math
 import random
 from collections.abc import Callable, Iterator
 
+from .grading_checks import as_int
+
 __all__ = ["REJECTION_LITERAL", "rejection_checks"]
 
 REJECTION_LITERAL = [  # (p, q, draft, u, r) -> the committed token
@@ -43,9 +45,10 @@ TRIALS, SIGMAS = 20000, 5.0
 
 
 def _literal_case(fn, p, q, d, u, r, expected) -> str | None:
-    got = fn(p, q, d, u, r)
-    if isinstance(got, bool) or not isinstance(got, int):
-        return f"expected the int token {expected}, got {got!r}"
+    answer = fn(p, q, d, u, r)
+    got = as_int(answer)
+    if got is None:
+        return f"expected the int token {expected}, got {answer!r}"
     if got == expected:
         return None
     hint = ""
@@ -64,9 +67,10 @@ def _distribution_case(fn, p, q, seed: int) -> str | None:
     counts, accepted = [0] * len(p), 0
     for _ in range(TRIALS):
         d = rng.choices(range(len(q)), weights=q)[0]
-        token = fn(p, q, d, rng.random(), rng.random())
-        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < len(p):
-            return f"returned {token!r} for draft {d}: not a token of the vocabulary 0..{len(p) - 1}"
+        answer = fn(p, q, d, rng.random(), rng.random())
+        token = as_int(answer)
+        if token is None or not 0 <= token < len(p):
+            return f"returned {answer!r} for draft {d}: not a token of the vocabulary 0..{len(p) - 1}"
         counts[token] += 1
         accepted += token == d
     for x, (c, px) in enumerate(zip(counts, p)):
