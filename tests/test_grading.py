@@ -152,6 +152,28 @@ def verify_one(p, q, draft, u, r):
     return draft
 """, ["verify_one(p=[0.2, 0.8], q=[0.6, 0.4], draft=0, u=0.5, r=0.5)", "expected 1, got 0",
       "a rejected draft is never committed"]),
+    "rejection whose inverse CDF takes a token without residual mass": ("rejection", """
+def verify_one(p, q, draft, u, r):
+    if u * q[draft] < p[draft]:
+        return draft
+    residual = [max(a - b, 0.0) for a, b in zip(p, q)]
+    total, target = 0.0, r * sum(residual)
+    for token, mass in enumerate(residual):
+        total += mass
+        if total >= target:
+            return token
+    return len(p) - 1
+""", ["verify_one(p=[0.0, 0.6, 0.4], q=[0.3, 0.2, 0.5], draft=2, u=0.9, r=0.0)", "expected 1, got 0",
+      "token 0 has no residual mass", "EXCEEDS r times the total"]),
+    "rejection that samples the residual with random numbers of its own": ("rejection", """
+import random
+
+def verify_one(p, q, draft, u, r):
+    if u * q[draft] < p[draft]:
+        return draft
+    residual = [max(a - b, 0.0) for a, b in zip(p, q)]
+    return random.choices(range(len(p)), weights=residual)[0]
+""", ["called 20 times", "for the same arguments over 20 calls", "no random numbers of your own"]),
     "paged keys at their logical pages": ("paged", """
 def key_addresses(block_table, page_size, t, n_sink, window):
     start = 0 if window is None else max(0, t - window + 1)
