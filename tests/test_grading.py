@@ -224,6 +224,16 @@ def best_depth(alphas, costs):
         rates.append(total / costs[k - 1])
     return rates.index(max(rates))
 """, ["best_depth(alphas=[0.9, 0.9, 0.9], costs=[1.0, 1.0, 1.0])", "expected 3, got 2", "depths count from 1"]),
+    "depth that loops over the alphas": ("depth", """
+def best_depth(alphas, costs):
+    rates, run, total = [], 1.0, 1.0
+    for k in range(1, len(alphas) + 1):
+        run *= alphas[k - 1]
+        total += run
+        rates.append(total / costs[k - 1])
+    return 1 + rates.index(max(rates))
+""", ["best_depth(alphas=[0.9, 0.9, 0.9, 0.9], costs=[1.0, 1.3])", "raised IndexError", "4 alphas but 2 costs",
+      "k = 1 .. len(costs)"]),
     "fork sharing the page holding filled": ("fork", """
 def fork_table(block_table, page_size, filled, needed, free, scratch):
     first = -(-filled // page_size)
@@ -255,6 +265,35 @@ def fork_table(block_table, page_size, filled, needed, free, scratch):
     copies = [(block_table[first], mine[0])] if filled % page_size else []
     return block_table[:first] + mine + block_table[last:], copies
 """, ["filled=6, needed=10", "got ([5, 9, 3, 0], [(2, 9)])", "addresses the scratch page"]),
+    "fork that writes its table into the prompt's": ("fork", """
+def fork_table(block_table, page_size, filled, needed, free, scratch):
+    first, last = filled // page_size, -(-needed // page_size)
+    copies = [(block_table[first], free[0])] if filled % page_size else []
+    table = block_table
+    for i in range(first, len(table)):
+        table[i] = free[i - first] if i < last else scratch
+    return table, copies
+""", ["fork_table(block_table=[5, 2, 7, 0], page_size=4, filled=6, needed=10",
+      "changed its argument block_table from [5, 2, 7, 0] to [5, 9, 3, 1]", "the prompt's table is every fork's"]),
+    "fork that pops its pages off the free list": ("fork", """
+def fork_table(block_table, page_size, filled, needed, free, scratch):
+    first, last = filled // page_size, -(-needed // page_size)
+    mine = [free.pop(0) for _ in range(last - first)]
+    copies = [(block_table[first], mine[0])] if filled % page_size else []
+    return block_table[:first] + mine + [scratch] * (len(block_table) - last), copies
+""", ["changed its argument free from [9, 3, 8] to [8]", "without removing them"]),
+    "batch that moves the positions it was given": ("batch", """
+def commit_rows(drafts, choices, positions, live):
+    rows = []
+    for b, (d, c, on) in enumerate(zip(drafts, choices, live)):
+        if on:
+            a = _accepted(d, c)
+            positions[b] += a + 1
+            rows.append((d[:a] + [c[a]], positions[b]))
+        else:
+            rows.append(([], positions[b]))
+    return rows
+""", ["positions=[10, 10, 10]", "changed its argument positions from [10, 10, 10] to [14, 12, 11]"]),
     "batch committing lockstep's least match": ("batch", """
 def commit_rows(drafts, choices, positions, live):
     own = [_accepted(d, c) for d, c, on in zip(drafts, choices, live) if on]
@@ -527,14 +566,17 @@ def test_batched_loop_catches_a_moving_stopped_row_and_lockstep(case):
 
 
 def test_batch_grader_passes_copies_and_refuses_bad_answers():
-    """A function that empties its arguments after answering still passes (the grader keeps its own);
-    an answer of the wrong length or with a bool position is refused with what it should be."""
+    """A function that empties its arguments after answering fails, as the task says (the grader's
+    own batch is untouched: it passed copies); an answer of the wrong length or with a bool position
+    is refused with what it should be."""
     def clears(drafts, choices, positions, live):
         rows = library_commit(drafts, choices, positions, live)
         drafts.clear(), choices.clear(), positions.clear(), live.clear()
         return rows
 
-    assert grading.grade_function("batch", clears).passed
+    cleared = grading.grade_function("batch", clears)
+    assert "commit_rows changed its argument drafts from [[4, 7, 1], [4, 7, 1], [2, 2, 2]] to []" in \
+        cleared.first_failure and "do not change the arguments" in cleared.first_failure
     short = grading.grade_function("batch", lambda d, c, p, on: library_commit(d, c, p, on)[1:])
     assert "expected a list of 3 (tokens, new_position) pairs" in short.first_failure
     assert "2 pairs for a batch of 3 rows" in short.first_failure
