@@ -119,6 +119,16 @@ def merge_splits(m, l, acc):
     w = l * torch.exp(m - m.max())
     return (w[:, None] * (acc / l[:, None])).sum(0) / w.sum()
 """, ["split into runs of [0, 2, 1] keys", "m=[-inf, 2.0, -0.7]", "got [nan, nan]", "empty split"]),
+    "merge in float32": ("splitk_merge", """
+def merge_splits(m, l, acc):
+    m, l, acc = m.float(), l.float(), acc.float()
+    scale = torch.exp(m - m.max())
+    return (scale[:, None] * acc).sum(0) / (scale * l).sum()
+""", ["split into runs of [3] keys", "a torch.float32 result: the partials are float64"]),
+    "re-indexed query past t before anything is evicted": ("reindexed", """
+def sink_query_position(t, n_sink, window):
+    return t if window is None or n_sink == 0 else n_sink + window - 1
+""", ["sink_query_position(t=7, n_sink=4, window=6)", "expected 7, got 9", "nothing is evicted while t < n_sink"]),
     "re-indexed query one past the key set": ("reindexed", """
 def sink_query_position(t, n_sink, window):
     return t if window is None or n_sink == 0 else min(t, n_sink + window)
@@ -193,6 +203,12 @@ def key_addresses(block_table, page_size, t, n_sink, window):
     keys = sorted(set(range(min(n_sink, t + 1))) | set(range(start, t + 1)))
     return [(block_table[p // page_size], p % page_size) for p in keys]
 """, ["t=13, n_sink=2, window=4)", "6 keys in the key set, 5 addresses"]),
+    "paged address with // and % swapped": ("paged", """
+def key_addresses(block_table, page_size, t, n_sink, window):
+    start = 0 if window is None else max(0, t - window + 1)
+    keys = sorted(set(range(min(n_sink, t + 1))) | set(range(start, t + 1)))
+    return [(block_table[p % page_size], p // page_size) for p in keys]
+""", ["got [(5, 0), (2, 0), (7, 2)", "the logical page is p // page_size, the row p % page_size"]),
     "paged addresses as floats": ("paged", """
 def key_addresses(block_table, page_size, t, n_sink, window):
     start = 0 if window is None else max(0, t - window + 1)
@@ -275,6 +291,15 @@ def fork_table(block_table, page_size, filled, needed, free, scratch):
     return table, copies
 """, ["fork_table(block_table=[5, 2, 7, 0], page_size=4, filled=6, needed=10",
       "changed its argument block_table from [5, 2, 7, 0] to [5, 9, 3, 1]", "the prompt's table is every fork's"]),
+    "fork without a page until it writes": ("fork", """
+def fork_table(block_table, page_size, filled, needed, free, scratch):
+    first, last = filled // page_size, -(-needed // page_size)
+    if needed == filled:
+        return block_table[:first] + [scratch] * (len(block_table) - first), []
+    mine = free[:last - first]
+    copies = [(block_table[first], mine[0])] if filled % page_size else []
+    return block_table[:first] + mine + [scratch] * (len(block_table) - last), copies
+""", ["filled=6, needed=6", "got ([5, 1, 1, 1], [])", "the run's even before it writes there"]),
     "fork that pops its pages off the free list": ("fork", """
 def fork_table(block_table, page_size, filled, needed, free, scratch):
     first, last = filled // page_size, -(-needed // page_size)
@@ -312,6 +337,11 @@ def commit_rows(drafts, choices, positions, live):
     return [(d[:_accepted(d, c)] + [c[_accepted(d, c)]], p + _accepted(d, c)) if on else ([], p)
             for d, c, p, on in zip(drafts, choices, positions, live)]
 """, ["got [([4, 7, 1, 9], 13), ([4, 3], 11), ([8], 10)]", "positions[b] + a_b + 1"]),
+    "batch committing the target's token after the wrong prefix": ("batch", """
+def commit_rows(drafts, choices, positions, live):
+    return [(d[:_accepted(d, c)] + [c[min(_accepted(d, c) + 1, len(d))]], p + _accepted(d, c) + 1) if on else ([], p)
+            for d, c, p, on in zip(drafts, choices, positions, live)]
+""", ["got [([4, 7, 1, 9], 14), ([4, 0], 12), ([2], 11)]", "row 1's last token is the target's choices[1][1] = 3"]),
     "batch without the target's token": ("batch", """
 def commit_rows(drafts, choices, positions, live):
     return [(d[:_accepted(d, c)], p + _accepted(d, c) + 1) if on else ([], p)

@@ -116,6 +116,9 @@ def _hint(got: Rows, expected: Rows, args: tuple) -> str:
     a = len(want) - 1
     if tokens == drafts[b][:a]:
         return f" (row {b} also commits the target's token choices[{b}][{a}] after its {a} accepted drafts)"
+    if len(tokens) == len(want) and tokens[:-1] == want[:-1] and tokens[-1] != want[-1]:
+        return (f" (row {b}'s last token is the target's choices[{b}][{a}] = {want[-1]}, its token after the row's "
+                f"{a} accepted drafts)")
     if tokens == want and position == want_position - 1:
         return f" (row {b} commits a_b + 1 = {a + 1} tokens: its new position is positions[b] + a_b + 1)"
     if tokens == want:

@@ -278,8 +278,14 @@ def _merge_case(fn, s, v, sizes) -> str | None:
         return f"expected a tensor of shape {tuple(expected.shape)}, got {got!r}"
     if torch.allclose(got.double(), expected, rtol=MERGE_RTOL, atol=MERGE_ATOL):
         return None
-    hint = " (NaN: an empty split has m=-inf, l=0, acc=0; it must contribute nothing)" if got.isnan().any() else \
-        " (each split's l and acc are relative to its own max m_i: rescale by exp(m_i - max m))"
+    if got.dtype != torch.float64:
+        hint = f" (a {got.dtype} result: the partials are float64, keep them so to match to 1e-9)"
+    elif not got.isfinite().all() and m.isinf().any():
+        hint = " (NaN: an empty split has m=-inf, l=0, acc=0; it must contribute nothing)"
+    elif not got.isfinite().all():
+        hint = " (NaN or inf with no empty split: exp of scores in the hundreds overflows; exponentiate m_i - max m)"
+    else:
+        hint = " (each split's l and acc are relative to its own max m_i: rescale by exp(m_i - max m))"
     return f"m={m.tolist()}, l={den.tolist()}: expected {expected.tolist()}, got {got.tolist()}{hint}"
 
 

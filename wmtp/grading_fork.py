@@ -57,6 +57,9 @@ def _hint(got: tuple, expected: tuple, block_table: list[int], page_size: int, f
     if filled % page_size and first < len(table) and table[first] == block_table[first]:
         return (" (the page holding `filled` is still the prompt's: the fork's writes there would change the "
                 "prompt; take a page of your own and copy it)")
+    if want_copies and not copies and first < len(table) and table[first] == scratch:
+        return (" (the page holding `filled` is the run's even before it writes there: copy the prompt's page into "
+                "the first free page)")
     if table == want and not copies and want_copies:
         return " (the page holding `filled` also holds prompt positions: copy it into the fork's page)"
     if table == want:

@@ -50,6 +50,8 @@ def _position_case(fn, t: int, n_sink: int, window: int | None, expected: int) -
         hint = " (without sinks, or without a window, nothing is re-indexed: the query stays at t)"
     elif got == t:
         hint = " (t is the query's absolute position; re-indexed, it sits at the last index of its key set)"
+    elif expected == t:
+        hint = f" (nothing is evicted while t < n_sink + window: the key set is still 0 .. {t}, the query its last key)"
     return f"expected {expected}, got {got}{hint}"
 
 
