@@ -39,7 +39,7 @@ REJECTION_LITERAL = [  # (p, q, draft, u, r) -> the committed token
     (([0.0, 1.0], [1.0, 0.0], 0, 0.0, 0.7), 1),  # p(d) = 0: never accepted (0 * 1 < 0 is false)
     (([0.0, 0.6, 0.4], [0.3, 0.2, 0.5], 2, 0.9, 0.0), 1),  # 0.45 >= 0.4: rejected; r = 0: residual [0, .4, 0]
 ]
-REPEATED = (([0.1] * 10, [1.0] + [0.0] * 9, 0, 0.5, 0.5), 20)  # rejected; a residual of 0.1 on each of tokens 1..9
+REPEATED = (([0.25, 0.25, 0.25, 0.25], [1.0, 0.0, 0.0, 0.0], 0, 0.5, 0.5), 20)  # rejected; residual on 1, 2, 3
 PAIRS = [  # (p, q): the draft right, flattened, sharpened, disjoint, one-hot, and of a wider support
     ([0.5, 0.3, 0.2], [0.5, 0.3, 0.2]), ([0.7, 0.2, 0.1], [1 / 3, 1 / 3, 1 / 3]),
     ([0.4, 0.4, 0.2], [0.9, 0.05, 0.05]), ([0.5, 0.5, 0.0, 0.0], [0.0, 0.0, 0.5, 0.5]),
