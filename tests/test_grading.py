@@ -119,6 +119,16 @@ def merge_splits(m, l, acc):
     w = l * torch.exp(m - m.max())
     return (w[:, None] * (acc / l[:, None])).sum(0) / w.sum()
 """, ["split into runs of [0, 2, 1] keys", "m=[-inf, 2.0, -0.7]", "got [nan, nan]", "empty split"]),
+    "merge in float32": ("splitk_merge", """
+def merge_splits(m, l, acc):
+    m, l, acc = m.float(), l.float(), acc.float()
+    scale = torch.exp(m - m.max())
+    return (scale[:, None] * acc).sum(0) / (scale * l).sum()
+""", ["split into runs of [3] keys", "a torch.float32 result: the partials are float64"]),
+    "re-indexed query past t before anything is evicted": ("reindexed", """
+def sink_query_position(t, n_sink, window):
+    return t if window is None or n_sink == 0 else n_sink + window - 1
+""", ["sink_query_position(t=7, n_sink=4, window=6)", "expected 7, got 9", "nothing is evicted while t < n_sink"]),
     "re-indexed query one past the key set": ("reindexed", """
 def sink_query_position(t, n_sink, window):
     return t if window is None or n_sink == 0 else min(t, n_sink + window)
@@ -152,6 +162,28 @@ def verify_one(p, q, draft, u, r):
     return draft
 """, ["verify_one(p=[0.2, 0.8], q=[0.6, 0.4], draft=0, u=0.5, r=0.5)", "expected 1, got 0",
       "a rejected draft is never committed"]),
+    "rejection whose inverse CDF takes a token without residual mass": ("rejection", """
+def verify_one(p, q, draft, u, r):
+    if u * q[draft] < p[draft]:
+        return draft
+    residual = [max(a - b, 0.0) for a, b in zip(p, q)]
+    total, target = 0.0, r * sum(residual)
+    for token, mass in enumerate(residual):
+        total += mass
+        if total >= target:
+            return token
+    return len(p) - 1
+""", ["verify_one(p=[0.0, 0.6, 0.4], q=[0.3, 0.2, 0.5], draft=2, u=0.9, r=0.0)", "expected 1, got 0",
+      "token 0 has no residual mass", "EXCEEDS r times the total"]),
+    "rejection that samples the residual with random numbers of its own": ("rejection", """
+import random
+
+def verify_one(p, q, draft, u, r):
+    if u * q[draft] < p[draft]:
+        return draft
+    residual = [max(a - b, 0.0) for a, b in zip(p, q)]
+    return random.choices(range(len(p)), weights=residual)[0]
+""", ["called 20 times", "for the same arguments over 20 calls", "no random numbers of your own"]),
     "paged keys at their logical pages": ("paged", """
 def key_addresses(block_table, page_size, t, n_sink, window):
     start = 0 if window is None else max(0, t - window + 1)
@@ -171,6 +203,12 @@ def key_addresses(block_table, page_size, t, n_sink, window):
     keys = sorted(set(range(min(n_sink, t + 1))) | set(range(start, t + 1)))
     return [(block_table[p // page_size], p % page_size) for p in keys]
 """, ["t=13, n_sink=2, window=4)", "6 keys in the key set, 5 addresses"]),
+    "paged address with // and % swapped": ("paged", """
+def key_addresses(block_table, page_size, t, n_sink, window):
+    start = 0 if window is None else max(0, t - window + 1)
+    keys = sorted(set(range(min(n_sink, t + 1))) | set(range(start, t + 1)))
+    return [(block_table[p % page_size], p // page_size) for p in keys]
+""", ["got [(5, 0), (2, 0), (7, 2)", "the logical page is p // page_size, the row p % page_size"]),
     "paged addresses as floats": ("paged", """
 def key_addresses(block_table, page_size, t, n_sink, window):
     start = 0 if window is None else max(0, t - window + 1)
@@ -202,6 +240,16 @@ def best_depth(alphas, costs):
         rates.append(total / costs[k - 1])
     return rates.index(max(rates))
 """, ["best_depth(alphas=[0.9, 0.9, 0.9], costs=[1.0, 1.0, 1.0])", "expected 3, got 2", "depths count from 1"]),
+    "depth that loops over the alphas": ("depth", """
+def best_depth(alphas, costs):
+    rates, run, total = [], 1.0, 1.0
+    for k in range(1, len(alphas) + 1):
+        run *= alphas[k - 1]
+        total += run
+        rates.append(total / costs[k - 1])
+    return 1 + rates.index(max(rates))
+""", ["best_depth(alphas=[0.9, 0.9, 0.9, 0.9], costs=[1.0, 1.3])", "raised IndexError", "4 alphas but 2 costs",
+      "k = 1 .. len(costs)"]),
     "fork sharing the page holding filled": ("fork", """
 def fork_table(block_table, page_size, filled, needed, free, scratch):
     first = -(-filled // page_size)
@@ -233,6 +281,44 @@ def fork_table(block_table, page_size, filled, needed, free, scratch):
     copies = [(block_table[first], mine[0])] if filled % page_size else []
     return block_table[:first] + mine + block_table[last:], copies
 """, ["filled=6, needed=10", "got ([5, 9, 3, 0], [(2, 9)])", "addresses the scratch page"]),
+    "fork that writes its table into the prompt's": ("fork", """
+def fork_table(block_table, page_size, filled, needed, free, scratch):
+    first, last = filled // page_size, -(-needed // page_size)
+    copies = [(block_table[first], free[0])] if filled % page_size else []
+    table = block_table
+    for i in range(first, len(table)):
+        table[i] = free[i - first] if i < last else scratch
+    return table, copies
+""", ["fork_table(block_table=[5, 2, 7, 0], page_size=4, filled=6, needed=10",
+      "changed its argument block_table from [5, 2, 7, 0] to [5, 9, 3, 1]", "the prompt's table is every fork's"]),
+    "fork without a page until it writes": ("fork", """
+def fork_table(block_table, page_size, filled, needed, free, scratch):
+    first, last = filled // page_size, -(-needed // page_size)
+    if needed == filled:
+        return block_table[:first] + [scratch] * (len(block_table) - first), []
+    mine = free[:last - first]
+    copies = [(block_table[first], mine[0])] if filled % page_size else []
+    return block_table[:first] + mine + [scratch] * (len(block_table) - last), copies
+""", ["filled=6, needed=6", "got ([5, 1, 1, 1], [])", "the run's even before it writes there"]),
+    "fork that pops its pages off the free list": ("fork", """
+def fork_table(block_table, page_size, filled, needed, free, scratch):
+    first, last = filled // page_size, -(-needed // page_size)
+    mine = [free.pop(0) for _ in range(last - first)]
+    copies = [(block_table[first], mine[0])] if filled % page_size else []
+    return block_table[:first] + mine + [scratch] * (len(block_table) - last), copies
+""", ["changed its argument free from [9, 3, 8] to [8]", "without removing them"]),
+    "batch that moves the positions it was given": ("batch", """
+def commit_rows(drafts, choices, positions, live):
+    rows = []
+    for b, (d, c, on) in enumerate(zip(drafts, choices, live)):
+        if on:
+            a = _accepted(d, c)
+            positions[b] += a + 1
+            rows.append((d[:a] + [c[a]], positions[b]))
+        else:
+            rows.append(([], positions[b]))
+    return rows
+""", ["positions=[10, 10, 10]", "changed its argument positions from [10, 10, 10] to [14, 12, 11]"]),
     "batch committing lockstep's least match": ("batch", """
 def commit_rows(drafts, choices, positions, live):
     own = [_accepted(d, c) for d, c, on in zip(drafts, choices, live) if on]
@@ -251,6 +337,11 @@ def commit_rows(drafts, choices, positions, live):
     return [(d[:_accepted(d, c)] + [c[_accepted(d, c)]], p + _accepted(d, c)) if on else ([], p)
             for d, c, p, on in zip(drafts, choices, positions, live)]
 """, ["got [([4, 7, 1, 9], 13), ([4, 3], 11), ([8], 10)]", "positions[b] + a_b + 1"]),
+    "batch committing the target's token after the wrong prefix": ("batch", """
+def commit_rows(drafts, choices, positions, live):
+    return [(d[:_accepted(d, c)] + [c[min(_accepted(d, c) + 1, len(d))]], p + _accepted(d, c) + 1) if on else ([], p)
+            for d, c, p, on in zip(drafts, choices, positions, live)]
+""", ["got [([4, 7, 1, 9], 14), ([4, 0], 12), ([2], 11)]", "row 1's last token is the target's choices[1][1] = 3"]),
     "batch without the target's token": ("batch", """
 def commit_rows(drafts, choices, positions, live):
     return [(d[:_accepted(d, c)], p + _accepted(d, c) + 1) if on else ([], p)
@@ -350,6 +441,36 @@ def key_addresses(block_table, page_size, t, n_sink, window):
 def test_numpy_integers_are_integers(tmp_path, assignment, source):
     report = grading.grade(assignment, _write(tmp_path, source))
     assert report.passed, report
+
+
+def _solution(assignment):
+    """The instructor's function of ``assignment``, imported in this process."""
+    import importlib.util
+
+    path = ASSIGNMENTS / "solutions" / FILES[assignment]
+    spec = importlib.util.spec_from_file_location(f"solution_{assignment}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, grading.ASSIGNMENTS[assignment])
+
+
+@pytest.mark.parametrize("assignment", ["keyset", "ring_slot", "greedy_verify", "reindexed", "rejection"])
+def test_numpy_integers_pass_every_int_grader(assignment):
+    """A right answer in numpy ints (np.searchsorted, np.argmax, np.arange) is right: every grader
+    that wants an int takes numpy's, as the depth and paged graders always did; a float still fails."""
+    import numpy as np
+
+    right = _solution(assignment)
+    if assignment == "keyset":
+        as_numpy = lambda *args: list(np.asarray(right(*args), dtype=np.int64))  # noqa: E731
+        as_float = lambda *args: [float(k) for k in right(*args)]  # noqa: E731
+    else:
+        as_numpy = lambda *args: np.int64(right(*args))  # noqa: E731
+        as_float = lambda *args: float(right(*args))  # noqa: E731
+    report = grading.grade_function(assignment, as_numpy)
+    assert report.passed, report
+    report = grading.grade_function(assignment, as_float)
+    assert not report.passed and "expected the" in report.first_failure, report
 
 
 @pytest.mark.parametrize("body, why", [
@@ -476,14 +597,17 @@ def test_batched_loop_catches_a_moving_stopped_row_and_lockstep(case):
 
 
 def test_batch_grader_passes_copies_and_refuses_bad_answers():
-    """A function that empties its arguments after answering still passes (the grader keeps its own);
-    an answer of the wrong length or with a bool position is refused with what it should be."""
+    """A function that empties its arguments after answering fails, as the task says (the grader's
+    own batch is untouched: it passed copies); an answer of the wrong length or with a bool position
+    is refused with what it should be."""
     def clears(drafts, choices, positions, live):
         rows = library_commit(drafts, choices, positions, live)
         drafts.clear(), choices.clear(), positions.clear(), live.clear()
         return rows
 
-    assert grading.grade_function("batch", clears).passed
+    cleared = grading.grade_function("batch", clears)
+    assert "commit_rows changed its argument drafts from [[4, 7, 1], [4, 7, 1], [2, 2, 2]] to []" in \
+        cleared.first_failure and "do not change the arguments" in cleared.first_failure
     short = grading.grade_function("batch", lambda d, c, p, on: library_commit(d, c, p, on)[1:])
     assert "expected a list of 3 (tokens, new_position) pairs" in short.first_failure
     assert "2 pairs for a batch of 3 rows" in short.first_failure

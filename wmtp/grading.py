@@ -10,8 +10,9 @@ Ten assignments (tutorials/assignments/), each a core piece of Windowed-MTP (arX
 - ``splitk_merge``, ``merge_splits``: ``softmax(s) @ v`` over all keys, in float64;
 - ``reindexed``, ``sink_query_position``: literal positions, ``wmtp.keyset`` on fuzzed cases, and
   attention against the compact re-indexed cache (wmtp/grading_reindex.py);
-- ``rejection``, ``verify_one``: speculative sampling's rule for one draft, literal cases and the
-  committed tokens' distribution against ``p`` over seeded trials (wmtp/grading_rejection.py);
+- ``rejection``, ``verify_one``: speculative sampling's rule for one draft, a repeated call (one
+  answer), literal cases and the committed tokens' distribution against ``p`` over seeded trials
+  (wmtp/grading_rejection.py);
 - ``paged``, ``key_addresses``: the (page, row) of every key of the key set in a paged cache,
   literal and fuzzed cases, and attention over the keys read there (wmtp/grading_paged.py);
 - ``depth``, ``best_depth``: the draft depth with the most expected tokens per unit of cost,
@@ -26,9 +27,10 @@ The checks live in wmtp/grading_checks.py (01-04), grading_reindex.py (05),
 grading_rejection.py (06), grading_paged.py (07), grading_depth.py (08), grading_fork.py (09) and
 grading_batch.py (10); this module registers and runs them. Checks run in order (literal cases
 first, so the first failure is a readable one) and stop at the first failure, which the report
-names: the call, what was expected and what came back. ``grade`` runs them on a student's file in
-a child process with a time limit (wmtp/grading_process.py); ``grade_function`` runs them on a
-function in this one.
+names: the call, what was expected and what came back. An int answer may be numpy's
+(``grading_checks.as_int``); fork and batch pass copies of their arguments and fail a function
+that changes them. ``grade`` runs the checks on a student's file in a child process with a time
+limit (wmtp/grading_process.py); ``grade_function`` runs them on a function in this one.
 
 The lossless harness passes the student's ``accept_count`` to ``speculative_generate`` as its
 ``verifier`` (a function with ``verify_greedy``'s signature), wrapped to count calls and to check

@@ -13,7 +13,8 @@ and the target's choices taken from each row's ``greedy_generate`` on the tiny f
 (random past the first mismatch). Each step a live row must commit its own ``j`` drafts and its
 target token (lockstep's least match, exact but slower, fails here too); every row's output must be
 its greedy continuation token for token, its position its prompt's last plus its committed
-tokens, and a stopped row must stay put. Every call gets copies of the batch.
+tokens, and a stopped row must stay put. Every call gets copies of the batch, and must leave them
+unchanged (the task says so).
 """
 
 from __future__ import annotations
@@ -87,8 +88,15 @@ def _as_rows(got, B: int) -> Rows:
 
 
 def _call(fn, drafts, choices, positions, live) -> Rows | str:
-    """``fn`` on copies of the batch (it may not change the grader's), or why its answer is not one."""
-    got = fn([list(d) for d in drafts], [list(c) for c in choices], list(positions), list(live))
+    """``fn`` on copies of the batch (the grader's stay as they are), or why its answer is not one:
+    an answer that changed its arguments is not one (the task says not to)."""
+    before = ([list(d) for d in drafts], [list(c) for c in choices], list(positions), list(live))
+    args = ([list(d) for d in drafts], [list(c) for c in choices], list(positions), list(live))
+    got = fn(*args)
+    for name, old, new in zip(("drafts", "choices", "positions", "live"), before, args):
+        if new != old:
+            return (f"commit_rows changed its argument {name} from {old} to {new}: do not change the arguments "
+                    "(build new lists for the answer)")
     try:
         return _as_rows(got, len(drafts))
     except (TypeError, ValueError) as e:
@@ -108,6 +116,9 @@ def _hint(got: Rows, expected: Rows, args: tuple) -> str:
     a = len(want) - 1
     if tokens == drafts[b][:a]:
         return f" (row {b} also commits the target's token choices[{b}][{a}] after its {a} accepted drafts)"
+    if len(tokens) == len(want) and tokens[:-1] == want[:-1] and tokens[-1] != want[-1]:
+        return (f" (row {b}'s last token is the target's choices[{b}][{a}] = {want[-1]}, its token after the row's "
+                f"{a} accepted drafts)")
     if tokens == want and position == want_position - 1:
         return f" (row {b} commits a_b + 1 = {a + 1} tokens: its new position is positions[b] + a_b + 1)"
     if tokens == want:

@@ -30,6 +30,7 @@ DEPTH_LITERAL = [  # (alphas, costs) -> depth; the rates E[AL | k] / cost(k) wor
     (([0.0, 0.9], [1.0, 1.1]), 1),  # draft 2 never counts when draft 1 is always rejected: 1.0, 0.909
     (([1.0, 1.0], [1.0, 1.5]), 1),  # a tie, 2 / 1 = 3 / 1.5: the smallest depth
     (([0.6], [0.8]), 1),  # one depth to choose from
+    (([0.9, 0.9, 0.9, 0.9], [1.0, 1.3]), 2),  # more alphas than depths: k runs over costs, 1.9, 2.085
 ]
 TRIALS = 20000  # simulated steps at each depth
 
@@ -51,7 +52,13 @@ def _hint(fn_out: int, expected: int, alphas: list[float], costs: list[float]) -
 
 
 def _depth_case(fn, alphas: list[float], costs: list[float], expected: int) -> str | None:
-    answer = fn(list(alphas), list(costs))
+    try:
+        answer = fn(list(alphas), list(costs))
+    except IndexError as e:
+        if len(alphas) <= len(costs):
+            raise
+        return (f"raised IndexError: {e} ({len(alphas)} alphas but {len(costs)} costs: the depths are "
+                f"k = 1 .. len(costs), and the alphas past them are not used)")
     try:
         got = None if isinstance(answer, bool) else operator.index(answer)  # an int, numpy's included
     except TypeError:

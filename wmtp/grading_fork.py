@@ -9,7 +9,8 @@ copies for each regime, the library's own ``wmtp.pagedcache.fork_table`` on fuzz
 what the table is for: a pool of pages holding a prompt, two forks of it made one after the other
 from the free pages, each copying what the student says and writing its positions through the
 student's table; every fork must read back the prompt and its own writes, and the prompt's pages
-must stay as they were.
+must stay as they were. The function gets copies of its arguments and must leave them unchanged
+(the prompt's block table is every fork's).
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ def _hint(got: tuple, expected: tuple, block_table: list[int], page_size: int, f
     if filled % page_size and first < len(table) and table[first] == block_table[first]:
         return (" (the page holding `filled` is still the prompt's: the fork's writes there would change the "
                 "prompt; take a page of your own and copy it)")
+    if want_copies and not copies and first < len(table) and table[first] == scratch:
+        return (" (the page holding `filled` is the run's even before it writes there: copy the prompt's page into "
+                "the first free page)")
     if table == want and not copies and want_copies:
         return " (the page holding `filled` also holds prompt positions: copy it into the fork's page)"
     if table == want:
@@ -72,8 +76,15 @@ def _hint(got: tuple, expected: tuple, block_table: list[int], page_size: int, f
 
 def _table_case(fn, args: tuple, expected: tuple) -> str | None:
     block_table, page_size, filled, needed, free, scratch = args
+    table_in, free_in = list(block_table), list(free)
+    answer = fn(table_in, page_size, filled, needed, free_in, scratch)
+    for name, before, after, why in (("block_table", block_table, table_in, "the prompt's table is every fork's"),
+                                     ("free", free, free_in, "take its first pages without removing them")):
+        if after != before:
+            return (f"fork_table changed its argument {name} from {before} to {after}: do not change the arguments "
+                    f"({why}); build new lists")
     try:
-        got = _as_ints(fn(list(block_table), page_size, filled, needed, list(free), scratch))
+        got = _as_ints(answer)
     except (TypeError, ValueError):
         return "expected (table, copies): a list of page ints and a list of (src, dst) int pairs"
     if got == expected:

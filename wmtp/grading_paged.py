@@ -54,6 +54,9 @@ def _hint(got: list, expected: list, block_table: list[int], page_size: int, t: 
         return " (those are logical pages: look p // page_size up in the block table)"
     if got == [(r, p) for p, r in expected]:
         return " (each address is (page, row), in that order)"
+    if got == [(block_table[p % page_size] if p % page_size < len(block_table) else None, p // page_size)
+               for p in positions]:
+        return " (the logical page is p // page_size, the row p % page_size: not the other way round)"
     if sorted(got) == sorted(expected):
         return " (the right addresses in another order: list them by ascending key position)"
     return ""

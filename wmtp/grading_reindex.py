@@ -21,6 +21,7 @@ import torch
 
 from .attention.reference import attention_torch
 from .block import apply_rope
+from .grading_checks import as_int
 from .keyset import draft_key_indices, reindexed_key_positions, sink_query_position
 
 __all__ = ["REINDEX_LITERAL", "reindex_checks"]
@@ -36,9 +37,10 @@ THETA, D = 10000.0, 16  # the attention check's RoPE base and head dim
 
 
 def _position_case(fn, t: int, n_sink: int, window: int | None, expected: int) -> str | None:
-    got = fn(t, n_sink, window)
-    if isinstance(got, bool) or not isinstance(got, int):
-        return f"expected the int {expected}, got {got!r}"
+    answer = fn(t, n_sink, window)
+    got = as_int(answer)
+    if got is None:
+        return f"expected the int {expected}, got {answer!r}"
     if got == expected:
         return None
     hint = ""
@@ -48,6 +50,8 @@ def _position_case(fn, t: int, n_sink: int, window: int | None, expected: int) -
         hint = " (without sinks, or without a window, nothing is re-indexed: the query stays at t)"
     elif got == t:
         hint = " (t is the query's absolute position; re-indexed, it sits at the last index of its key set)"
+    elif expected == t:
+        hint = f" (nothing is evicted while t < n_sink + window: the key set is still 0 .. {t}, the query its last key)"
     return f"expected {expected}, got {got}{hint}"
 
 
@@ -61,7 +65,10 @@ def _attention_case(fn, t: int, n_sink: int, window: int, seed: int) -> str | No
     k_set = apply_rope(k_raw[:, :, idx], key_pos, THETA)  # the compact cache, keys at 0 .. n-1
     q_set = apply_rope(q_raw, torch.tensor([query_pos]), THETA)
     expected = torch.softmax(q_set @ k_set.transpose(-1, -2) / math.sqrt(D), -1) @ v[:, :, idx]  # (1, 1, 1, D)
-    where = fn(t, n_sink, window)
+    answer = fn(t, n_sink, window)
+    where = as_int(answer)
+    if where is None:
+        return f"expected the int position {query_pos}, got {answer!r}"
     pos = torch.tensor([t])
     q_sink = apply_rope(q_raw, torch.tensor([where]), THETA)
     got = attention_torch(apply_rope(q_raw, pos, THETA), apply_rope(k_raw, torch.arange(t + 1), THETA), v, pos,
