@@ -154,15 +154,24 @@ def greedy_generate(target: TargetLM, prompt_ids: torch.Tensor | list[torch.Tens
                     prefill: Prefill | None = None) -> torch.Tensor | list[torch.Tensor]:
     """Dense greedy decoding with a KV cache: the reference output of every speculative run.
 
-    If ``step_times`` is a list, the wall-clock seconds of each one-token decode pass (prefill
-    excluded) are appended to it. With ``prefill`` (``prefill_prompt`` of this prompt, wmtp/prefill.py)
-    the run starts from copies of its caches (forks of paged ones) instead of prefilling.
-
-    ``prompt_ids`` may also be a list of 1-D prompts of any lengths (batched generation): each is
-    decoded as alone and a list of outputs is returned (``_each_prompt``).
+    Args:
+        target: the target LM.
+        prompt_ids: 1-D LongTensor prompt on the target's device, or a list of them (ragged lengths:
+            each decoded as alone, ``_each_prompt``; the result is then a list of outputs).
+        max_new_tokens: tokens to generate.
+        eos_id: stop after this token (included in the output).
+        impl: attention implementation (``resolve_impl``).
+        step_times: a list to append each one-token decode pass's wall-clock seconds to (prefill excluded).
+        prefill: ``prefill_prompt`` of this prompt (wmtp/prefill.py): start from copies of its caches
+            (forks of paged ones) instead of prefilling.
 
     Returns:
         1-D LongTensor of the new tokens (``max_new_tokens`` long, shorter only after ``eos_id``).
+
+    Raises:
+        ValueError: for a prompt that is not a non-empty 1-D integer tensor of ids in the vocabulary on
+            the target's device, a bad ``max_new_tokens`` or ``eos_id``, more positions than the cache
+            holds, an ``impl`` that cannot run, or a ``prefill`` of another prompt or target.
     """
     check_times(step_times=step_times)
     if isinstance(prompt_ids, (list, tuple)):
@@ -237,6 +246,11 @@ def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Ten
 
     Returns:
         The new tokens (identical to ``greedy_generate``) and the step statistics.
+
+    Raises:
+        ValueError: as ``greedy_generate``, and for a draft that is not an ``MTPHead`` of this target
+            (or an object with its calls), a bad ``depth`` or key set, an unknown ``verifier``,
+            ``draft_cache`` or ``positions``, a ring or a gate with a key set they cannot take.
     """
     if isinstance(prompt_ids, (list, tuple)):
         _one_prompt(prefill)
