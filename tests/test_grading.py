@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from wmtp import decode, grading
+from wmtp import decode, grading, grading_process
 from wmtp.cli import main
 from wmtp.decode import verify_greedy
 from wmtp.grading_batch import HARNESS, library_commit
@@ -481,6 +481,24 @@ def test_numpy_integers_pass_every_int_grader(assignment):
 def test_a_file_that_exits_loops_or_edits_the_grader_fails(tmp_path, body, why):
     report = grading.grade("keyset", _write(tmp_path, KEYS + body), timeout_s=20)
     assert not report.passed and why in report.first_failure, report
+
+
+def test_what_a_file_prints_is_shown_cut_to_its_first_lines(tmp_path, capsys):
+    """A print in the graded function runs once a case (310 for the key set): the student sees its first
+    SHOWN_LINES lines and a count of the rest, on stderr, and the grade is the function's; a file that
+    prints in an endless loop still times out, its output cut the same way."""
+    printing = KEYS.replace("    sinks = ", "    print('called with', t, n_sink, window)\n    sinks = ")
+    report = grading.grade("keyset", _write(tmp_path, printing), timeout_s=60)
+    err = capsys.readouterr().err.splitlines()
+    assert report.passed, report
+    assert err[0] == "output while grading student.py:" and len(err) == 2 + grading_process.SHOWN_LINES
+    assert all(line.startswith("  | called with ") for line in err[1:-1])
+    assert err[-1] == f"  ({report.n_checks - grading_process.SHOWN_LINES} more lines)"  # one print a check
+    report = grading.grade("keyset", _write(tmp_path, KEYS + "while True:\n    print('x' * 2999)\n"), timeout_s=5)
+    err = capsys.readouterr().err.splitlines()
+    assert not report.passed and "took longer than 5 s" in report.first_failure
+    assert err[1:4] == ["  | " + "x" * 1000] * 2 + ["  | " + "x" * 999]  # a long line shown 1000 bytes at a time
+    assert len(err) == 2 + grading_process.SHOWN_LINES and err[-1].endswith(" more lines)")
 
 
 def test_a_file_that_does_not_import_is_a_failed_grade(tmp_path):

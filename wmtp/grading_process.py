@@ -7,7 +7,9 @@ helper beside it), grades its function with ``grade_function`` and writes the re
 ``RESULT``. So a student's file that loops, hard-exits (``os._exit``) or rewrites the grader's
 module state cannot pass: the parent gives a failed grade for a timeout, for a child that ended
 without a report, and for a report of fewer checks than the assignment has. This keeps honest
-mistakes from passing; it is not a security boundary against a file written to cheat.
+mistakes from passing; it is not a security boundary against a file written to cheat. What the
+child prints goes to the parent's stderr cut to its first ``SHOWN_LINES`` lines (a print in the
+graded function runs once a check).
 """
 
 from __future__ import annotations
@@ -18,24 +20,54 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import asdict
 from pathlib import Path
 
+SHOWN_LINES = 20  # lines of the student's own output (prints) shown; a print in the graded function runs per case
 
-def run(assignment: str, path: Path, timeout_s: float) -> dict:
+
+def run(assignment: str, path: Path, timeout_s: float, log=None) -> dict:
     """The child's report as a dict: ``GradeReport``'s fields, or ``{"error": kind, "message": ...}``
     for a file without the function (``value``) or a grader out of date (``grader``), or
-    ``{"timeout": s}`` / ``{"no_report": exit status}``."""
+    ``{"timeout": s}`` / ``{"no_report": exit status}``. What the file printed (stdout and stderr)
+    goes to ``log`` (default ``sys.stderr``): its first ``SHOWN_LINES`` lines and how many more there were."""
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "report.json"
         cmd = [sys.executable, "-m", "wmtp.grading_process", assignment, str(path), str(result)]
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        shown, more = [], [0]
+        reader = threading.Thread(target=_head, args=(proc.stdout, shown, more), daemon=True)
+        reader.start()
         try:
-            proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, timeout=timeout_s)
+            proc.wait(timeout=timeout_s)
+            timed_out = False
         except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            timed_out = True
+        reader.join(timeout=5)  # a process the file started may hold the pipe open: do not wait on it
+        if shown:
+            lines = "".join(f"  | {line}" for line in shown[:SHOWN_LINES])
+            (log or sys.stderr).write(f"output while grading {path.name}:\n{lines}"
+                                      + (f"  ({more[0]} more lines)\n" if more[0] else ""))
+        if timed_out:
             return {"timeout": timeout_s}
         if not result.is_file():
             return {"no_report": proc.returncode}
         return json.loads(result.read_text())
+
+
+def _head(stream, shown: list[str], more: list[int]) -> None:
+    """Read ``stream`` to its end, keeping its first ``SHOWN_LINES`` lines and counting the rest (a file
+    that prints in a loop neither fills memory nor the student's terminal)."""
+    for raw in iter(lambda: stream.readline(1000), b""):  # a line of over 1000 bytes counts as several
+        if len(shown) < SHOWN_LINES:
+            line = raw.decode(errors="replace")
+            shown.append(line if line.endswith("\n") else line + "\n")
+        else:
+            more[0] += 1
+    stream.close()
 
 
 def load_student(assignment: str, path: Path):
