@@ -27,12 +27,15 @@ optimizer steps included.
 
 from __future__ import annotations
 
+import os
 import traceback
 
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._device import _device_constructors
 from torch.utils._python_dispatch import TorchDispatchMode
+
+import wmtp
 
 MPS_LACKS = (torch.float64, torch.complex128)
 _FACTORIES = _device_constructors()
@@ -62,12 +65,17 @@ def _tensors(tree) -> list[torch.Tensor]:
     return []
 
 
+_PACKAGE = os.path.dirname(os.path.abspath(wmtp.__file__)) + os.sep  # the library's own files
+_TESTS = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
 def _where() -> str:
-    """The innermost frame of wmtp (or of the test) that made the call: file:line and the line."""
+    """The innermost frame of wmtp (or of a test) that made the call: file:line and the line. Matched by
+    folder, not by name: a checkout is itself often called ``wmtp``, and its ``.venv`` holds torch."""
     for frame in reversed(traceback.extract_stack()[:-3]):
-        if "/wmtp/" in frame.filename or "/tests/test_" in frame.filename:
-            return f"{frame.filename.rsplit('/', 2)[-2]}/{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}: " \
-                   f"{frame.line}"
+        path = os.path.abspath(frame.filename)
+        if path.startswith(_PACKAGE) or (path.startswith(_TESTS) and os.path.basename(path).startswith("test_")):
+            return f"{os.path.basename(os.path.dirname(path))}/{os.path.basename(path)}:{frame.lineno}: {frame.line}"
     return "(inside torch)"
 
 

@@ -473,6 +473,17 @@ def test_numpy_integers_pass_every_int_grader(assignment):
     assert not report.passed and "expected the" in report.first_failure, report
 
 
+def test_as_int_takes_integers_only():
+    import numpy as np
+
+    from wmtp.grading_checks import as_int
+
+    assert [as_int(x) for x in (3, np.int64(3), np.int32(-2), torch.tensor(4), torch.tensor(5, dtype=torch.int32))] == \
+        [3, 3, -2, 4, 5]
+    bad = (True, np.True_, torch.tensor(True), 3.0, np.float64(3), torch.tensor(3.0), torch.tensor([3]), "3", None)
+    assert [as_int(x) for x in bad] == [None] * len(bad)
+
+
 @pytest.mark.parametrize("body, why", [
     ("import os\nos._exit(0)\n", "ended the grading process (exit status 0)"),  # not a silent pass
     ("while True:\n    pass\n", "took longer than 20 s"),
@@ -483,22 +494,33 @@ def test_a_file_that_exits_loops_or_edits_the_grader_fails(tmp_path, body, why):
     assert not report.passed and why in report.first_failure, report
 
 
-def test_what_a_file_prints_is_shown_cut_to_its_first_lines(tmp_path, capsys):
-    """A print in the graded function runs once a case (310 for the key set): the student sees its first
-    SHOWN_LINES lines and a count of the rest, on stderr, and the grade is the function's; a file that
-    prints in an endless loop still times out, its output cut the same way."""
+def test_what_a_file_prints_is_shown_cut_to_its_first_and_last_lines(tmp_path, capsys, monkeypatch):
+    """A print in the graded function runs once a check (310 for the key set): the student sees the
+    first SHOWN_LINES lines, a count of the cut ones and the last TAIL_LINES, on stderr, and the grade is
+    the function's. A file that prints in an endless loop still times out, its output cut the same way;
+    what a file prints before it hangs or hard-exits is shown, even with output buffered (no
+    PYTHONUNBUFFERED: a pipe's block buffer would have kept it)."""
+    first, last = grading_process.SHOWN_LINES, grading_process.TAIL_LINES
     printing = KEYS.replace("    sinks = ", "    print('called with', t, n_sink, window)\n    sinks = ")
     report = grading.grade("keyset", _write(tmp_path, printing), timeout_s=60)
     err = capsys.readouterr().err.splitlines()
     assert report.passed, report
-    assert err[0] == "output while grading student.py:" and len(err) == 2 + grading_process.SHOWN_LINES
-    assert all(line.startswith("  | called with ") for line in err[1:-1])
-    assert err[-1] == f"  ({report.n_checks - grading_process.SHOWN_LINES} more lines)"  # one print a check
+    assert err[0] == "output while grading student.py:" and len(err) == 1 + first + 1 + last
+    assert all(line.startswith("  | called with ") for line in err[1:first + 1] + err[-last:])
+    assert err[first + 1] == f"  ({report.n_checks - first - last} more lines)"  # one print a check
     report = grading.grade("keyset", _write(tmp_path, KEYS + "while True:\n    print('x' * 2999)\n"), timeout_s=5)
     err = capsys.readouterr().err.splitlines()
     assert not report.passed and "took longer than 5 s" in report.first_failure
     assert err[1:4] == ["  | " + "x" * 1000] * 2 + ["  | " + "x" * 999]  # a long line shown 1000 bytes at a time
-    assert len(err) == 2 + grading_process.SHOWN_LINES and err[-1].endswith(" more lines)")
+    assert len(err) == 1 + first + 1 + last and err[first + 1].endswith(" more lines)")
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
+    hang, hard_exit = ("while True:\n    pass\n", "took longer than 5 s"), ("import os\nos._exit(3)\n", "exit status 3")
+    for body, why in (hang, hard_exit):
+        report = grading.grade("keyset", _write(tmp_path, KEYS + "print('loading')\nprint('step 2')\n" + body),
+                               timeout_s=5)
+        err = capsys.readouterr().err.splitlines()
+        assert not report.passed and why in report.first_failure, report
+        assert err == ["output while grading student.py:", "  | loading", "  | step 2"]
 
 
 def test_a_file_that_does_not_import_is_a_failed_grade(tmp_path):

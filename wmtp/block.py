@@ -60,6 +60,8 @@ def op_impl(impl: str, device: torch.device | str) -> str:
 
 
 class RMSNorm(nn.Module):
+    """RMSNorm with a learned scale ``weight`` ``(dim,)``, ones at first: ``x / sqrt(mean(x^2) + eps) * weight``."""
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.eps = eps
@@ -151,6 +153,8 @@ class Attention(StackedWeights):
 
 
 class MLP(StackedWeights):
+    """SwiGLU feed-forward: ``w_down (silu(w_gate x) * w_up x)``, ``d_model -> d_ff -> d_model``."""
+
     STACK = ("w_gate", "w_up")  # one product on CUDA (wmtp/stacked.py)
 
     def __init__(self, cfg: ModelConfig) -> None:

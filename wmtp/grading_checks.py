@@ -50,7 +50,7 @@ KEYSET_LITERAL = [  # (t, n_sink, window) -> keys; the regimes of STYLE.md lesso
 def as_int(x) -> int | None:
     """``x`` as an int if it is one (numpy's and a 0-d integer tensor's included), else None (a bool,
     a float, anything else): the graders' one test of an int answer."""
-    if isinstance(x, bool) or isinstance(x, torch.Tensor) and x.dim():
+    if isinstance(x, bool) or isinstance(x, torch.Tensor) and (x.dim() or x.dtype == torch.bool):
         return None
     try:
         return operator.index(x)

@@ -8,12 +8,13 @@ helper beside it), grades its function with ``grade_function`` and writes the re
 module state cannot pass: the parent gives a failed grade for a timeout, for a child that ended
 without a report, and for a report of fewer checks than the assignment has. This keeps honest
 mistakes from passing; it is not a security boundary against a file written to cheat. What the
-child prints goes to the parent's stderr cut to its first ``SHOWN_LINES`` lines (a print in the
-graded function runs once a check).
+child prints goes to the parent's stderr cut to its first ``SHOWN_LINES`` and last ``TAIL_LINES``
+lines (a print in the graded function runs once a check).
 """
 
 from __future__ import annotations
 
+import collections
 import importlib.util
 import json
 import os
@@ -24,20 +25,22 @@ import threading
 from dataclasses import asdict
 from pathlib import Path
 
-SHOWN_LINES = 20  # lines of the student's own output (prints) shown; a print in the graded function runs per case
+SHOWN_LINES, TAIL_LINES = 20, 5  # the first and last lines of the student's output (prints) shown
 
 
 def run(assignment: str, path: Path, timeout_s: float, log=None) -> dict:
     """The child's report as a dict: ``GradeReport``'s fields, or ``{"error": kind, "message": ...}``
     for a file without the function (``value``) or a grader out of date (``grader``), or
     ``{"timeout": s}`` / ``{"no_report": exit status}``. What the file printed (stdout and stderr)
-    goes to ``log`` (default ``sys.stderr``): its first ``SHOWN_LINES`` lines and how many more there were."""
+    goes to ``log`` (default ``sys.stderr``): its first ``SHOWN_LINES`` lines, how many more there were,
+    and the last ``TAIL_LINES`` of those."""
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "report.json"
-        cmd = [sys.executable, "-m", "wmtp.grading_process", assignment, str(path), str(result)]
+        cmd = [sys.executable, "-u", "-m", "wmtp.grading_process", assignment, str(path), str(result)]  # -u: a
+        # pipe would hold prints in a buffer that a killed or hard-exiting child never writes
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        shown, more = [], [0]
-        reader = threading.Thread(target=_head, args=(proc.stdout, shown, more), daemon=True)
+        shown, tail, more = [], collections.deque(maxlen=TAIL_LINES), [0]
+        reader = threading.Thread(target=_head, args=(proc.stdout, shown, tail, more), daemon=True)
         reader.start()
         try:
             proc.wait(timeout=timeout_s)
@@ -48,9 +51,12 @@ def run(assignment: str, path: Path, timeout_s: float, log=None) -> dict:
             timed_out = True
         reader.join(timeout=5)  # a process the file started may hold the pipe open: do not wait on it
         if shown:
+            tail = list(tail)
+            cut = more[0] - len(tail)
             lines = "".join(f"  | {line}" for line in shown[:SHOWN_LINES])
-            (log or sys.stderr).write(f"output while grading {path.name}:\n{lines}"
-                                      + (f"  ({more[0]} more lines)\n" if more[0] else ""))
+            lines += f"  ({cut} more lines)\n" if cut else ""
+            lines += "".join(f"  | {line}" for line in tail)
+            (log or sys.stderr).write(f"output while grading {path.name}:\n{lines}")
         if timed_out:
             return {"timeout": timeout_s}
         if not result.is_file():
@@ -58,14 +64,17 @@ def run(assignment: str, path: Path, timeout_s: float, log=None) -> dict:
         return json.loads(result.read_text())
 
 
-def _head(stream, shown: list[str], more: list[int]) -> None:
-    """Read ``stream`` to its end, keeping its first ``SHOWN_LINES`` lines and counting the rest (a file
-    that prints in a loop neither fills memory nor the student's terminal)."""
+def _head(stream, shown: list[str], tail: collections.deque, more: list[int]) -> None:
+    """Read ``stream`` to its end, keeping its first ``SHOWN_LINES`` lines and its last ``TAIL_LINES``
+    after them (a traceback's last line is the one that says what went wrong) and counting the lines
+    past the first: a file that prints in a loop neither fills memory nor the student's terminal."""
     for raw in iter(lambda: stream.readline(1000), b""):  # a line of over 1000 bytes counts as several
+        line = raw.decode(errors="replace")
+        line = line if line.endswith("\n") else line + "\n"
         if len(shown) < SHOWN_LINES:
-            line = raw.decode(errors="replace")
-            shown.append(line if line.endswith("\n") else line + "\n")
+            shown.append(line)
         else:
+            tail.append(line)
             more[0] += 1
     stream.close()
 

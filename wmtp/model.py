@@ -112,8 +112,8 @@ class TargetLM(nn.Module):
     def final(self, x: torch.Tensor, pending: torch.Tensor, impl: str = "torch",
               logits_at: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The last pending addition of a stack of ``Block.step`` and the logits after it: ``(logits,
-        hidden)`` with ``hidden = x + pending`` (NOTE [Pending addition]); ``impl`` the norm's;
-        ``logits_at`` as ``forward``'s (NOTE [Logits at])."""
+        hidden)`` with ``hidden = x + pending`` (NOTE [Pending addition] in wmtp/block.py); ``impl`` the
+        norm's; ``logits_at`` as ``forward``'s (NOTE [Logits at])."""
         hidden, normed = add_rms_norm(x, pending, self.norm.weight, self.norm.eps, impl)  # (B, L, d) each
         if logits_at is not None:
             normed = normed.gather(1, logits_at[:, :, None].expand(-1, -1, normed.shape[-1]))  # (B, n, d)

@@ -106,7 +106,7 @@ class MTPHead(nn.Module):
         ni = op_impl(impl, hidden.device)
         g, pending = self.block.step(self.inputs(hidden, next_ids, ni), None, pos, cache, 0, n_sink, window, impl,
                                      positions)  # (B, L, d) each
-        return self.target.final(g, pending, ni)  # logits, g = g + pending (NOTE [Pending addition])
+        return self.target.final(g, pending, ni)  # logits, g = g + pending (NOTE [Pending addition] in wmtp/block.py)
 
     def inputs(self, hidden: torch.Tensor, next_ids: torch.Tensor, ni: str) -> torch.Tensor:
         """The block's input ``x_t = W [norm(h_t) ; norm(e_{t+1})]`` ``(B, L, d)``; ``ni`` the small ops' impl."""

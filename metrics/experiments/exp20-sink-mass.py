@@ -22,10 +22,10 @@ import torch
 import torch.nn.functional as F
 
 from wmtp.bench_common import bench_setup
+from wmtp.block import apply_rope  # wmtp.model's until 91169fb
 from wmtp.config import get_preset
 from wmtp.keyset import draft_key_indices, sink_query_position
 from wmtp.metrics import environment
-from wmtp.model import apply_rope
 
 CONTEXT, QUERIES = 16384, 64
 KEYSETS = [(8, 64), (64, 4096), (8, 248)]

@@ -36,6 +36,9 @@ from wmtp.config import KeySetConfig, get_preset
 from wmtp.metrics import environment, write_json
 from wmtp.policy import FixedDepth
 
+if model_mod.Block.__module__ != "wmtp.model":  # side_by_side.stale_since's rule, for a script without it
+    sys.exit("since 91169fb the blocks live in wmtp/block.py and look op_impl up there, so this script's variants "
+             "would run the same code; run it at the revision its JSON's code_revision names (metrics/README.md)")
 VARIANTS = {"torch_norm": lambda impl, device: "torch", "triton_norm": model_mod.op_impl}
 bundle_dir, out = sys.argv[1], sys.argv[2]
 contexts = [int(c) for c in sys.argv[3:]] or [1024, 16384, 131072]
