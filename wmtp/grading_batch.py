@@ -20,7 +20,6 @@ unchanged (the task says so).
 from __future__ import annotations
 
 import functools
-import operator
 import random
 from collections.abc import Callable, Iterator
 
@@ -28,7 +27,7 @@ import torch
 
 from . import decode
 from .decode import verify_greedy
-from .grading_checks import harness_models
+from .grading_checks import harness_models, to_int
 
 __all__ = ["BATCH_LITERAL", "batch_checks", "library_commit"]
 
@@ -73,15 +72,9 @@ def _lockstep(drafts, choices, positions, live) -> Rows:
     return [(d[:m] + [c[m]], p + m + 1) if on else ([], p) for d, c, p, on in zip(drafts, choices, positions, live)]
 
 
-def _int(x) -> int:
-    if isinstance(x, bool):
-        raise TypeError("a bool is not a token or a position")
-    return operator.index(x)  # an int, numpy's included
-
-
 def _as_rows(got, B: int) -> Rows:
     """The student's answer as ``B`` (tokens, position) pairs of ints; TypeError or ValueError if not."""
-    rows = [([_int(t) for t in tokens], _int(position)) for tokens, position in got]
+    rows = [([to_int(t) for t in tokens], to_int(position)) for tokens, position in got]
     if len(rows) != B:
         raise ValueError(f"{len(rows)} pairs for a batch of {B} rows")
     return rows

@@ -58,6 +58,13 @@ def as_int(x) -> int | None:
         return None
 
 
+def to_int(x) -> int:
+    """``as_int(x)``, or ``TypeError`` for anything it refuses (a grader that reads a structure of ints)."""
+    if (value := as_int(x)) is None:
+        raise TypeError(f"{x!r} is not an int")
+    return value
+
+
 def _keyset_case(fn, t, n_sink, window, expected) -> str | None:
     answer = fn(t, n_sink, window)
     got = answer.tolist() if isinstance(answer, torch.Tensor) else answer

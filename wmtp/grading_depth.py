@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import functools
 import math
-import operator
 import random
 from collections.abc import Callable, Iterator
 
+from .grading_checks import as_int
 from .policy import best_depth, expected_tokens
 
 __all__ = ["DEPTH_LITERAL", "depth_checks"]
@@ -59,10 +59,7 @@ def _depth_case(fn, alphas: list[float], costs: list[float], expected: int) -> s
             raise
         return (f"raised IndexError: {e} ({len(alphas)} alphas but {len(costs)} costs: the depths are "
                 f"k = 1 .. len(costs), and the alphas past them are not used)")
-    try:
-        got = None if isinstance(answer, bool) else operator.index(answer)  # an int, numpy's included
-    except TypeError:
-        got = None
+    got = as_int(answer)  # an int, numpy's included
     if got is None:
         return f"expected the int {expected}, got {answer!r}"
     if got == expected:
@@ -85,10 +82,7 @@ def _simulated_rate(alphas: list[float], k: int, cost: float, rng: random.Random
 
 def _simulation_case(fn, alphas: list[float], costs: list[float], seed: int) -> str | None:
     answer = fn(list(alphas), list(costs))
-    try:
-        k = None if isinstance(answer, bool) else operator.index(answer)
-    except TypeError:
-        k = None
+    k = as_int(answer)
     if k is None or not 1 <= k <= len(costs):
         return f"expected a depth in 1 .. {len(costs)}, got {answer!r}"
     rng = random.Random(seed)

@@ -16,12 +16,12 @@ must stay as they were. The function gets copies of its arguments and must leave
 from __future__ import annotations
 
 import functools
-import operator
 import random
 from collections.abc import Callable, Iterator
 
 import torch
 
+from .grading_checks import to_int
 from .pagedcache import fork_pages, fork_table
 
 __all__ = ["FORK_LITERAL", "fork_checks", "library_fork"]
@@ -48,7 +48,7 @@ def library_fork(block_table: list[int], page_size: int, filled: int, needed: in
 
 def _as_ints(got) -> tuple[list[int], list[tuple[int, int]]]:
     table, copies = got
-    return [operator.index(p) for p in table], [(operator.index(a), operator.index(b)) for a, b in copies]
+    return [to_int(p) for p in table], [(to_int(a), to_int(b)) for a, b in copies]
 
 
 def _hint(got: tuple, expected: tuple, block_table: list[int], page_size: int, filled: int, scratch: int) -> str:

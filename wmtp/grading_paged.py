@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import functools
 import math
-import operator
 import random
 from collections.abc import Callable, Iterator
 
 import torch
 
 from .attention.paged import page_rows, paged_attention_torch, paginate
+from .grading_checks import to_int
 from .keyset import draft_key_indices
 
 __all__ = ["PAGED_LITERAL", "paged_checks"]
@@ -66,7 +66,7 @@ def _address_case(fn, block_table: list[int], page_size: int, t: int, n_sink: in
                   expected: list[tuple[int, int]]) -> str | None:
     got = fn(list(block_table), page_size, t, n_sink, window)
     try:
-        got = [(operator.index(page), operator.index(row)) for page, row in got]  # ints, never truncated floats
+        got = [(to_int(page), to_int(row)) for page, row in got]  # ints, never truncated floats or bools
     except (TypeError, ValueError):
         return f"expected a list of (page, row) pairs of ints, got {got!r}"
     if got == expected:
@@ -81,7 +81,7 @@ def _attention_case(fn, page_size: int, t: int, n_sink: int, window: int | None,
     q = torch.randn(1, 1, 1, D, generator=g, dtype=torch.float64)  # (B, Hq, 1, D)
     k_pages, v_pages, block_table = paginate(k, v, page_size, g)  # (pages, page_size, Hkv, D) each, (1, pages)
     expected = paged_attention_torch(q, k_pages, v_pages, block_table, torch.tensor([t]), n_sink, window)
-    addresses = [(operator.index(page), operator.index(row))
+    addresses = [(to_int(page), to_int(row))
                  for page, row in fn(block_table[0].tolist(), page_size, t, n_sink, window)]
     if not addresses:
         return "no addresses: the key set of a query always holds its own key"
