@@ -58,3 +58,27 @@ def test_check_cache_dir(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(ValueError, match="--cache-dir .* not a writable folder"):
         check_cache_dir(tmp_path / "f", {})
+
+
+def test_an_atomic_write_is_readable_by_all(tmp_path):
+    """mkstemp makes its temporary file 0600; the file written is 0644, as open() would make it."""
+    with atomic_path(tmp_path / "m.json") as tmp:
+        tmp.write_text("{}")
+    assert (tmp_path / "m.json").stat().st_mode & 0o777 == 0o644
+
+
+def test_paths_are_compared_as_the_files_they_name(tmp_path, monkeypatch):
+    """An output reached through ``..`` or a relative path is inside the cache all the same, and two
+    spellings of one file are one file."""
+    from wmtp.fileio import check_distinct
+
+    (tmp_path / "a").mkdir()
+    cache = tmp_path / "cache"
+    with pytest.raises(ValueError, match="is inside --cache-dir"):
+        check_cache_dir(tmp_path / "a" / ".." / "cache", {"--out": cache / "m.json"})
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="is inside --cache-dir"):
+        check_cache_dir(cache, {"--out": "cache/m.json"})
+    with pytest.raises(ValueError, match="--plot m.png is the same file as --out .*/m.png: give them two names"):
+        check_distinct(tmp_path / "m.png", "m.png", "--out", "--plot")
+    check_distinct(tmp_path / "m.json", "m.png", "--out", "--plot")

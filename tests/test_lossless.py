@@ -285,6 +285,15 @@ def test_bad_arguments_raise_value_error(models, kwargs, match):
         wmtp.speculative_generate(**args)
 
 
+def test_an_eos_id_one_past_the_vocabulary_is_refused(models):
+    target, head = models
+    V = target.config.vocab_size
+    with pytest.raises(ValueError, match=rf"eos_id must be None or a token id in \[0, {V}\), got {V}"):
+        wmtp.speculative_generate(target, head, random_prompt(5), 4, 2, eos_id=V)
+    out, _ = wmtp.speculative_generate(target, head, random_prompt(5), 4, 2, eos_id=V - 1)  # the last id is one
+    assert len(out) <= 4
+
+
 def test_a_head_in_another_dtype_than_its_target_is_refused_up_front(models):
     """A float32 head on the float64 target (built before ``target.double()``, say): a ValueError
     naming both, before any prefill (it was head_input's "w_hidden must be on cpu in torch.float64")."""

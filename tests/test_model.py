@@ -75,6 +75,26 @@ def test_head_shares_but_does_not_own_the_target_weights(models):
     assert head.target is target
 
 
+def test_head_input_norms_the_hidden_state_and_the_embedding_each_with_its_own_weight():
+    """``x_t = W [norm_h(h_t) ; norm_e(Emb(token_{t+1}))]`` with the two norms' own weights, here made
+    unlike (both start at ones, so swapping them changes nothing before training)."""
+    from wmtp.rmsnorm import rms_norm_torch
+
+    target, _ = wmtp.build_models("tiny", seed=0)
+    target = target.double()
+    head = wmtp.MTPHead(MTPConfig(), target).double()
+    d = target.config.d_model
+    with torch.no_grad():
+        head.hidden_norm.weight.copy_(torch.linspace(0.5, 1.5, d))
+        head.embed_norm.weight.copy_(torch.linspace(2.0, -1.0, d))
+    g = torch.Generator().manual_seed(0)
+    h, ids = torch.randn(2, 3, d, generator=g, dtype=torch.float64), torch.tensor([[1, 2, 3], [4, 5, 6]])
+    want = torch.cat([rms_norm_torch(h, head.hidden_norm.weight, head.hidden_norm.eps),
+                      rms_norm_torch(target.embed[ids], head.embed_norm.weight, head.embed_norm.eps)], -1) @ head.proj.T
+    with torch.no_grad():
+        assert torch.allclose(head.inputs(h, ids, "torch"), want, rtol=0, atol=1e-12)
+
+
 def test_weights_come_from_the_seed_not_global_rng():
     state = torch.random.get_rng_state()
     a, ha = wmtp.build_models("tiny", seed=3)

@@ -42,6 +42,21 @@ def test_a_position_lives_at_its_page_and_row():
     assert c.nbytes == 2 * 3 * 4 * 2 * 4 * 8
 
 
+def test_the_page_order_is_the_generators_and_seeded_by_default():
+    """The pool's order comes from the generator given, else from one seeded with 0: never from torch's
+    global RNG, so a run's pages are the same whatever ran before it."""
+    def table(**kw):
+        return PagedKVCache(1, 2, 1, 16, 4, page_size=2, **kw).block_table  # (2, 8) of 19 pages
+
+    torch.manual_seed(1)
+    default = table()
+    torch.manual_seed(2)
+    assert torch.equal(table(), default)
+    assert torch.equal(default.flatten(), torch.randperm(19, generator=torch.Generator().manual_seed(0))[:16].int())
+    assert torch.equal(table(generator=torch.Generator().manual_seed(7)).flatten(),
+                       torch.randperm(19, generator=torch.Generator().manual_seed(7))[:16].int())
+
+
 def test_paged_view_slices_are_the_contiguous_cache():
     g = torch.Generator().manual_seed(0)
     full = torch.randn(2, 3, 37, 8, generator=g, dtype=torch.float64)  # (B, Hkv, S, D)

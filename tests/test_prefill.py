@@ -247,8 +247,9 @@ def test_bad_prefills_raise_value_error(models):
     wide = wmtp.TargetLM(dataclasses.replace(target.config, d_model=2 * target.config.d_model)).double()
     with pytest.raises(ValueError, match="another config"):
         wmtp.prefill_prompt(target, prompt, 40, draft=wmtp.MTPHead(head.config, wide).double())
-    with pytest.raises(ValueError, match="prompt token ids"):
-        wmtp.prefill_prompt(target, torch.tensor([V]), 40)
+    for bad in (V, -1):  # one past the vocabulary; a negative id would embed the last token's row
+        with pytest.raises(ValueError, match="prompt token ids"):
+            wmtp.prefill_prompt(target, torch.tensor([3, bad]), 40)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -38,6 +38,16 @@ def test_slots_follow_ring_slot():
     assert short.slots == 7 and short.block_table[0].tolist() == list(range(7))
 
 
+def test_per_row_positions_write_each_row_at_its_own():
+    """Positions ``(B, L)``: row 0 writes positions 0, 1 and row 1 positions 12, 13 (slots 2 + 10 % 9 = 3 and 4
+    of a ring of (2, 6, 3): 11 slots, the sinks 0, 1 pinned), each into its own sequence's slots."""
+    r = RingKVCache(1, 2, 1, 1, n_sink=2, window=6, spare=3, max_len=20, dtype=torch.float64)
+    k = torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=torch.float64).view(2, 1, 2, 1)  # (B, Hkv, L, D)
+    r.update(0, torch.tensor([[0, 1], [12, 13]]), k, -k)
+    assert r.k[0, :, 0, 0, 0].tolist() == [1, 2] + [0] * 9 + [0, 0, 0, 3, 4] + [0] * 6
+    assert torch.equal(r.v, -r.k)
+
+
 def test_attend_equals_the_full_cache_after_sequential_writes():
     """Positions written one call at a time (4 a call: a ring serves at most spare + 1 queries), then
     queries at the last positions: the ring's attention equals the full cache's, while the ring holds

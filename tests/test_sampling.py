@@ -65,6 +65,9 @@ def test_noise_is_a_function_of_seed_stream_and_position():
     for other in (position_uniforms(8, 0, [900], 16), position_uniforms(7, 1, [900], 16),
                   position_uniforms(7, 0, [901], 16)):
         assert not torch.equal(other[0], rows[1])
+    # seed, stream and position each weigh in on their own: swapping two of them is another row
+    for a, b in (((900, 0, 7), (7, 0, 900)), ((1, 2, 5), (2, 1, 5)), ((3, 1, 2), (3, 2, 1))):
+        assert not torch.equal(position_uniforms(a[0], a[1], [a[2]], 16), position_uniforms(b[0], b[1], [b[2]], 16))
 
 
 def test_noise_stays_on_the_cpu_whatever_the_default_device():
@@ -128,6 +131,24 @@ def test_a_draft_the_target_rules_out_is_rejected_even_at_u_zero(monkeypatch):
         assert (a, int(x) in (0, 2)) == (0, True), pos  # rejected; resampled from max(p - q, 0) = [.5, 0, .5]
     p[0] = torch.tensor([0.5, 0.25, 0.25], dtype=torch.float64)
     assert verify_rejection(torch.tensor([1]), q, p, 0, seed=3)[0] == 1
+
+
+def test_a_rejection_where_p_is_q_up_to_rounding_resamples_from_p(monkeypatch):
+    """``p(2)`` is one ulp below ``q(2)`` and ``p == q`` elsewhere, so ``max(p - q, 0)`` is all zeros: a
+    rejection (forced: ``u = 1 - 2**-53``, and ``u * q(2) = 0.5 - 2**-54 > p(2)``) resamples from ``p``
+    itself, every token possible, not from the empty residual (whose argmax would be token 0 always)."""
+    real = sampling.position_uniforms
+
+    def top_accept(seed, stream, positions, n):
+        u = real(seed, stream, positions, n)
+        return torch.full_like(u, 1 - 2**-53) if stream == sampling.ACCEPT else u
+
+    monkeypatch.setattr(sampling, "position_uniforms", top_accept)
+    q = torch.tensor([[0.25, 0.25, 0.5]], dtype=torch.float64)  # (K=1, V=3)
+    p = torch.tensor([[0.25, 0.25, 0.5 - 2**-53], [0.2, 0.3, 0.5]], dtype=torch.float64)  # (K+1, V)
+    out = [verify_rejection(torch.tensor([2]), q, p, pos, seed=5) for pos in range(32)]
+    assert all(a == 0 for a, _ in out)  # every draft rejected
+    assert sorted({int(x) for _, x in out}) == [0, 1, 2]
 
 
 @pytest.mark.parametrize("k, q_rows, p_rows", [(0, 0, 1), (2, 1, 3), (2, 2, 2), (2, 2, 4)])

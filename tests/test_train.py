@@ -2,6 +2,7 @@
 checkpoints round-trip atomically and refuse another config."""
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -110,6 +111,8 @@ def test_checkpoint_round_trip_and_config_check(trained, tmp_path):
         load_checkpoint(path, t2, h2, other)
     with pytest.raises(ValueError, match="another config.*version"):  # made by other training code
         load_checkpoint(path, t2, h2, {**meta, "version": meta["version"] + 1})
+    with pytest.raises(ValueError, match=r"another config \(differs in: seed\)"):  # a key the caller lacks
+        load_checkpoint(path, t2, h2, {k: v for k, v in meta.items() if k != "seed"})
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match="cannot be read: not a file torch.save wrote"):
         load_checkpoint(tmp_path / "junk.pt", t2, h2, meta)
@@ -121,8 +124,6 @@ def test_checkpoint_round_trip_and_config_check(trained, tmp_path):
 
 def test_perplexity_scores_the_same_text_in_windows(trained):
     """Two windows of 128 tokens: the mean NLL over both, each window read from its own start."""
-    import math
-
     import torch.nn.functional as F
 
     target, _, tokens, _, _ = trained
@@ -156,3 +157,91 @@ def test_random_windows_take_a_text_of_exactly_one_window_and_keep_their_draws()
         random_windows(text[:10], 3, 11, torch.Generator().manual_seed(0))
     starts = torch.randint(0, 90, (4,), generator=torch.Generator().manual_seed(3))  # the draws training made
     assert torch.equal(random_windows(text, 4, 10, torch.Generator().manual_seed(3))[:, 0], starts)
+
+
+def test_learning_rate_warms_up_linearly_then_follows_a_cosine():
+    from wmtp.train import _lr
+
+    # warmup 4 of 10 steps: (step + 1) / 4, then 0.5 (1 + cos(pi (step - 4) / 6))
+    assert [_lr(s, 2.0, 4, 10) for s in range(4)] == [0.5, 1.0, 1.5, 2.0]
+    assert _lr(4, 2.0, 4, 10) == 2.0 and math.isclose(_lr(7, 2.0, 4, 10), 1.0) and _lr(10, 2.0, 4, 10) == 0.0
+    assert _lr(0, 2.0, 0, 1) == 2.0  # no warmup, one step: the cosine's start
+
+
+def _one_param_run(losses, **cfg):
+    """``_optimise`` over a weight ``w`` (2, 2) and a bias ``b`` (2,), all ones, for ``len(losses)`` steps
+    at lr 0.1 (warmup 1: every step at 0.1 for two steps); ``losses[i](w, b)`` is step i's loss."""
+    from wmtp.train import _optimise
+
+    w = torch.nn.Parameter(torch.ones(2, 2, dtype=torch.float64))
+    b = torch.nn.Parameter(torch.ones(2, dtype=torch.float64))
+    calls = iter(losses)
+    _optimise([w, b], lambda: next(calls)(w, b), len(losses), 0.1,
+              dataclasses.replace(CFG, warmup_steps=1, **cfg), "test", progress=False)
+    return w.detach(), b.detach()
+
+
+def test_weight_decay_only_on_matrices():
+    """A zero gradient: Adam moves nothing and decoupled weight decay scales ``w`` by 1 - lr * wd = 0.95,
+    the 1-D bias left alone."""
+    w, b = _one_param_run([lambda w, b: 0 * (w.sum() + b.sum())], weight_decay=0.5)
+    assert torch.allclose(w, torch.full((2, 2), 0.95, dtype=torch.float64), rtol=0, atol=1e-15)
+    assert torch.equal(b, torch.ones(2, dtype=torch.float64))
+
+
+def test_gradients_are_clipped_and_not_accumulated():
+    """Adam's first step moves each entry by lr * g / (|g| + 1e-8): 0.1 for a gradient of 1, about
+    7e-6 for ``b``'s gradient (1, 1) clipped to norm 1e-12 (each entry 1e-12 / sqrt 2). Then a
+    gradient of -1 (the first one zeroed, not added): m = 0.9 * 0.1 - 0.1 = -0.01 and v = 0.95 * 0.05 +
+    0.05 = 0.0975, bias-corrected -0.01 / 0.19 and 1, so ``b`` moves up by 0.1 / 19 (an accumulated
+    gradient of 0 would move it down again)."""
+    up = lambda w, b: b.sum()  # noqa: E731
+    down = lambda w, b: -b.sum()  # noqa: E731
+    _, b = _one_param_run([up], weight_decay=0.0, grad_clip=1e-12)
+    g = 1e-12 / math.sqrt(2)
+    assert torch.allclose(b, torch.full((2,), 1 - 0.1 * g / (g + 1e-8), dtype=torch.float64), rtol=0, atol=1e-10)
+    _, b = _one_param_run([up], weight_decay=0.0, grad_clip=math.inf)
+    assert torch.allclose(b, torch.full((2,), 0.9, dtype=torch.float64), rtol=0, atol=1e-8)
+    _, b = _one_param_run([up, down], weight_decay=0.0, grad_clip=math.inf)
+    assert torch.allclose(b, torch.full((2,), 0.9 + 0.1 / 19, dtype=torch.float64), rtol=0, atol=1e-8)
+
+
+def test_head_steps_read_the_targets_hidden_then_their_own():
+    """Step 1 reads the target's hidden states at positions 0 .. L-1 and the tokens 1 .. L, step k the
+    hidden states step k - 1 returned and the tokens k .. k + L - 1; each step's logits are its own."""
+    from wmtp.train import head_step_logits
+
+    target, head = wmtp.build_models("tiny", seed=0)
+    x = torch.randint(0, target.config.vocab_size, (2, 10 + 3 + 1), generator=torch.Generator().manual_seed(0))
+    seen = []
+
+    def spy(hidden, ids, impl):
+        out = head(hidden, ids, impl=impl)
+        seen.append((hidden, ids, out))
+        return out
+
+    steps = head_step_logits(spy, target, x, 3)
+    with torch.no_grad():
+        _, h = target(x[:, :10], impl="torch")
+    assert torch.equal(seen[0][0], h)
+    for k in range(1, 4):
+        hidden, ids, (logits, g) = seen[k - 1]
+        assert torch.equal(ids, x[:, k : k + 10]) and steps[k - 1] is logits
+        if k > 1:
+            assert hidden is seen[k - 2][2][1]
+
+
+def test_head_accuracy_of_a_head_that_is_always_right_is_one():
+    """On a text where token t + 1 is token t + 1 mod V, a head guessing ``(id + 1) mod V`` for the token
+    after ``id`` is right at every position of every window and depth: accuracy exactly 1."""
+    target, _ = wmtp.build_models("tiny", seed=0)
+    V = target.config.vocab_size
+
+    class Successor(torch.nn.Module):
+        proj = torch.zeros(1)
+
+        def forward(self, hidden, ids, impl):
+            return torch.nn.functional.one_hot((ids + 1) % V, V).double(), hidden
+
+    tokens = torch.arange(3 * V) % V
+    assert head_accuracy(Successor(), target, tokens, 3, 16, 5, torch.Generator().manual_seed(0)) == [1.0, 1.0, 1.0]
