@@ -218,7 +218,8 @@ def test_bad_kv_writes_are_value_errors(impl):
                         ((bufs[0], bufs[1][:, :1], pos, k, k), r"k, v \(B, Hkv, L, D\)"),
                         ((bufs[0, :, :, :, :3], bufs[1, :, :, :, :3], pos, k, k), r"k, v \(B, Hkv, L, D\)"),
                         ((bufs[0], bufs[1], pos.float(), k, k), "int32 or int64"),
-                        ((bufs[0].mT.contiguous().mT, bufs[1], pos, k, k), "contiguous in their last")):
+                        ((bufs[0].mT.contiguous().mT, bufs[1], pos, k, k), "contiguous in their last"),
+                        ((bufs[0], bufs[1].mT.contiguous().mT, pos, k, k), "contiguous in their last")):
         with pytest.raises(ValueError, match=match):
             kv_write(*args, impl=impl)
 
@@ -243,6 +244,9 @@ def test_the_references_are_the_models_formulas():
     pos = torch.tensor([0, 255, 256, 9999, 1_000_000])
     scale = (torch.log(pos.to(torch.float32) + 1) / math.log(256)).clamp(min=1.0)
     assert torch.equal(logn_scale_torch(q, pos, 256), q * scale[:, None])
+    q16 = q.half()  # the scale is rounded to q's dtype first, then multiplied: two fp16 roundings, as the kernel
+    assert torch.equal(logn_scale_torch(q16, pos, 256), q16 * scale[:, None].half())
+    assert not torch.equal(logn_scale_torch(q16, pos, 256), (q16 * scale[:, None]).half())  # not one rounding
     g, u = torch.randn(2, 3, 10), torch.randn(2, 3, 10)
     assert torch.equal(silu_mul_torch(g, u), F.silu(g) * u)
 

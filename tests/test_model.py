@@ -367,3 +367,25 @@ def test_linear_on_cuda_routes_few_rows_to_addmm(monkeypatch, dtype):
         ref = plain(x.double(), w.double())
         tol = {torch.float32: 1e-4, torch.float64: 1e-12, torch.bfloat16: 0.1, torch.float16: 0.01}[dtype]
         assert (y.double() - ref).abs().max() <= tol * ref.abs().max()
+
+
+def test_the_heads_caches_take_max_len_and_the_heads_dtype_and_its_weights_a_fixed_default_seed():
+    """Mutation round 3: ``MTPHead.new_cache`` ignoring ``max_len`` (every cache the preset's
+    ``max_seq_len``), defaulting to float32 for a float64 head, and a changed default weight seed
+    all survived every test."""
+    target, head = wmtp.build_models("tiny", seed=0)
+    assert target.config.max_seq_len == 2048
+    full, paged = head.new_cache(2, 40), head.new_cache(2, 40, page_size=4)
+    ring = head.new_cache(2, 40, ring=(4, 16, 3))
+    assert full.k.shape == (1, 2, 2, 40, 16) and full.max_len == 40  # (layers, B, Hkv, S, D)
+    assert paged.k.shape == (1, 2 * 10 + 2 + 1, 4, 2, 16) and paged.max_len == 40  # 10 pages a row, spares
+    assert ring.k.shape == (1, 2 * (4 + 16 + 3), 1, 2, 16) and ring.max_len == 40  # a row's slots, pages of 1
+    assert {c.k.dtype for c in (full, paged, ring)} == {torch.float32}
+    head64 = copy.deepcopy(head).double()
+    assert {c.k.dtype for c in (head64.new_cache(1, 8), head64.new_cache(1, 8, page_size=4),
+                                head64.new_cache(1, 8, ring=(4, 16, 3)))} == {torch.float64}
+    default = wmtp.MTPHead(MTPConfig(), target)
+    seeded = wmtp.MTPHead(MTPConfig(), target, torch.Generator().manual_seed(1))  # the head's default seed
+    other = wmtp.MTPHead(MTPConfig(), target, torch.Generator().manual_seed(0))
+    assert all(torch.equal(a, b) for a, b in zip(default.parameters(), seeded.parameters()))
+    assert not torch.equal(default.proj, other.proj)

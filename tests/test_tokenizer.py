@@ -50,7 +50,11 @@ def test_encode_is_chunk_by_chunk(tokenizer, small_corpus):
     assert ids.tolist() == expected
     assert tokenizer_mod.decode(tokenizer, ids) == text
     assert tokenizer_mod.eos_id(tokenizer) in ids.tolist()
-    assert tokenizer_mod.encode(tokenizer, "").shape == (0,)
+    empty = tokenizer_mod.encode(tokenizer, "")
+    assert empty.shape == (0,) and empty.dtype == torch.long  # torch.empty(0) alone is float32
+    many = "".join(f"line {k} of {k % 7} words\n" for k in range(600))  # 600 chunks: 256 a batch, three batches
+    one_by_one = [i for line in many.splitlines(keepends=True) for i in tokenizer.encode(line).ids]
+    assert tokenizer_mod.encode(tokenizer, many, lines_per_chunk=1).tolist() == one_by_one
 
 
 def test_corpus_token_splits(tokenizer, small_corpus):

@@ -521,6 +521,21 @@ def test_public_ops_refuse_what_the_kernels_cannot_take_with_a_value_error():
     torch.testing.assert_close(wmtp.attention(q_t, k, v, pos, 2, 4, impl="triton"), ref)
 
 
+def test_the_kernels_contract_refuses_what_the_public_op_would_have_caught():
+    """``plan.check_tensors``, the launcher's own contract behind the public op's checks: a head dim
+    that is not a power of two in [16, 256], and k and v of two layouts, are assertions."""
+    from wmtp.attention.plan import check_tensors
+
+    q, k, v, pos = make_inputs(1, 4, 2, 2, 20, 32, torch.float32, seed=1)
+    check_tensors(q, k, v, pos)
+    for D in (8, 48, 512):
+        qd, kd, vd, _ = make_inputs(1, 4, 2, 2, 20, D, torch.float32, seed=1)
+        with pytest.raises(AssertionError, match="power of two in \\[16, 256\\]"):
+            check_tensors(qd, kd, vd, pos)
+    with pytest.raises(AssertionError, match="one layout"):
+        check_tensors(q, k, v.transpose(2, 3).contiguous().transpose(2, 3), pos)
+
+
 @pytest.mark.parametrize("impl", ["torch", pytest.param("triton", marks=NEEDS_TRITON)])
 def test_paged_op_checks_the_block_table_where_it_costs_no_sync(impl):
     """A page id outside the pool is an error, not another page (torch indexes -1 from the end).
