@@ -189,11 +189,12 @@ def fail_if_called(*args, **kwargs):
     pytest.fail(f"unexpected call with {args} {kwargs}")
 
 
+@pytest.mark.parametrize("value", ["1", "true", "Yes"])  # huggingface_hub reads them without case
 @pytest.mark.parametrize("var", ["HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"])
-def test_offline_env_var_skips_the_socket(monkeypatch, online_env, var):
-    monkeypatch.setenv(var, "1")
+def test_offline_env_var_skips_the_socket(monkeypatch, online_env, var, value):
+    monkeypatch.setenv(var, value)
     monkeypatch.setattr(socket, "create_connection", fail_if_called)
-    assert data._hub_offline_reason(1.5) == f"{var}=1"
+    assert data._hub_offline_reason(1.5) == f"{var}={value}"
 
 
 def test_readme_only_dir_falls_back_to_stdlib_when_socket_fails(tmp_path, monkeypatch, online_env):
@@ -317,3 +318,25 @@ def test_max_chars_cuts_each_split_at_a_line_boundary(stdlib):
         assert full.startswith(cut) and full[len(cut)] == "\n"
     assert "max_chars=5000" in small.message
     assert small.fingerprint != stdlib.fingerprint
+
+
+def test_leading_lines_cuts_and_tiny_corpora_keep_a_character():
+    """Mutation round 3: ``leading_lines``' bounds and ``_truncate_corpus``' floor of one character
+    for valid and test, literal cases; the first layout name of a split wins; the fingerprint keeps
+    its fields apart."""
+    assert data.leading_lines("ab\n", 3) == "ab\n"  # fits: whole, its last line break kept
+    assert data.leading_lines("ab\ncd\nef", 5) == "ab"
+    assert data.leading_lines("\nabcdef", 4) == "\nabc"  # the only break at 0: cut by characters, not to ""
+    assert data.leading_lines("abcdef", 4) == "abcd"
+    corpus = data.Corpus("x", "a\n" * 20, "v\n" * 20, "t\n" * 20, source="s", message="m")
+    small = data._truncate_corpus(corpus, 5)  # valid and test to max(5 // 10, 1) = 1 character
+    assert (small.train, small.valid, small.test) == ("a\na", "v", "t")
+    assert data.Corpus("a", "bc", "", "", "s", "m").fingerprint != data.Corpus("ab", "c", "", "", "s", "m").fingerprint
+
+
+def test_the_first_name_of_a_split_wins(tmp_path):
+    for name in ("train.txt", "valid.txt", "validation.txt", "test.txt"):
+        (tmp_path / name).write_text("a line\n")
+    builder, files = data._find_split_files(tmp_path)
+    assert builder == "text" and {k: p.name for k, p in files.items()} == {
+        "train": "train.txt", "valid": "valid.txt", "test": "test.txt"}
