@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from wmtp import data
 from wmtp import tokenizer as tokenizer_mod
+from wmtp.data import leading_lines
 
 
 def fail_if_called(*args, **kwargs):
@@ -98,3 +99,15 @@ def test_failed_tokenizer_write_leaves_no_file(small_corpus, tmp_path, monkeypat
 def test_tokenizer_rejects_a_vocab_smaller_than_the_bytes(small_corpus, tmp_path):
     with pytest.raises(ValueError, match="vocab_size must be >= 257"):
         tokenizer_mod.train_tokenizer(small_corpus, 256, tmp_path)
+
+
+def test_the_tokenizer_trains_on_the_leading_lines_of_train_only(small_corpus, tmp_path, monkeypatch):
+    """Training reads at most TOKENIZER_TRAIN_CHARS leading characters of train, at a line boundary
+    (mutation round 3: training on the whole text survived every test)."""
+    seen = []
+    train_bpe = tokenizer_mod._train_bpe
+    monkeypatch.setattr(tokenizer_mod, "_train_bpe", lambda text, vocab: seen.append(text) or train_bpe(text, vocab))
+    monkeypatch.setattr(tokenizer_mod, "TOKENIZER_TRAIN_CHARS", 1000)
+    tokenizer_mod.train_tokenizer(small_corpus, 300, tmp_path)
+    assert len(small_corpus.train) > 1000 and seen == [leading_lines(small_corpus.train, 1000)]
+    assert 0 < len(seen[0]) <= 1000 and small_corpus.train[len(seen[0])] == "\n"
