@@ -13,8 +13,8 @@ from triton.testing import do_bench
 from wmtp.attention import triton_attention as new
 from wmtp.attention import triton_attention_old as old
 from wmtp.attention.paged import paginate
-from wmtp.bench_timing import capture_graph
 from wmtp.bench_report import method_bytes
+from wmtp.bench_timing import capture_graph
 from wmtp.metrics import environment
 
 S, PAGE, N_SINK, WINDOW, BW = 1 << 20, 16, 64, 4096, 4250e9

@@ -24,8 +24,8 @@ import torch.nn.functional as F
 from triton.testing import do_bench
 
 from wmtp.attention import triton_attention as ta
-from wmtp.bench_timing import capture_graph
 from wmtp.bench_read import READ_CONFIGS, read_key_set
+from wmtp.bench_timing import capture_graph
 from wmtp.metrics import environment
 
 S, N_SINK, WINDOW, REPS, N_GRAPH, ROUNDS = 1 << 20, 64, 4096, 200, 32, 3
