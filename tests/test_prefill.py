@@ -263,9 +263,11 @@ def test_one_prefill_serves_every_arm_and_loop_on_cuda(impl, graph, depth):
     ref = wmtp.greedy_generate(target, prompt, 25, impl=impl)
     pre = wmtp.prefill_prompt(target, prompt, 30 + 25 + depth, draft=head, impl=impl)
     assert torch.equal(wmtp.greedy_generate(target, prompt, 25, impl=impl, prefill=pre), ref)
-    if impl == "torch":  # the same prompt on the CPU, the prefill's on the GPU
-        with pytest.raises(ValueError, match="another prompt"):
+    if impl == "torch":  # the same prompt on the CPU: its device is checked before the prefill is
+        with pytest.raises(ValueError, match="prompt_ids is on cpu, the target on cuda"):
             wmtp.greedy_generate(target, prompt.cpu(), 25, impl=impl, prefill=pre)
+        with pytest.raises(ValueError, match="another prompt"):  # a prompt on the GPU that differs in one token
+            wmtp.greedy_generate(target, torch.cat([prompt[:-1], (prompt[-1:] + 1) % V]), 25, impl=impl, prefill=pre)
     assert torch.equal(wmtp.static_greedy_generate(target, prompt, 25, impl=impl, cuda_graph=graph, prefill=pre), ref)
     for n_sink, window in KEYSETS:
         for run in (lambda **k: wmtp.speculative_generate(target, head, prompt, 25, depth, n_sink, window, impl=impl,
