@@ -2,6 +2,7 @@
 are never read (no rollback needed), weights come from an explicit generator."""
 
 import copy
+import math
 import os
 import random
 
@@ -389,3 +390,79 @@ def test_the_heads_caches_take_max_len_and_the_heads_dtype_and_its_weights_a_fix
     other = wmtp.MTPHead(MTPConfig(), target, torch.Generator().manual_seed(0))
     assert all(torch.equal(a, b) for a, b in zip(default.parameters(), seeded.parameters()))
     assert not torch.equal(default.proj, other.proj)
+
+
+def _rms(x, w, eps):
+    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def _rotate(x, pos, theta):
+    """RoPE by hand: halves (x1, x2) turned by pos * theta^(-2i/D) (the Llama layout)."""
+    D = x.shape[-1]
+    angle = pos.double()[:, None] * theta ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)  # (L, D/2)
+    x1, x2 = x[..., : D // 2], x[..., D // 2:]
+    return torch.cat([x1 * angle.cos() - x2 * angle.sin(), x1 * angle.sin() + x2 * angle.cos()], -1)
+
+
+def _block_by_hand(blk, x, cfg, local):
+    """One pre-norm block written out: ``x + attn(norm(x))``, then ``x + w_down(silu(w_gate h) * w_up h)``."""
+    B, L, _ = x.shape
+    Hq, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    a = blk.attn
+    h = _rms(x, blk.attn_norm.weight, cfg.norm_eps)
+    q = (h @ a.wq.T).view(B, L, Hq, D).transpose(1, 2)
+    k = (h @ a.wk.T).view(B, L, Hkv, D).transpose(1, 2)
+    v = (h @ a.wv.T).view(B, L, Hkv, D).transpose(1, 2)
+    pos = torch.arange(L)
+    if local:  # RoPE, a window of local_window keys
+        q, k = _rotate(q, pos, cfg.rope_theta), _rotate(k, pos, cfg.rope_theta)
+        allowed = (pos[None] <= pos[:, None]) & (pos[None] > pos[:, None] - cfg.local_window)
+    else:  # NoPE, every earlier key, queries scaled by max(1, log(t + 1) / log(train_seq_len))
+        q = q * (torch.log(pos.double() + 1) / math.log(cfg.train_seq_len)).clamp(min=1)[:, None]
+        allowed = pos[None] <= pos[:, None]
+    k, v = k.repeat_interleave(Hq // Hkv, 1), v.repeat_interleave(Hq // Hkv, 1)  # query head i reads KV head i // group
+    scores = (q @ k.transpose(-1, -2) / math.sqrt(D)).masked_fill(~allowed, float("-inf"))
+    y = (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, L, Hq * D)
+    x = x + y @ a.wo.T
+    h = _rms(x, blk.mlp_norm.weight, cfg.norm_eps)
+    m = blk.mlp
+    return x + (torch.nn.functional.silu(h @ m.w_gate.T) * (h @ m.w_up.T)) @ m.w_down.T
+
+
+def test_a_pass_is_the_blocks_written_out_by_hand():
+    """The target's logits and hidden states against the model written out in plain tensor ops: RoPE'd
+    local layers reading ``local_window`` keys, a NoPE global layer whose queries are scaled by the
+    log-length past ``train_seq_len``, GQA, SwiGLU, pre-norm blocks, the tied head. Every norm weight
+    is made its own (all start at ones) and the weights wide, so a swapped norm, gate/up, or a
+    scaling left out moves the result far past rounding (mutation round 4: those all survived)."""
+    cfg = ModelConfig(vocab_size=40, d_model=16, n_layers=3, n_heads=4, n_kv_heads=2, d_ff=24, local_window=3,
+                      global_layers=(1,), train_seq_len=4, rope_theta=100.0, norm_eps=0.25)
+    target = wmtp.TargetLM(cfg, torch.Generator().manual_seed(0)).double()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in target.named_parameters():
+            p.copy_(torch.rand(p.shape, generator=g, dtype=torch.float64) + 0.5 if p.dim() == 1
+                    else p * 25)  # norm weights in [0.5, 1.5), each its own; matrices N(0, 0.5)
+    ids = torch.randint(0, 40, (2, 11), generator=g)
+    x = target.embed[ids]
+    with torch.no_grad():
+        for i, blk in enumerate(target.layers):
+            x = _block_by_hand(blk, x, cfg, local=i != 1)
+        want = _rms(x, target.norm.weight, cfg.norm_eps) @ target.embed.T
+        for cache in (None, target.new_cache(2, 16)):
+            logits, hidden = target(ids, torch.arange(11), cache, "torch")
+            torch.testing.assert_close(hidden, x, rtol=0, atol=1e-10)
+            torch.testing.assert_close(logits, want, rtol=0, atol=1e-10)
+
+
+def test_a_pass_without_a_cache_starts_at_position_0():
+    """With no cache a pass reads only its own keys, so it must hold positions 0 ..: one that starts
+    later (the rest of its context nowhere) or with a row's own positions is refused (mutation round 4:
+    a pass from position 3 ran silently)."""
+    target = wmtp.TargetLM(SMALL)
+    ids = torch.tensor([[1, 2, 3]])
+    for pos in (torch.arange(3, 6), torch.tensor([1, 2, 3]), torch.arange(3)[None]):
+        with pytest.raises(ValueError, match="without a cache must start at position 0"):
+            target(ids, pos)
+    assert torch.equal(target(ids, torch.arange(3))[0], target(ids)[0])
+
