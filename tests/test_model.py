@@ -466,3 +466,39 @@ def test_a_pass_without_a_cache_starts_at_position_0():
             target(ids, pos)
     assert torch.equal(target(ids, torch.arange(3))[0], target(ids)[0])
 
+
+def test_weights_start_at_the_stated_spreads():
+    """``init_weights``: every matrix N(0, 0.02), the output projections (``wo``, ``w_down``) N(0, 0.02 /
+    sqrt(2 n_layers)), every norm weight 1 (mutation round 4: each spread could change unseen). The tiny
+    preset has 2 layers: 0.01 for its output projections; the head counts as 1 layer: 0.02 / sqrt(2)."""
+    target, head = wmtp.build_models("tiny", seed=0)
+    spreads = {}
+    for prefix, model in (("", target), ("head.", head)):
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                assert torch.equal(p, torch.ones_like(p)), name
+            else:
+                spreads[prefix + name] = p.std().item()
+    want = {"embed": 0.02, "layers.0.attn.wq": 0.02, "layers.1.attn.wk": 0.02, "layers.0.attn.wo": 0.01,
+            "layers.1.attn.wo": 0.01, "layers.0.mlp.w_up": 0.02, "layers.1.mlp.w_gate": 0.02,
+            "layers.1.mlp.w_down": 0.01, "head.proj": 0.02, "head.block.attn.wv": 0.02,
+            "head.block.attn.wo": 0.02 / math.sqrt(2), "head.block.mlp.w_down": 0.02 / math.sqrt(2)}
+    for name, std in want.items():  # 2048 or more draws each (seed 0): the sample spread within 5 %
+        assert spreads[name] == pytest.approx(std, rel=0.05), name
+
+
+def test_the_targets_caches_take_their_arguments_and_its_weights_a_fixed_default_seed():
+    """``TargetLM.new_cache`` (mutation round 4, as round 3 found for the head's): ``max_len`` (not the
+    preset's 2048), ``checked``, the target's dtype; ``TargetLM(config)`` draws from seed 0."""
+    target, _ = wmtp.build_models("tiny", seed=0)
+    full, paged = target.new_cache(2, 40), target.new_cache(2, 40, page_size=4)
+    assert full.k.shape == (2, 2, 2, 40, 16) and full.max_len == 40  # (layers, B, Hkv, S, D)
+    assert paged.max_len == 40 and full.k.dtype == paged.k.dtype == torch.float32
+    assert full.checked and not target.new_cache(2, 40, checked=False).checked
+    assert not target.new_cache(2, 40, page_size=4, checked=False).checked
+    assert copy.deepcopy(target).double().new_cache(1, 8).k.dtype == torch.float64
+    default = wmtp.TargetLM(target.config)
+    seeded = wmtp.TargetLM(target.config, torch.Generator().manual_seed(0))
+    other = wmtp.TargetLM(target.config, torch.Generator().manual_seed(1))
+    assert all(torch.equal(a, b) for a, b in zip(default.parameters(), seeded.parameters()))
+    assert not torch.equal(default.embed, other.embed)
