@@ -130,6 +130,9 @@ def test_hybrid_layers():
     (dict(rope_theta=float("nan")), "rope_theta"), (dict(norm_eps=-1.0), "norm_eps"),
     (dict(norm_eps=float("nan")), "norm_eps"), (dict(global_layers=1), "global_layers"),
     (dict(global_layers=(1.5,)), "global_layers"), (dict(train_seq_len=None), "train_seq_len"),
+    # mutation round 4: a bool index, and the range's two sides (4 layers: 0 .. 3), each got through
+    (dict(global_layers=(True,)), "global_layers"), (dict(global_layers=(-1,)), "global_layers"),
+    (dict(global_layers=(4,)), "global_layers"),
 ])
 def test_bad_model_config(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -162,6 +165,9 @@ def test_config_edges_that_stay_valid():
     assert hash(spec) == hash(SpecConfig(keysets=(KeySetConfig(0, None),), contexts=(64, 128), ppl_contexts=(64,)))
     assert TrainConfig(grad_clip=float("inf"), max_train_chars=None).grad_clip == float("inf")  # no clipping
     assert ModelConfig(norm_eps=0.0, local_window=None).norm_eps == 0.0
+    assert ModelConfig(global_layers=(0, 3)).global_layers == (0, 3)  # the range's two ends
+    zero = TrainConfig(target_steps=0, head_steps=0, warmup_steps=0)  # the lows are 0: no steps, no warmup
+    assert (zero.target_steps, zero.head_steps, zero.warmup_steps) == (0, 0, 0)
 
 
 @pytest.mark.parametrize("name", [["tiny"], None, "TINY"])
