@@ -2,9 +2,12 @@
 are never read (no rollback needed), weights come from an explicit generator."""
 
 import copy
+import json
 import math
 import os
 import random
+from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 import torch
@@ -147,6 +150,9 @@ def test_bad_model_config(kwargs, match):
     (SpecConfig, dict(contexts=()), "contexts"), (SpecConfig, dict(contexts=(64.5,)), "contexts"),
     (SpecConfig, dict(ppl_contexts=(-5,)), "ppl_contexts"), (SpecConfig, dict(new_tokens=0), "new_tokens"),
     (SpecConfig, dict(repeats=0), "repeats"),
+    (SpecConfig, dict(contexts=(64, 128, 64)), "context 64 is given twice"),  # the CLI's check, without a run
+    (SpecConfig, dict(keysets=(KeySetConfig(4, 16), KeySetConfig(0, None), KeySetConfig(4, 16))),
+     r"key set sink4\+win16 is given twice"),
     (TrainConfig, dict(batch_size=0), "batch_size"), (TrainConfig, dict(batch_size=8.0), "batch_size"),
     (TrainConfig, dict(seq_len=0), "seq_len"), (TrainConfig, dict(target_steps=-1), "target_steps"),
     (TrainConfig, dict(warmup_steps=-1), "warmup_steps"), (TrainConfig, dict(lr=-1.0), "lr"),
@@ -168,6 +174,24 @@ def test_config_edges_that_stay_valid():
     assert ModelConfig(global_layers=(0, 3)).global_layers == (0, 3)  # the range's two ends
     zero = TrainConfig(target_steps=0, head_steps=0, warmup_steps=0)  # the lows are 0: no steps, no warmup
     assert (zero.target_steps, zero.head_steps, zero.warmup_steps) == (0, 0, 0)
+
+
+def test_the_presets_are_the_committed_runs_configs():
+    """``small`` (and so every default: the paper's depth 7, 64 sinks, 4096 keys) is the config the committed
+    CPU reproductions recorded, field for field; ``tiny``'s model is literal (mutation round 4: changes to
+    both presets and the defaults survived every test)."""
+    root = Path(__file__).resolve().parent.parent
+    for name in ("wikitext-2-seed42.json", "python-stdlib-seed42.json"):
+        config = json.loads((root / "metrics" / name).read_text())["config"]
+        p = wmtp.get_preset(config["preset"])
+        assert config["preset"] == "small"
+        assert config == json.loads(json.dumps({"preset": p.name, "model": asdict(p.model), "mtp": asdict(p.mtp),
+                                                "train": asdict(p.train), "spec": asdict(p.spec)})), name
+    assert asdict(wmtp.get_preset("tiny").model) == {
+        "vocab_size": 512, "d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "d_ff": 128, "local_window": 16,
+        "global_layers": (1,), "rope_theta": 10000.0, "train_seq_len": 64, "max_seq_len": 2048, "norm_eps": 1e-05,
+        "head_dim": 16}
+    assert (SpecConfig().depth, KeySetConfig().n_sink, KeySetConfig().window) == (7, 64, 4096)
 
 
 @pytest.mark.parametrize("name", [["tiny"], None, "TINY"])
