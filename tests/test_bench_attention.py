@@ -178,6 +178,41 @@ def test_bars_read_step_ms_beside_graph_ms_without_deciding_met():
     assert not bench_report.bars(rows)["draft_window_flat"]["values"]["Hq16/Hkv2/D256"]["met_by_step_ms"]
 
 
+def test_bars_are_met_on_their_bounds():
+    """Bar (a) at exactly ``DRAFT_MAX_MS`` and exactly ``DRAFT_MAX_GROWTH`` (0.008 -> 0.0088 ms, 10 %
+    in floating point too) is met: both bounds are inclusive (mutation round 4: ``<`` for ``<=`` survived)."""
+    assert (bench_report.DRAFT_MAX_MS, bench_report.DRAFT_MAX_GROWTH) == (0.012, 0.10)
+    rows = _passing_rows((16, 2, 256))
+    for r, ms in zip(rows[:3], (0.008, 0.012, 0.0088)):  # 16K, 128K, 1M
+        r["graph_ms"] = ms
+    draft = bench_report.bars(rows)["draft_window_flat"]
+    assert draft["met"] and draft["values"]["Hq16/Hkv2/D256"]["max_ms"] == 0.012
+    rows[1]["graph_ms"] = 0.0121  # just over the bar
+    assert not bench_report.bars(rows)["draft_window_flat"]["met"]
+    rows[1]["graph_ms"], rows[2]["graph_ms"] = 0.012, 0.00881  # growth just over 10 %
+    assert not bench_report.bars(rows)["draft_window_flat"]["met"]
+
+
+def test_the_plot_draws_device_time_where_measured():
+    """A row's plotted time is its CUDA-graph replay where there is one, else its plain-call median
+    (mutation round 4: plotting the median always survived)."""
+    assert bench_report._device_ms({"graph_ms": 0.01, "median_ms": 0.05}) == 0.01
+    assert bench_report._device_ms({"graph_ms": None, "median_ms": 0.05}) == 0.05
+    assert bench_report._device_ms({"median_ms": 0.05}) == 0.05  # CPU sweeps and older results have no graph_ms
+
+
+def test_method_bytes_literal():
+    """K and V of ``keys`` keys, q and the output, and a paged method's block table: one int32 a page
+    of 16 keys, pages rounded up (mutation round 4: the table dropped, or rounded down, survived)."""
+    assert bench_report.PAGE_SIZE == 16
+    kv_q_out = (2 * 20 * 2 * 32 + 2 * 4 * 1 * 32) * 2  # 20 keys, Hkv 2, D 32; Hq 4, one query; 2 bytes
+    assert bench_report.method_bytes("triton_window", 20, 4, 2, 32, 1, 2) == kv_q_out == 5632
+    assert bench_report.method_bytes("triton_window_paged", 20, 4, 2, 32, 1, 2) == 5632 + 4 * 2  # pages of 16 + 4
+    q_out = 2 * 4 * 8 * 32  # 8 queries
+    assert bench_report.method_bytes("triton_full_paged", 32, 4, 2, 32, 8, 4) == (2 * 32 * 2 * 32 + q_out) * 4 + 4 * 2
+    assert bench_report.method_bytes("triton_full_paged", 33, 4, 2, 32, 8, 4) == (2 * 33 * 2 * 32 + q_out) * 4 + 4 * 3
+
+
 def test_bars_missing_rows_are_not_met():
     rows = [r for r in _passing_rows((16, 2, 256)) if r["q_len"] == 1]  # no q_len 8 verify row
     assert not bench_report.bars(rows)["verify_at_hbm_floor"]["met"]

@@ -396,6 +396,49 @@ def test_run_arms_warms_up_off_the_cpu_only(monkeypatch, device, warmed):
     assert gates[-3:] == [None, None, 20] and row["arms"]["sink4+win16+gate20"]["gate"] == 20
 
 
+def test_run_arms_figures_from_scripted_times(monkeypatch):
+    """Every figure of an arm, from scripted step times worked out by hand (decoding stubbed; mutation
+    round 4: each formula below could change unseen). Dense: steps of 1, 2 and 6 s, median 2. Native
+    (run first, though listed last): draft 2, 4, 12 and verify 10, 6, 2: medians 4 and 6, step median
+    of the sums 12, 10, 14: 12; 6 tokens in 3 steps, AL 2: TPOT (6 + 4) / 2 = 5, speedup 2 / 5 - 1.
+    sink4+win16: draft 1 each, verify 6 each, AL 9 / 3 = 3: TPOT 7 / 3, draft 1 - 1/4 = 75 % less
+    than native's. An arm whose tokens are not dense's is an AssertionError, never a row."""
+    import wmtp.reproduce as rep
+    from wmtp.config import get_preset
+    from wmtp.stats import SpecStats
+
+    def greedy(target, prompt, n, step_times=None):
+        step_times.extend([1.0, 6.0, 2.0])
+        return torch.zeros(n, dtype=torch.long)
+
+    script = {None: ([2.0, 4.0, 12.0], [10.0, 6.0, 2.0], 6, 30), 16: ([1.0] * 3, [6.0] * 3, 9, 24)}
+    wrong = []
+
+    def speculative(target, head, prompt, n, depth, n_sink, window, gate):
+        draft, verify, committed, keys = script[window]
+        stats = SpecStats(depth, proposed=3 * depth, accepted=3, steps=3, committed=committed, draft_keys_read=keys,
+                          draft_times_s=draft, verify_times_s=verify)
+        return torch.full((n,), int(window in wrong), dtype=torch.long), stats
+
+    monkeypatch.setattr(rep, "greedy_generate", greedy)
+    monkeypatch.setattr(rep, "speculative_generate", speculative)
+    preset = get_preset("tiny")
+    preset = dataclasses.replace(preset, spec=dataclasses.replace(preset.spec, keysets=preset.spec.keysets[::-1]))
+    row = rep.run_arms(None, None, torch.zeros(8, dtype=torch.long), preset)
+    assert row["dense"] == {"step_median_s": 2.0, "tpot_s": 2.0} and list(row["arms"]) == ["native", "sink4+win16"]
+    native, win = row["arms"]["native"], row["arms"]["sink4+win16"]
+    assert (native["draft_time_per_step_s"], native["verify_time_per_step_s"], native["step_median_s"]) == (4, 6, 12)
+    assert native["tpot_s"] == 5 and native["draft_keys_read_per_step"] == 10
+    assert native["draft_time_reduction_vs_native"] == 0
+    assert native["tpot_speedup_vs_dense"] == pytest.approx(-0.6) and native["lossless"] is True
+    assert (win["draft_time_per_step_s"], win["verify_time_per_step_s"], win["step_median_s"]) == (1, 6, 7)
+    assert win["tpot_s"] == pytest.approx(7 / 3) and win["tpot_speedup_vs_dense"] == pytest.approx(6 / 7 - 1)
+    assert (win["draft_keys_read_per_step"], win["draft_time_reduction_vs_native"]) == (8, 0.75)
+    wrong.append(16)
+    with pytest.raises(AssertionError, match=r"arm sink4\+win16 at context 8 is not lossless"):
+        rep.run_arms(None, None, torch.zeros(8, dtype=torch.long), preset)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: reproduce with the Triton kernels")
 def test_tiny_reproduce_on_cuda(capsys, tmp_path):
     """End to end on the GPU, on the offline corpus (no `datasets` needed): every arm lossless in float32."""

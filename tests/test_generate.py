@@ -114,3 +114,19 @@ def test_marks_in_the_cuda_graph_loop():
     g = generate(target, DeviceOracle(head, seq, 2), prompt, 17, 3, 2, 4, impl="triton", loop="graph")
     assert torch.equal(g.ids, dense) and g.dense_equal is True
     assert g.drafted == ([F] + [T, T, F] * 6)[:17] and min(g.stats.draft_times_s) > 0
+
+
+def test_generate_passes_eos_and_gate_to_both_runs():
+    """An eos stops the speculative run and the dense reference alike (so they still agree), a gate
+    reaches the speculative run (its keys read), and ``check=False`` means no verdict even with a
+    ``reference`` (mutation round 4: dropping either argument, or a verdict without check, survived)."""
+    target, head = harness_models()
+    prompt = random_prompt(30, seed=4)
+    eos = int(wmtp.greedy_generate(target, prompt, 20)[6])
+    dense = wmtp.greedy_generate(target, prompt, 20, eos_id=eos)
+    g = generate(target, head, prompt, 20, 3, 2, 6, eos_id=eos, gate=40)
+    assert torch.equal(g.ids, dense) and len(g.ids) < 20 and g.dense_equal is True
+    _, gated = wmtp.speculative_generate(target, head, prompt, 20, 3, 2, 6, eos_id=eos, gate=40)
+    _, plain = wmtp.speculative_generate(target, head, prompt, 20, 3, 2, 6, eos_id=eos)
+    assert g.stats.draft_keys_read == gated.draft_keys_read != plain.draft_keys_read
+    assert generate(target, head, prompt, 5, 2, check=False, reference=dense[:5]).dense_equal is None

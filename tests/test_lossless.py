@@ -13,7 +13,7 @@ import os
 
 import pytest
 import torch
-from decode_harness import V, random_prompt
+from decode_harness import Cycling, V, random_prompt
 
 import wmtp
 from wmtp import grading
@@ -74,7 +74,7 @@ def test_draft_equal_to_target_accepts_everything(models):
     assert stats.mean_accept_length == depth + 1
 
 
-@pytest.mark.parametrize("max_new, eos_at", [(3, None), (7, None), (40, 5)])
+@pytest.mark.parametrize("max_new, eos_at", [(3, None), (7, None), (40, 5), (3, 5)])  # (3, 5): an eos past the cut
 def test_accept_length_counts_only_tokens_kept(models, max_new, eos_at):
     """A last step that accepts drafts past max_new_tokens (or past eos_id) is cut; AL counts what is
     kept: 1 (the prefill's token) + AL x steps = len(out). An oracle right for all 8 drafts: AL 9
@@ -199,6 +199,17 @@ def test_eos_inside_an_accepted_run(models):
     for j in [0, 2, depth]:
         out, _ = wmtp.speculative_generate(target, OracleDraft(head, seq, j), prompt, 40, depth, 4, 16, eos_id=eos)
         assert torch.equal(out, dense), f"j={j}"
+
+
+def test_an_eos_as_the_first_token_ends_the_run(models):
+    """The prefill's token is an eos: the output is that token alone and no step is drafted, in both
+    loops (mutation round 4: the speculative loop checking the eos only from its first step survived)."""
+    target, head = models
+    prompt = random_prompt(7)
+    eos = int(wmtp.greedy_generate(target, prompt, 1)[0])
+    assert wmtp.greedy_generate(target, prompt, 10, eos_id=eos).tolist() == [eos]
+    out, stats = wmtp.speculative_generate(target, head, prompt, 10, 3, 4, 16, eos_id=eos)
+    assert out.tolist() == [eos] and stats.steps == 0 and stats.committed == 0
 
 
 def test_loop_and_batched_verifiers_agree(models):
@@ -377,3 +388,65 @@ def test_batched_bad_prompts_raise(models, prompts):
         wmtp.greedy_generate(target, prompts, 3)
     with pytest.raises(ValueError, match="prompt"):
         wmtp.speculative_generate(target, head, prompts, 3, 2)
+
+
+class StepClock:
+    """A fake ``time.perf_counter`` whose n-th reading is 0 + 1 + ... + n: consecutive readings lie
+    1, 2, 3, ... apart, so each span says which two readings it is between."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def perf_counter(self):
+        self.calls += 1
+        return (self.calls - 1) * self.calls / 2
+
+
+def test_times_are_the_spans_between_the_loops_marks(models, monkeypatch):
+    """A speculative step reads the clock three times (t0, t1, t2: draft, then verify): step s spans
+    3s+1 and 3s+2 on the fake clock, in SpecStats and as the depth policy hears them; a dense pass
+    reads it twice, so pass s spans 2s+1, and ``step_times`` holds one span per one-token pass:
+    ``max_new_tokens - 1`` (mutation round 4: verify timed from t0, the policy's times swapped, the
+    step times dropped, for one prompt or a list, all survived)."""
+    import wmtp.decode
+
+    target, head = models
+    prompt = random_prompt(12)
+    clock = StepClock()
+    monkeypatch.setattr(wmtp.decode, "time", clock)
+    policy = Cycling([2])
+    _, stats = wmtp.speculative_generate(target, head, prompt, 10, policy)
+    steps = stats.steps
+    assert steps >= 3 and clock.calls == 3 * steps
+    assert stats.draft_times_s == [3 * s + 1 for s in range(steps)]
+    assert stats.verify_times_s == [3 * s + 2 for s in range(steps)]
+    assert policy.times == list(zip(stats.draft_times_s, stats.verify_times_s))
+    for prompts in (prompt, [prompt, random_prompt(5, seed=1)]):
+        clock.calls, times = 0, []
+        wmtp.greedy_generate(target, prompts, 6, step_times=times)
+        assert times == [2 * s + 1 for s in range(5 * (1 if prompts is prompt else 2))]
+
+
+def _counts(stats):
+    return {k: v for k, v in stats.to_dict().items() if not k.endswith("times_s")}
+
+
+def test_a_list_of_prompts_passes_every_argument_on(models):
+    """Each prompt of a list runs with every argument the call was given: the eos (prompt 0 stops at
+    its 5th token), the ring draft cache (its bytes), re-indexed positions and the gate (the keys
+    read): each run's counters are that prompt's own run's (mutation round 4: a list dropping
+    ``eos_id``, ``draft_cache`` or ``gate`` survived every test)."""
+    target, head = models
+    prompts = [random_prompt(9, seed=1), random_prompt(30, seed=2)]
+    eos = int(wmtp.greedy_generate(target, prompts[0], 20)[4])
+    dense = wmtp.greedy_generate(target, prompts, 20, eos_id=eos)
+    assert len(dense[0]) == 5 and dense[0][-1] == eos
+    assert all(torch.equal(d, wmtp.greedy_generate(target, p, 20, eos_id=eos)) for d, p in zip(dense, prompts))
+    for kwargs, plain in ((dict(draft_cache="ring", positions="reindexed"), "draft_kv_bytes"),
+                          (dict(gate=40), "draft_keys_read")):
+        outs, stats = wmtp.speculative_generate(target, head, prompts, 20, 3, 2, 6, eos_id=eos, **kwargs)
+        for p, d, o, s in zip(prompts, dense, outs, stats):
+            alone, alone_stats = wmtp.speculative_generate(target, head, p, 20, 3, 2, 6, eos_id=eos, **kwargs)
+            assert torch.equal(o, d) and torch.equal(alone, d) and _counts(s) == _counts(alone_stats), kwargs
+        _, without = wmtp.speculative_generate(target, head, prompts[1], 20, 3, 2, 6, eos_id=eos)
+        assert getattr(stats[1], plain) != getattr(without, plain), kwargs  # the argument shows in the counters

@@ -2,8 +2,12 @@
 are never read (no rollback needed), weights come from an explicit generator."""
 
 import copy
+import json
+import math
 import os
 import random
+from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 import torch
@@ -129,6 +133,9 @@ def test_hybrid_layers():
     (dict(rope_theta=float("nan")), "rope_theta"), (dict(norm_eps=-1.0), "norm_eps"),
     (dict(norm_eps=float("nan")), "norm_eps"), (dict(global_layers=1), "global_layers"),
     (dict(global_layers=(1.5,)), "global_layers"), (dict(train_seq_len=None), "train_seq_len"),
+    # mutation round 4: a bool index, and the range's two sides (4 layers: 0 .. 3), each got through
+    (dict(global_layers=(True,)), "global_layers"), (dict(global_layers=(-1,)), "global_layers"),
+    (dict(global_layers=(4,)), "global_layers"),
 ])
 def test_bad_model_config(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -143,6 +150,9 @@ def test_bad_model_config(kwargs, match):
     (SpecConfig, dict(contexts=()), "contexts"), (SpecConfig, dict(contexts=(64.5,)), "contexts"),
     (SpecConfig, dict(ppl_contexts=(-5,)), "ppl_contexts"), (SpecConfig, dict(new_tokens=0), "new_tokens"),
     (SpecConfig, dict(repeats=0), "repeats"),
+    (SpecConfig, dict(contexts=(64, 128, 64)), "context 64 is given twice"),  # the CLI's check, without a run
+    (SpecConfig, dict(keysets=(KeySetConfig(4, 16), KeySetConfig(0, None), KeySetConfig(4, 16))),
+     r"key set sink4\+win16 is given twice"),
     (TrainConfig, dict(batch_size=0), "batch_size"), (TrainConfig, dict(batch_size=8.0), "batch_size"),
     (TrainConfig, dict(seq_len=0), "seq_len"), (TrainConfig, dict(target_steps=-1), "target_steps"),
     (TrainConfig, dict(warmup_steps=-1), "warmup_steps"), (TrainConfig, dict(lr=-1.0), "lr"),
@@ -161,6 +171,27 @@ def test_config_edges_that_stay_valid():
     assert hash(spec) == hash(SpecConfig(keysets=(KeySetConfig(0, None),), contexts=(64, 128), ppl_contexts=(64,)))
     assert TrainConfig(grad_clip=float("inf"), max_train_chars=None).grad_clip == float("inf")  # no clipping
     assert ModelConfig(norm_eps=0.0, local_window=None).norm_eps == 0.0
+    assert ModelConfig(global_layers=(0, 3)).global_layers == (0, 3)  # the range's two ends
+    zero = TrainConfig(target_steps=0, head_steps=0, warmup_steps=0)  # the lows are 0: no steps, no warmup
+    assert (zero.target_steps, zero.head_steps, zero.warmup_steps) == (0, 0, 0)
+
+
+def test_the_presets_are_the_committed_runs_configs():
+    """``small`` (and so every default: the paper's depth 7, 64 sinks, 4096 keys) is the config the committed
+    CPU reproductions recorded, field for field; ``tiny``'s model is literal (mutation round 4: changes to
+    both presets and the defaults survived every test)."""
+    root = Path(__file__).resolve().parent.parent
+    for name in ("wikitext-2-seed42.json", "python-stdlib-seed42.json"):
+        config = json.loads((root / "metrics" / name).read_text())["config"]
+        p = wmtp.get_preset(config["preset"])
+        assert config["preset"] == "small"
+        assert config == json.loads(json.dumps({"preset": p.name, "model": asdict(p.model), "mtp": asdict(p.mtp),
+                                                "train": asdict(p.train), "spec": asdict(p.spec)})), name
+    assert asdict(wmtp.get_preset("tiny").model) == {
+        "vocab_size": 512, "d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "d_ff": 128, "local_window": 16,
+        "global_layers": (1,), "rope_theta": 10000.0, "train_seq_len": 64, "max_seq_len": 2048, "norm_eps": 1e-05,
+        "head_dim": 16}
+    assert (SpecConfig().depth, KeySetConfig().n_sink, KeySetConfig().window) == (7, 64, 4096)
 
 
 @pytest.mark.parametrize("name", [["tiny"], None, "TINY"])
@@ -389,3 +420,115 @@ def test_the_heads_caches_take_max_len_and_the_heads_dtype_and_its_weights_a_fix
     other = wmtp.MTPHead(MTPConfig(), target, torch.Generator().manual_seed(0))
     assert all(torch.equal(a, b) for a, b in zip(default.parameters(), seeded.parameters()))
     assert not torch.equal(default.proj, other.proj)
+
+
+def _rms(x, w, eps):
+    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def _rotate(x, pos, theta):
+    """RoPE by hand: halves (x1, x2) turned by pos * theta^(-2i/D) (the Llama layout)."""
+    D = x.shape[-1]
+    angle = pos.double()[:, None] * theta ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)  # (L, D/2)
+    x1, x2 = x[..., : D // 2], x[..., D // 2:]
+    return torch.cat([x1 * angle.cos() - x2 * angle.sin(), x1 * angle.sin() + x2 * angle.cos()], -1)
+
+
+def _block_by_hand(blk, x, cfg, local):
+    """One pre-norm block written out: ``x + attn(norm(x))``, then ``x + w_down(silu(w_gate h) * w_up h)``."""
+    B, L, _ = x.shape
+    Hq, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    a = blk.attn
+    h = _rms(x, blk.attn_norm.weight, cfg.norm_eps)
+    q = (h @ a.wq.T).view(B, L, Hq, D).transpose(1, 2)
+    k = (h @ a.wk.T).view(B, L, Hkv, D).transpose(1, 2)
+    v = (h @ a.wv.T).view(B, L, Hkv, D).transpose(1, 2)
+    pos = torch.arange(L)
+    if local:  # RoPE, a window of local_window keys
+        q, k = _rotate(q, pos, cfg.rope_theta), _rotate(k, pos, cfg.rope_theta)
+        allowed = (pos[None] <= pos[:, None]) & (pos[None] > pos[:, None] - cfg.local_window)
+    else:  # NoPE, every earlier key, queries scaled by max(1, log(t + 1) / log(train_seq_len))
+        q = q * (torch.log(pos.double() + 1) / math.log(cfg.train_seq_len)).clamp(min=1)[:, None]
+        allowed = pos[None] <= pos[:, None]
+    k, v = k.repeat_interleave(Hq // Hkv, 1), v.repeat_interleave(Hq // Hkv, 1)  # query head i reads KV head i // group
+    scores = (q @ k.transpose(-1, -2) / math.sqrt(D)).masked_fill(~allowed, float("-inf"))
+    y = (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, L, Hq * D)
+    x = x + y @ a.wo.T
+    h = _rms(x, blk.mlp_norm.weight, cfg.norm_eps)
+    m = blk.mlp
+    return x + (torch.nn.functional.silu(h @ m.w_gate.T) * (h @ m.w_up.T)) @ m.w_down.T
+
+
+def test_a_pass_is_the_blocks_written_out_by_hand():
+    """The target's logits and hidden states against the model written out in plain tensor ops: RoPE'd
+    local layers reading ``local_window`` keys, a NoPE global layer whose queries are scaled by the
+    log-length past ``train_seq_len``, GQA, SwiGLU, pre-norm blocks, the tied head. Every norm weight
+    is made its own (all start at ones) and the weights wide, so a swapped norm, gate/up, or a
+    scaling left out moves the result far past rounding (mutation round 4: those all survived)."""
+    cfg = ModelConfig(vocab_size=40, d_model=16, n_layers=3, n_heads=4, n_kv_heads=2, d_ff=24, local_window=3,
+                      global_layers=(1,), train_seq_len=4, rope_theta=100.0, norm_eps=0.25)
+    target = wmtp.TargetLM(cfg, torch.Generator().manual_seed(0)).double()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in target.named_parameters():
+            p.copy_(torch.rand(p.shape, generator=g, dtype=torch.float64) + 0.5 if p.dim() == 1
+                    else p * 25)  # norm weights in [0.5, 1.5), each its own; matrices N(0, 0.5)
+    ids = torch.randint(0, 40, (2, 11), generator=g)
+    x = target.embed[ids]
+    with torch.no_grad():
+        for i, blk in enumerate(target.layers):
+            x = _block_by_hand(blk, x, cfg, local=i != 1)
+        want = _rms(x, target.norm.weight, cfg.norm_eps) @ target.embed.T
+        for cache in (None, target.new_cache(2, 16)):
+            logits, hidden = target(ids, torch.arange(11), cache, "torch")
+            torch.testing.assert_close(hidden, x, rtol=0, atol=1e-10)
+            torch.testing.assert_close(logits, want, rtol=0, atol=1e-10)
+
+
+def test_a_pass_without_a_cache_starts_at_position_0():
+    """With no cache a pass reads only its own keys, so it must hold positions 0 ..: one that starts
+    later (the rest of its context nowhere) or with a row's own positions is refused (mutation round 4:
+    a pass from position 3 ran silently)."""
+    target = wmtp.TargetLM(SMALL)
+    ids = torch.tensor([[1, 2, 3]])
+    for pos in (torch.arange(3, 6), torch.tensor([1, 2, 3]), torch.arange(3)[None]):
+        with pytest.raises(ValueError, match="without a cache must start at position 0"):
+            target(ids, pos)
+    assert torch.equal(target(ids, torch.arange(3))[0], target(ids)[0])
+
+
+def test_weights_start_at_the_stated_spreads():
+    """``init_weights``: every matrix N(0, 0.02), the output projections (``wo``, ``w_down``) N(0, 0.02 /
+    sqrt(2 n_layers)), every norm weight 1 (mutation round 4: each spread could change unseen). The tiny
+    preset has 2 layers: 0.01 for its output projections; the head counts as 1 layer: 0.02 / sqrt(2)."""
+    target, head = wmtp.build_models("tiny", seed=0)
+    spreads = {}
+    for prefix, model in (("", target), ("head.", head)):
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                assert torch.equal(p, torch.ones_like(p)), name
+            else:
+                spreads[prefix + name] = p.std().item()
+    want = {"embed": 0.02, "layers.0.attn.wq": 0.02, "layers.1.attn.wk": 0.02, "layers.0.attn.wo": 0.01,
+            "layers.1.attn.wo": 0.01, "layers.0.mlp.w_up": 0.02, "layers.1.mlp.w_gate": 0.02,
+            "layers.1.mlp.w_down": 0.01, "head.proj": 0.02, "head.block.attn.wv": 0.02,
+            "head.block.attn.wo": 0.02 / math.sqrt(2), "head.block.mlp.w_down": 0.02 / math.sqrt(2)}
+    for name, std in want.items():  # 2048 or more draws each (seed 0): the sample spread within 5 %
+        assert spreads[name] == pytest.approx(std, rel=0.05), name
+
+
+def test_the_targets_caches_take_their_arguments_and_its_weights_a_fixed_default_seed():
+    """``TargetLM.new_cache`` (mutation round 4, as round 3 found for the head's): ``max_len`` (not the
+    preset's 2048), ``checked``, the target's dtype; ``TargetLM(config)`` draws from seed 0."""
+    target, _ = wmtp.build_models("tiny", seed=0)
+    full, paged = target.new_cache(2, 40), target.new_cache(2, 40, page_size=4)
+    assert full.k.shape == (2, 2, 2, 40, 16) and full.max_len == 40  # (layers, B, Hkv, S, D)
+    assert paged.max_len == 40 and full.k.dtype == paged.k.dtype == torch.float32
+    assert full.checked and not target.new_cache(2, 40, checked=False).checked
+    assert not target.new_cache(2, 40, page_size=4, checked=False).checked
+    assert copy.deepcopy(target).double().new_cache(1, 8).k.dtype == torch.float64
+    default = wmtp.TargetLM(target.config)
+    seeded = wmtp.TargetLM(target.config, torch.Generator().manual_seed(0))
+    other = wmtp.TargetLM(target.config, torch.Generator().manual_seed(1))
+    assert all(torch.equal(a, b) for a, b in zip(default.parameters(), seeded.parameters()))
+    assert not torch.equal(default.embed, other.embed)

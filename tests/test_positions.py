@@ -233,6 +233,19 @@ def test_native_draft_ignores_reindexing(models):
     same_counts(runs[0][1], runs[1][1])
 
 
+def test_a_head_without_rope_ignores_reindexing(models):
+    """A NoPE head (``MTPConfig(rope=False)``) has no positions to re-index: a windowed draft with
+    ``positions="reindexed"`` runs, and drafts exactly as with absolute positions (mutation round 4:
+    re-indexing without the RoPE check survived every test; it fails on the missing frequencies)."""
+    target, _ = models
+    head = wmtp.MTPHead(wmtp.MTPConfig(rope=False), target).double()
+    prompt = random_prompt(30)
+    runs = [wmtp.speculative_generate(target, head, prompt, 16, 3, 2, 6, positions=p)
+            for p in ("absolute", "reindexed")]
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][0], wmtp.greedy_generate(target, prompt, 16))
+    same_counts(runs[0][1], runs[1][1])
+
+
 @pytest.mark.parametrize("generate", ["speculative_generate", "static_speculative_generate", "speculative_sample"])
 def test_unknown_positions_raise(models, generate):
     target, head = models

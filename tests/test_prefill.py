@@ -87,6 +87,8 @@ def test_write_cache_writes_the_bits_forward_writes(models, layout, per_row, imp
     target, head = (m.to(DEVICE) for m in copy.deepcopy(models))  # one copy of both: the head shares the embedding
     B, d = 2, target.config.d_model
     g = torch.Generator().manual_seed(7)
+    for norm in (head.block.attn_norm, head.block.mlp_norm):  # unlike (both start at ones), so a write that
+        norm.weight.copy_(torch.rand(d, generator=g, dtype=torch.float64) + 0.5)  # norms with the MLP's shows
     hidden = torch.randn(B, 12, d, generator=g, dtype=torch.float64).to(DEVICE)  # (B, 12, d)
     ids = torch.randint(0, V, (B, 12), generator=g).to(DEVICE)  # (B, 12)
     keysets = [(2, 5), (0, 1)] + ([] if "ring" in layout else [(None, None), (1, 3)])

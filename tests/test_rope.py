@@ -142,6 +142,9 @@ def test_apply_rope_is_the_reference_with_theta_frequencies():
     assert torch.equal(apply_rope(x, pos, 10000.0), rope_torch(x, pos, rope_frequencies(8, 10000.0, "cpu",
                                                                                          torch.float32)))
     assert torch.equal(apply_rope(x, pos[:1], 10000.0), x)  # position 0: no turn
+    for low in (torch.float16, torch.bfloat16):  # the frequencies in float32 still (at 70000, fp16's are far off)
+        want = rope_torch(x.to(low), pos, rope_frequencies(8, 10000.0, "cpu", torch.float32))
+        assert torch.equal(apply_rope(x.to(low), pos, 10000.0), want), low
 
 
 def test_bad_frequencies_are_a_value_error():
