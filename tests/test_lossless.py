@@ -406,8 +406,9 @@ def test_times_are_the_spans_between_the_loops_marks(models, monkeypatch):
     """A speculative step reads the clock three times (t0, t1, t2: draft, then verify): step s spans
     3s+1 and 3s+2 on the fake clock, in SpecStats and as the depth policy hears them; a dense pass
     reads it twice, so pass s spans 2s+1, and ``step_times`` holds one span per one-token pass:
-    ``max_new_tokens - 1`` (mutation round 4: verify timed from t0, the policy's times swapped, the
-    step times dropped, for one prompt or a list, all survived)."""
+    ``max_new_tokens - 1`` (mutation round 4: the step times dropped, for one prompt or a list, survived
+    the other tests; verify timed from t0 and the policy's times swapped fail here, and were not run
+    against the rest of the suite)."""
     import wmtp.decode
 
     target, head = models
