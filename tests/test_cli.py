@@ -352,6 +352,8 @@ def test_draft_attention_bar_is_judged_on_cpu_only():
     assert (bar["met"], bar["ratio"], bar["keys_read"], bar["judged_on"]) == (True, 20.0, 72, "cpu")
     rows[2]["time_ratio_vs_native"] = 14.9
     assert draft_attention_bar(rows, torch.device("cpu"))["met"] is False
+    rows[2]["time_ratio_vs_native"] = 15.0  # min_ratio itself meets it (mutation round 5: > survived)
+    assert draft_attention_bar(rows, torch.device("cpu"))["met"] is True
     assert draft_attention_bar(rows, torch.device("cuda"))["met"] is None  # no device needed: the type decides
     assert draft_attention_bar(rows[3:], torch.device("cpu")) is None
     assert draft_attention_bar(rows[:2], torch.device("cpu")) is None  # only the gated row at 16384
