@@ -24,6 +24,28 @@ def test_a_short_test_split_is_refused_before_the_training(capsys, tmp_path, mon
     assert not (tmp_path / "m.json").exists()
 
 
+@pytest.mark.parametrize("n_test, message", [(255, "the test split has 255 tokens"), (256, "the training started")])
+def test_a_test_split_as_long_as_the_longest_context_is_enough(capsys, tmp_path, monkeypatch, n_test, message):
+    """tiny's longest context is 256 tokens, its prompt the test split's first 256: a split of 256 tokens
+    gets past the check (to the training, stubbed to fail), one of 255 does not (mutation round 5:
+    refusing 256 as well survived)."""
+    import torch
+
+    def started(*a, **k):
+        raise ValueError("the training started")
+
+    splits = {"train": torch.zeros(3000, dtype=torch.long), "valid": torch.zeros(3000, dtype=torch.long),
+              "test": torch.zeros(n_test, dtype=torch.long)}
+    monkeypatch.setattr("wmtp.tokenizer.corpus_token_splits", lambda corpus, tok: splits)
+    monkeypatch.setattr("wmtp.reproduce.prepare_models", started)
+    for split in ("train", "valid", "test"):
+        (tmp_path / f"{split}.txt").write_text("the of and in to a was is for on as with by he at from\n" * 50)
+    code = main(["reproduce", "--preset", "tiny", "--dataset-dir", str(tmp_path), "--device", "cpu", "--no-progress",
+                 "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "m.json")])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err, err
+
+
 def test_a_checkpoint_that_cannot_be_written_fails_before_the_training(tmp_path, monkeypatch):
     from wmtp import reproduce
 
