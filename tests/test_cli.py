@@ -219,6 +219,7 @@ def test_tiny_reproduce_end_to_end(capsys, wikitext_dir, tmp_path):
     assert code == 0, err
     m = json.loads(out.read_text())
     assert m["schema_version"] == 1 and m["corpus"]["name"] == "wikitext-2" and m["seed"] == 0
+    assert m["decode_dtype"] == "float64"  # the CPU decodes in float64 (mutation round 5: float32 survived)
     assert m["command"].startswith("wmtp reproduce --paper windowed-mtp --preset tiny")
     assert m["config"]["model"]["d_model"] == 64 and m["config"]["spec"]["depth"] == 3
     assert [c["context"] for c in m["contexts"]] == [64, 256]
