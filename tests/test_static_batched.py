@@ -7,9 +7,10 @@ import os
 
 import pytest
 import torch
-from decode_harness import Cycling, InputOracle, prompts_of
+from decode_harness import Cycling, InputOracle, StepClock, prompts_of
 
 import wmtp
+from wmtp import graphs
 from wmtp.batched import batched_speculative_generate
 from wmtp.grading_checks import harness_models
 from wmtp.static_batched import static_batched_speculative_generate
@@ -62,6 +63,21 @@ def test_scripted_matches_and_stops(models, stop):
     assert_same_run(static, eager)
     assert policies[0].positions == policies[1].positions == [5, *range(9, 8 + new - 1)]
     assert static[1].live_steps[0] < static[1].live_steps[1] and static[1].mean_accept_length > 1.5
+
+
+def test_step_times_are_the_spans_of_its_two_phases(models, monkeypatch):
+    """The loop's clock (graphs.Clock) reads a fake ``perf_counter`` three times a step: step s's draft
+    phase spans 3s+1, its verify phase 3s+2, in the counters and as the depth policy hears them, once a
+    live row (3 rows at step 0) (mutation round 5: the two times swapped survived every test)."""
+    target, head = models
+    monkeypatch.setattr(graphs, "time", StepClock())
+    policy = Cycling([2])
+    _, stats = static_batched_speculative_generate(target, head, prompts_of([3, 17, 9], seed=1), 10, policy,
+                                                   impl="torch")
+    assert stats.steps >= 4
+    assert stats.draft_times_s == [3 * s + 1 for s in range(stats.steps)]
+    assert stats.verify_times_s == [3 * s + 2 for s in range(stats.steps)]
+    assert policy.times[:3] == [(1, 2)] * 3 and policy.times[-1] == (3 * stats.steps - 2, 3 * stats.steps - 1)
 
 
 def test_a_depth_policy_and_short_requests(models):
