@@ -7,6 +7,7 @@ import random
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from wmtp.cli import main
 from wmtp.config import get_preset
@@ -24,26 +25,56 @@ def test_a_short_test_split_is_refused_before_the_training(capsys, tmp_path, mon
     assert not (tmp_path / "m.json").exists()
 
 
+def _reproduce_tiny_on(splits: dict, capsys, tmp_path, monkeypatch) -> tuple[int, str]:
+    """``wmtp reproduce --preset tiny`` on a corpus whose token splits are ``splits`` (the tokenizer's
+    output stubbed); exit code and stderr."""
+    monkeypatch.setattr("wmtp.tokenizer.corpus_token_splits", lambda corpus, tok: splits)
+    for split in ("train", "valid", "test"):
+        (tmp_path / f"{split}.txt").write_text("the of and in to a was is for on as with by he at from\n" * 50)
+    code = main(["reproduce", "--preset", "tiny", "--dataset-dir", str(tmp_path), "--device", "cpu", "--no-progress",
+                 "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "m.json")])
+    return code, capsys.readouterr().err
+
+
 @pytest.mark.parametrize("n_test, message", [(255, "the test split has 255 tokens"), (256, "the training started")])
 def test_a_test_split_as_long_as_the_longest_context_is_enough(capsys, tmp_path, monkeypatch, n_test, message):
     """tiny's longest context is 256 tokens, its prompt the test split's first 256: a split of 256 tokens
     gets past the check (to the training, stubbed to fail), one of 255 does not (mutation round 5:
     refusing 256 as well survived)."""
-    import torch
-
     def started(*a, **k):
         raise ValueError("the training started")
 
+    monkeypatch.setattr("wmtp.reproduce.prepare_models", started)
     splits = {"train": torch.zeros(3000, dtype=torch.long), "valid": torch.zeros(3000, dtype=torch.long),
               "test": torch.zeros(n_test, dtype=torch.long)}
-    monkeypatch.setattr("wmtp.tokenizer.corpus_token_splits", lambda corpus, tok: splits)
-    monkeypatch.setattr("wmtp.reproduce.prepare_models", started)
-    for split in ("train", "valid", "test"):
-        (tmp_path / f"{split}.txt").write_text("the of and in to a was is for on as with by he at from\n" * 50)
-    code = main(["reproduce", "--preset", "tiny", "--dataset-dir", str(tmp_path), "--device", "cpu", "--no-progress",
-                 "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "m.json")])
-    err = capsys.readouterr().err
+    code, err = _reproduce_tiny_on(splits, capsys, tmp_path, monkeypatch)
     assert code == 2 and message in err, err
+
+
+def test_each_contexts_prompt_is_the_test_splits_first_tokens(capsys, tmp_path, monkeypatch):
+    """A test split of ids 0, 1, 2, ...: the prompts at tiny's contexts 64 and 256 are 0..63 and 0..255
+    (models untrained, evaluations and arms stubbed; mutation round 5: prompts from the second token on
+    survived)."""
+    import wmtp
+
+    target, head = wmtp.build_models("tiny", seed=0)
+    prompts = []
+
+    def arms(target, head, prompt, preset):
+        prompts.append(prompt.tolist())
+        if len(prompts) == len(preset.spec.contexts):
+            raise ValueError("the arms ran")
+        return {}
+
+    monkeypatch.setattr("wmtp.reproduce.prepare_models", lambda *a, **k: (target, head, {}))
+    monkeypatch.setattr("wmtp.reproduce.perplexity", lambda *a: 0.0)
+    monkeypatch.setattr("wmtp.reproduce.head_accuracy", lambda *a: [])
+    monkeypatch.setattr("wmtp.reproduce.run_arms", arms)
+    splits = {"train": torch.zeros(3000, dtype=torch.long), "valid": torch.zeros(3000, dtype=torch.long),
+              "test": torch.arange(300)}
+    code, err = _reproduce_tiny_on(splits, capsys, tmp_path, monkeypatch)
+    assert code == 2 and "the arms ran" in err, err
+    assert prompts == [list(range(64)), list(range(256))]
 
 
 def test_a_checkpoint_that_cannot_be_written_fails_before_the_training(tmp_path, monkeypatch):
