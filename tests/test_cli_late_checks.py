@@ -25,15 +25,14 @@ def test_a_short_test_split_is_refused_before_the_training(capsys, tmp_path, mon
     assert not (tmp_path / "m.json").exists()
 
 
-def _reproduce_tiny_on(splits: dict, capsys, tmp_path, monkeypatch) -> tuple[int, str]:
-    """``wmtp reproduce --preset tiny`` on a corpus whose token splits are ``splits`` (the tokenizer's
-    output stubbed); exit code and stderr."""
+def _tiny_corpus(splits: dict, tmp_path, monkeypatch) -> list[str]:
+    """A corpus folder whose token splits are ``splits`` (the tokenizer's output stubbed); the arguments
+    of ``wmtp reproduce --preset tiny`` on it."""
     monkeypatch.setattr("wmtp.tokenizer.corpus_token_splits", lambda corpus, tok: splits)
     for split in ("train", "valid", "test"):
         (tmp_path / f"{split}.txt").write_text("the of and in to a was is for on as with by he at from\n" * 50)
-    code = main(["reproduce", "--preset", "tiny", "--dataset-dir", str(tmp_path), "--device", "cpu", "--no-progress",
-                 "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "m.json")])
-    return code, capsys.readouterr().err
+    return ["reproduce", "--preset", "tiny", "--dataset-dir", str(tmp_path), "--device", "cpu", "--no-progress",
+            "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "m.json")]
 
 
 @pytest.mark.parametrize("n_test, message", [(255, "the test split has 255 tokens"), (256, "the training started")])
@@ -47,34 +46,35 @@ def test_a_test_split_as_long_as_the_longest_context_is_enough(capsys, tmp_path,
     monkeypatch.setattr("wmtp.reproduce.prepare_models", started)
     splits = {"train": torch.zeros(3000, dtype=torch.long), "valid": torch.zeros(3000, dtype=torch.long),
               "test": torch.zeros(n_test, dtype=torch.long)}
-    code, err = _reproduce_tiny_on(splits, capsys, tmp_path, monkeypatch)
+    code = main(_tiny_corpus(splits, tmp_path, monkeypatch))
+    err = capsys.readouterr().err
     assert code == 2 and message in err, err
 
 
-def test_each_contexts_prompt_is_the_test_splits_first_tokens(capsys, tmp_path, monkeypatch):
-    """A test split of ids 0, 1, 2, ...: the prompts at tiny's contexts 64 and 256 are 0..63 and 0..255
-    (models untrained, evaluations and arms stubbed; mutation round 5: prompts from the second token on
-    survived)."""
+def test_the_prompts_and_training_losses_a_reproduction_records(tmp_path, monkeypatch):
+    """A test split of ids 0, 1, 2, ...: the prompts at tiny's contexts 64 and 256 are 0..63 and 0..255;
+    of the training's loss curves the metrics keep the last loss (untrained models, scripted losses,
+    evaluations, arms and attention timing stubbed; mutation round 5: prompts from the second token
+    on, and the first loss for the last, survived)."""
     import wmtp
+    from wmtp import reproduce
+    from wmtp.config import get_preset
 
     target, head = wmtp.build_models("tiny", seed=0)
+    info = {"loaded": False, "target_losses": [6.0, 5.0, 4.5], "head_losses": [7.0, 6.5]}
     prompts = []
-
-    def arms(target, head, prompt, preset):
-        prompts.append(prompt.tolist())
-        if len(prompts) == len(preset.spec.contexts):
-            raise ValueError("the arms ran")
-        return {}
-
-    monkeypatch.setattr("wmtp.reproduce.prepare_models", lambda *a, **k: (target, head, {}))
-    monkeypatch.setattr("wmtp.reproduce.perplexity", lambda *a: 0.0)
-    monkeypatch.setattr("wmtp.reproduce.head_accuracy", lambda *a: [])
-    monkeypatch.setattr("wmtp.reproduce.run_arms", arms)
+    monkeypatch.setattr(reproduce, "prepare_models", lambda *a, **k: (target, head, info))
+    monkeypatch.setattr(reproduce, "perplexity", lambda *a: 0.0)
+    monkeypatch.setattr(reproduce, "head_accuracy", lambda *a: [])
+    monkeypatch.setattr(reproduce, "run_arms", lambda target, head, prompt, preset: prompts.append(prompt.tolist()))
+    monkeypatch.setattr(reproduce, "bench_draft_attention", lambda *a, **k: [])
     splits = {"train": torch.zeros(3000, dtype=torch.long), "valid": torch.zeros(3000, dtype=torch.long),
               "test": torch.arange(300)}
-    code, err = _reproduce_tiny_on(splits, capsys, tmp_path, monkeypatch)
-    assert code == 2 and "the arms ran" in err, err
+    _tiny_corpus(splits, tmp_path, monkeypatch)
+    m = reproduce.reproduce(get_preset("tiny"), str(tmp_path), torch.device("cpu"), 0, None, tmp_path / "cache", None,
+                            "wmtp reproduce", progress=False, log=lambda *a: None)
     assert prompts == [list(range(64)), list(range(256))]
+    assert m["training"] == {"loaded": False, "target_losses": 4.5, "head_losses": 6.5}
 
 
 def test_a_checkpoint_that_cannot_be_written_fails_before_the_training(tmp_path, monkeypatch):
