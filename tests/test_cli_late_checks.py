@@ -88,6 +88,30 @@ def test_a_checkpoint_that_cannot_be_written_fails_before_the_training(tmp_path,
                                  False, print)
 
 
+def test_both_models_start_from_the_seed(tmp_path, monkeypatch):
+    """Untrained (training stubbed), prepare_models' models are those one generator seeded with the
+    seed draws, the target then the head: seeds 0 and 1 give other heads (mutation round 5: the head
+    drawn from its own default generator, the same for every seed, survived)."""
+    from wmtp import reproduce
+    from wmtp.model import TargetLM
+    from wmtp.mtp import MTPHead
+
+    monkeypatch.setattr(reproduce, "train_target", lambda *a: [])
+    monkeypatch.setattr(reproduce, "train_head", lambda *a: [])
+    preset, heads = get_preset("tiny"), []
+    for seed in (0, 1):
+        corpus = SimpleNamespace(name="c", fingerprint=str(seed))
+        target, head, _ = reproduce.prepare_models(preset, corpus, {"train": None}, seed, "cpu", tmp_path, None, False,
+                                                   lambda *a: None)
+        g = torch.Generator().manual_seed(seed)
+        want_target = TargetLM(preset.model, generator=g)
+        want_head = MTPHead(preset.mtp, want_target, generator=g)
+        for got, want in ((target, want_target), (head, want_head)):
+            assert all(torch.equal(a, b) for a, b in zip(got.state_dict().values(), want.state_dict().values()))
+        heads.append(head.state_dict())
+    assert not all(torch.equal(a, b) for a, b in zip(heads[0].values(), heads[1].values()))
+
+
 @pytest.mark.parametrize("error", [RuntimeError("[enforce fail] DefaultCPUAllocator: can't allocate memory: you "
                                                 "tried to allocate 10 bytes\nmore"), MemoryError()])
 def test_an_allocation_that_fails_is_one_line(capsys, monkeypatch, error):
