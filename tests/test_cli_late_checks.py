@@ -25,14 +25,13 @@ def test_a_short_test_split_is_refused_before_the_training(capsys, tmp_path, mon
     assert not (tmp_path / "m.json").exists()
 
 
-def _tiny_corpus(splits: dict, tmp_path, monkeypatch) -> list[str]:
-    """A corpus folder whose token splits are ``splits`` (the tokenizer's output stubbed); the arguments
-    of ``wmtp reproduce --preset tiny`` on it."""
-    monkeypatch.setattr("wmtp.tokenizer.corpus_token_splits", lambda corpus, tok: splits)
-    for split in ("train", "valid", "test"):
-        (tmp_path / f"{split}.txt").write_text("the of and in to a was is for on as with by he at from\n" * 50)
-    return ["reproduce", "--preset", "tiny", "--dataset-dir", str(tmp_path), "--device", "cpu", "--no-progress",
-            "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "m.json")]
+def _stub_corpus(splits: dict, monkeypatch) -> None:
+    """A corpus whose token splits are ``splits``: loading, the tokenizer and its output stubbed (no
+    dataset dir, so no `datasets` package needed)."""
+    corpus = SimpleNamespace(name="c", source="stub", message="a stub corpus", fingerprint="0")
+    monkeypatch.setattr("wmtp.reproduce.data.load_corpus", lambda *a, **k: corpus)
+    monkeypatch.setattr("wmtp.reproduce.tokenizer.train_tokenizer", lambda *a: None)
+    monkeypatch.setattr("wmtp.reproduce.tokenizer.corpus_token_splits", lambda corpus, tok: splits)
 
 
 @pytest.mark.parametrize("n_test, message", [(255, "the test split has 255 tokens"), (256, "the training started")])
@@ -46,7 +45,9 @@ def test_a_test_split_as_long_as_the_longest_context_is_enough(capsys, tmp_path,
     monkeypatch.setattr("wmtp.reproduce.prepare_models", started)
     splits = {"train": torch.zeros(3000, dtype=torch.long), "valid": torch.zeros(3000, dtype=torch.long),
               "test": torch.zeros(n_test, dtype=torch.long)}
-    code = main(_tiny_corpus(splits, tmp_path, monkeypatch))
+    _stub_corpus(splits, monkeypatch)
+    code = main(["reproduce", "--preset", "tiny", "--device", "cpu", "--no-progress", "--cache-dir",
+                 str(tmp_path / "cache"), "--out", str(tmp_path / "m.json")])
     err = capsys.readouterr().err
     assert code == 2 and message in err, err
 
@@ -70,8 +71,8 @@ def test_the_prompts_and_training_losses_a_reproduction_records(tmp_path, monkey
     monkeypatch.setattr(reproduce, "bench_draft_attention", lambda *a, **k: [])
     splits = {"train": torch.zeros(3000, dtype=torch.long), "valid": torch.zeros(3000, dtype=torch.long),
               "test": torch.arange(300)}
-    _tiny_corpus(splits, tmp_path, monkeypatch)
-    m = reproduce.reproduce(get_preset("tiny"), str(tmp_path), torch.device("cpu"), 0, None, tmp_path / "cache", None,
+    _stub_corpus(splits, monkeypatch)
+    m = reproduce.reproduce(get_preset("tiny"), None, torch.device("cpu"), 0, None, tmp_path / "cache", None,
                             "wmtp reproduce", progress=False, log=lambda *a: None)
     assert prompts == [list(range(64)), list(range(256))]
     assert m["training"] == {"loaded": False, "target_losses": 4.5, "head_losses": 6.5}
