@@ -1,7 +1,7 @@
 """What the decoding tests share (tests/test_lossless.py, test_static_decode.py, test_prefill.py, the
 lockstep and batched tests): the vocabulary of ``wmtp.grading.harness_models``, seeded random
-prompts, the counts that two runs of one request must agree on, a scripted depth policy, a
-device-side oracle draft and a per-row one that checks what it is fed."""
+prompts, the counts that two runs of one request must agree on, a scripted depth policy, a fake
+clock, a device-side oracle draft and a per-row one that checks what it is fed."""
 
 import torch
 
@@ -41,6 +41,18 @@ class Cycling:
     def update(self, depth, accepted, draft_s, verify_s):
         self.seen.append((depth, accepted))
         self.times.append((draft_s, verify_s))
+
+
+class StepClock:
+    """A fake ``time.perf_counter`` whose n-th reading is 0 + 1 + ... + n: consecutive readings lie
+    1, 2, 3, ... apart, so each span says which two readings it is between."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def perf_counter(self):
+        self.calls += 1
+        return (self.calls - 1) * self.calls / 2
 
 
 class DeviceOracle:

@@ -111,8 +111,10 @@ def test_bad_input_exits_2_with_one_line(capsys, argv, match, monkeypatch):
 
 def test_devices_resolve_in_one_place_and_mps_has_no_float64(capsys, monkeypatch):
     """auto prefers CUDA, then MPS, then CPU; float64 on MPS is one line and exit 2, before any work."""
-    from wmtp.device import check_dtype, resolve_device
+    from wmtp.device import check_dtype, mps_available, resolve_device
 
+    # the backend's answer, not that torch has an mps module (every build has; mutation round 5)
+    assert mps_available() is torch.backends.mps.is_available()
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     monkeypatch.setattr("wmtp.device.mps_available", lambda: True)
     assert resolve_device("auto") == torch.device("mps") and resolve_device("mps") == torch.device("mps")
@@ -126,6 +128,14 @@ def test_devices_resolve_in_one_place_and_mps_has_no_float64(capsys, monkeypatch
     assert resolve_device("auto") == torch.device("cpu")
     code, _, err = _run(capsys, ["bench", "attention", "--device", "mps"])
     assert code == 2 and "MPS is not available" in err
+    # refused by resolve_device itself (mutation round 5: without it, reproduce --device cuda and
+    # --device auto:3 got through to their work and failed only minutes later)
+    for name, match in (("cuda", "CUDA is not available"), ("cuda:1", "CUDA is not available"),
+                        ("mps", "MPS is not available"), ("auto:3", "only cuda and mps"),
+                        ("cpu:1", "only cuda and mps"), ("tpu", "unknown device")):
+        with pytest.raises(ValueError, match=match):
+            resolve_device(name)
+    assert resolve_device("cpu") == torch.device("cpu")
 
 
 def test_unwritable_outputs_and_bad_paths_exit_2_before_any_work(capsys, tmp_path, monkeypatch):
@@ -209,6 +219,7 @@ def test_tiny_reproduce_end_to_end(capsys, wikitext_dir, tmp_path):
     assert code == 0, err
     m = json.loads(out.read_text())
     assert m["schema_version"] == 1 and m["corpus"]["name"] == "wikitext-2" and m["seed"] == 0
+    assert m["decode_dtype"] == "float64"  # the CPU decodes in float64 (mutation round 5: float32 survived)
     assert m["command"].startswith("wmtp reproduce --paper windowed-mtp --preset tiny")
     assert m["config"]["model"]["d_model"] == 64 and m["config"]["spec"]["depth"] == 3
     assert [c["context"] for c in m["contexts"]] == [64, 256]
@@ -342,6 +353,8 @@ def test_draft_attention_bar_is_judged_on_cpu_only():
     assert (bar["met"], bar["ratio"], bar["keys_read"], bar["judged_on"]) == (True, 20.0, 72, "cpu")
     rows[2]["time_ratio_vs_native"] = 14.9
     assert draft_attention_bar(rows, torch.device("cpu"))["met"] is False
+    rows[2]["time_ratio_vs_native"] = 15.0  # min_ratio itself meets it (mutation round 5: > survived)
+    assert draft_attention_bar(rows, torch.device("cpu"))["met"] is True
     assert draft_attention_bar(rows, torch.device("cuda"))["met"] is None  # no device needed: the type decides
     assert draft_attention_bar(rows[3:], torch.device("cpu")) is None
     assert draft_attention_bar(rows[:2], torch.device("cpu")) is None  # only the gated row at 16384

@@ -7,6 +7,7 @@ import random
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from wmtp.cli import main
 from wmtp.config import get_preset
@@ -24,6 +25,59 @@ def test_a_short_test_split_is_refused_before_the_training(capsys, tmp_path, mon
     assert not (tmp_path / "m.json").exists()
 
 
+def _stub_corpus(splits: dict, monkeypatch) -> None:
+    """A corpus whose token splits are ``splits``: loading, the tokenizer and its output stubbed (no
+    dataset dir, so no `datasets` package needed)."""
+    corpus = SimpleNamespace(name="c", source="stub", message="a stub corpus", fingerprint="0")
+    monkeypatch.setattr("wmtp.reproduce.data.load_corpus", lambda *a, **k: corpus)
+    monkeypatch.setattr("wmtp.reproduce.tokenizer.train_tokenizer", lambda *a: None)
+    monkeypatch.setattr("wmtp.reproduce.tokenizer.corpus_token_splits", lambda corpus, tok: splits)
+
+
+@pytest.mark.parametrize("n_test, message", [(255, "the test split has 255 tokens"), (256, "the training started")])
+def test_a_test_split_as_long_as_the_longest_context_is_enough(capsys, tmp_path, monkeypatch, n_test, message):
+    """tiny's longest context is 256 tokens, its prompt the test split's first 256: a split of 256 tokens
+    gets past the check (to the training, stubbed to fail), one of 255 does not (mutation round 5:
+    refusing 256 as well survived)."""
+    def started(*a, **k):
+        raise ValueError("the training started")
+
+    monkeypatch.setattr("wmtp.reproduce.prepare_models", started)
+    splits = {"train": torch.zeros(3000, dtype=torch.long), "valid": torch.zeros(3000, dtype=torch.long),
+              "test": torch.zeros(n_test, dtype=torch.long)}
+    _stub_corpus(splits, monkeypatch)
+    code = main(["reproduce", "--preset", "tiny", "--device", "cpu", "--no-progress", "--cache-dir",
+                 str(tmp_path / "cache"), "--out", str(tmp_path / "m.json")])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err, err
+
+
+def test_the_prompts_and_training_losses_a_reproduction_records(tmp_path, monkeypatch):
+    """A test split of ids 0, 1, 2, ...: the prompts at tiny's contexts 64 and 256 are 0..63 and 0..255;
+    of the training's loss curves the metrics keep the last loss (untrained models, scripted losses,
+    evaluations, arms and attention timing stubbed; mutation round 5: prompts from the second token
+    on, and the first loss for the last, survived)."""
+    import wmtp
+    from wmtp import reproduce
+    from wmtp.config import get_preset
+
+    target, head = wmtp.build_models("tiny", seed=0)
+    info = {"loaded": False, "target_losses": [6.0, 5.0, 4.5], "head_losses": [7.0, 6.5]}
+    prompts = []
+    monkeypatch.setattr(reproduce, "prepare_models", lambda *a, **k: (target, head, info))
+    monkeypatch.setattr(reproduce, "perplexity", lambda *a: 0.0)
+    monkeypatch.setattr(reproduce, "head_accuracy", lambda *a: [])
+    monkeypatch.setattr(reproduce, "run_arms", lambda target, head, prompt, preset: prompts.append(prompt.tolist()))
+    monkeypatch.setattr(reproduce, "bench_draft_attention", lambda *a, **k: [])
+    splits = {"train": torch.zeros(3000, dtype=torch.long), "valid": torch.zeros(3000, dtype=torch.long),
+              "test": torch.arange(300)}
+    _stub_corpus(splits, monkeypatch)
+    m = reproduce.reproduce(get_preset("tiny"), None, torch.device("cpu"), 0, None, tmp_path / "cache", None,
+                            "wmtp reproduce", progress=False, log=lambda *a: None)
+    assert prompts == [list(range(64)), list(range(256))]
+    assert m["training"] == {"loaded": False, "target_losses": 4.5, "head_losses": 6.5}
+
+
 def test_a_checkpoint_that_cannot_be_written_fails_before_the_training(tmp_path, monkeypatch):
     from wmtp import reproduce
 
@@ -33,6 +87,30 @@ def test_a_checkpoint_that_cannot_be_written_fails_before_the_training(tmp_path,
     with pytest.raises(ValueError, match="checkpoint .*f/ckpt.pt cannot be written"):
         reproduce.prepare_models(get_preset("tiny"), corpus, {}, 0, "cpu", tmp_path, tmp_path / "f" / "ckpt.pt",
                                  False, print)
+
+
+def test_both_models_start_from_the_seed(tmp_path, monkeypatch):
+    """Untrained (training stubbed), prepare_models' models are those one generator seeded with the
+    seed draws, the target then the head: seeds 0 and 1 give other heads (mutation round 5: the head
+    drawn from its own default generator, the same for every seed, survived)."""
+    from wmtp import reproduce
+    from wmtp.model import TargetLM
+    from wmtp.mtp import MTPHead
+
+    monkeypatch.setattr(reproduce, "train_target", lambda *a: [])
+    monkeypatch.setattr(reproduce, "train_head", lambda *a: [])
+    preset, heads = get_preset("tiny"), []
+    for seed in (0, 1):
+        corpus = SimpleNamespace(name="c", fingerprint=str(seed))
+        target, head, _ = reproduce.prepare_models(preset, corpus, {"train": None}, seed, "cpu", tmp_path, None, False,
+                                                   lambda *a: None)
+        g = torch.Generator().manual_seed(seed)
+        want_target = TargetLM(preset.model, generator=g)
+        want_head = MTPHead(preset.mtp, want_target, generator=g)
+        for got, want in ((target, want_target), (head, want_head)):
+            assert all(torch.equal(a, b) for a, b in zip(got.state_dict().values(), want.state_dict().values()))
+        heads.append(head.state_dict())
+    assert not all(torch.equal(a, b) for a, b in zip(heads[0].values(), heads[1].values()))
 
 
 @pytest.mark.parametrize("error", [RuntimeError("[enforce fail] DefaultCPUAllocator: can't allocate memory: you "

@@ -13,7 +13,7 @@ import os
 
 import pytest
 import torch
-from decode_harness import Cycling, V, random_prompt
+from decode_harness import Cycling, StepClock, V, random_prompt
 
 import wmtp
 from wmtp import grading
@@ -388,18 +388,6 @@ def test_batched_bad_prompts_raise(models, prompts):
         wmtp.greedy_generate(target, prompts, 3)
     with pytest.raises(ValueError, match="prompt"):
         wmtp.speculative_generate(target, head, prompts, 3, 2)
-
-
-class StepClock:
-    """A fake ``time.perf_counter`` whose n-th reading is 0 + 1 + ... + n: consecutive readings lie
-    1, 2, 3, ... apart, so each span says which two readings it is between."""
-
-    def __init__(self):
-        self.calls = 0
-
-    def perf_counter(self):
-        self.calls += 1
-        return (self.calls - 1) * self.calls / 2
 
 
 def test_times_are_the_spans_between_the_loops_marks(models, monkeypatch):

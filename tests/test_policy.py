@@ -42,6 +42,11 @@ def test_every_policy_is_lossless(models, n_sink, window):
         # 1 at the first step) and k - 1 recursive ones
         extends = [1] + [a + 1 for _, a in policy.seen[:-1]]
         assert stats.draft_queries == sum(e + d - 1 for e, (d, _) in zip(extends, policy.seen))
+        # asked at the target's latest token's position n: 12 (the prefill's token), then n + a + 1
+        # (mutation round 5: asking at n + 1 survived)
+        assert policy.positions == [12 + sum(e for e in extends[1:i + 1]) for i in range(stats.steps)], j
+        if j == 0:
+            assert policy.positions == list(range(12, 12 + stats.steps))
     for policy in (AdaptiveDepth(6), AdaptiveDepth(3, draft_cost=0.5, decay=1.0), FixedDepth(4)):
         out, _ = wmtp.speculative_generate(target, head, prompt, 40, policy, n_sink, window)
         assert torch.equal(out, ref)

@@ -94,6 +94,26 @@ def test_a_whole_module_saves_and_loads_as_before():
     assert _view(back) is not None and torch.equal(_cat(back), _cat(attn))
 
 
+def test_stacked_view_is_none_unless_the_weights_are_rows_of_one_tensor():
+    """Rows laid out as ``pack`` leaves them, but in two tensors, or one tensor read as two dtypes, or
+    1-D: ``None``, never a view over what is not the weights (mutation round 5: dropping the storage,
+    the dtype or the 2-D check survived)."""
+    a, b = torch.arange(12.0).view(4, 3), torch.arange(12.0).view(4, 3)
+    assert torch.equal(stacked_view([a[:2], a[2:]]), a)
+    assert stacked_view([a[:2], b[2:]]) is None  # offsets 0 and 6, strides (3, 1): another tensor's rows
+    assert stacked_view([a[:2], a.view(torch.int32)[2:]]) is None  # the same bytes as int32
+    assert stacked_view([torch.ones(4), torch.ones(4)]) is None
+
+
+def test_packing_packed_weights_copies_nothing():
+    """``pack`` of weights already packed is a no-op: the same tensor under them (mutation round 5:
+    packing again, into a new tensor of the same values, survived)."""
+    attn = _attention()
+    before = attn.wq.untyped_storage().data_ptr()
+    pack(attn, attn.STACK)
+    assert attn.wq.untyped_storage().data_ptr() == before == attn.wv.untyped_storage().data_ptr()
+
+
 def test_pack_leaves_mismatched_weights_apart():
     m = torch.nn.Module()
     m.a, m.b = torch.nn.Parameter(torch.ones(2, 3)), torch.nn.Parameter(torch.ones(2, 3, dtype=torch.float64))
@@ -104,6 +124,8 @@ def test_pack_leaves_mismatched_weights_apart():
 def test_stacks_needs_cuda_a_kernel_impl_and_no_weight_gradient():
     w = torch.nn.Parameter(torch.ones(2, 2))
     assert not stacks("auto", torch.ones(2), [w])  # the CPU: its numbers never move
+    with torch.no_grad():  # not even with no gradient to keep (mutation round 5: dropping is_cuda survived)
+        assert not stacks("auto", torch.ones(2), [w]) and not stacks("triton", torch.ones(2), [w])
     if CUDA:
         x = torch.ones(2, device="cuda")
         wc = torch.nn.Parameter(torch.ones(2, 2, device="cuda"))

@@ -7,9 +7,10 @@ import os
 
 import pytest
 import torch
-from decode_harness import Cycling, InputOracle, prompts_of
+from decode_harness import Cycling, InputOracle, StepClock, V, prompts_of
 
 import wmtp
+from wmtp import graphs
 from wmtp.batched import batched_speculative_generate
 from wmtp.grading_checks import harness_models
 from wmtp.static_batched import static_batched_speculative_generate
@@ -62,6 +63,58 @@ def test_scripted_matches_and_stops(models, stop):
     assert_same_run(static, eager)
     assert policies[0].positions == policies[1].positions == [5, *range(9, 8 + new - 1)]
     assert static[1].live_steps[0] < static[1].live_steps[1] and static[1].mean_accept_length > 1.5
+
+
+def test_step_times_are_the_spans_of_its_two_phases(models, monkeypatch):
+    """The loop's clock (graphs.Clock) reads a fake ``perf_counter`` three times a step: step s's draft
+    phase spans 3s+1, its verify phase 3s+2, in the counters and as the depth policy hears them, once a
+    live row (3 rows at step 0) (mutation round 5: the two times swapped survived every test)."""
+    target, head = models
+    monkeypatch.setattr(graphs, "time", StepClock())
+    policy = Cycling([2])
+    _, stats = static_batched_speculative_generate(target, head, prompts_of([3, 17, 9], seed=1), 10, policy,
+                                                   impl="torch")
+    assert stats.steps >= 4
+    assert stats.draft_times_s == [3 * s + 1 for s in range(stats.steps)]
+    assert stats.verify_times_s == [3 * s + 2 for s in range(stats.steps)]
+    assert policy.times[:3] == [(1, 2)] * 3 and policy.times[-1] == (3 * stats.steps - 2, 3 * stats.steps - 1)
+
+
+class RowZeroOracle:
+    """The real head's caches, its logits scripted: row 0's every draft right (at position t it guesses
+    the token at t + 2 of its prompt and greedy tokens), every other row's wrong."""
+
+    def __init__(self, head, seqs: torch.Tensor):
+        self.head, self.seqs = head, seqs  # (B, T)
+
+    def new_cache(self, *args, **kwargs):
+        return self.head.new_cache(*args, **kwargs)
+
+    def write_cache(self, *args):
+        return self.head.write_cache(*args)
+
+    def __call__(self, hidden, next_ids, pos, cache, n_sink, window, impl):
+        B, L = next_ids.shape
+        truth = self.seqs.gather(1, (pos.expand(B, L) + 2).clamp(max=self.seqs.shape[1] - 1))  # (B, L)
+        tok = torch.where(torch.arange(B)[:, None] == 0, truth, (truth + 1) % V)
+        return torch.nn.functional.one_hot(tok, V).to(hidden.dtype), hidden
+
+
+def test_a_stopped_row_that_accepted_more_than_a_later_extend_holds(models):
+    """Depths 3, 3, 1, 1 a policy update (so 3, 1, 3, 1 a step while both rows live): row 0 accepts
+    every draft, 3 + 1 + 3 + 1 + 3 + 1 + 3 + 1 + 3 = 19 in 9 steps, and stops (1 + 28 tokens) after a
+    depth-3 step, a_0 = 3; row 1 accepts none, 28 steps. After a depth-1 step the extend has 2 rows:
+    row 0's a_0 = 3 is clamped to row 1, inside them (mutation round 5: clamping to e, an index one
+    past the extend, survived every test)."""
+    target, head = models
+    prompts = prompts_of([8, 8], seed=9)
+    seqs = torch.stack([torch.cat([p, wmtp.greedy_generate(target, p, 40, impl="torch")]) for p in prompts])
+    runs = [generate(target, RowZeroOracle(head, seqs), prompts, 29, Cycling([3, 3, 1, 1]), impl="torch")
+            for generate in (static_batched_speculative_generate, batched_speculative_generate)]
+    assert_same_run(*runs)
+    outs, stats = runs[0]
+    assert [o.tolist() for o in outs] == [s[8:37].tolist() for s in seqs]
+    assert (stats.live_steps, stats.accepted, stats.committed) == ([9, 28], [19, 0], [28, 28])
 
 
 def test_a_depth_policy_and_short_requests(models):

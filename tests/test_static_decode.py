@@ -252,6 +252,25 @@ def test_cuda_graph_needs_cuda_and_triton(models):
         static_speculative_generate(target, head, random_prompt(5), 4, 0)
 
 
+def test_a_phases_step_is_draft_then_verify_between_three_marks():
+    """``Phases.step``: mark, the draft phase, mark, the verify phase, mark; so a step's two spans time
+    its two phases (mutation round 5: marking after the draft phase, whose time then went to neither
+    span, survived every test); each phase is built once per key."""
+    log = []
+
+    class Marks:
+        def mark(self):
+            log.append("mark")
+
+    phases = graphs.Phases(lambda e, k: log.append(("draft", e, k)), lambda k: log.append(("verify", k)), (), False,
+                           Marks())
+    phases.step((1, 3), 3)
+    phases.step((4, 2), 2)
+    assert log == ["mark", ("draft", 1, 3), "mark", ("verify", 3), "mark",
+                   "mark", ("draft", 4, 2), "mark", ("verify", 2), "mark"]
+    assert list(phases.drafts) == [(1, 3), (4, 2)] and list(phases.verifies) == [3, 2]
+
+
 def test_an_unchecked_cache_writes_as_a_checked_one(monkeypatch):
     """``checked=False`` skips only the range check (the read a CUDA graph cannot make)."""
     g = torch.Generator().manual_seed(0)
