@@ -1,6 +1,8 @@
 """Bad input the command line can only see once a run has begun (the corpus's size, a cache that
 cannot take the checkpoint, a size the machine cannot hold): still one line, exit 2, and caught
-before the long work (training) where it can be."""
+before the long work (training) where it can be. Also what a reproduction takes from its corpus and
+seed (its prompts, its loss curves' last losses, its untrained models), on a stubbed corpus with the
+slow parts stubbed out."""
 
 import os
 import random
@@ -59,7 +61,6 @@ def test_the_prompts_and_training_losses_a_reproduction_records(tmp_path, monkey
     on, and the first loss for the last, survived)."""
     import wmtp
     from wmtp import reproduce
-    from wmtp.config import get_preset
 
     target, head = wmtp.build_models("tiny", seed=0)
     info = {"loaded": False, "target_losses": [6.0, 5.0, 4.5], "head_losses": [7.0, 6.5]}
