@@ -15,6 +15,7 @@ from attention_truth import ATOL, assert_reference_close, dtype_id, make_inputs,
 
 import wmtp
 from wmtp.attention import resolve_impl
+from wmtp.attention.reference import _ranges
 from wmtp.keyset import draft_key_mask
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
@@ -134,6 +135,42 @@ def test_reads_only_the_key_set(Lq, S, n_sink, window, positions, dtype):
     out = wmtp.attention(q, k_nan, v_nan, q_pos, n_sink=n_sink, window=window, impl="torch")
     assert torch.isfinite(out).all(), f"NaN leaked into queries {(~torch.isfinite(out)).any(-1).nonzero().tolist()}"
     assert torch.equal(out, clean)
+
+
+def _layout(x, layout):
+    """The same ``(B, H, S, D)`` values in another memory layout: ``seq-major`` stores them ``(B, S, H, D)``
+    (a model's projections transposed), ``head-padded`` the first ``H`` heads of a buffer with one more;
+    in neither do the batch and head dims merge into one (NOTE [Batched matmuls], reference.py)."""
+    if layout == "seq-major":
+        return x.transpose(1, 2).contiguous().transpose(1, 2)
+    if layout == "head-padded":
+        return torch.cat([x, torch.full_like(x[:, :1], float("nan"))], 1)[:, : x.shape[1]]
+    return x
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "seq-major", "head-padded"])
+@pytest.mark.parametrize("Lq, n_sink, window", [(1, 4, 8), (8, 4, 8), (8, None, None)])
+def test_cache_layouts_match_truth(layout, Lq, n_sink, window):
+    """Caches whose batch and head dims do not merge (B = 2) give the same attention as a contiguous one."""
+    q, k, v, q_pos = make_inputs(2, 4, 2, Lq, 50, 32, torch.float32, seed=13)
+    k2, v2 = _layout(k, layout), _layout(v, layout)
+    assert torch.equal(k2, k) and (layout == "contiguous") == (k2.stride(0) == 2 * k2.stride(1))
+    out = wmtp.attention(q, k2, v2, q_pos, n_sink=n_sink, window=window, impl="torch")
+    assert_reference_close(out, truth(q, k, v, q_pos, n_sink, window), torch.float32)
+
+
+@pytest.mark.parametrize("B, layout", [(1, "seq-major"), (2, "contiguous"), (2, "seq-major"), (2, "head-padded")])
+def test_reference_slices_the_cache_in_place(B, layout):
+    """Each range the reference reads is a view of the cache where batch and head dims merge (a batch of
+    one always), else a copy of that range's positions alone: never of the whole cache."""
+    k = _layout(torch.randn(B, 3, 40, 8, generator=torch.Generator().manual_seed(0)), layout)  # (B, 3, 40, D)
+    rows = _ranges(k, [(0, 4), (30, 40)], torch.float32)
+    for r, (a, b) in zip(rows, [(0, 4), (30, 40)]):
+        assert r.shape == (3 * B, b - a, 8) and torch.equal(r, k[:, :, a:b].reshape(3 * B, b - a, 8))
+        if B == 1 or layout == "contiguous":
+            assert r.data_ptr() == k[0, 0, a].data_ptr()  # a view: no copy
+        else:
+            assert r.untyped_storage().nbytes() == r.numel() * r.element_size()  # a copy of b - a positions
 
 
 def test_impl_switch(monkeypatch):

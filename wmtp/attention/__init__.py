@@ -127,7 +127,7 @@ def _check_positions(impl: str, q_pos: torch.Tensor, S: int) -> None:
     Triton path with positions already on the GPU is not checked, so a call never waits for the
     device; the kernel clamps positions to the cache, so a bad one cannot read outside it."""
     if q_pos.numel() and (impl == "torch" or q_pos.device.type == "cpu"):
-        lo, hi = int(q_pos.min()), int(q_pos.max())
+        lo, hi = (int(q_pos),) * 2 if q_pos.numel() == 1 else (int(q_pos.min()), int(q_pos.max()))
         if lo < 0 or hi >= S:
             raise ValueError(f"query positions must lie in [0, {S}), got [{lo}, {hi}]")
 

@@ -13,8 +13,6 @@ Kernels accumulate in fp32 too (fp64 for fp64), so this mirrors their precision 
 
 from __future__ import annotations
 
-import itertools
-
 import torch
 
 from ..keyset import in_key_set, key_ranges
@@ -67,38 +65,71 @@ def attention_torch(
         return torch.cat([attention_torch(q[b : b + 1], k[b : b + 1], v[b : b + 1], q_pos[b], n_sink, window,
                                           None if q_sink is None else q_sink[b : b + 1]) for b in range(q.shape[0])])
     B, Hq, Lq, D = q.shape
+    if Lq == 1:  # a decode step: one query, one block (and one int from the positions, not two)
+        t = int(q_pos)
+        return _attend_block(q, k, v, q_sink, q_pos, t, t, n_sink, window)
+    out = torch.empty_like(q)
+    for start, stop in _query_blocks(q_pos):
+        pos = q_pos[start:stop]  # (Lb,) consecutive positions lo..hi
+        lo, hi = pos[[0, -1]].tolist()
+        qs = None if q_sink is None else q_sink[:, :, start:stop]
+        out[:, :, start:stop] = _attend_block(q[:, :, start:stop], k, v, qs, pos, lo, hi, n_sink, window)
+    return out
+
+
+def _attend_block(q: torch.Tensor, k, v, q_sink: torch.Tensor | None, pos: torch.Tensor, lo: int, hi: int,
+                  n_sink: int | None, window: int | None) -> torch.Tensor:
+    """One block of queries at the consecutive positions ``pos`` (``lo .. hi``): ``(B, Hq, Lb, D)``.
+
+    NOTE [Batched matmuls]: each ``(B, H, L, D)`` operand is flattened to ``(B * H, L, D)`` and
+    multiplied with ``torch.bmm``, what ``@`` on 4-D tensors does inside, minus its broadcasting
+    bookkeeping (half a decode step's cost at a few dozen keys). The flatten is a view of the cache
+    whenever its batch and head dims merge (always for a batch of one); otherwise it copies only
+    the range's positions, never the cache.
+    """
+    B, Hq, Lb, D = q.shape
     Hkv = k.shape[1]
     group = Hq // Hkv
     acc = torch.promote_types(q.dtype, torch.float32)
-    scale = D**-0.5
-    blocks = _query_blocks(q_pos)
-    out = torch.empty_like(q) if len(blocks) != 1 else None  # one block (a decode step): its output is out
-    for start, stop in blocks:
-        pos = q_pos[start:stop]  # (Lb,) consecutive positions lo..hi
-        lo, hi = int(pos[0]), int(pos[-1])
-        # Keys any query in [lo, hi] may read: the sinks of `hi`, then the recent range from lo's start.
-        (_, sink_end), _ = key_ranges(hi, n_sink, window)
-        _, (recent_start, _) = key_ranges(lo, n_sink, window)
-        recent_start = max(recent_start, sink_end)  # disjoint ranges: no key counted twice
-        keys = [(0, hi + 1)] if recent_start == sink_end else [(0, sink_end), (recent_start, hi + 1)]
-        keys = [(a, b) for a, b in keys if b > a]  # the only key positions this block reads
-        qb = q[:, :, start:stop].to(acc)  # (B, Hq, Lb, D)
-        qb = qb.reshape(B, Hkv, group * len(pos), D)  # GQA: the query heads of one KV head together
-        # Scores per range straight from the cache (views, no copy of K or V), then one softmax.
-        scores = torch.cat([qb @ k[:, :, a:b].to(acc).transpose(-1, -2) for a, b in keys], -1) * scale
-        if q_sink is not None and sink_end:  # the first sink_end columns are the sinks, in both layouts
-            qs = q_sink[:, :, start:stop].to(acc).reshape(B, Hkv, group * len(pos), D)  # (B, Hkv, group*Lb, D)
-            scores[..., :sink_end] = qs @ k[:, :, :sink_end].to(acc).transpose(-1, -2) * scale
-        if len(pos) > 1:  # one query reads exactly its ranges' keys; a block needs the formula
-            key_pos = torch.cat([torch.arange(a, b, device=q.device) for a, b in keys])  # (Kn,)
-            allowed = in_key_set(pos[:, None], key_pos[None, :], n_sink, window)  # (Lb, Kn)
-            scores = scores.view(B, Hkv, group, len(pos), -1).masked_fill(~allowed, float("-inf"))
-        probs = torch.softmax(scores, dim=-1).view(B, Hkv, group * len(pos), -1)  # (B, Hkv, group*Lb, Kn)
-        offsets = [0] + [b - a for a, b in keys]
-        parts = [probs[..., o : o + b - a] @ v[:, :, a:b].to(acc)  # (B, Hkv, group*Lb, D) per range
-                 for o, (a, b) in zip(itertools.accumulate(offsets), keys)]
-        ob = sum(parts[1:], start=parts[0]).view(B, Hq, len(pos), D).to(q.dtype)  # (B, Hq, Lb, D)
-        if out is None:
-            return ob
-        out[:, :, start:stop] = ob
-    return out
+    # Keys any query in [lo, hi] may read: the sinks of `hi`, then the recent range from lo's start.
+    (_, sink_end), _ = key_ranges(hi, n_sink, window)
+    _, (recent_start, _) = key_ranges(lo, n_sink, window)
+    recent_start = max(recent_start, sink_end)  # disjoint ranges: no key counted twice
+    keys = [(0, hi + 1)] if recent_start == sink_end else [(0, sink_end), (recent_start, hi + 1)]
+    keys = [(a, b) for a, b in keys if b > a]  # the only key positions this block reads
+    # GQA: the query heads of one KV head together, one matrix per (batch, KV head).
+    qb = _queries(q, acc, B * Hkv)  # (B*Hkv, group*Lb, D)
+    ks = _ranges(k, keys, acc)  # (B*Hkv, b-a, D) per range: views, no copy of K
+    # Scores per range straight from the cache, then one softmax over all of them.
+    scores = [torch.bmm(qb, kr.mT) for kr in ks]  # (B*Hkv, group*Lb, b-a) each
+    scores = (torch.cat(scores, -1) if len(scores) > 1 else scores[0]).mul_(D**-0.5)  # (B*Hkv, group*Lb, Kn)
+    if q_sink is not None and sink_end:  # the first sink_end columns are the sinks, in both layouts
+        qs = _queries(q_sink, acc, B * Hkv)  # (B*Hkv, group*Lb, D)
+        scores[..., :sink_end] = torch.bmm(qs, ks[0][:, :sink_end].mT).mul_(D**-0.5)  # ranges start at key 0
+    if Lb > 1:  # one query reads exactly its ranges' keys; a block needs the formula
+        key_pos = torch.cat([torch.arange(a, b, device=q.device) for a, b in keys])  # (Kn,)
+        allowed = in_key_set(pos[:, None], key_pos[None, :], n_sink, window)  # (Lb, Kn)
+        scores = scores.view(B * Hkv, group, Lb, -1).masked_fill(~allowed, float("-inf")).view(B * Hkv, group * Lb, -1)
+    probs = torch.softmax(scores, dim=-1)  # (B*Hkv, group*Lb, Kn)
+    per_range = probs.split_with_sizes([b - a for a, b in keys], -1)  # (B*Hkv, group*Lb, b-a) each
+    parts = [torch.bmm(p, vr) for p, vr in zip(per_range, _ranges(v, keys, acc))]  # (B*Hkv, group*Lb, D) each
+    out = parts[0] if len(parts) == 1 else parts[0].add_(parts[1])
+    out = out.view(B, Hq, Lb, D)  # (B, Hq, Lb, D)
+    return out if out.dtype == q.dtype else out.to(q.dtype)
+
+
+def _queries(q: torch.Tensor, acc: torch.dtype, rows: int) -> torch.Tensor:
+    """``(B, Hq, Lb, D)`` queries as ``(B * Hkv, group * Lb, D)`` in ``acc``: one KV head's query heads together."""
+    q = q.reshape(rows, -1, q.shape[-1])  # (B*Hkv, group*Lb, D)
+    return q if q.dtype == acc else q.to(acc)
+
+
+def _ranges(x, keys: list[tuple[int, int]], acc: torch.dtype) -> list[torch.Tensor]:
+    """Positions ``[a, b)`` of a ``(B, H, S, D)`` cache for each range in ``keys``, as ``(B * H, b - a, D)``
+    in ``acc`` (NOTE [Batched matmuls])."""
+    if isinstance(x, torch.Tensor) and (x.shape[0] == 1 or x.shape[1] == 1 or x.stride(0) == x.shape[1] * x.stride(1)):
+        x = x.flatten(0, 1)  # (B*H, S, D): a view, so each slice is one too
+        rows = [x[:, a:b] for a, b in keys]  # (B*H, b-a, D) each
+    else:  # a PagedView (wmtp/attention/paged.py), or dims that do not merge: each range's positions alone
+        rows = [x[:, :, a:b].flatten(0, 1) for a, b in keys]  # (B*H, b-a, D) each
+    return [r if r.dtype == acc else r.to(acc) for r in rows]
