@@ -60,9 +60,23 @@ def capture_graph(fn: Callable[[], object], pool=None) -> torch.cuda.CUDAGraph:
         fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        fn()
+    try:
+        with torch.cuda.graph(graph, pool=pool):
+            fn()
+    except Exception:
+        _end_capture_of_generators()
+        raise
     return graph
+
+
+def _end_capture_of_generators() -> None:
+    """NOTE [Failed capture]: when a capture fails (a host sync inside it, say), torch ends it without
+    the epilogue that marks the device's default CUDA generator as no longer capturing, and every later
+    random op on the device raises "Offset increment outside graph capture encountered unexpectedly"
+    (torch 2.11). One capture that succeeds runs that epilogue: a graph of one tiny op, then dropped."""
+    x = torch.zeros(1, device="cuda")  # the current device's, as the failed capture's was
+    with torch.cuda.graph(torch.cuda.CUDAGraph()):
+        x.add_(1)
 
 
 def synchronize(device: torch.device) -> None:
