@@ -6,8 +6,8 @@ positions ``q_pos`` over the keys of wmtp/keyset.py's key set, on a contiguous c
 ``impl="torch"`` is the plain PyTorch reference (attention/reference.py, attention/paged.py);
 ``impl="triton"`` the split-K kernel of attention/triton_attention.py. ``impl="auto"`` resolves
 once, by device, through ``resolve_impl``. Asking for an implementation that cannot run raises
-``ValueError``: there is no silent fallback. Triton is imported only when it is used, so
-``import wmtp`` works without it.
+``ValueError``: there is no silent fallback; the ops' argument checks are in attention/arguments.py.
+Triton is imported only when it is used, so ``import wmtp`` works without it.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import torch
 
 from ..checks import check_tensors
 from ..keyset import as_positions, check_key_set_args, is_integer_tensor
+from .arguments import check_pages, check_positions, check_q_sink, check_shapes, triton_refuses
 from .paged import paged_attention_torch
 from .plan import max_tile_rows
 from .reference import attention_torch
@@ -104,62 +105,6 @@ def resolve_impl(impl: str, device: torch.device | str, dtype: torch.dtype | Non
     return "triton"
 
 
-def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor) -> int:
-    """Shapes only (no values: no sync); returns the query heads per kv head."""
-    if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape:
-        raise ValueError(f"expected q (B, Hq, Lq, D) and k, v (B, Hkv, S, D); got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
-    B, Hq, Lq, D = q.shape
-    if not B or not Hq or not D:
-        raise ValueError(f"q {tuple(q.shape)} has an empty batch, head or head dimension")
-    if k.shape[0] != B or k.shape[3] != D or not k.shape[1] or Hq % k.shape[1]:
-        raise ValueError(f"q {tuple(q.shape)} does not fit k {tuple(k.shape)} (batch, head_dim, Hq % Hkv)")
-    if k.shape[2] == 0:
-        raise ValueError("the cache holds no positions (S = 0)")
-    if q_pos.shape != (Lq,) and q_pos.shape != (B, Lq):
-        raise ValueError(f"q_pos must have shape ({Lq},) or ({B}, {Lq}), got {tuple(q_pos.shape)}")
-    return Hq // k.shape[1]
-
-
-def _check_positions(impl: str, q_pos: torch.Tensor, S: int) -> None:
-    """NOTE [Host sync]: query positions are range-checked on the host when that costs no wait:
-    always for the reference (it reads them anyway) and for positions given in host memory. The
-    Triton path with positions already on the GPU is not checked, so a call never waits for the
-    device; the kernel clamps positions to the cache, so a bad one cannot read outside it."""
-    if q_pos.numel() and (impl == "torch" or q_pos.device.type == "cpu"):
-        lo, hi = (int(q_pos),) * 2 if q_pos.numel() == 1 else (int(q_pos.min()), int(q_pos.max()))
-        if lo < 0 or hi >= S:
-            raise ValueError(f"query positions must lie in [0, {S}), got [{lo}, {hi}]")
-
-
-def _check_pages(impl: str, block_table: torch.Tensor, q_pos: torch.Tensor, num_pages: int, page_size: int) -> None:
-    """NOTE [Host sync], as for positions: the pages the queries can reach (``0 .. max(q_pos)``, a
-    row's own with positions per row) must lie in ``[0, num_pages)``; checked for the reference and
-    for a table in host memory. (A negative page id would index from the end in torch: another page,
-    silently.)"""
-    if q_pos.numel() and (impl == "torch" or block_table.device.type == "cpu"):
-        reach = q_pos.amax(dim=-1).to(block_table.device) // page_size + 1  # () or (B,): pages each row reads
-        cols = torch.arange(block_table.shape[1], device=block_table.device)  # (max_pages,)
-        used = block_table[(cols < reach.reshape(-1, 1)).expand(block_table.shape)]  # the pages read
-        lo, hi = int(used.min()), int(used.max())
-        if lo < 0 or hi >= num_pages:
-            raise ValueError(f"block_table's pages for positions up to {int(q_pos.max())} must lie in "
-                             f"[0, {num_pages}), got [{lo}, {hi}]")
-
-
-def _triton_refuses(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_sink: torch.Tensor | None) -> str | None:
-    """What the Triton kernels cannot take beyond dtype and shape, or ``None``: they read k and v in
-    place (one layout, a contiguous head dim), in q's dtype, and have no backward."""
-    if not q.dtype == k.dtype == v.dtype:
-        return f"q, k, v of different dtypes ({q.dtype}, {k.dtype}, {v.dtype})"
-    if k.stride(-1) != 1 or k.stride() != v.stride():
-        return f"k and v of two layouts or a strided head dim (strides {k.stride()}, {v.stride()})"
-    grads = q.requires_grad or k.requires_grad or v.requires_grad or (q_sink is not None and q_sink.requires_grad)
-    if torch.is_grad_enabled() and grads:
-        return "tensors that require grad (the kernels have no backward)"
-    return None
-
-
 def _prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos, impl: str,
              logical: torch.Tensor | None = None, q_sink: torch.Tensor | None = None
              ) -> tuple[str, torch.Tensor, torch.Tensor]:
@@ -170,33 +115,21 @@ def _prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos, impl: str
     if not is_integer_tensor(q_pos):
         raise ValueError(f"q_pos must hold integer positions, got dtype {q_pos.dtype}")
     q_pos = q_pos.long()  # (Lq,) or (B, Lq) where it was given
-    group = _check_shapes(q, logical if logical is not None else k, logical if logical is not None else v, q_pos)
+    group = check_shapes(q, logical if logical is not None else k, logical if logical is not None else v, q_pos)
     if not q.device == k.device == v.device:
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     if not (q.is_floating_point() and k.is_floating_point() and v.is_floating_point()):
         raise ValueError(f"q, k, v must be floating point, got {q.dtype}, {k.dtype}, {v.dtype}")
     resolved = resolve_impl(impl, q.device, q.dtype, q.shape[-1], group)
-    refused = _triton_refuses(q, k, v, q_sink) if resolved == "triton" else None
+    refused = triton_refuses(q, k, v, q_sink) if resolved == "triton" else None
     if refused is not None and impl == "auto":  # as for a head_dim the kernel lacks: the reference
         resolved = "torch"
     elif refused is not None:
         raise ValueError(f"impl='triton' does not support {refused}; use impl='torch'")
-    _check_positions(resolved, q_pos, (logical if logical is not None else k).shape[2])
+    check_positions(resolved, q_pos, (logical if logical is not None else k).shape[2])
     if resolved == "triton" and q.stride(-1) != 1:
         q = q.contiguous()  # the kernel loads each query row whole; q is small
     return resolved, q, q_pos.to(q.device)
-
-
-def _check_q_sink(q: torch.Tensor, q_sink: torch.Tensor | None, window: int | None) -> None:
-    """``q_sink`` must match ``q`` (shape, dtype, device) and needs sinks to score (a window)."""
-    if q_sink is None:
-        return
-    check_tensors(q_sink=q_sink)
-    if window is None:
-        raise ValueError("q_sink scores the sink keys of a windowed key set; window=None has none")
-    if q_sink.shape != q.shape or q_sink.dtype != q.dtype or q_sink.device != q.device:
-        raise ValueError(f"q_sink must match q: got {tuple(q_sink.shape)} {q_sink.dtype} on {q_sink.device}, "
-                         f"q is {tuple(q.shape)} {q.dtype} on {q.device}")
 
 
 def _same_layout(q: torch.Tensor, q_sink: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -227,7 +160,7 @@ def attention(
         q_pos: ``(Lq,)`` LongTensor of absolute query positions, in ``[0, S)``, or ``(B, Lq)``: each
             batch row's own (batched decoding with every sequence at its own position); queries are
             causal among themselves through the key-set formula. Checked unless they are on the GPU
-            and ``impl`` resolves to ``"triton"`` (NOTE [Host sync] in ``_check_positions``).
+            and ``impl`` resolves to ``"triton"`` (NOTE [Host sync], wmtp/attention/arguments.py).
         n_sink: sink keys (``None`` = 0).
         window: recent keys including the query's own (``None`` = full causal set).
         impl: ``"auto"``, ``"torch"`` or ``"triton"``.
@@ -248,7 +181,7 @@ def attention(
     """
     check_key_set_args(n_sink, window)
     check_tensors(q=q, k=k, v=v)
-    _check_q_sink(q, q_sink, window)
+    check_q_sink(q, q_sink, window)
     impl, q, q_pos = _prepare(q, k, v, q_pos, impl, q_sink=q_sink)
     if impl == "triton":
         from .triton_attention import attention_triton
@@ -296,7 +229,7 @@ def paged_attention(
     """
     check_key_set_args(n_sink, window)
     check_tensors(q=q, k_pages=k_pages, v_pages=v_pages, block_table=block_table)
-    _check_q_sink(q, q_sink, window)
+    check_q_sink(q, q_sink, window)
     if k_pages.dim() != 4 or v_pages.shape != k_pages.shape or block_table.dim() != 2:
         raise ValueError(f"expected k_pages, v_pages (num_pages, page_size, Hkv, D) and block_table (B, max_pages); "
                          f"got {tuple(k_pages.shape)}, {tuple(v_pages.shape)}, {tuple(block_table.shape)}")
@@ -309,7 +242,7 @@ def paged_attention(
     # The logical (B, Hkv, capacity, D) shape the contiguous checks apply to.
     logical = torch.empty(B, Hkv, capacity, k_pages.shape[3], device="meta")
     impl, q, q_pos = _prepare(q, k_pages, v_pages, q_pos, impl, logical, q_sink)
-    _check_pages(impl, block_table, q_pos, k_pages.shape[0], k_pages.shape[1])
+    check_pages(impl, block_table, q_pos, k_pages.shape[0], k_pages.shape[1])
     if impl == "triton":
         from .triton_attention import paged_attention_triton
 
