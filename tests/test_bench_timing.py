@@ -78,17 +78,23 @@ def test_step_ms_on_real_graphs_and_a_call_that_cannot_be_captured():
     err = bt.step_ms(lambda: x.add_(1).item(), flush, calls=4, replays=3)  # a host sync: not capturable
     assert isinstance(err, str) and "captur" in err, err
     assert torch.randn(2, device="cuda").shape == (2,)  # NOTE [Failed capture] (wmtp/device.py)
+    assert torch.cuda.current_stream() == torch.cuda.default_stream()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
 def test_a_failed_capture_leaves_random_ops_working():
-    """NOTE [Failed capture] (wmtp/device.py): capture_graph re-raises the failure, and the device's
-    default generator draws again, the same numbers as after a capture that succeeded."""
+    """NOTE [Failed capture] (wmtp/device.py): capture_graph re-raises the failure, the caller is back
+    on its own stream, and the device's default generator draws again, the same numbers as after a
+    capture that succeeded."""
     from wmtp.device import capture_graph
 
     x = torch.zeros(1, device="cuda")
-    with pytest.raises(RuntimeError):
-        capture_graph(lambda: x.add_(1).item())  # a host sync: not capturable
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        with pytest.raises(RuntimeError):
+            capture_graph(lambda: x.add_(1).item())  # a host sync: not capturable
+        assert torch.cuda.current_stream() == side  # the caller's stream, not the capture's
+    assert torch.cuda.current_stream() == torch.cuda.default_stream()
     torch.cuda.manual_seed(7)
     after_failure = torch.randn(4, device="cuda")
     capture_graph(lambda: x.add_(1))

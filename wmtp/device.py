@@ -60,23 +60,32 @@ def capture_graph(fn: Callable[[], object], pool=None) -> torch.cuda.CUDAGraph:
         fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
+    caller = torch.cuda.current_stream()
     try:
         with torch.cuda.graph(graph, pool=pool):
             fn()
     except Exception:
-        _end_capture_of_generators()
-        raise
+        _recover_from_failed_capture(caller)
+        raise  # the capture's own error: what failed
     return graph
 
 
-def _end_capture_of_generators() -> None:
-    """NOTE [Failed capture]: when a capture fails (a host sync inside it, say), torch ends it without
-    the epilogue that marks the device's default CUDA generator as no longer capturing, and every later
-    random op on the device raises "Offset increment outside graph capture encountered unexpectedly"
-    (torch 2.11). One capture that succeeds runs that epilogue: a graph of one tiny op, then dropped."""
-    x = torch.zeros(1, device="cuda")  # the current device's, as the failed capture's was
-    with torch.cuda.graph(torch.cuda.CUDAGraph()):
-        x.add_(1)
+def _recover_from_failed_capture(caller: torch.cuda.Stream) -> None:
+    """NOTE [Failed capture]: when a capture fails (a host sync inside it, say), torch's
+    ``torch.cuda.graph`` raises from ``capture_end`` before it restores the caller's stream, and
+    ``capture_end`` raises before the epilogue that marks the device's default CUDA generator as no
+    longer capturing (torch 2.11-2.13): the caller would go on in the capture's side stream, and every
+    later random op on the device would raise "Offset increment outside graph capture encountered
+    unexpectedly". So: the caller's stream made current again, then one capture that succeeds (a graph
+    of one tiny op, dropped), which runs the epilogue. Should that fail too, the capture's own error
+    is the one raised."""
+    torch.cuda.set_stream(caller)
+    try:
+        x = torch.zeros(1, device="cuda")  # the current device's, as the failed capture's was
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            x.add_(1)
+    except Exception:
+        pass
 
 
 def synchronize(device: torch.device) -> None:

@@ -1,6 +1,6 @@
 """Argument checks of the public attention ops (wmtp/attention/__init__.py): shapes, positions, page ids,
-query-sink queries, and what the Triton kernels cannot take. Each raises ``ValueError`` with one line
-(or, for ``triton_refuses``, says why). Values are read only where that costs no wait for the GPU
+query-sink queries, and what the Triton kernels cannot take. The checks raise ``ValueError`` with one
+line; ``triton_refuses`` returns the reason instead. Values are read only where that costs no wait for the GPU
 (NOTE [Host sync]). Library plumbing around the key set of arXiv 2607.21535, Sec. 3.
 """
 
