@@ -74,9 +74,9 @@ def _recover_from_failed_capture(caller: torch.cuda.Stream) -> None:
     """NOTE [Failed capture]: when a capture fails (a host sync inside it, say), torch's
     ``torch.cuda.graph`` raises from ``capture_end`` before it restores the caller's stream, and
     ``capture_end`` raises before the epilogue that marks the device's default CUDA generator as no
-    longer capturing (the first seen on torch 2.11, the second read in 2.13's torch/cuda/graphs.py
-    and CUDAGraph.cpp): the caller would go on in the capture's side stream, and every
-    later random op on the device would raise "Offset increment outside graph capture encountered
+    longer capturing (the stream: read in torch 2.13's torch/cuda/graphs.py; the generator: seen on
+    torch 2.11, GPU test run DK): the caller would go on in the capture's side stream, and every later
+    random op on the device would raise "Offset increment outside graph capture encountered
     unexpectedly". So: the caller's stream made current again, then one capture that succeeds (a graph
     of one tiny op, dropped), which runs the epilogue. Should that fail too, the capture's own error
     is the one raised."""
