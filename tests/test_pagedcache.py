@@ -68,6 +68,17 @@ def test_paged_view_slices_are_the_contiguous_cache():
         assert torch.equal(view[index], full[index])
 
 
+def test_paged_view_gathers_a_slice_not_its_length():
+    """A slice of a PagedView gathers its own positions: a view 2**62 positions long (whose positions
+    ``0 .. length-1`` no tensor could hold) still slices, so the reference's windowed draft over a paged
+    cache costs its key set, not the context."""
+    g = torch.Generator().manual_seed(1)
+    full = torch.randn(1, 2, 32, 8, generator=g, dtype=torch.float64)  # (B, Hkv, S, D)
+    pages, _, table = paginate(full, full, 4, g)
+    view = PagedView(pages, table, 1 << 62)
+    assert torch.equal(view[:, :, 3:9], full[:, :, 3:9]) and torch.equal(view[:, :, 28:32], full[:, :, 28:32])
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("page_size", [1, 4, 16])
 def test_attend_equals_the_contiguous_cache(page_size, impl):

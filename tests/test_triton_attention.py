@@ -550,6 +550,10 @@ def test_paged_op_checks_the_block_table_where_it_costs_no_sync(impl):
             paged_attention(q, k_pages, v_pages, bad, pos, 2, 4, impl=impl)
     with pytest.raises(ValueError, match="q's device"):
         paged_attention(q, k_pages, v_pages, table.to("meta"), pos, 2, 4, impl=impl)
+    if impl == "torch" or table.device.type == "cpu":  # pages past the queries' reach are never read
+        past = table.clone()
+        past[0, 2:] = -1
+        paged_attention(q, k_pages, v_pages, past, pos - 40, 2, 4, impl=impl)  # at 22, 23: pages 0 and 1
     if impl == "torch" or table.device.type == "cpu":  # positions per row: each row's own reach
         q2, rows = torch.cat([q, q]), torch.stack([pos - 40, pos])  # (2, Hq, 2, D); row 0 at 22, 23: page 1
         table2 = torch.cat([table, table])  # (2, 4)

@@ -45,9 +45,12 @@ def check_pages(impl: str, block_table: torch.Tensor, q_pos: torch.Tensor, num_p
     for a table in host memory. (A negative page id would index from the end in torch: another page,
     silently.)"""
     if q_pos.numel() and (impl == "torch" or block_table.device.type == "cpu"):
-        reach = q_pos.amax(dim=-1).to(block_table.device) // page_size + 1  # () or (B,): pages each row reads
-        cols = torch.arange(block_table.shape[1], device=block_table.device)  # (max_pages,)
-        used = block_table[(cols < reach.reshape(-1, 1)).expand(block_table.shape)]  # the pages read
+        if q_pos.dim() == 1:  # every row reads the same pages: a view of the table's first columns
+            used = block_table[:, : int(q_pos.max()) // page_size + 1]  # (B, pages read)
+        else:
+            reach = q_pos.amax(dim=-1).to(block_table.device) // page_size + 1  # (B,): pages each row reads
+            cols = torch.arange(block_table.shape[1], device=block_table.device)  # (max_pages,)
+            used = block_table[(cols < reach.reshape(-1, 1)).expand(block_table.shape)]  # the pages read
         lo, hi = int(used.min()), int(used.max())
         if lo < 0 or hi >= num_pages:
             raise ValueError(f"block_table's pages for positions up to {int(q_pos.max())} must lie in "

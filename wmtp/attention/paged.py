@@ -42,7 +42,10 @@ class PagedView:
 
     def __getitem__(self, index) -> torch.Tensor:
         batch, heads, positions = index
-        pos = torch.arange(self.shape[2], device=self.pages.device)[positions]  # (L,)
+        if isinstance(positions, slice):  # the reference's ranges: only their positions, not 0 .. length-1
+            pos = torch.arange(*positions.indices(self.shape[2]), device=self.pages.device)  # (L,)
+        else:
+            pos = torch.arange(self.shape[2], device=self.pages.device)[positions]  # (L,)
         page, row = page_rows(self.block_table[batch], self.pages.shape[1], pos)  # (B, L), (L,)
         return self.pages[page, row].permute(0, 2, 1, 3)[:, heads]  # (B, L, Hkv, D) -> (B, Hkv, L, D)
 
