@@ -3,6 +3,7 @@ one draft query; reproduce's ``bars.draft_attention_16k_sink8_win64``) measured 
 several revisions side by side, rounds alternating, to tell the code's part from the machine's.
 
 Usage: python3 metrics/experiments/exp49-draft-attention-ratio.py OUT.json ROUNDS CHECKOUT [CHECKOUT ...]
+(the side-by-side runs: metrics/experiments/revisions.py)
 
 Each CHECKOUT is a directory holding a revision of the repository (``git worktree add DIR REV``);
 each round runs ``wmtp.bench.bench_draft_attention`` from every checkout in turn, in a subprocess
@@ -13,10 +14,10 @@ for the small preset), seed 42. Reported per run: each key set's median and the 
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 from pathlib import Path
+
+from revisions import alternate, write
 
 RUN = """
 import json, sys, torch
@@ -32,31 +33,21 @@ print(json.dumps({r["keyset"]: r["median_s"] for r in rows}))
 """
 
 
-def revision(checkout: Path) -> str:
-    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True, text=True, check=True)
-    return out.stdout.strip()
-
-
 def main(argv: list[str]) -> int:
     out, rounds, checkouts = Path(argv[0]), int(argv[1]), [Path(a).resolve() for a in argv[2:]]
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from wmtp.metrics import environment
 
-    runs = []
-    for r in range(rounds):
-        for c in checkouts:
-            got = subprocess.run([sys.executable, "-c", RUN, str(c)], capture_output=True, text=True, check=True)
-            medians = json.loads(got.stdout.strip().splitlines()[-1])
-            ratio = medians["native"] / medians["sink8+win64"]
-            runs.append({"round": r, "checkout": str(c), "revision": revision(c), "median_s": medians,
-                         "ratio_native_over_sink8_win64": ratio})
-            print(f"round {r} {revision(c)[:7]}: native {medians['native'] * 1e3:.3f} ms, "
-                  f"8+64 {medians['sink8+win64'] * 1e3:.3f} ms, ratio {ratio:.1f}", flush=True)
-    doc = {"experiment": 49, "command": "python3 metrics/experiments/exp49-draft-attention-ratio.py " + " ".join(argv),
-           "environment": environment("cpu"), "context": 16384, "dtype": "float64", "repeats": 100, "runs": runs}
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    tmp.replace(out)
+    def show(m: dict) -> str:
+        return (f"native {m['native'] * 1e3:.3f} ms, 8+64 {m['sink8+win64'] * 1e3:.3f} ms, "
+                f"ratio {m['native'] / m['sink8+win64']:.1f}")
+
+    runs = alternate(RUN, rounds, checkouts, show)
+    for run in runs:
+        run["ratio_native_over_sink8_win64"] = run["median_s"]["native"] / run["median_s"]["sink8+win64"]
+    write(out, {"experiment": 49, "command": "python3 metrics/experiments/exp49-draft-attention-ratio.py "
+                + " ".join(argv), "environment": environment("cpu"), "context": 16384, "dtype": "float64",
+                "repeats": 100, "runs": runs})
     return 0
 
 

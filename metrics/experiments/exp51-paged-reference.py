@@ -2,6 +2,7 @@
 of several revisions side by side, rounds alternating (as experiment 49).
 
 Usage: python3 metrics/experiments/exp51-paged-reference.py OUT.json ROUNDS CHECKOUT [CHECKOUT ...]
+(the side-by-side runs: metrics/experiments/revisions.py)
 
 Each CHECKOUT is a directory holding a revision (``git worktree add DIR REV``); each round runs, in a
 subprocess with that checkout first on ``sys.path``, ``wmtp.paged_attention(..., impl="torch")`` for one
@@ -12,10 +13,10 @@ draft query with 8 sinks + a window of 64 over a paged cache (pages of 16, rando
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 from pathlib import Path
+
+from revisions import alternate, write
 
 RUN = """
 import json, statistics, sys, time, torch
@@ -42,30 +43,15 @@ print(json.dumps(medians))
 """
 
 
-def revision(checkout: Path) -> str:
-    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True, text=True, check=True)
-    return out.stdout.strip()
-
-
 def main(argv: list[str]) -> int:
     out, rounds, checkouts = Path(argv[0]), int(argv[1]), [Path(a).resolve() for a in argv[2:]]
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from wmtp.metrics import environment
 
-    runs = []
-    for r in range(rounds):
-        for c in checkouts:
-            got = subprocess.run([sys.executable, "-c", RUN, str(c)], capture_output=True, text=True, check=True)
-            medians = json.loads(got.stdout.strip().splitlines()[-1])
-            runs.append({"round": r, "checkout": str(c), "revision": revision(c), "median_s": medians})
-            print(f"round {r} {revision(c)[:7]}: " + ", ".join(f"{s}: {m * 1e6:.1f} us" for s, m in medians.items()),
-                  flush=True)
-    doc = {"experiment": 51, "command": "python3 metrics/experiments/exp51-paged-reference.py " + " ".join(argv),
-           "environment": environment("cpu"), "dtype": "float64", "page_size": 16, "n_sink": 8, "window": 64,
-           "runs": runs}
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    tmp.replace(out)
+    runs = alternate(RUN, rounds, checkouts, lambda m: ", ".join(f"{s}: {t * 1e6:.1f} us" for s, t in m.items()))
+    write(out, {"experiment": 51, "command": "python3 metrics/experiments/exp51-paged-reference.py " + " ".join(argv),
+                "environment": environment("cpu"), "dtype": "float64", "page_size": 16, "n_sink": 8, "window": 64,
+                "runs": runs})
     return 0
 
 
