@@ -141,6 +141,7 @@ def _ranges(x: Cache, keys: list[tuple[int, int]], acc: torch.dtype) -> list[tor
     if isinstance(x, torch.Tensor) and (x.shape[0] == 1 or x.shape[1] == 1 or x.stride(0) == x.shape[1] * x.stride(1)):
         x = x.flatten(0, 1)  # (B*H, S, D): a view, so each slice is one too
         rows = [x[:, a:b] for a, b in keys]  # (B*H, b-a, D) each
-    else:  # a PagedView (wmtp/attention/paged.py), or dims that do not merge: each range's positions alone
-        rows = [x[:, :, a:b].flatten(0, 1) for a, b in keys]  # (B*H, b-a, D) each
-    return [r if r.dtype == acc else r.to(acc) for r in rows]
+        return [r if r.dtype == acc else r.to(acc) for r in rows]
+    # A PagedView (wmtp/attention/paged.py), or dims that do not merge: each range's positions alone,
+    # cast before the flatten so that a range in another dtype is copied once, not twice.
+    return [x[:, :, a:b].to(acc, memory_format=torch.contiguous_format).flatten(0, 1) for a, b in keys]  # (B*H, b-a, D)
