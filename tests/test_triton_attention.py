@@ -353,6 +353,20 @@ def test_offsets_past_2_to_the_31_elements(where):
     assert (out.float() - ref.float()).abs().max() < 1e-2
 
 
+@pytest.mark.skipif(not CUDA, reason="the caching allocator it empties is CUDA's")
+def test_a_test_leaves_no_more_than_a_gib_cached():
+    """tests/gpu_memory.py, run after every test: the 6 GiB tests above no longer leave their worker
+    holding 6 GiB that 15 other workers on the same card cannot have."""
+    from gpu_memory import CUDA_CACHE_LIMIT, release_cached_gpu_memory
+
+    x = torch.empty(3 << 29, dtype=torch.uint8, device="cuda")  # 1.5 GiB
+    del x
+    before = torch.cuda.memory_reserved()
+    assert before > CUDA_CACHE_LIMIT
+    assert release_cached_gpu_memory()
+    assert torch.cuda.memory_reserved() <= before - (3 << 29)
+
+
 def _edge_pool(page_stride: int, device: str = "meta") -> torch.Tensor:
     """A (5, 16, 3, 16) fp16 page pool with pages ``page_stride`` elements apart (rows 48, heads 16):
     its largest offset is 4 * page_stride + 767, lazily allocated off ``meta`` (a few pages touched)."""
