@@ -29,8 +29,8 @@ tests() {
       -p no:cacheprovider ${TESTS:-tests/test_triton_attention.py tests/test_launch_cache.py \
       tests/test_lossless.py::test_every_backend_is_lossless tests/test_kernel_sm90.py tests/test_bench_attention.py \
       tests/test_bench_read.py tests/test_bench_timing.py tests/test_train.py::test_evaluation_runs_with_models_on_the_gpu \
-      tests/test_cli.py::test_tiny_reproduce_on_cuda tests/test_static_decode.py::test_cuda_is_lossless \
-      tests/test_cli.py::test_bench_decode_on_cuda_times_both_loops tests/test_prefill.py tests/test_ringcache.py \
+      tests/test_cli_reproduce.py::test_tiny_reproduce_on_cuda tests/test_static_decode.py::test_cuda_is_lossless \
+      tests/test_cli_bench_decode.py::test_bench_decode_on_cuda_times_both_loops tests/test_prefill.py tests/test_ringcache.py \
       tests/test_sampling.py tests/test_policy.py} \
       | grep -v -E " PASSED | SKIPPED |^tests/[^ ]+ $"  # xdist's -v also prints each test as it starts
     echo "pytest exit $?"

@@ -1,8 +1,11 @@
 """Test configuration. Environment set here, before anything imports triton or datasets:
 HF_DATASETS_OFFLINE=1 always (no hub in tests), TRITON_INTERPRET=1 only without a CUDA device.
-On CUDA, a fixture returns each test's cached GPU memory past 1 GiB to the driver."""
+On CUDA, a fixture returns each test's cached GPU memory past 1 GiB to the driver. Also the fixtures
+that several test files share: ``wikitext_dir``, the small corpus the command-line tests train on
+(tests/test_cli_*.py), and ``one_thread``, which the grader tests ask for (tests/test_grading_*.py)."""
 
 import os
+import random
 
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -16,6 +19,8 @@ if not CUDA:
 import pytest  # noqa: E402
 from gpu_memory import release_cached_gpu_memory  # noqa: E402
 
+WORDS = "the of and in to a was is for on as with by he at from his an were are which it this that".split()
+
 
 @pytest.fixture(autouse=True)
 def _release_cached_gpu_memory():
@@ -23,3 +28,27 @@ def _release_cached_gpu_memory():
     yield
     if CUDA:
         release_cached_gpu_memory()
+
+
+@pytest.fixture(scope="module")
+def wikitext_dir(tmp_path_factory):
+    """A small WikiText-format corpus (train/valid/test.txt) with some structure to learn."""
+    root = tmp_path_factory.mktemp("wikitext")
+    rng = random.Random(0)
+    for split, n in [("train", 1500), ("valid", 300), ("test", 300)]:
+        lines = []
+        for i in range(n):
+            if i % 25 == 0:
+                lines.append(f" = Section {i // 25} = ")
+            lines.append(" " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 20))) + " . ")
+        (root / f"{split}.txt").write_text("\n".join(lines) + "\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """The harness's matrices are 64 wide: one thread is fastest and leaves the other cores alone."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -50,7 +50,7 @@ BATCH_LITERAL = [  # (drafts, choices, positions, live) -> one (tokens, new_posi
     (([[4, 4], [5, 5]], [[4, 4, 4], [5, 5, 5]], [2, 3], [F, F]), [([], 2), ([], 3)]),  # every row stopped
 ]
 # (K, prompt lengths, new tokens a row, seed): seeds under which the rows stop at different steps,
-# so that a stopped row sits beside live ones (tests/test_grading.py checks it)
+# so that a stopped row sits beside live ones (tests/test_grading_harness.py checks it)
 HARNESS = [(3, (5, 9, 2), 16, 2), (1, (4, 1, 7, 3), 12, 1), (5, (12, 3), 24, 4), (2, (6,), 10, 0),
            (4, (2, 8, 5, 11, 1), 20, 3)]
 

@@ -194,7 +194,7 @@ def ring_slot(p: int, n_sink: int, window: int, depth: int) -> int:
     and at most ``depth`` speculative positions ``t+1 .. t+depth`` have been written past it. The
     ``window + depth`` positions ``t-window+1 .. t+depth`` are consecutive, so they fall in distinct
     rotating slots, and no write of a later position has yet reused any of them; the sinks are never
-    overwritten. So every key a query reads is still in its slot (tests/test_grading.py simulates it).
+    overwritten. So every key a query reads is still in its slot (tests/test_grading_harness.py simulates it).
 
     ``p`` may be an int or an integer tensor of positions (the slot of each: wmtp/ringcache.py's
     block table), by the same expression.

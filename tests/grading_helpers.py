@@ -1,0 +1,19 @@
+"""What the grader test files (tests/test_grading_*.py) share: the course's assignments folder, the
+file of each assignment, and a student's file written from source. The bugs they plant are
+tests/planted_bugs_01_06.py and tests/planted_bugs_07_10.py; their one-thread fixture is
+tests/conftest.py's ``one_thread``."""
+
+from pathlib import Path
+
+ASSIGNMENTS = Path(__file__).resolve().parents[1] / "tutorials" / "assignments"
+FILES = {"keyset": "01_keyset.py", "ring_slot": "02_ring_slot.py", "greedy_verify": "03_greedy_verify.py",
+         "splitk_merge": "04_splitk_merge.py", "reindexed": "05_reindexed_positions.py",
+         "rejection": "06_rejection_sampling.py", "paged": "07_paged_keys.py", "depth": "08_draft_depth.py",
+         "fork": "09_fork_table.py", "batch": "10_batch_commit.py"}
+
+
+def write_student(tmp_path, source: str) -> Path:
+    """``source`` after ``import torch``, as tmp_path/student.py."""
+    path = tmp_path / "student.py"
+    path.write_text("import torch\n\n" + source)
+    return path

@@ -1,0 +1,125 @@
+"""The ``wmtp`` command's arguments: help texts, ``--version`` and ``python -m wmtp``, the
+``auto-research`` alias, bad argument values (exit 2, one line, no traceback) and the devices they
+name (resolved in one place; an absent CUDA or MPS, or float64 on MPS, is one line)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from cli_helpers import run_cli as _run
+
+from wmtp.cli import auto_research_main
+
+
+def test_help_lists_every_subcommand_and_flag(capsys):
+    code, out, _ = _run(capsys, ["--help"])
+    assert code == 0 and "reproduce" in out and "bench" in out
+    code, out, _ = _run(capsys, ["reproduce", "--help"])
+    for flag in ("--paper", "--dataset-dir", "--device", "--seed", "--preset", "--out", "--depth", "--keysets"):
+        assert flag in out
+    code, out, _ = _run(capsys, ["bench", "attention", "--help"])
+    assert code == 0 and "--contexts" in out
+
+
+def test_version_and_python_m(capsys):
+    """``--version`` names the package's version (pyproject.toml's); ``python -m wmtp`` is the command
+    from a checkout, and a metrics JSON records the command as typed and wmtp's version."""
+    import re
+    import subprocess
+    import sys
+
+    import wmtp
+    from wmtp.metrics import command_line, environment
+
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert re.search(r'^version = "([^"]+)"$', pyproject, flags=re.M)[1] == wmtp.__version__
+    code, out, _ = _run(capsys, ["--version"])
+    assert code == 0 and out == f"wmtp {wmtp.__version__}\n"
+    run = subprocess.run([sys.executable, "-m", "wmtp", "--version"], capture_output=True, text=True, timeout=120)
+    assert (run.returncode, run.stdout) == (0, f"python -m wmtp {wmtp.__version__}\n")
+    run = subprocess.run([sys.executable, "-m", "wmtp", "reproduce", "--depth", "0"], capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 2 and run.stderr == "python -m wmtp: error: depth must be an integer >= 1, got 0\n"
+    assert "Traceback" not in run.stderr
+    assert command_line("python -m wmtp", ["generate", "it's a prompt", "--seed", "1"]) == (
+        "python -m wmtp generate 'it'\"'\"'s a prompt' --seed 1")
+    assert environment("cpu")["versions"]["wmtp"] == wmtp.__version__
+
+
+BAD = [
+    (["reproduce", "--depth", "0"], "depth"),
+    (["reproduce", "--depth", "-3"], "depth"),
+    (["reproduce", "--keysets=-1:64"], "n_sink"),
+    (["reproduce", "--keysets", "-1:64"], "n_sink must be a non-negative integer, got -1"),  # was read as an option
+    (["generate", "--keyset", "8:64", "-1:64"], "n_sink"), (["reproduce", "--contexts", "-5"], "--contexts"),
+    (["reproduce", "--keysets", "8:-2"], "window"),
+    (["reproduce", "--keysets", "8"], "SINK:WINDOW"),
+    (["reproduce", "--device", "tpu"], "unknown device"),
+    (["reproduce", "--device", "mps"], "MPS is not available"),
+    (["reproduce", "--preset", "huge"], "unknown preset"),
+    (["reproduce", "--contexts", "100000"], "cache"),
+    (["reproduce", "--dataset-dir", "/no/such/dir"], "does not exist"),
+    (["reproduce", "--seed", "abc"], "--seed: must be an integer from 0 to 2**64 - 1, got 'abc'"),
+    (["reproduce", "--seed", "-1"], "from 0 to 2**64 - 1"), (["generate", "--seed", str(2**64)], "from 0"),
+    (["bench", "decode", "--seed", "1e3"], "from 0"),
+    (["reproduce", "--keysets", " 8:64"], "is not SINK:WINDOW"), (["reproduce", "--keysets", "1_0:64"], "SINK:WINDOW"),
+    (["reproduce", "--keysets", "8:64", "8:64"], "key set sink8+win64 is given twice"),
+    (["reproduce", "--contexts", "64", "128", "64"], "context 64 is given twice"),
+    (["reproduce", "--device", "auto:3"], "only cuda and mps take an index"), (["bench", "decode", "--device", "cpu:1"],
+                                                                             "only cuda and mps take an index"),
+    (["plot", ""], "is a folder"),
+    (["reproduce", "--paper", "other"], "invalid choice"),
+    (["bench", "attention", "--device", "tpu"], "unknown device"),
+    (["bench", "attention", "--repeats", "0"], "positive"),
+]
+
+
+@pytest.mark.parametrize("argv,match", BAD)
+def test_bad_input_exits_2_with_one_line(capsys, argv, match, monkeypatch):
+    monkeypatch.setattr("wmtp.device.mps_available", lambda: False)  # "mps absent" on a Mac too
+    code, out, err = _run(capsys, argv)
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and match in err, err
+    assert "Traceback" not in err + out
+
+
+def test_devices_resolve_in_one_place_and_mps_has_no_float64(capsys, monkeypatch):
+    """auto prefers CUDA, then MPS, then CPU; float64 on MPS is one line and exit 2, before any work."""
+    from wmtp.device import check_dtype, mps_available, resolve_device
+
+    # the backend's answer, not that torch has an mps module (every build has; mutation round 5)
+    assert mps_available() is torch.backends.mps.is_available()
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    monkeypatch.setattr("wmtp.device.mps_available", lambda: True)
+    assert resolve_device("auto") == torch.device("mps") and resolve_device("mps") == torch.device("mps")
+    with pytest.raises(ValueError, match="MPS has no float64"):
+        check_dtype(torch.device("mps"), torch.float64)
+    check_dtype(torch.device("mps"), torch.float32)
+    check_dtype(torch.device("cpu"), torch.float64)
+    code, out, err = _run(capsys, ["bench", "attention", "--device", "mps", "--dtype", "float64", "--preset", "tiny"])
+    assert code == 2 and "MPS has no float64" in err and len(err.strip().splitlines()) == 1, err
+    monkeypatch.setattr("wmtp.device.mps_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu")
+    code, _, err = _run(capsys, ["bench", "attention", "--device", "mps"])
+    assert code == 2 and "MPS is not available" in err
+    # refused by resolve_device itself (mutation round 5: without it, reproduce --device cuda and
+    # --device auto:3 got through to their work and failed only minutes later)
+    for name, match in (("cuda", "CUDA is not available"), ("cuda:1", "CUDA is not available"),
+                        ("mps", "MPS is not available"), ("auto:3", "only cuda and mps"),
+                        ("cpu:1", "only cuda and mps"), ("tpu", "unknown device")):
+        with pytest.raises(ValueError, match=match):
+            resolve_device(name)
+    assert resolve_device("cpu") == torch.device("cpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error for an absent CUDA device")
+def test_absent_cuda_is_a_clear_error(capsys):
+    code, _, err = _run(capsys, ["reproduce", "--device", "cuda"])
+    assert code == 2 and "CUDA is not available" in err
+
+
+def test_auto_research_alias(capsys):
+    code, out, _ = _run(capsys, ["reproduce", "--help"], auto_research_main)
+    assert code == 0 and "auto-research" in out
+    code, _, err = _run(capsys, ["reproduce", "--depth", "0"], auto_research_main)
+    assert code == 2 and err.startswith("auto-research: error:")

@@ -1,0 +1,120 @@
+"""How the course grader runs a student's file (wmtp/grading_process.py): in a process of its own,
+where a crash names its case, an exit, an endless loop or an edit of the grader is a failed grade,
+what the file prints is shown cut to its first and last lines, a file that does not import fails,
+and a file may use dataclasses and a helper beside it. Bad input is a ValueError, and
+``wmtp grade`` exits 0, 1 or 2."""
+
+import pytest
+from grading_helpers import ASSIGNMENTS
+from grading_helpers import write_student as _write
+
+from wmtp import grading, grading_process
+from wmtp.cli import main
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_a_crash_in_the_student_function_names_the_case(tmp_path):
+    crash = _write(tmp_path, "def ring_slot(p, n_sink, window, depth):\n    return [][p]\n")
+    report = grading.grade("ring_slot", crash)
+    assert not report.passed
+    assert report.first_failure.startswith("ring_slot(p=0, n_sink=4, window=6, depth=2): raised IndexError")
+
+
+@pytest.mark.parametrize("body", ["def ring_slot(p, n_sink, window, depth):\n    raise SystemExit(0)\n",
+                                  "raise SystemExit(3)\n"])
+def test_exiting_is_a_failed_grade_not_a_pass(tmp_path, body):
+    """``SystemExit(0)`` from the student's function or module must not end the grader with status 0."""
+    report = grading.grade("ring_slot", _write(tmp_path, body))
+    assert not report.passed and "SystemExit" in report.first_failure
+
+
+KEYS = """
+def draft_key_indices(t, n_sink, window):
+    sinks = range(min(n_sink, t + 1))
+    recent = range(0 if window is None else max(n_sink, t - window + 1), t + 1)
+    return sorted(set(sinks) | set(recent))
+"""
+
+
+def test_a_correct_file_may_use_dataclasses_and_a_helper_beside_it(tmp_path):
+    """The file is a module in sys.modules while it runs (dataclasses need it), its folder on sys.path."""
+    (tmp_path / "keyhelper.py").write_text(KEYS)
+    path = tmp_path / "student.py"
+    path.write_text("from __future__ import annotations\nfrom dataclasses import dataclass\n\nimport keyhelper\n\n\n"
+                    "@dataclass\nclass Query:\n    t: int\n\n\n"
+                    "def draft_key_indices(t, n_sink, window):\n"
+                    "    return keyhelper.draft_key_indices(Query(t).t, n_sink, window)\n")
+    report = grading.grade("keyset", path)
+    assert report.passed, report
+
+
+@pytest.mark.parametrize("body, why", [
+    ("import os\nos._exit(0)\n", "ended the grading process (exit status 0)"),  # not a silent pass
+    ("while True:\n    pass\n", "took longer than 20 s"),
+    ("import wmtp.grading_checks as g\ng.N_FUZZ = 0\ng.KEYSET_LITERAL.clear()\n", "of the 310 checks ran"),
+])
+def test_a_file_that_exits_loops_or_edits_the_grader_fails(tmp_path, body, why):
+    report = grading.grade("keyset", _write(tmp_path, KEYS + body), timeout_s=20)
+    assert not report.passed and why in report.first_failure, report
+
+
+def test_what_a_file_prints_is_shown_cut_to_its_first_and_last_lines(tmp_path, capsys, monkeypatch):
+    """A print in the graded function runs once a check (310 for the key set): the student sees the
+    first SHOWN_LINES lines, a count of the cut ones and the last TAIL_LINES, on stderr, and the grade is
+    the function's. A file that prints in an endless loop still times out, its output cut the same way;
+    what a file prints before it hangs or hard-exits is shown, even with output buffered (no
+    PYTHONUNBUFFERED: a pipe's block buffer would have kept it)."""
+    first, last = grading_process.SHOWN_LINES, grading_process.TAIL_LINES
+    printing = KEYS.replace("    sinks = ", "    print('called with', t, n_sink, window)\n    sinks = ")
+    report = grading.grade("keyset", _write(tmp_path, printing), timeout_s=60)
+    err = capsys.readouterr().err.splitlines()
+    assert report.passed, report
+    assert err[0] == "output while grading student.py:" and len(err) == 1 + first + 1 + last
+    assert all(line.startswith("  | called with ") for line in err[1:first + 1] + err[-last:])
+    assert err[first + 1] == f"  ({report.n_checks - first - last} more lines)"  # one print a check
+    report = grading.grade("keyset", _write(tmp_path, KEYS + "while True:\n    print('x' * 2999)\n"), timeout_s=5)
+    err = capsys.readouterr().err.splitlines()
+    assert not report.passed and "took longer than 5 s" in report.first_failure
+    assert err[1:4] == ["  | " + "x" * 1000] * 2 + ["  | " + "x" * 999]  # a long line shown 1000 bytes at a time
+    assert len(err) == 1 + first + 1 + last and err[first + 1].endswith(" more lines)")
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
+    hang, hard_exit = ("while True:\n    pass\n", "took longer than 5 s"), ("import os\nos._exit(3)\n", "exit status 3")
+    for body, why in (hang, hard_exit):
+        report = grading.grade("keyset", _write(tmp_path, KEYS + "print('loading')\nprint('step 2')\n" + body),
+                               timeout_s=5)
+        err = capsys.readouterr().err.splitlines()
+        assert not report.passed and why in report.first_failure, report
+        assert err == ["output while grading student.py:", "  | loading", "  | step 2"]
+
+
+def test_a_file_that_does_not_import_is_a_failed_grade(tmp_path):
+    report = grading.grade("keyset", _write(tmp_path, "def draft_key_indices(t, n_sink, window)\n"))
+    assert not report.passed and "could not be imported: SyntaxError" in report.first_failure
+
+
+def test_bad_input_raises_value_error(tmp_path):
+    with pytest.raises(ValueError, match="no such file"):
+        grading.grade("keyset", tmp_path / "missing.py")
+    with pytest.raises(ValueError, match="is a folder: pass the student's .py file"):
+        grading.grade("keyset", tmp_path)
+    with pytest.raises(ValueError, match=r"defines no function draft_key_indices\(\)"):
+        grading.grade("keyset", _write(tmp_path, "def keys(t, n_sink, window):\n    return []\n"))
+    (tmp_path / "notes.txt").write_text("def draft_key_indices(t, n_sink, window):\n    return []\n")
+    with pytest.raises(ValueError, match="not a Python file"):
+        grading.grade("keyset", tmp_path / "notes.txt")
+    with pytest.raises(ValueError, match="unknown assignment 'kv'"):
+        grading.grade("kv", ASSIGNMENTS / "solutions" / "01_keyset.py")
+
+
+def test_cli_exit_codes(capsys, tmp_path):
+    assert main(["grade", "splitk_merge", str(ASSIGNMENTS / "solutions" / "04_splitk_merge.py")]) == 0
+    assert "PASS splitk_merge" in capsys.readouterr().out
+    bug = _write(tmp_path, "def accept_count(drafts, target_choice):\n    return len(drafts)\n")
+    assert main(["grade", "greedy_verify", str(bug)]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL greedy_verify" in out and "accept_count(drafts=[1, 2, 3], target_choice=[1, 2, 4, 0])" in out
+    assert main(["grade", "keyset", str(tmp_path / "missing.py")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert main(["grade", "kv", str(bug)]) == 2
+    assert "invalid choice" in capsys.readouterr().err
