@@ -245,8 +245,11 @@ def test_bad_shapes_raise(case):
         wmtp.attention(*args, n_sink=2, window=4, impl="torch")
 
 
-@pytest.mark.parametrize("n_sink, window, name", [(-1, 4, "n_sink"), (2, 0, "window"), (2, 2.5, "window")])
+@pytest.mark.parametrize("n_sink, window, name", [(-1, 4, "n_sink"), (2, 0, "window"), (2, 2.5, "window"),
+                                                  (2**63, 4, "n_sink"), (2, 2**64 - 1, "window"), (2**70, 4, "n_sink")])
 def test_bad_key_set_args_raise(n_sink, window, name):
+    """A key set past int64 (2**63, 2**64 - 1) was read wrapped, the output silently not the formula's;
+    2**70 was torch's OverflowError."""
     q, k, v, q_pos = make_inputs(1, 2, 1, 1, 10, 16, torch.float32, seed=0)
     with pytest.raises(ValueError, match=name):
         wmtp.attention(q, k, v, q_pos, n_sink=n_sink, window=window, impl="torch")

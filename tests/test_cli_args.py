@@ -53,6 +53,8 @@ BAD = [
     (["reproduce", "--keysets", "-1:64"], "n_sink must be a non-negative integer, got -1"),  # was read as an option
     (["generate", "--keyset", "8:64", "-1:64"], "n_sink"), (["reproduce", "--contexts", "-5"], "--contexts"),
     (["reproduce", "--keysets", "8:-2"], "window"),
+    (["reproduce", "--keysets", "8:99999999999999999999"], "window must be at most 2**62"),  # a wrapped key set
+    (["generate", "--keyset", "99999999999999999999:1"], "n_sink must be at most 2**62"),  # OverflowError, trained
     (["reproduce", "--keysets", "8"], "SINK:WINDOW"),
     (["reproduce", "--device", "tpu"], "unknown device"),
     (["reproduce", "--device", "mps"], "MPS is not available"),

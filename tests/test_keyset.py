@@ -134,6 +134,9 @@ BAD_ARGS = [
     pytest.param(2, -3, "window", id="negative-window"),
     pytest.param(2, 2.5, "window", id="float-window"),
     pytest.param(2, True, "window", id="bool-window"),
+    pytest.param(2**63, 4, "n_sink", id="n_sink-past-int64"),  # the mask's j < n_sink wrapped: 12 of 57 keys
+    pytest.param(2, 2**64 - 1, "window", id="window-past-int64"),  # t - window wrapped: 6 keys, not all 57
+    pytest.param(2**70, 4, "n_sink", id="n_sink-2**70"),  # torch's OverflowError in the mask
 ]
 
 KEYSET_CALLS = {
@@ -202,11 +205,20 @@ def test_render_mask_rows_match_mask():
     lambda: draft_key_mask([3], 2.5, 0, 2), lambda: draft_key_mask([3], -1, 0, 2),
     lambda: draft_key_mask([-1], 4, 0, 2), lambda: draft_key_mask(torch.tensor(3), 4, 0, 2),
     lambda: draft_key_mask(torch.tensor([[3]]), 4, 0, 2), lambda: draft_key_mask(torch.tensor([1.5]), 4, 0, 2),
+    lambda: draft_key_indices(2**70, 1, 2), lambda: draft_key_mask([3], 2**70, 0, 2),  # torch's OverflowError
 ])
 def test_non_positions_are_value_errors(call):
     """Floats were truncated or kept as float 'positions', a negative one gave an empty mask row."""
     with pytest.raises(ValueError):
         call()
+
+
+def test_int64_sized_arguments_are_the_limit():
+    """n_sink, window and positions up to 2**62 still give the formula's key set (a larger one is refused)."""
+    assert draft_key_indices(19, 2**62, 6).tolist() == list(range(20))  # every key a sink
+    assert draft_key_indices(19, 2, 2**62).tolist() == list(range(20))  # every key recent
+    assert draft_key_mask([19], 20, 2**62, 2**62).all()
+    assert draft_key_indices(2**62, 2, 3).tolist() == [0, 1, 2**62 - 2, 2**62 - 1, 2**62]
 
 
 def test_integer_tensors_are_positions():

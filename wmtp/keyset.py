@@ -49,19 +49,25 @@ __all__ = [
 ]
 
 POSITIONS = ("absolute", "reindexed")  # RoPE positions of the draft's keys: the paper's, or StreamingLLM's
+LIMIT = 2**62  # the largest n_sink, window and position: they meet int64 positions, and n_sink + window must fit
 
 
 def check_key_set_args(n_sink: int | None, window: int | None) -> int:
     """Validate ``(n_sink, window)`` and return ``n_sink`` with ``None`` read as 0.
 
     Raises:
-        ValueError: if ``n_sink`` is negative or ``window`` is not a positive integer.
+        ValueError: if ``n_sink`` is not an integer in ``[0, LIMIT]`` or ``window`` is not ``None`` or an
+            integer in ``[1, LIMIT]`` (a larger one wrapped when torch compared it with int64 positions: a
+            silently wrong key set, or an OverflowError).
     """
     n_sink = 0 if n_sink is None else n_sink
     if isinstance(n_sink, bool) or not isinstance(n_sink, int) or n_sink < 0:
         raise ValueError(f"n_sink must be a non-negative integer, got {n_sink!r}")
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         raise ValueError(f"window must be a positive integer or None (full causal set), got {window!r}")
+    for name, value in (("n_sink", n_sink), ("window", window)):
+        if value is not None and value > LIMIT:
+            raise ValueError(f"{name} must be at most 2**62 (positions are int64), got {value}")
     return n_sink
 
 
@@ -93,8 +99,8 @@ def as_positions(q_pos) -> torch.Tensor:
 
 
 def as_position(t, name: str = "a query position") -> int:
-    """``t`` as a position: an int (or 0-d integer tensor) >= 0, else ``ValueError`` naming ``name``
-    (5.5 is no position)."""
+    """``t`` as a position: an int (or 0-d integer tensor) in ``[0, LIMIT]``, else ``ValueError`` naming
+    ``name`` (5.5 is no position; 2**64 no int64 one)."""
     try:
         if isinstance(t, bool):
             raise TypeError
@@ -103,6 +109,8 @@ def as_position(t, name: str = "a query position") -> int:
         raise ValueError(f"{name} must be an integer, got {t!r}") from None
     if t < 0:
         raise ValueError(f"{name} must be >= 0, got {t}")
+    if t > LIMIT:
+        raise ValueError(f"{name} must be at most 2**62 (positions are int64), got {t}")
     return t
 
 
@@ -170,8 +178,8 @@ def draft_key_mask(q_pos: torch.Tensor, kv_len: int, n_sink: int | None, window:
         raise ValueError(f"q_pos must be a 1-D tensor of integer positions, got {q_pos.dtype} {tuple(q_pos.shape)}")
     if q_pos.numel() and int(q_pos.min()) < 0:
         raise ValueError(f"query positions must be >= 0, got {int(q_pos.min())}")
-    if isinstance(kv_len, bool) or not isinstance(kv_len, int) or kv_len < 0:
-        raise ValueError(f"kv_len must be an int >= 0, got {kv_len!r}")
+    if isinstance(kv_len, bool) or not isinstance(kv_len, int) or not 0 <= kv_len <= LIMIT:
+        raise ValueError(f"kv_len must be an int >= 0 (at most 2**62), got {kv_len!r}")
     j = torch.arange(kv_len, device=q_pos.device)
     return in_key_set(q_pos.long()[:, None], j[None, :], n_sink, window)  # (Lq, kv_len)
 
