@@ -45,8 +45,12 @@ def test_bench_sampling_writes_every_arm_and_method(capsys, wikitext_dir, tmp_pa
                                        (["--temperatures", "0.7", "nan"], "--temperatures must be finite"),
                                        (["--temperatures=inf"], "--temperatures must be finite"),
                                        (["--sample-seeds", "-1"], "seed must be an int"),
-                                       (["--sample-seeds", "2", "2"], "--sample-seeds must be distinct")])
-def test_bench_sampling_bad_temperature_exits_2_before_any_work(capsys, tmp_path, bad, match):
+                                       (["--sample-seeds", "2", "2"], "--sample-seeds must be distinct"),
+                                       (["--temperatures", "1.0", "1.0"], "--temperatures must be distinct"),
+                                       (["--temperatures", "0.7", "0.70"], "--temperatures must be distinct")])
+def test_bench_sampling_bad_temperature_exits_2_before_any_work(capsys, tmp_path, bad, match, monkeypatch):
+    """A repeated temperature decoded its rows twice (every other list option of a bench is refused repeated)."""
+    monkeypatch.setattr("wmtp.bench_sampling.bench_setup", lambda *a, **k: pytest.fail("the bench started"))
     out = tmp_path / "s.json"
     code, stdout, err = _run(capsys, ["bench", "sampling", "--preset", "tiny", "--device", "cpu", "--cache-dir",
                                       str(tmp_path / "cache"), "--no-progress", "--out", str(out), *bad])
@@ -84,7 +88,7 @@ def test_bench_positions_pairs_absolute_and_reindexed(capsys, wikitext_dir, tmp_
     assert "AL re-indexed" in stdout and not list(tmp_path.glob("*.tmp"))
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # drawn by plots.plot_acceptance
     for bad, match in ((["--keysets", "4"], "is not SINK:WINDOW"), (["--temperatures", "-1"], "--temperatures"),
-                       (["--keysets", "4:16@100"], "ungated key sets")):
+                       (["--keysets", "4:16@100"], "ungated key sets"), (["--temperatures", "0", "0"], "distinct")):
         code, _, err = _run(capsys, ["bench", "positions", "--preset", "tiny", "--device", "cpu", "--no-progress",
                                      "--cache-dir", str(tmp_path / "none"), "--out", str(tmp_path / "bad.json"), *bad])
         assert code == 2 and len(err.strip().splitlines()) == 1 and match in err, err

@@ -42,11 +42,14 @@ LOSSLESS = {"rejection": "in distribution (rejection sampling)", "gumbel": "toke
 
 
 def check_temperatures(temperatures: tuple[float, ...], seeds: tuple[int, ...]) -> None:
-    """Refuse (``ValueError``) a temperature that is negative or not finite, or bad or repeated sample seeds."""
+    """Refuse (``ValueError``) a temperature that is negative, not finite or repeated, or bad or repeated
+    sample seeds (a repeated temperature ran its rows twice, as no other list option of a bench does)."""
     if not temperatures or not seeds:
         raise ValueError("--temperatures and --sample-seeds need at least one value each")
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"--sample-seeds must be distinct, got {list(seeds)}")
+    if len(set(temperatures)) != len(temperatures):
+        raise ValueError(f"--temperatures must be distinct, got {list(temperatures)}")
     for t in temperatures:
         if not math.isfinite(t) or t < 0:
             raise ValueError(f"--temperatures must be finite and >= 0, got {t}")
