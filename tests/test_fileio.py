@@ -58,6 +58,10 @@ def test_check_cache_dir(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(ValueError, match="--cache-dir .* not a writable folder"):
         check_cache_dir(tmp_path / "f", {})
+    for cache in (tmp_path / "f", tmp_path / "f" / "cache"):  # the folder asked for, not its probe file 'x'
+        with pytest.raises(ValueError, match=f"^--cache-dir {cache} cannot be made: {tmp_path / 'f'} is not a "
+                                             "writable folder$"):
+            check_cache_dir(cache, {})
 
 
 def test_an_atomic_write_is_readable_by_all(tmp_path):

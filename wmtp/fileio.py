@@ -45,16 +45,24 @@ def check_writable(path: str | Path, what: str = "output") -> None:
     created as needed): ``path`` is a folder, a device, FIFO or socket (or a link to one), or its
     nearest existing ancestor is not a writable folder."""
     given = Path(path)
-    parent = _regular(given, what).parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"{what} {given} cannot be written: {parent} is not a writable folder")
+    why = _unwritable(_regular(given, what).parent)
+    if why is not None:
+        raise ValueError(f"{what} {given} cannot be written: {why}")
+
+
+def _unwritable(folder: Path) -> str | None:
+    """Why no file could be made in ``folder`` (made as needed, below its nearest existing ancestor),
+    or ``None`` if one can."""
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        return f"{folder} is not a writable folder"
     try:  # os.access says yes to root everywhere (a read-only mount, /proc): try a file there
-        with tempfile.TemporaryFile(dir=parent):
+        with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as e:
-        raise ValueError(f"{what} {given} cannot be written: {parent} refuses a new file ({e.strerror})") from None
+        return f"{folder} refuses a new file ({e.strerror})"
+    return None
 
 
 def _regular(given: Path, what: str) -> Path:
@@ -74,8 +82,9 @@ def check_cache_dir(cache_dir: str | Path, outputs: dict[str, str | Path | None]
     be read-only: a cache already filled is only read), or if an output (``{what: path}``, ``None``
     skipped) lies inside it, where it could overwrite a cached tokenizer or checkpoint."""
     cache_dir = Path(cache_dir)
-    if not cache_dir.is_dir():
-        check_writable(cache_dir / "x", "--cache-dir")
+    why = None if cache_dir.is_dir() else _unwritable(cache_dir)
+    if why is not None:  # the folder asked for, not a file in it, named
+        raise ValueError(f"--cache-dir {cache_dir} cannot be made: {why}")
     for what, path in outputs.items():
         if path is not None and Path(path).resolve().is_relative_to(cache_dir.resolve()):
             raise ValueError(f"{what} {path} is inside --cache-dir {cache_dir}: write it elsewhere")
