@@ -64,6 +64,24 @@ def test_check_cache_dir(tmp_path):
             check_cache_dir(cache, {})
 
 
+def test_a_name_of_the_longest_length_is_written_and_a_longer_one_refused_up_front(tmp_path):
+    """A 255-byte name (the longest most file systems take) passed check_writable, then its temporary
+    file's longer name failed the write after all the work ('wmtp reproduce --out' with it decoded, then
+    lost its JSON); a longer name was an OSError, not check_writable's ValueError."""
+    longest = tmp_path / ("m" * 250 + ".json")
+    check_writable(longest, "--out")
+    with atomic_path(longest) as tmp:
+        tmp.write_text("{}")
+    assert longest.read_text() == "{}" and os.listdir(tmp_path) == [longest.name]  # no temporary file left
+    wide = tmp_path / ("é" * 125 + ".json")  # 255 bytes in UTF-8: the temporary name is cut in bytes
+    with atomic_path(wide) as tmp:
+        tmp.write_text("{}")
+    assert wide.read_text() == "{}"
+    for path in (tmp_path / ("m" * 251 + ".json"), tmp_path / ("d" * 256) / "m.json"):
+        with pytest.raises(ValueError, match="^--out .* cannot be written: File name too long$"):
+            check_writable(path, "--out")
+
+
 def test_an_atomic_write_is_readable_by_all(tmp_path):
     """mkstemp makes its temporary file 0600; the file written is 0644, as open() would make it."""
     with atomic_path(tmp_path / "m.json") as tmp:

@@ -27,8 +27,9 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise OSError(e.errno, f"cannot make folder {path.parent}: {e.strerror}") from None
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:  # the name's first 64 bytes: a name of the longest length leaves no room for more
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{os.fsdecode(os.fsencode(path.name)[:64])}.",
+                                   suffix=".tmp")
     except OSError as e:  # name the file asked for, not the temporary one
         raise OSError(e.errno, f"cannot write {path}: {e.strerror}") from None
     os.close(fd)
@@ -42,10 +43,13 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 def check_writable(path: str | Path, what: str = "output") -> None:
     """Raise ``ValueError`` if a file could not be written at ``path`` (the folders above it are
-    created as needed): ``path`` is a folder, a device, FIFO or socket (or a link to one), or its
-    nearest existing ancestor is not a writable folder."""
+    created as needed): ``path`` is a folder, a device, FIFO or socket (or a link to one), a name
+    the file system refuses (too long), or its nearest existing ancestor is not a writable folder."""
     given = Path(path)
-    why = _unwritable(_regular(given, what).parent)
+    try:
+        why = _unwritable(_regular(given, what).parent)
+    except OSError as e:  # a name longer than the file system takes, say
+        why = e.strerror or type(e).__name__
     if why is not None:
         raise ValueError(f"{what} {given} cannot be written: {why}")
 
