@@ -44,6 +44,8 @@ def test_version_and_python_m(capsys):
     assert command_line("python -m wmtp", ["generate", "it's a prompt", "--seed", "1"]) == (
         "python -m wmtp generate 'it'\"'\"'s a prompt' --seed 1")
     assert environment("cpu")["versions"]["wmtp"] == wmtp.__version__
+    cpu = environment("cpu")["cpu"]  # another CPU can train another model (docs/results/cpu-reproduction.md)
+    assert cpu["capability"] == torch.backends.cpu.get_cpu_capability() and isinstance(cpu["model"], str)
 
 
 BAD = [

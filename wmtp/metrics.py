@@ -83,6 +83,7 @@ def environment(device: torch.device | str) -> dict:
         "platform": platform.platform(),
         "machine": platform.machine(),
         "cpu_count": os.cpu_count(),
+        "cpu": cpu(),
         "torch_threads": torch.get_num_threads(),
         "device": str(device),
         "versions": {p: _version(p) for p in ("torch", "triton", "datasets", "tokenizers", "numpy", "wmtp")},
@@ -91,6 +92,20 @@ def environment(device: torch.device | str) -> dict:
     if device.type == "cuda":
         env["device_name"] = torch.cuda.get_device_name(device)
     return env
+
+
+def cpu() -> dict:
+    """The CPU's model name (Linux's /proc/cpuinfo, else ``platform.processor()``) and the instruction
+    set torch's CPU kernels use (``AVX2``, ``AVX512``, ...): which kernels run, and so how a float sum
+    rounds, depends on it. Two machines with the same code, seed and versions can train different
+    models where it differs, so the metrics say which one ran."""
+    model = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return {"model": model, "capability": torch.backends.cpu.get_cpu_capability()}
 
 
 def write_json(path: str | Path, obj: dict) -> Path:
