@@ -94,9 +94,10 @@ def _attend_block(q: torch.Tensor, k: Cache, v: Cache, q_sink: torch.Tensor | No
     NOTE [Batched matmuls]: each ``(B, H, L, D)`` operand is flattened to ``(B * H, L, D)`` and
     multiplied with ``torch.bmm``, what ``@`` on 4-D tensors does inside, minus its broadcasting
     bookkeeping: a one-query call at 72 keys went from 46 ATen ops to 21 (experiment 52) and, on a
-    2-core CPU, from 80.0 to 49.3 µs (experiment 50; both in metrics/README.md). The flatten is a view of the cache whenever
-    its batch and head dims merge (always for a batch of one); otherwise it copies only the range's
-    positions, never the cache. A range in another dtype than ``acc`` (fp16, bf16) is a copy anyway.
+    2-core CPU, from 80.0 to 49.3 µs (experiment 50; both in metrics/README.md). The flatten is a
+    view of the cache whenever its batch and head dims merge (always for a batch of one); otherwise
+    it copies only the range's positions, never the cache. A range in another dtype than ``acc``
+    (fp16, bf16) is a copy anyway, made once.
     """
     B, Hq, Lb, D = q.shape
     Hkv = k.shape[1]
