@@ -173,6 +173,8 @@ P3, Q2, D2 = random_probs(3, 5, 0), random_probs(2, 5, 1), torch.tensor([1, 2]) 
     ((D2, Q2, P3, -1, 0), r"pos \(the first draft's position\) must be >= 0"), ((D2, Q2, P3, 1.5, 0), "got 1.5"),
     ((D2, Q2, P3, 0, -1), r"seed must be an int in \[0, 2\*\*64\)"), ((D2, Q2, P3, 0, 1.5), "seed"),
     ((D2, Q2, P3, 0, None), "seed"),
+    ((D2, P3[:2], P3 * torch.tensor([[1.0], [1.0], [0.0]]), 0, 0), r"target_probs\[2\] has no positive"),  # token 0
+    ((D2, Q2, P3 * torch.tensor([[0.0], [1.0], [1.0]]), 0, 0), r"target_probs\[0\] has no positive"),  # rejected
 ])
 def test_rejection_rule_refuses_bad_arguments(args, match):
     with pytest.raises(ValueError, match=match):

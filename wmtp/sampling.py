@@ -108,7 +108,8 @@ def verify_rejection(drafts: torch.Tensor, draft_probs: torch.Tensor, target_pro
     Raises:
         ValueError: for arguments of other types, shapes or dtypes, probabilities on two devices, a
             negative ``pos``, a bad ``seed``, or a draft token outside ``[0, V)`` or a probability
-            that is negative or NaN where it is read (checked as read: no extra sync).
+            that is negative or NaN where it is read, or a target row all zero where the next token
+            is sampled from it (checked as read: one scalar a read).
     """
     pos = _check_rejection_args(drafts, draft_probs, target_probs, pos, seed)
     K, V = drafts.shape[0], target_probs.shape[-1]
@@ -125,8 +126,18 @@ def verify_rejection(drafts: torch.Tensor, draft_probs: torch.Tensor, target_pro
         residual = (target_probs[i] - draft_probs[i]).clamp_min(0)  # (V,) where p exceeds q
         if not float(residual.sum()) > 0:  # p == q up to rounding (then a rejection has probability ~0)
             residual = target_probs[i]
-        return i, sample_positions(residual[None], [pos + i], seed, RESIDUAL)[0]
-    return K, sample_positions(target_probs[K:], [pos + K], seed)[0]
+        return i, _sample_row(residual[None], target_probs, i, pos, seed, RESIDUAL)
+    return K, _sample_row(target_probs[K:], target_probs, K, pos, seed, TOKEN)
+
+
+def _sample_row(weights: torch.Tensor, target_probs: torch.Tensor, i: int, pos: int, seed: int,
+                stream: int) -> torch.Tensor:
+    """The token at position ``pos + i`` sampled from ``weights`` ``(1, V)``; ``ValueError`` if it has
+    no positive weight (target row ``i`` all zero: the sampler's argmax of ``log 0`` would say token 0)."""
+    token = sample_positions(weights, [pos + i], seed, stream)[0]  # ()
+    if not float(weights[0, token]) > 0:  # a token of weight > 0 is always drawn where there is one
+        raise ValueError(f"target_probs[{i}] has no positive probability to sample the next token from")
+    return token
 
 
 def _check_rejection_args(drafts, draft_probs, target_probs, pos, seed) -> int:
