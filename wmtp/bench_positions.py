@@ -36,7 +36,7 @@ from .model import TargetLM
 from .mtp import MTPHead
 from .plots import POSITIONS_KIND
 from .prefill import Prefill
-from .sampling import sample_generate, speculative_sample
+from .sampling import MIN_TEMPERATURE, sample_generate, speculative_sample
 
 
 def run_context(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: Preset,
@@ -150,7 +150,7 @@ def add_arguments(p) -> None:
     p.add_argument("--keysets", nargs="+", default=None, metavar="SINK:WINDOW",
                    help="windowed key sets, e.g. 64:4096 8:64 (default: the preset's windowed ones)")
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0],
-                   help="temperatures, finite and >= 0; 0 is greedy, run once (default: 0 1.0)")
+                   help=f"temperatures, 0 (greedy, run once) or >= {MIN_TEMPERATURE} (default: 0 1.0)")
     p.add_argument("--sample-seeds", type=int, nargs="+", default=[0, 1, 2, 3],
                    help="seeds of the sampling noise, one run each, pooled (default: 0 1 2 3)")
     p.add_argument("--out", type=Path, default=None,

@@ -35,7 +35,7 @@ from .model import TargetLM
 from .mtp import MTPHead
 from .plots import SAMPLING_KIND
 from .prefill import Prefill
-from .sampling import METHODS, check_sampling, sample_generate, speculative_sample
+from .sampling import METHODS, MIN_TEMPERATURE, check_sampling, sample_generate, speculative_sample
 from .stats import SpecStats
 
 LOSSLESS = {"rejection": "in distribution (rejection sampling)", "gumbel": "token-equal to dense sampling"}
@@ -172,7 +172,7 @@ def add_arguments(p) -> None:
     p.add_argument("--contexts", type=int, nargs="+", default=[1024, 16384],
                    help="prompt lengths (default: 1024 16384)")
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.7, 1.0],
-                   help="sampling temperatures, finite and >= 0 (default: 0.7 1.0)")
+                   help=f"sampling temperatures, 0 (greedy) or >= {MIN_TEMPERATURE} (default: 0.7 1.0)")
     p.add_argument("--sample-seeds", type=int, nargs="+", default=[0, 1, 2, 3],
                    help="seeds of the sampling noise, one run each, pooled (default: 0 1 2 3)")
     p.add_argument("--out", type=Path, default=None,
