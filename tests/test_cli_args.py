@@ -69,6 +69,7 @@ BAD = [
     (["reproduce", "--keysets", " 8:64"], "is not SINK:WINDOW"), (["reproduce", "--keysets", "1_0:64"], "SINK:WINDOW"),
     (["reproduce", "--keysets", "8:64", "8:64"], "key set sink8+win64 is given twice"),
     (["reproduce", "--contexts", "64", "128", "64"], "context 64 is given twice"),
+    (["generate", "--keyset", "native", "8:64", "native"], "key set native is given twice"),  # ran twice
     (["reproduce", "--device", "auto:3"], "only cuda and mps take an index"), (["bench", "decode", "--device", "cpu:1"],
                                                                              "only cuda and mps take an index"),
     (["plot", ""], "is a folder"),

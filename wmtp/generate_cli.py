@@ -73,6 +73,9 @@ def _options(args):
     windowed = [k for k in preset.spec.keysets if k.window is not None]
     keysets = ([_keyset(k) for k in args.keyset] if args.keyset
                else [windowed[-1] if windowed else KeySetConfig(0, None)])
+    twice = [k.label for i, k in enumerate(keysets) if k in keysets[:i]]
+    if twice:  # as reproduce refuses it (SpecConfig): the same run twice
+        raise ValueError(f"key set {twice[0]} is given twice")
     dtype = torch.float32 if device.type == "mps" else torch.float64  # decode.py NOTE [Exactness]; MPS: no float64
     m = preset.model
     impl = resolve_impl(args.impl, device, dtype, m.head_dim, m.n_heads // m.n_kv_heads)
