@@ -56,3 +56,6 @@ def test_bench_attention_off_cuda_writes_a_json_that_plot_draws(capsys, tmp_path
     assert {"schema_version", "environment", "preset", "dtype", "rows"} <= set(m)
     code, _, _ = _run(capsys, ["plot", str(out)])
     assert code == 0 and (tmp_path / "cpu.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (tmp_path / "none.json").write_text(json.dumps({**m, "rows": []}))  # drew an empty plot, exit 0
+    code, _, err = _run(capsys, ["plot", str(tmp_path / "none.json")])
+    assert code == 2 and "has no rows to plot" in err and not (tmp_path / "none.png").exists(), err

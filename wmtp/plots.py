@@ -254,6 +254,9 @@ def render(json_path: str | Path, png_path: str | Path | None = None) -> Path:
     else:
         raise ValueError(f"{json_path} is not a metrics file of 'wmtp reproduce' or 'wmtp bench' (attention, "
                          "decode, depth, sampling, positions, batch)")
+    rows = m["rows"] if "rows" in m else m.get("contexts")
+    if isinstance(rows, list) and not rows:  # matplotlib would draw empty axes
+        raise ValueError(f"{json_path} is an incomplete {kind} metrics file: it has no rows to plot")
     try:
         draw(m, png_path)
     except (KeyError, IndexError, TypeError, AttributeError) as e:  # the right kind, but not whole
