@@ -1,14 +1,23 @@
 """Test configuration. Environment set here, before anything imports triton or datasets:
-HF_DATASETS_OFFLINE=1 always (no hub in tests), TRITON_INTERPRET=1 only without a CUDA device.
+HF_DATASETS_OFFLINE=1 always (no hub in tests), TRITON_INTERPRET=1 only without a CUDA device, and on
+x86-64 OPENBLAS_CORETYPE=Prescott (the interpreter's products keep their bits whatever a tile's rows).
 On CUDA, a fixture returns each test's cached GPU memory past 1 GiB to the driver. Also the fixtures
 that several test files share: ``wikitext_dir``, the small corpus the command-line tests train on
 (tests/test_cli_*.py), and ``one_thread``, which the grader tests ask for (tests/test_grading_*.py)."""
 
 import os
+import platform
 import random
 
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["HF_HUB_OFFLINE"] = "1"
+if platform.machine().lower() in ("x86_64", "amd64"):  # before torch imports numpy, which loads OpenBLAS
+    # The Triton interpreter's tl.dot is numpy's matmul, so OpenBLAS. Its AVX2 (Haswell) kernels give a
+    # row other bits when the product has more rows (a (64, K) @ (K, N) row differs from the same row of a
+    # (32, K) product), so a tile padded to 64 rows and one of 32 disagreed in the last bit on such CPUs
+    # (tests/test_query_chunks.py, bit for bit) and agreed on others. The SSE3 kernels (any x86-64 CPU)
+    # give a row the same bits at 8 to 64 rows (test_query_chunks.py checks it on the machine it runs on).
+    os.environ.setdefault("OPENBLAS_CORETYPE", "Prescott")
 
 import torch  # noqa: E402
 

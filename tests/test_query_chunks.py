@@ -23,6 +23,21 @@ NEEDS_TRITON = pytest.mark.skipif(not (CUDA or os.environ.get("TRITON_INTERPRET"
 H200 = (132, 232448, True)  # SMs, opt-in shared memory per block (bytes), programmatic dependent launch
 
 
+def test_a_product_row_has_the_same_bits_in_a_tile_of_any_row_count():
+    """What the bit-for-bit tests below rest on under the CPU interpreter, whose ``tl.dot`` is numpy's
+    matmul: a row of a 64-row product equals the same row of an 8-, 16- or 32-row one. OpenBLAS's AVX2
+    kernels broke it (tests/conftest.py pins OPENBLAS_CORETYPE on x86-64)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for n, kd in [(16, 32), (32, 64), (64, 16), (90, 32)]:
+        a = rng.standard_normal((64, kd), dtype=np.float32)  # (rows, K)
+        b = rng.standard_normal((kd, n), dtype=np.float32)  # (K, N)
+        whole = a @ b  # (64, N)
+        for rows in (8, 16, 32):
+            assert np.array_equal(whole[:rows], a[:rows] @ b), (n, kd, rows)
+
+
 def _op(layout, q, k, v, q_pos, n_sink, window, num_splits, q_sink=None):
     """The Triton op with ``num_splits`` splits and 16-key blocks, on the cache or a paged copy of it."""
     if layout == "contiguous":
