@@ -126,12 +126,11 @@ def verify_rejection(drafts: torch.Tensor, draft_probs: torch.Tensor, target_pro
         residual = (target_probs[i] - draft_probs[i]).clamp_min(0)  # (V,) where p exceeds q
         if not float(residual.sum()) > 0:  # p == q up to rounding (then a rejection has probability ~0)
             residual = target_probs[i]
-        return i, _sample_row(residual[None], target_probs, i, pos, seed, RESIDUAL)
-    return K, _sample_row(target_probs[K:], target_probs, K, pos, seed, TOKEN)
+        return i, _sample_row(residual[None], i, pos, seed, RESIDUAL)
+    return K, _sample_row(target_probs[K:], K, pos, seed, TOKEN)
 
 
-def _sample_row(weights: torch.Tensor, target_probs: torch.Tensor, i: int, pos: int, seed: int,
-                stream: int) -> torch.Tensor:
+def _sample_row(weights: torch.Tensor, i: int, pos: int, seed: int, stream: int) -> torch.Tensor:
     """The token at position ``pos + i`` sampled from ``weights`` ``(1, V)``; ``ValueError`` if it has
     no positive weight (target row ``i`` all zero: the sampler's argmax of ``log 0`` would say token 0)."""
     token = sample_positions(weights, [pos + i], seed, stream)[0]  # ()
