@@ -12,6 +12,7 @@ generated code may differ in detail.
     python scripts/kernel_sm90.py                 # a table
     python scripts/kernel_sm90.py --json          # one JSON object (tests/test_kernel_sm90.py)
     python scripts/kernel_sm90.py --sass out/     # also out/<cell>.ptx and out/<cell>.sass
+    python scripts/kernel_sm90.py --jobs 1        # one process (default: one a CPU core)
 
 Run it without ``TRITON_INTERPRET=1``: the interpreter's kernels cannot be compiled.
 """
@@ -20,10 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ProcessPoolExecutor
 
 import torch
 import triton
@@ -98,31 +101,44 @@ def resources(compiled) -> dict:
             "spill_bytes": sum(spills)}
 
 
+def cell(name: str, sass: str | None = None) -> dict:
+    """Plan and compile one cell; its launch, precision and resources (and, with ``sass``, its files)."""
+    call = plan(*CELLS[name])
+    compiled = compile_sm90(call)
+    if sass:
+        os.makedirs(sass, exist_ok=True)
+        stem = os.path.join(sass, name)
+        with open(stem + ".ptx", "w") as f:
+            f.write(compiled.asm["ptx"])
+        with open(stem + ".cubin", "wb") as f:
+            f.write(compiled.asm["cubin"])
+        with open(stem + ".sass", "w") as f:
+            subprocess.run([os.path.join(BIN, "nvdisasm"), "-c", stem + ".cubin"], stdout=f, check=True)
+    return {"grid": list(call.grid), "block_n": call.kwargs["BLOCK_N"], "num_warps": call.kwargs["num_warps"],
+            "num_stages": call.kwargs["num_stages"], "precision": call.kwargs["PRECISION"], **resources(compiled)}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     ap.add_argument("--sass", metavar="DIR", help="also write each cell's PTX and SASS into DIR")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
+                    help="compile in N processes (default: one a CPU core)")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("kernel_sm90.py: error: unset TRITON_INTERPRET: interpreted kernels cannot be compiled", file=sys.stderr)
         return 2
+    if args.jobs < 1:
+        print(f"kernel_sm90.py: error: --jobs must be at least 1, got {args.jobs}", file=sys.stderr)
+        return 2
     result = {"triton": triton.__version__, "limits": {"sms": H200[0], "shared_bytes": H200[1]}, "cells": {}}
-    for name, cell in CELLS.items():
-        call = plan(*cell)
-        compiled = compile_sm90(call)
-        result["cells"][name] = {"grid": list(call.grid), "block_n": call.kwargs["BLOCK_N"],
-                                 "num_warps": call.kwargs["num_warps"], "num_stages": call.kwargs["num_stages"],
-                                 "precision": call.kwargs["PRECISION"],
-                                 **resources(compiled)}
-        if args.sass:
-            os.makedirs(args.sass, exist_ok=True)
-            stem = os.path.join(args.sass, name)
-            with open(stem + ".ptx", "w") as f:
-                f.write(compiled.asm["ptx"])
-            with open(stem + ".cubin", "wb") as f:
-                f.write(compiled.asm["cubin"])
-            with open(stem + ".sass", "w") as f:
-                subprocess.run([os.path.join(BIN, "nvdisasm"), "-c", stem + ".cubin"], stdout=f, check=True)
+    jobs = min(args.jobs, len(CELLS))
+    if jobs == 1:
+        cells = [cell(name, args.sass) for name in CELLS]
+    else:  # spawned, not forked: the parent has imported torch (and its thread pools)
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            cells = list(pool.map(cell, CELLS, [args.sass] * len(CELLS)))
+    result["cells"] = dict(zip(CELLS, cells))
     if args.json:
         print(json.dumps(result))
         return 0
