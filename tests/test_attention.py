@@ -8,6 +8,8 @@ are not block multiples, lengths around ``n_sink + window``, prefills longer tha
 """
 
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -209,6 +211,19 @@ def test_paged_arguments_must_be_tensors():
             wmtp.paged_attention(*args, q_pos, 2, 4, impl="torch")
     with pytest.raises(ValueError, match="q_sink must be a torch.Tensor, got list"):
         wmtp.paged_attention(q, pages, pages, table, q_pos, 2, 4, impl="torch", q_sink=q.tolist())
+
+
+def test_a_paged_shape_mismatch_names_the_pages_and_the_block_table():
+    q, k, v, q_pos = make_inputs(1, 4, 2, 3, 16, 16, torch.float32, seed=0)
+    pages = k[0].transpose(0, 1).reshape(4, 4, 2, 16)  # (num_pages, page_size, Hkv, D)
+    table = torch.arange(4, dtype=torch.int32)[None]  # (1, 4)
+    for args, shapes in (((q, pages, pages, table.repeat(2, 1)), "(1, 4, 3, 16) does not fit k_pages (4, 4, 2, 16) "
+                          "and block_table (2, 4)"),  # before: "does not fit k (2, 2, 16, 16)", a shape never given
+                         ((q[..., :8], pages, pages, table), "(1, 4, 3, 8) does not fit k_pages (4, 4, 2, 16)"),
+                         ((q[:, :3], pages, pages, table), "(1, 3, 3, 16) does not fit k_pages (4, 4, 2, 16)")):
+        for impl in ("torch", "triton"):
+            with pytest.raises(ValueError, match="^q " + re.escape(shapes)):
+                wmtp.paged_attention(*args, q_pos, 2, 4, impl=impl)
 
 
 def _bad_inputs():

@@ -43,6 +43,8 @@ def test_generate_prints_the_text_and_writes_its_marks(capsys, wikitext_dir, tmp
     assert m["runs"][1]["draft_keys_read"] > (2 + 3) * m["runs"][1]["draft_queries"]  # native: the whole context
     code, stdout, err = _run(capsys, [*base, " the of", "--no-check", "--out", str(out)])
     assert code == 0 and "not checked" in stdout and json.loads(out.read_text())["dense_ids"] is None, err
+    code, stdout, err = _run(capsys, [*base, "\n\n the of", "--no-check"])  # the prompt, less its blank lines
+    assert code == 0 and stdout.startswith(" the of"), (err, stdout[:40])
     monkeypatch.setattr("wmtp.generate.greedy_generate", lambda *a, **k: torch.zeros(12, dtype=torch.long))
     code, _, err = _run(capsys, [*base, " the of"])  # a dense run that disagrees: exit 1, said in one line
     assert code == 1 and "differs from dense greedy" in err

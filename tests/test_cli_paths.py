@@ -50,6 +50,7 @@ def test_unwritable_outputs_and_bad_paths_exit_2_before_any_work(capsys, tmp_pat
         (["reproduce", "--checkpoint", str(tmp_path)], "is a folder: pass the checkpoint file's path"),
         (["reproduce", "--device", "cpu:abc"], "bad device"),
         (["bench", "attention", "--out", str(afile / "b.json")], "not a writable folder"),
+        (["bench", "attention", "--device", "cpu", "--out", str(tmp_path / "a.png")], "the metrics file is JSON"),
         (["plot", str(tmp_path / "m.json"), "--out", str(tmp_path)], "is a folder"),
         (["plot", str(tmp_path)], "is a folder: pass a JSON file's path"),
     ]:

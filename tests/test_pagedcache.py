@@ -114,7 +114,8 @@ def test_copy_ring_fill_and_bad_caches():
     rings[0].fill_from(full, 25)
     rings[1].fill_from(pages, 25)
     assert torch.equal(rings[0].k, rings[1].k) and torch.equal(rings[0].v, rings[1].v)
-    for kwargs, match in [(dict(page_size=0), "page_size"), (dict(page_size=True), "page_size")]:
+    for kwargs, match in [(dict(page_size=0), "page_size"), (dict(page_size=True), "page_size"),
+                          (dict(page_size=11), "page_size must be at most max_len 10, got 11")]:  # a 1e12 one: OOM
         with pytest.raises(ValueError, match=match):
             PagedKVCache(1, 1, 2, 10, 4, **kwargs)
     with pytest.raises(ValueError, match="do not fit"):
@@ -123,6 +124,8 @@ def test_copy_ring_fill_and_bad_caches():
         harness_models()[1].new_cache(max_len=10, ring=(2, 6, 3), page_size=4)
     with pytest.raises(ValueError, match="page_size"):
         prefill_prompt(*harness_models()[:1], random_prompt(5), 20, page_size=0)
+    with pytest.raises(ValueError, match="page_size must be at most max_len 20, got 1000000000000"):
+        prefill_prompt(*harness_models()[:1], random_prompt(5), 20, page_size=10**12)  # the allocator's error before
 
 
 def test_a_fork_shares_the_pages_below_filled_and_writes_its_own():

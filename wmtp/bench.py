@@ -150,6 +150,8 @@ def attention_cli(args, prog: str, argv: list[str]) -> int:
     preset = get_preset(args.preset)
     if args.out:
         check_writable(args.out, "--out")
+        if args.out.suffix.lower() == ".png":
+            raise ValueError(f"--out {args.out}: the metrics file is JSON (`wmtp plot` draws it); name it .json")
     rows = bench_draft_attention(preset.model, tuple(args.contexts or (1024, 4096, 16384)), preset.spec.keysets,
                                  repeats=100 if args.repeats is None else args.repeats, dtype=getattr(torch, dtype),
                                  device=device)

@@ -141,7 +141,8 @@ def cli(args, prog: str, argv: list[str]) -> int:
         runs.append(generate(target, head, prompt, args.max_new_tokens, depth, ks.n_sink, ks.window, impl,
                              check=not args.no_check, eos_id=eos, reference=dense, loop=args.loop, gate=ks.gate))
     out, dec = stdout_console(), (lambda x: tokenizer.decode(tok, x))
-    out.print(Text(dec(prompt[-64:]).lstrip("\ufffd"), style="dim"), soft_wrap=True)  # from a whole character
+    shown = dec(prompt[-64:]).lstrip("\ufffd").lstrip("\n")  # from a whole character, no blank lines first
+    out.print(Text(shown, style="dim"), soft_wrap=True)
     for ks, g in zip(keysets, runs):
         out.rule(ks.label, style="dim")
         out.print(styled_text(token_pieces(dec, g.ids.tolist()), g.drafted), soft_wrap=True)

@@ -84,7 +84,7 @@ class PagedKVCache(SeparateWrites):  # update_qkv: the separate ops, then update
     Args:
         n_layers, batch, n_kv_heads, max_len, head_dim: as ``KVCache``'s; the block table addresses
             ``ceil(max_len / page_size)`` pages a sequence.
-        page_size: positions a page holds (>= 1).
+        page_size: positions a page holds (1 .. max_len).
         generator: orders the pool's pages among the sequences (default: seeded with 0).
         dtype, device, checked: as ``KVCache``'s.
 
@@ -92,7 +92,7 @@ class PagedKVCache(SeparateWrites):  # update_qkv: the separate ops, then update
     spare page a sequence and a scratch page (NOTE [Forks]); ``nbytes`` counts the addressed ones.
 
     Raises:
-        ValueError: for a size below 1.
+        ValueError: for a size below 1 or a ``page_size`` above ``max_len``.
     """
 
     def __init__(self, n_layers: int, batch: int, n_kv_heads: int, max_len: int, head_dim: int, *, page_size: int,
@@ -100,6 +100,8 @@ class PagedKVCache(SeparateWrites):  # update_qkv: the separate ops, then update
                  generator: torch.Generator | None = None) -> None:
         for name, value in (("n_layers", n_layers), ("batch", batch), ("max_len", max_len), ("page_size", page_size)):
             check_int(name, value, 1)
+        if page_size > max_len:  # one page would hold them all: the rest of it is memory no position uses
+            raise ValueError(f"page_size must be at most max_len {max_len}, got {page_size}")
         self.checked, self.max_len, self.page_size = checked, max_len, page_size
         pages = -(-max_len // page_size)  # a sequence's pages
         shape = (n_layers, batch * pages + batch + 1, page_size, n_kv_heads, head_dim)  # spares: NOTE [Forks]

@@ -90,8 +90,8 @@ def prefill_prompt(target: TargetLM, prompt_ids: torch.Tensor, max_len: int | No
     Raises:
         ValueError: for a prompt that is not a non-empty 1-D integer tensor of ids in the
             vocabulary, a ``max_len`` shorter than the prompt or longer than the target's
-            ``max_seq_len``, a ``page_size`` below 1, a head built on another target, or a ``draft``
-            without a head's call, ``new_cache`` and ``write_cache``.
+            ``max_seq_len``, a ``page_size`` below 1 or above ``max_len``, a head built on another
+            target, or a ``draft`` without a head's call, ``new_cache`` and ``write_cache``.
     """
     check_request(target, prompt_ids, 0, extra=0, eos_id=None)
     c = target.config

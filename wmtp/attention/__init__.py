@@ -238,6 +238,9 @@ def paged_attention(
     if block_table.device != q.device:
         raise ValueError(f"block_table must be on q's device {q.device}, got {block_table.device}")
     B, Hkv = block_table.shape[0], k_pages.shape[2]
+    if q.dim() == 4 and (B != q.shape[0] or k_pages.shape[3] != q.shape[3] or not Hkv or q.shape[1] % Hkv):
+        raise ValueError(f"q {tuple(q.shape)} does not fit k_pages {tuple(k_pages.shape)} and block_table "
+                         f"{tuple(block_table.shape)} (batch = block_table's rows, head_dim, Hq % Hkv)")
     capacity = block_table.shape[1] * k_pages.shape[1]  # positions the block table can address
     # The logical (B, Hkv, capacity, D) shape the contiguous checks apply to.
     logical = torch.empty(B, Hkv, capacity, k_pages.shape[3], device="meta")
