@@ -69,6 +69,7 @@ def test_bench_decode_writes_lossless_rows(capsys, wikitext_dir, tmp_path, monke
         else:
             assert windowed["draft_keys_read_per_step"] < arm["draft_keys_read_per_step"]
     for extra, match in ((["--loops", "graph"], "graph loop captures CUDA graphs"), (["--page-size", "0"], ">= 1"),
+                         (["--page-size", "100000"], "--page-size must be at most the smallest context"),
                          (["--keysets", "4:16@0"], "gate must be"), (["--keysets", "4:16@x"], "SINK:WINDOW@GATE"),
                          (["--contexts", "1"], "at least 2"), (["--contexts", "10000000"], "needs more")):
         code, _, err = _run(capsys, args + extra + ["--out", str(tmp_path / "bad.json")])

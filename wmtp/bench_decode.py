@@ -108,6 +108,8 @@ def bench_decode(preset: Preset, dataset_dir: str | None, device: torch.device, 
         raise ValueError(f"draft caches must be distinct ones of {', '.join(DRAFT_CACHES)}, got {list(draft_caches)}")
     if page_size is not None:
         check_int("--page-size", page_size, 1)
+        if contexts and page_size > min(contexts):  # a prefill's caches hold a context and a few more positions
+            raise ValueError(f"--page-size must be at most the smallest context {min(contexts)}, got {page_size}")
     if "graph" in loops and device.type != "cuda":
         raise ValueError(f"the graph loop captures CUDA graphs; device {device.type} has none (use --loops eager)")
     t_start = time.perf_counter()
