@@ -160,9 +160,11 @@ def test_any_integer_dtype_of_prompt_decodes_as_int64(models):
     target, head = models
     prompt = random_prompt(9) % 120  # ids that fit int8
     ref = wmtp.greedy_generate(target, prompt, 6)
-    for dtype in (torch.uint8, torch.int8, torch.int16, torch.int32):
+    for dtype in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.uint16, torch.uint32, torch.uint64):
         assert torch.equal(wmtp.greedy_generate(target, prompt.to(dtype), 6), ref)
         assert torch.equal(wmtp.speculative_generate(target, head, prompt.to(dtype), 6, 2)[0], ref)
+    with pytest.raises(ValueError, match=r"prompt token ids must lie in \[0, 512\)"):  # a uint64 id past 2**63 too
+        wmtp.greedy_generate(target, torch.tensor([3, 2**63 + 5], dtype=torch.uint64), 6)
 
 
 @pytest.mark.parametrize("prompt_len", [1, 4, 4 + 16 - 1, 4 + 16, 4 + 16 + 1])

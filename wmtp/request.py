@@ -54,7 +54,8 @@ def check_request(target: TargetLM, prompt_ids: torch.Tensor, max_new_tokens: in
         raise ValueError(f"eos_id must be None or a token id in [0, {target.config.vocab_size}), got {eos_id!r}")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
-    if int(prompt_ids.min()) < 0 or int(prompt_ids.max()) >= target.config.vocab_size:
+    ids = prompt_ids if prompt_ids.is_signed() else prompt_ids.long()  # torch has no min of uint16, 32 or 64
+    if int(ids.min()) < 0 or int(ids.max()) >= target.config.vocab_size:  # a uint64 id past 2**63 reads as < 0
         raise ValueError(f"prompt token ids must lie in [0, {target.config.vocab_size})")
     needed = max(prompt_ids.numel(), prompt_ids.numel() + max_new_tokens + extra)  # positions written
     if needed > target.config.max_seq_len:
