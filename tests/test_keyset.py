@@ -175,6 +175,10 @@ def test_position_forms_that_stay_valid():
     assert draft_key_csr([[0, 1], [0, 1, 2]], 1, 2)[0].tolist() == [0, 1, 3, 4, 6, 9]  # lists of lists
     assert draft_key_csr([], 1, 2)[0].tolist() == [0]  # no queries (an empty list is a float tensor)
     assert torch.equal(draft_key_mask([0, 1, 2], 3, 1, 2), draft_key_mask(torch.arange(3), 3, 1, 2))
+    for dtype in (torch.uint16, torch.uint32, torch.uint64):  # NotImplementedError ("min_all") before
+        assert torch.equal(draft_key_mask(torch.arange(3).to(dtype), 3, 1, 2), draft_key_mask(torch.arange(3), 3, 1, 2))
+    with pytest.raises(ValueError, match="query positions must be >= 0"):  # a uint64 past 2**63
+        draft_key_mask(torch.tensor([2**63 + 5], dtype=torch.uint64), 4, 0, 2)
 
 
 @pytest.mark.parametrize("fn", [draft_key_indices, key_ranges, key_count])

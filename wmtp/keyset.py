@@ -176,12 +176,13 @@ def draft_key_mask(q_pos: torch.Tensor, kv_len: int, n_sink: int | None, window:
     q_pos = as_positions(q_pos)
     if q_pos.dim() != 1 or not is_integer_tensor(q_pos):
         raise ValueError(f"q_pos must be a 1-D tensor of integer positions, got {q_pos.dtype} {tuple(q_pos.shape)}")
+    q_pos = q_pos.long()  # torch has no min of uint16, 32 or 64; a uint64 position past 2**63 reads as < 0
     if q_pos.numel() and int(q_pos.min()) < 0:
-        raise ValueError(f"query positions must be >= 0, got {int(q_pos.min())}")
+        raise ValueError(f"query positions must be >= 0 (and below 2**63), got {int(q_pos.min())}")
     if isinstance(kv_len, bool) or not isinstance(kv_len, int) or not 0 <= kv_len <= LIMIT:
         raise ValueError(f"kv_len must be an int >= 0 (at most 2**62), got {kv_len!r}")
     j = torch.arange(kv_len, device=q_pos.device)
-    return in_key_set(q_pos.long()[:, None], j[None, :], n_sink, window)  # (Lq, kv_len)
+    return in_key_set(q_pos[:, None], j[None, :], n_sink, window)  # (Lq, kv_len)
 
 
 def draft_key_csr(
