@@ -497,6 +497,20 @@ def test_a_pass_without_a_cache_starts_at_position_0():
     assert torch.equal(target(ids, torch.arange(3))[0], target(ids)[0])
 
 
+@pytest.mark.parametrize("ids, pos, match", [  # IndexError, RuntimeError or AttributeError from inside torch before
+    (torch.tensor([[1, 64]]), None, r"token ids must lie in \[0, 64\)"),
+    (torch.tensor([[-1, 2]]), None, r"token ids must lie in \[0, 64\)"),
+    (torch.tensor([1, 2]), None, r"ids must be a \(B, L\) int32 or int64 tensor .* got \(2,\) torch.int64"),
+    (torch.tensor([[1.0, 2.0]]), None, r"got \(1, 2\) torch.float32"),
+    (torch.zeros(1, 0, dtype=torch.long), None, r"with L >= 1 .* got \(1, 0\)"),
+    ([[1, 2]], None, "got list$"),
+    (torch.tensor([[1, 2]]), [0, 1], "pos must be a tensor of positions or None, got list"),
+])
+def test_a_pass_refuses_bad_ids(ids, pos, match):
+    with pytest.raises(ValueError, match=match):
+        wmtp.TargetLM(SMALL)(ids, pos)
+
+
 def test_weights_start_at_the_stated_spreads():
     """``init_weights``: every matrix N(0, 0.02), the output projections (``wo``, ``w_down``) N(0, 0.02 /
     sqrt(2 n_layers)), every norm weight 1 (mutation round 4: each spread could change unseen). The tiny

@@ -132,17 +132,35 @@ class TargetLM(nn.Module):
             ``logits (B, L, V)`` (``(B, n, V)`` with ``logits_at``) and ``hidden (B, L, d_model)``.
 
         Raises:
-            ValueError: for a ``logits_at`` that is not a ``(B, n)`` integer tensor on ``ids``' device,
-                or (on the CPU) that indexes past ``L``.
+            ValueError: for ``ids`` that are not a ``(B, L)`` int32 or int64 tensor on the model's device
+                with ``L >= 1``, or (on the CPU) hold an id outside ``[0, vocab_size)``; for a ``pos`` that
+                is not a tensor; for a ``logits_at`` that is not a ``(B, n)`` integer tensor on ``ids``'
+                device, or (on the CPU) that indexes past ``L``.
         """
+        check_ids(ids, self.embed)
         if pos is None:
             pos = torch.arange(ids.shape[1], device=ids.device)
+        elif not isinstance(pos, torch.Tensor):
+            raise ValueError(f"pos must be a tensor of positions or None, got {type(pos).__name__}")
         if logits_at is not None:
             check_logits_at(logits_at, ids)
-        x, pending = F.embedding(ids, self.embed), None  # (B, L, d)
+        try:
+            x, pending = F.embedding(ids, self.embed), None  # (B, L, d)
+        except IndexError:  # the CPU's range check (no sync added; on CUDA a device-side assert)
+            raise ValueError(f"token ids must lie in [0, {self.config.vocab_size})") from None
         for i, block in enumerate(self.layers):
             x, pending = block.step(x, pending, pos, cache, i, *self.layer_key_set(i), impl)
         return self.final(x, pending, op_impl(impl, x.device), logits_at)
+
+
+def check_ids(ids: torch.Tensor, embed: torch.Tensor) -> None:
+    """``TargetLM.forward``'s check of ``ids``: shape, dtype and device only (no sync); the range is the
+    embedding lookup's (``forward``)."""
+    if (not isinstance(ids, torch.Tensor) or ids.dim() != 2 or not ids.shape[1]
+            or ids.dtype not in (torch.int32, torch.int64) or ids.device != embed.device):
+        got = f"{tuple(ids.shape)} {ids.dtype} on {ids.device}" if isinstance(ids, torch.Tensor) else type(ids).__name__
+        raise ValueError(f"ids must be a (B, L) int32 or int64 tensor of token ids with L >= 1 on {embed.device}, "
+                         f"got {got}")
 
 
 def check_logits_at(logits_at: torch.Tensor, ids: torch.Tensor) -> None:
