@@ -120,6 +120,28 @@ def test_checkpoint_round_trip_and_config_check(trained, tmp_path):
         load_checkpoint(tmp_path / "missing.pt", t2, h2, meta)
     with pytest.raises(ValueError, match="cannot read checkpoint .*: Is a directory"):
         load_checkpoint(tmp_path, t2, h2, meta)
+    # KeyError, TypeError, AttributeError or load_state_dict's RuntimeError of many lines before
+    small_target, small_head = wmtp.build_models("small")
+    with pytest.raises(ValueError, match="holds no target weights of this TargetLM's names and shapes"):
+        load_checkpoint(path, small_target, small_head, meta)  # tiny weights, meta of the caller's making
+    t3, _ = wmtp.build_models("tiny", seed=7)
+    before = t3.embed.clone()
+    with pytest.raises(ValueError, match="holds no head weights of this TargetLM's"):
+        load_checkpoint(path, t3, wmtp.TargetLM(preset.model), meta)  # checked before the target loads
+    assert torch.equal(t3.embed, before) and not torch.equal(t3.embed, target.embed)
+    torch.save({"meta": meta}, tmp_path / "no_weights.pt")
+    with pytest.raises(ValueError, match="holds no target weights"):
+        load_checkpoint(tmp_path / "no_weights.pt", t2, h2, meta)
+    torch.save([1, 2], tmp_path / "list.pt")
+    with pytest.raises(ValueError, match="holds no target weights"):
+        load_checkpoint(tmp_path / "list.pt", t2, h2, {})
+    torch.save({"meta": "tiny"}, tmp_path / "str_meta.pt")
+    with pytest.raises(ValueError, match="another config"):
+        load_checkpoint(tmp_path / "str_meta.pt", t2, h2, meta)
+    with pytest.raises(ValueError, match="checkpoint path must be a str or a Path, got NoneType"):
+        load_checkpoint(None, t2, h2, meta)
+    with pytest.raises(ValueError, match=r"meta must be a dict \(checkpoint_meta's\), got NoneType"):
+        load_checkpoint(path, t2, h2, None)
 
 
 def test_perplexity_scores_the_same_text_in_windows(trained):

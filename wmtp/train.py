@@ -13,6 +13,7 @@ into a model of another configuration.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict
 from pathlib import Path
 
@@ -159,7 +160,12 @@ def save_checkpoint(path: str | Path, target: TargetLM, head: MTPHead, meta: dic
         torch.save(blob, tmp)
 
 def load_checkpoint(path: str | Path, target: TargetLM, head: MTPHead, meta: dict) -> None:
-    """Load a checkpoint written for exactly ``meta``; raise ``ValueError`` naming what differs."""
+    """Load a checkpoint written for exactly ``meta``; raise ``ValueError`` naming what differs, or for a file
+    whose weights are not ``target``'s and ``head``'s (names and shapes; checked before either loads)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"checkpoint path must be a str or a Path, got {type(path).__name__}")
+    if not isinstance(meta, dict):
+        raise ValueError(f"meta must be a dict (checkpoint_meta's), got {type(meta).__name__}")
     if Path(path).exists() and not Path(path).is_file() and not Path(path).is_dir():  # reading a FIFO would hang
         raise ValueError(f"checkpoint {path} is not a regular file (a device, FIFO or socket)")
     try:
@@ -171,10 +177,17 @@ def load_checkpoint(path: str | Path, target: TargetLM, head: MTPHead, meta: dic
     except Exception as e:  # a truncated or foreign file
         raise ValueError(f"checkpoint {path} cannot be read: not a file torch.save wrote, or a damaged one "
                          f"({type(e).__name__})") from None
-    saved = blob.get("meta", {}) if isinstance(blob, dict) else {}
+    saved = blob.get("meta") if isinstance(blob, dict) else None
+    saved = saved if isinstance(saved, dict) else {}
     diff = sorted(k for k in set(meta) | set(saved) if saved.get(k) != meta.get(k))
     if diff:
         raise ValueError(f"checkpoint {path} was made for another config (differs in: {', '.join(diff)})")
+    for name, model in (("target", target), ("head", head)):  # load_state_dict would raise after loading some
+        weights, want = blob.get(name) if isinstance(blob, dict) else None, model.state_dict()
+        if not isinstance(weights, dict) or weights.keys() != want.keys() or any(
+                not isinstance(weights[k], torch.Tensor) or weights[k].shape != w.shape for k, w in want.items()):
+            raise ValueError(f"checkpoint {path} holds no {name} weights of this {type(model).__name__}'s names and "
+                             "shapes (another model config, or not a wmtp checkpoint)")
     target.load_state_dict(blob["target"])
     head.load_state_dict(blob["head"])
 
