@@ -93,6 +93,14 @@ def test_perplexity_of_a_trained_model_is_low(trained):
     assert perplexity(target, tokens[:2000], 256) < 20  # vocabulary is 512: chance is 512
     with pytest.raises(ValueError, match="tokens"):
         perplexity(target, tokens[:10], 256)
+    with pytest.raises(ValueError, match="context must be an integer >= 1, got 0"):  # a ZeroDivisionError before
+        perplexity(target, tokens[:2000], 0)
+    with pytest.raises(ValueError, match="context must be an integer >= 1, got -5"):  # returned 0.0 before
+        perplexity(target, tokens[:2000], -5)
+    with pytest.raises(ValueError, match="n_tokens must be an integer >= 1, got 256.0"):
+        perplexity(target, tokens[:2000], 128, 256.0)
+    with pytest.raises(ValueError, match="tokens must be a torch.Tensor, got list"):
+        perplexity(target, tokens[:2000].tolist(), 128)
 
 
 def test_checkpoint_round_trip_and_config_check(trained, tmp_path):

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from .checks import check_int, check_tensors
 from .config import TrainConfig
 from .fileio import atomic_path
 from .model import TargetLM
@@ -140,7 +141,15 @@ def perplexity(target: TargetLM, tokens: torch.Tensor, context: int, n_tokens: i
 
     Every context length scores the same text (``n_tokens``, default one window), so the numbers
     compare how well the model uses longer contexts, not how hard different passages are.
+
+    Raises:
+        ValueError: for ``tokens`` that are not a tensor, a ``context`` or ``n_tokens`` that is not an
+            int >= 1, or too few tokens for one window.
     """
+    check_tensors(tokens=tokens)
+    check_int("context", context, 1)  # 0 divided by zero; a negative one scored a slice and returned exp(-x)
+    if n_tokens is not None:
+        check_int("n_tokens", n_tokens, 1)
     n_tokens = n_tokens or context
     n_windows = n_tokens // context
     if n_windows < 1 or tokens.numel() < n_windows * context + 1:
