@@ -101,6 +101,24 @@ def test_tokenizer_rejects_a_vocab_smaller_than_the_bytes(small_corpus, tmp_path
         tokenizer_mod.train_tokenizer(small_corpus, 256, tmp_path)
 
 
+@pytest.mark.parametrize("args, match", [  # 2**40 aborted the whole process (the trainer's allocation failed)
+    ((2**40, "cache"), r"vocab_size must be >= 257 .* and <= 2\*\*24, an integer; got 1099511627776"),
+    ((300.0, "cache"), "an integer; got 300.0"),  # TypeErrors before
+    (("300", "cache"), "an integer; got '300'"),
+    ((None, "cache"), "an integer; got None"),
+    ((300, None), "cache_dir must be a str or a Path, got NoneType"),
+])
+def test_tokenizer_refuses_bad_arguments(small_corpus, tmp_path, args, match):
+    vocab_size, cache_dir = args
+    with pytest.raises(ValueError, match=match):
+        tokenizer_mod.train_tokenizer(small_corpus, vocab_size, None if cache_dir is None else tmp_path / cache_dir)
+
+
+def test_tokenizer_refuses_a_corpus_that_is_not_one(tmp_path):
+    with pytest.raises(ValueError, match="corpus must be a wmtp.data.Corpus .*, got NoneType"):  # an AttributeError
+        tokenizer_mod.train_tokenizer(None, 300, tmp_path)
+
+
 def test_the_tokenizer_trains_on_the_leading_lines_of_train_only(small_corpus, tmp_path, monkeypatch):
     """Training reads at most TOKENIZER_TRAIN_CHARS leading characters of train, at a line boundary
     (mutation round 3: training on the whole text survived every test)."""

@@ -8,6 +8,7 @@ end-of-sequence token's id; `corpus_token_splits` encodes a corpus's three split
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,7 @@ __all__ = ["EOS", "corpus_token_splits", "decode", "encode", "eos_id", "train_to
 EOS = "<|endoftext|>"  # the one special token; id 0
 TOKENIZER_TRAIN_CHARS = 8_000_000  # BPE trains on at most this many leading chars of train
 LINES_PER_CHUNK = 200  # encode() tokenizes text in chunks of this many lines
+MAX_VOCAB = 2**24  # far past any vocabulary in use (~2**17 at most); 2**40 aborted the process (the trainer's table)
 
 
 def train_tokenizer(corpus: Corpus, vocab_size: int, cache_dir: str | Path) -> Tokenizer:
@@ -35,14 +37,22 @@ def train_tokenizer(corpus: Corpus, vocab_size: int, cache_dir: str | Path) -> T
 
     Args:
         corpus: the corpus; only its train split is read.
-        vocab_size: size of the vocabulary including the 256 bytes and `<|endoftext|>` (>= 257).
+        vocab_size: size of the vocabulary including the 256 bytes and `<|endoftext|>` (257 to 2**24).
         cache_dir: directory of tokenizer files; created if missing.
 
     Returns:
         The tokenizer.
+
+    Raises:
+        ValueError: for a `corpus` that is not a `Corpus`, a `vocab_size` that is not an int in
+            [257, 2**24], a `cache_dir` that is not a path, or a damaged cached file.
     """
-    if vocab_size < 257:
-        raise ValueError(f"vocab_size must be >= 257 (256 bytes + {EOS}), got {vocab_size}")
+    if not isinstance(corpus, Corpus):
+        raise ValueError(f"corpus must be a wmtp.data.Corpus (load_corpus's), got {type(corpus).__name__}")
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not 257 <= vocab_size <= MAX_VOCAB:
+        raise ValueError(f"vocab_size must be >= 257 (256 bytes + {EOS}) and <= 2**24, an integer; got {vocab_size!r}")
+    if not isinstance(cache_dir, (str, os.PathLike)):
+        raise ValueError(f"cache_dir must be a str or a Path, got {type(cache_dir).__name__}")
     path = Path(cache_dir) / f"tokenizer-{corpus.name}-{corpus.fingerprint}-v{vocab_size}.json"
     if path.is_file():
         try:
