@@ -114,6 +114,21 @@ def test_tokenizer_refuses_bad_arguments(small_corpus, tmp_path, args, match):
         tokenizer_mod.train_tokenizer(small_corpus, vocab_size, None if cache_dir is None else tmp_path / cache_dir)
 
 
+@pytest.mark.parametrize("ids, match", [  # OverflowError, TypeError or RuntimeError from tokenizers or torch before
+    ([-1, 41], r"token ids must lie in \[0, 2\*\*32\), got -1..41"),
+    ([2**40], r"token ids must lie in \[0, 2\*\*32\)"),
+    ([1.5], r"ids must be a 1-D integer tensor or a list of ints, got torch.float32 \(1,\)"),
+    ([[1, 2]], r"got torch.int64 \(1, 2\)"),
+    (torch.tensor(5), r"got torch.int64 \(\)"),
+    (torch.tensor([True, False]), "got torch.bool"),  # decoded as ids 1 and 0 before
+    (None, "got NoneType"),
+    ("ab", "got str"),
+])
+def test_decode_refuses_what_are_not_token_ids(tokenizer, ids, match):
+    with pytest.raises(ValueError, match=match):
+        tokenizer_mod.decode(tokenizer, ids)
+
+
 def test_tokenizer_refuses_a_corpus_that_is_not_one(tmp_path):
     with pytest.raises(ValueError, match="corpus must be a wmtp.data.Corpus .*, got NoneType"):  # an AttributeError
         tokenizer_mod.train_tokenizer(None, 300, tmp_path)

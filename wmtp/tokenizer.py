@@ -117,8 +117,24 @@ def encode(tokenizer: Tokenizer, text: str, *,
 
 
 def decode(tokenizer: Tokenizer, ids: torch.Tensor | list[int]) -> str:
-    """The text of token ids (a 1-D tensor or a list), special tokens included."""
-    return tokenizer.decode(torch.as_tensor(ids).tolist(), skip_special_tokens=False)
+    """The text of token ids (a 1-D tensor or a list), special tokens included. An id past the
+    tokenizer's vocabulary decodes to nothing (a model may have more ids than a BPE trained on a small
+    corpus learned).
+
+    Raises:
+        ValueError: for ids that are not a 1-D integer tensor or list of ints in ``[0, 2**32)``.
+    """
+    try:
+        t = torch.as_tensor(ids)
+    except (TypeError, RuntimeError, ValueError, OverflowError):  # None, a str, ragged lists, ints past int64
+        t = None
+    if t is None or t.dim() != 1 or (t.numel() and (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)):
+        got = type(ids).__name__ if t is None else f"{t.dtype} {tuple(t.shape)}"
+        raise ValueError(f"ids must be a 1-D integer tensor or a list of ints, got {got}")
+    ids = t.tolist()
+    if ids and not 0 <= min(ids) <= max(ids) < 2**32:  # tokenizers' OverflowError (its ids are u32)
+        raise ValueError(f"token ids must lie in [0, 2**32), got {min(ids)}..{max(ids)}")
+    return tokenizer.decode(ids, skip_special_tokens=False)
 
 
 def corpus_token_splits(corpus: Corpus, tokenizer: Tokenizer) -> dict[str, torch.Tensor]:
