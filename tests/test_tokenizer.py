@@ -129,6 +129,18 @@ def test_decode_refuses_what_are_not_token_ids(tokenizer, ids, match):
         tokenizer_mod.decode(tokenizer, ids)
 
 
+@pytest.mark.parametrize("text, lines_per_chunk, match", [
+    ("a\nb\n", -1, "lines_per_chunk must be an integer >= 1, got -1"),  # an empty tensor before, silently
+    ("a\nb\n", 0, "lines_per_chunk must be an integer >= 1, got 0"),  # range()'s 'arg 3 must not be zero'
+    ("a\nb\n", 1.5, "lines_per_chunk must be an integer >= 1, got 1.5"),  # a TypeError
+    (None, 200, "text must be a str, got NoneType"),  # AttributeError
+    (b"a\n", 200, "text must be a str, got bytes"),  # TypeError
+])
+def test_encode_refuses_bad_arguments(tokenizer, text, lines_per_chunk, match):
+    with pytest.raises(ValueError, match=match):
+        tokenizer_mod.encode(tokenizer, text, lines_per_chunk=lines_per_chunk)
+
+
 def test_tokenizer_refuses_a_corpus_that_is_not_one(tmp_path):
     with pytest.raises(ValueError, match="corpus must be a wmtp.data.Corpus .*, got NoneType"):  # an AttributeError
         tokenizer_mod.train_tokenizer(None, 300, tmp_path)

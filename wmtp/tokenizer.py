@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from .checks import check_int
 from .data import SPLITS, Corpus, leading_lines
 from .fileio import atomic_path
 
@@ -107,7 +108,13 @@ def encode(tokenizer: Tokenizer, text: str, *,
 
     Returns:
         LongTensor (N,) of token ids; `decode` gives `text` back exactly.
+
+    Raises:
+        ValueError: for a `text` that is not a str, or a `lines_per_chunk` that is not an int >= 1.
     """
+    if not isinstance(text, str):
+        raise ValueError(f"text must be a str, got {type(text).__name__}")
+    check_int("lines_per_chunk", lines_per_chunk, 1)  # -1 gave no chunks: an empty tensor for any text
     ids: list[np.ndarray] = []
     chunks = _line_chunks(text, lines_per_chunk)
     for start in range(0, len(chunks), 256):  # 256 chunks at a time bounds the Encoding objects
