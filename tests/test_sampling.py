@@ -175,6 +175,9 @@ P3, Q2, D2 = random_probs(3, 5, 0), random_probs(2, 5, 1), torch.tensor([1, 2]) 
     ((D2, Q2, P3, 0, None), "seed"),
     ((D2, P3[:2], P3 * torch.tensor([[1.0], [1.0], [0.0]]), 0, 0), r"target_probs\[2\] has no positive"),  # token 0
     ((D2, Q2, P3 * torch.tensor([[0.0], [1.0], [1.0]]), 0, 0), r"target_probs\[0\] has no positive"),  # rejected
+    ((D2, Q2, P3 * float("inf"), 0, 0), "probabilities must be >= 0 and finite, got target inf"),  # (2, token 0)
+    ((D2, Q2 * float("inf"), P3, 0, 0), "finite, got target .* and draft inf"),
+    ((D2, P3[:2], P3 * torch.tensor([[1.0], [1.0], [float("inf")]]), 0, 0), r"target_probs\[2\] holds an infinite"),
 ])
 def test_rejection_rule_refuses_bad_arguments(args, match):
     with pytest.raises(ValueError, match=match):

@@ -108,8 +108,8 @@ def verify_rejection(drafts: torch.Tensor, draft_probs: torch.Tensor, target_pro
     Raises:
         ValueError: for arguments of other types, shapes or dtypes, probabilities on two devices, a
             negative ``pos``, a bad ``seed``, or a draft token outside ``[0, V)`` or a probability
-            that is negative or NaN where it is read, or a target row all zero where the next token
-            is sampled from it (checked as read: one scalar a read).
+            that is negative, infinite or NaN where it is read, or a target row all zero or holding an
+            infinity where the next token is sampled from it (checked as read: one scalar a read).
     """
     pos = _check_rejection_args(drafts, draft_probs, target_probs, pos, seed)
     K, V = drafts.shape[0], target_probs.shape[-1]
@@ -119,8 +119,9 @@ def verify_rejection(drafts: torch.Tensor, draft_probs: torch.Tensor, target_pro
         if not 0 <= d < V:  # a negative id would index from the end: another token's probability, silently
             raise ValueError(f"drafts[{i}] = {d} is not a token id in [0, {V})")
         p, q = float(target_probs[i, d]), float(draft_probs[i, d])
-        if not (p >= 0 and q >= 0):
-            raise ValueError(f"probabilities must be >= 0, got target {p} and draft {q} for drafts[{i}] = {d}")
+        if not (0 <= p < math.inf and 0 <= q < math.inf):  # an inf p accepted every draft, then sampled token 0
+            raise ValueError(f"probabilities must be >= 0 and finite, got target {p} and draft {q} for drafts[{i}] "
+                             f"= {d}")
         if float(u[i]) * q < p:  # accept with probability min(1, p / q)
             continue
         residual = (target_probs[i] - draft_probs[i]).clamp_min(0)  # (V,) where p exceeds q
@@ -132,10 +133,14 @@ def verify_rejection(drafts: torch.Tensor, draft_probs: torch.Tensor, target_pro
 
 def _sample_row(weights: torch.Tensor, i: int, pos: int, seed: int, stream: int) -> torch.Tensor:
     """The token at position ``pos + i`` sampled from ``weights`` ``(1, V)``; ``ValueError`` if it has
-    no positive weight (target row ``i`` all zero: the sampler's argmax of ``log 0`` would say token 0)."""
+    no positive weight (target row ``i`` all zero: the sampler's argmax of ``log 0`` would say token 0)
+    or an infinite one (the argmax would say the first inf, whatever the rest)."""
     token = sample_positions(weights, [pos + i], seed, stream)[0]  # ()
-    if not float(weights[0, token]) > 0:  # a token of weight > 0 is always drawn where there is one
+    w = float(weights[0, token])  # an inf weight, where there is one, is always drawn
+    if not w > 0:  # a token of weight > 0 is always drawn where there is one
         raise ValueError(f"target_probs[{i}] has no positive probability to sample the next token from")
+    if w == math.inf:
+        raise ValueError(f"target_probs[{i}] holds an infinite probability")
     return token
 
 
