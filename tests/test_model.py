@@ -534,13 +534,22 @@ def test_weights_start_at_the_stated_spreads():
 def test_the_targets_caches_take_their_arguments_and_its_weights_a_fixed_default_seed():
     """``TargetLM.new_cache`` (mutation round 4, as round 3 found for the head's): ``max_len`` (not the
     preset's 2048), ``checked``, the target's dtype; ``TargetLM(config)`` draws from seed 0."""
-    target, _ = wmtp.build_models("tiny", seed=0)
+    target, head = wmtp.build_models("tiny", seed=0)
     full, paged = target.new_cache(2, 40), target.new_cache(2, 40, page_size=4)
     assert full.k.shape == (2, 2, 2, 40, 16) and full.max_len == 40  # (layers, B, Hkv, S, D)
     assert paged.max_len == 40 and full.k.dtype == paged.k.dtype == torch.float32
     assert full.checked and not target.new_cache(2, 40, checked=False).checked
     assert not target.new_cache(2, 40, page_size=4, checked=False).checked
     assert copy.deepcopy(target).double().new_cache(1, 8).k.dtype == torch.float64
+    for make in (target.new_cache, head.new_cache):  # 0 was read as "the preset's 2048", silently
+        with pytest.raises(ValueError, match="max_len must be an integer >= 1, got 0"):
+            make(1, 0)
+        with pytest.raises(ValueError, match="max_len must be an integer >= 1, got -1"):  # torch's RuntimeError
+            make(1, -1)
+        with pytest.raises(ValueError, match="max_len must be an integer >= 1, got 8.0"):  # a TypeError
+            make(1, 8.0)
+        with pytest.raises(ValueError, match="batch must be an integer >= 1, got 0"):  # a cache of no rows
+            make(0, 8)
     default = wmtp.TargetLM(target.config)
     seeded = wmtp.TargetLM(target.config, torch.Generator().manual_seed(0))
     other = wmtp.TargetLM(target.config, torch.Generator().manual_seed(1))

@@ -36,6 +36,8 @@ class KVCache:
     def __init__(self, n_layers: int, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
                  *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                  checked: bool = True) -> None:
+        for name, value in (("n_layers", n_layers), ("batch", batch), ("max_len", max_len)):  # as the paged cache's
+            check_int(name, value, 1)
         shape = (n_layers, batch, n_kv_heads, max_len, head_dim)
         self.checked = checked
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # (n_layers, B, Hkv, S, D)

@@ -95,11 +95,11 @@ class TargetLM(nn.Module):
         """A position-indexed KV cache for every layer: contiguous, or with ``page_size`` a
         ``PagedKVCache`` (wmtp/pagedcache.py) of pages of that many positions."""
         c = self.config
+        max_len = c.max_seq_len if max_len is None else max_len  # 0 is refused by the cache, not read as None
         kw = dict(dtype=dtype or self.embed.dtype, device=device or self.embed.device, checked=checked)
         if page_size is not None:
-            return PagedKVCache(c.n_layers, batch, c.n_kv_heads, max_len or c.max_seq_len, c.head_dim,
-                                page_size=page_size, **kw)
-        return KVCache(c.n_layers, batch, c.n_kv_heads, max_len or c.max_seq_len, c.head_dim, **kw)
+            return PagedKVCache(c.n_layers, batch, c.n_kv_heads, max_len, c.head_dim, page_size=page_size, **kw)
+        return KVCache(c.n_layers, batch, c.n_kv_heads, max_len, c.head_dim, **kw)
 
     def logits(self, hidden: torch.Tensor, impl: str = "torch") -> torch.Tensor:
         """Final norm and LM head (shared, frozen, with the MTP head); ``impl`` the norm's (``rms_norm``)."""

@@ -69,17 +69,17 @@ class MTPHead(nn.Module):
         Raises:
             ValueError: for both ``ring`` and ``page_size``, or sizes the cache refuses."""
         mc = self.target.config
+        max_len = mc.max_seq_len if max_len is None else max_len  # 0 is refused by the cache, not read as None
         kw = dict(dtype=dtype or self.proj.dtype, device=device or self.proj.device, checked=checked)
         if ring is not None and page_size is not None:
             raise ValueError("a ring is already paged (pages of one row); pass ring or page_size, not both")
         if page_size is not None:
-            return PagedKVCache(1, batch, mc.n_kv_heads, max_len or mc.max_seq_len, mc.head_dim, page_size=page_size,
-                                **kw)
+            return PagedKVCache(1, batch, mc.n_kv_heads, max_len, mc.head_dim, page_size=page_size, **kw)
         if ring is not None:
             n_sink, window, spare = ring
             return RingKVCache(1, batch, mc.n_kv_heads, mc.head_dim, n_sink=n_sink, window=window, spare=spare,
-                               max_len=max_len or mc.max_seq_len, **kw)
-        return KVCache(1, batch, mc.n_kv_heads, max_len or mc.max_seq_len, mc.head_dim, **kw)
+                               max_len=max_len, **kw)
+        return KVCache(1, batch, mc.n_kv_heads, max_len, mc.head_dim, **kw)
 
     def forward(self, hidden: torch.Tensor, next_ids: torch.Tensor, pos: torch.Tensor | None = None,
                 cache: KVCache | None = None, n_sink: int | None = None, window: int | None = None,
