@@ -4,6 +4,8 @@ what the file prints is shown cut to its first and last lines, a file that does 
 and a file may use dataclasses and a helper beside it. Bad input is a ValueError, and
 ``wmtp grade`` exits 0, 1 or 2."""
 
+import os
+
 import pytest
 from grading_helpers import ASSIGNMENTS
 from grading_helpers import write_student as _write
@@ -51,11 +53,11 @@ def test_a_correct_file_may_use_dataclasses_and_a_helper_beside_it(tmp_path):
 
 @pytest.mark.parametrize("body, why", [
     ("import os\nos._exit(0)\n", "ended the grading process (exit status 0)"),  # not a silent pass
-    ("while True:\n    pass\n", "took longer than 20 s"),
+    ("while True:\n    pass\n", "took longer than 10 s"),
     ("import wmtp.grading_checks as g\ng.N_FUZZ = 0\ng.KEYSET_LITERAL.clear()\n", "of the 310 checks ran"),
 ])
 def test_a_file_that_exits_loops_or_edits_the_grader_fails(tmp_path, body, why):
-    report = grading.grade("keyset", _write(tmp_path, KEYS + body), timeout_s=20)
+    report = grading.grade("keyset", _write(tmp_path, KEYS + body), timeout_s=10)
     assert not report.passed and why in report.first_failure, report
 
 
@@ -64,7 +66,8 @@ def test_what_a_file_prints_is_shown_cut_to_its_first_and_last_lines(tmp_path, c
     first SHOWN_LINES lines, a count of the cut ones and the last TAIL_LINES, on stderr, and the grade is
     the function's. A file that prints in an endless loop still times out, its output cut the same way;
     what a file prints before it hangs or hard-exits is shown, even with output buffered (no
-    PYTHONUNBUFFERED: a pipe's block buffer would have kept it)."""
+    PYTHONUNBUFFERED: a pipe's block buffer would have kept it). The 2 s limits count from the child's
+    start: with loading counted (torch), an H100 run of the suite in 16 workers saw no line in 5 s."""
     first, last = grading_process.SHOWN_LINES, grading_process.TAIL_LINES
     printing = KEYS.replace("    sinks = ", "    print('called with', t, n_sink, window)\n    sinks = ")
     report = grading.grade("keyset", _write(tmp_path, printing), timeout_s=60)
@@ -73,19 +76,32 @@ def test_what_a_file_prints_is_shown_cut_to_its_first_and_last_lines(tmp_path, c
     assert err[0] == "output while grading student.py:" and len(err) == 1 + first + 1 + last
     assert all(line.startswith("  | called with ") for line in err[1:first + 1] + err[-last:])
     assert err[first + 1] == f"  ({report.n_checks - first - last} more lines)"  # one print a check
-    report = grading.grade("keyset", _write(tmp_path, KEYS + "while True:\n    print('x' * 2999)\n"), timeout_s=5)
-    err = capsys.readouterr().err.splitlines()
-    assert not report.passed and "took longer than 5 s" in report.first_failure
+    report = grading.grade("keyset", _write(tmp_path, KEYS + "while True:\n    print('x' * 2999)\n"), timeout_s=2)
+    err = capsys.readouterr().err.splitlines()  # 2 s from the child's start: loading (torch) is not counted
+    assert not report.passed and "took longer than 2 s" in report.first_failure
     assert err[1:4] == ["  | " + "x" * 1000] * 2 + ["  | " + "x" * 999]  # a long line shown 1000 bytes at a time
     assert len(err) == 1 + first + 1 + last and err[first + 1].endswith(" more lines)")
     monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
-    hang, hard_exit = ("while True:\n    pass\n", "took longer than 5 s"), ("import os\nos._exit(3)\n", "exit status 3")
+    hang, hard_exit = ("while True:\n    pass\n", "took longer than 2 s"), ("import os\nos._exit(3)\n", "exit status 3")
     for body, why in (hang, hard_exit):
         report = grading.grade("keyset", _write(tmp_path, KEYS + "print('loading')\nprint('step 2')\n" + body),
-                               timeout_s=5)
+                               timeout_s=2)
         err = capsys.readouterr().err.splitlines()
         assert not report.passed and why in report.first_failure, report
         assert err == ["output while grading student.py:", "  | loading", "  | step 2"]
+
+
+def test_the_time_limit_starts_once_the_child_has_loaded(tmp_path, capsys, monkeypatch):
+    """A child slow to load (a sitecustomize that sleeps 3 s, as torch's import can on a busy machine)
+    still gives the student's file its 2 s: the endless loop's lines are shown before the time out."""
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    (slow / "sitecustomize.py").write_text("import time\ntime.sleep(3)\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(slow), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    report = grading.grade("keyset", _write(tmp_path, KEYS + "while True:\n    print('still here')\n"), timeout_s=2)
+    err = capsys.readouterr().err.splitlines()
+    assert not report.passed and "took longer than 2 s" in report.first_failure
+    assert err[0] == "output while grading student.py:" and err[1] == "  | still here", err[:3]
 
 
 def test_a_file_that_does_not_import_is_a_failed_grade(tmp_path):

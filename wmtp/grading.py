@@ -89,7 +89,8 @@ class GradeReport:
 
 def grade(assignment: str, path: str | Path, *, timeout_s: float = TIMEOUT_S) -> GradeReport:
     """Grade the student's file in a child process (wmtp/grading_process.py), at most ``timeout_s``
-    seconds: a file that loops, hard-exits or changes the grader's checks gets a failed grade.
+    seconds once the child has loaded (Python, torch, the grader): a file that loops, hard-exits or
+    changes the grader's checks gets a failed grade.
 
     Raises:
         ValueError: unknown assignment, missing file, or a file without the assignment's function.

@@ -9,7 +9,9 @@ module state cannot pass: the parent gives a failed grade for a timeout, for a c
 without a report, and for a report of fewer checks than the assignment has. This keeps honest
 mistakes from passing; it is not a security boundary against a file written to cheat. What the
 child prints goes to the parent's stderr cut to its first ``SHOWN_LINES`` and last ``TAIL_LINES``
-lines (a print in the graded function runs once a check).
+lines (a print in the graded function runs once a check). The time limit starts once the child has
+loaded Python, torch and the grader (it prints ``STARTED`` then), so a busy machine's slow start
+fails no file.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 SHOWN_LINES, TAIL_LINES = 20, 5  # the first and last lines of the student's output (prints) shown
+STARTED = "wmtp.grading_process: loaded, importing the student's file\n"  # the child's first line, not shown
+STARTUP_S = 300.0  # at most this long to load before the time limit starts anyway
 
 
 def run(assignment: str, path: Path, timeout_s: float, log=None) -> dict:
@@ -33,15 +37,16 @@ def run(assignment: str, path: Path, timeout_s: float, log=None) -> dict:
     for a file without the function (``value``) or a grader out of date (``grader``), or
     ``{"timeout": s}`` / ``{"no_report": exit status}``. What the file printed (stdout and stderr)
     goes to ``log`` (default ``sys.stderr``): its first ``SHOWN_LINES`` lines, how many more there were,
-    and the last ``TAIL_LINES`` of those."""
+    and the last ``TAIL_LINES`` of those. ``timeout_s`` counts from the child's ``STARTED`` line."""
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "report.json"
         cmd = [sys.executable, "-u", "-m", "wmtp.grading_process", assignment, str(path), str(result)]  # -u: a
         # pipe would hold prints in a buffer that a killed or hard-exiting child never writes
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        shown, tail, more = [], collections.deque(maxlen=TAIL_LINES), [0]
-        reader = threading.Thread(target=_head, args=(proc.stdout, shown, tail, more), daemon=True)
+        shown, tail, more, started = [], collections.deque(maxlen=TAIL_LINES), [0], threading.Event()
+        reader = threading.Thread(target=_head, args=(proc.stdout, shown, tail, more, started), daemon=True)
         reader.start()
+        started.wait(STARTUP_S)  # set by the STARTED line, or by the end of the output (a child that failed early)
         try:
             proc.wait(timeout=timeout_s)
             timed_out = False
@@ -64,12 +69,16 @@ def run(assignment: str, path: Path, timeout_s: float, log=None) -> dict:
         return json.loads(result.read_text())
 
 
-def _head(stream, shown: list[str], tail: collections.deque, more: list[int]) -> None:
+def _head(stream, shown: list[str], tail: collections.deque, more: list[int], started: threading.Event) -> None:
     """Read ``stream`` to its end, keeping its first ``SHOWN_LINES`` lines and its last ``TAIL_LINES``
     after them (a traceback's last line is the one that says what went wrong) and counting the lines
-    past the first: a file that prints in a loop neither fills memory nor the student's terminal."""
+    past the first: a file that prints in a loop neither fills memory nor the student's terminal. The
+    child's ``STARTED`` line sets ``started`` (not kept); so does the end of the stream."""
     for raw in iter(lambda: stream.readline(1000), b""):  # a line of over 1000 bytes counts as several
         line = raw.decode(errors="replace")
+        if not started.is_set() and line == STARTED:
+            started.set()
+            continue
         line = line if line.endswith("\n") else line + "\n"
         if len(shown) < SHOWN_LINES:
             shown.append(line)
@@ -77,6 +86,7 @@ def _head(stream, shown: list[str], tail: collections.deque, more: list[int]) ->
             tail.append(line)
             more[0] += 1
     stream.close()
+    started.set()
 
 
 def load_student(assignment: str, path: Path):
@@ -107,6 +117,7 @@ def load_student(assignment: str, path: Path):
 def _child(assignment: str, path: str, result: str) -> None:
     from .grading import GraderError, grade_function
 
+    sys.stdout.write(STARTED)  # the parent's time limit starts here (-u: written at once)
     try:
         loaded = load_student(assignment, Path(path))
         report = loaded if not callable(loaded) else grade_function(assignment, loaded)
