@@ -131,14 +131,14 @@ def main(argv=None) -> int:
     if args.jobs < 1:
         print(f"kernel_sm90.py: error: --jobs must be at least 1, got {args.jobs}", file=sys.stderr)
         return 2
-    result = {"triton": triton.__version__, "limits": {"sms": H200[0], "shared_bytes": H200[1]}, "cells": {}}
     jobs = min(args.jobs, len(CELLS))
     if jobs == 1:
         cells = [cell(name, args.sass) for name in CELLS]
     else:  # spawned, not forked: the parent has imported torch (and its thread pools)
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
             cells = list(pool.map(cell, CELLS, [args.sass] * len(CELLS)))
-    result["cells"] = dict(zip(CELLS, cells))
+    result = {"triton": triton.__version__, "limits": {"sms": H200[0], "shared_bytes": H200[1]},
+              "cells": dict(zip(CELLS, cells))}
     if args.json:
         print(json.dumps(result))
         return 0
