@@ -62,6 +62,20 @@ def test_an_id_out_of_range_gives_a_nan_row():
     assert torch.equal(got[..., :16], ok[..., :16])
 
 
+def test_an_id_out_of_range_on_the_cpu_reference_is_a_value_error():
+    """The reference's lookup raises IndexError on the CPU; head_input (and MTPHead.forward) say which ids."""
+    hidden, ids, embed, wh, we = _case((1, 4, 16), torch.float32, V=10)
+    hidden, ids, embed, wh, we = (t.cpu() for t in (hidden, ids, embed, wh, we))
+    for v in (10, -11):
+        bad = ids.clone()
+        bad[0, 2] = v
+        with pytest.raises(ValueError, match=r"ids must lie in \[0, 10\)"):
+            head_input(hidden, bad, embed, wh, we, 1e-5, 1e-5, "torch")
+    target, head = wmtp.build_models("tiny", seed=0)
+    with pytest.raises(ValueError, match=rf"ids must lie in \[0, {target.config.vocab_size}\)"):
+        head(torch.zeros(1, 3, target.config.d_model), torch.tensor([[1, target.config.vocab_size, 2]]))
+
+
 def test_bad_input_is_a_value_error():
     hidden, ids, embed, wh, we = _case((2, 3, 8), torch.float32)
     cases = [((hidden, ids, embed, wh, we), "bogus", "impl"),

@@ -10,7 +10,8 @@ place. Each half is ``rms_norm_triton``'s arithmetic (wmtp/rmsnorm.py), so the r
 unfused kernels bit for bit (tests/test_head_input.py); ``impl="torch"`` is the reference's code.
 
 Token ids are not checked on the device (that would need a host sync): a row whose id is outside
-``[0, V)`` comes out NaN where the reference raises (on CUDA, a device-side assert). A draft from it
+``[0, V)`` comes out NaN where the reference raises (a ValueError on the CPU, a device-side assert on
+CUDA). A draft from it
 is rejected by the target's verification, so decoding stays lossless.
 """
 
@@ -105,7 +106,8 @@ def head_input(hidden: torch.Tensor, ids: torch.Tensor, embed: torch.Tensor, w_h
         ``(..., 2N)`` in ``hidden``'s dtype.
 
     Raises:
-        ValueError: for another ``impl``, mismatched shapes, dtypes or devices, non-integer ids, and
+        ValueError: for another ``impl``, mismatched shapes, dtypes or devices, non-integer ids, ids
+            outside ``[0, V)`` on the reference's CPU route, and
             for ``"triton"`` a tensor that needs a gradient or a device where the kernel cannot run.
     """
     if impl not in IMPLS:
@@ -128,7 +130,10 @@ def head_input(hidden: torch.Tensor, ids: torch.Tensor, embed: torch.Tensor, w_h
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (hidden, embed, w_hidden, w_embed))
     impl = resolve_impl("torch" if impl == "auto" and grad else impl, hidden.device)  # where the kernel can run
     if impl == "torch":
-        return head_input_torch(hidden, ids, embed, w_hidden, w_embed, eps_hidden, eps_embed)
+        try:
+            return head_input_torch(hidden, ids, embed, w_hidden, w_embed, eps_hidden, eps_embed)
+        except IndexError:  # the CPU's range check (no sync added; on CUDA a device-side assert)
+            raise ValueError(f"head_input's ids must lie in [0, {embed.shape[0]})") from None
     if grad:
         raise ValueError("impl='triton' has no backward: a tensor needs a gradient (use impl='torch', or no_grad)")
     return head_input_triton(hidden, ids, embed, w_hidden, w_embed, eps_hidden, eps_embed)
