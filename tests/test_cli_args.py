@@ -39,7 +39,8 @@ def test_version_and_python_m(capsys):
     assert (run.returncode, run.stdout) == (0, f"python -m wmtp {wmtp.__version__}\n")
     run = subprocess.run([sys.executable, "-m", "wmtp", "reproduce", "--depth", "0"], capture_output=True,
                          text=True, timeout=120)
-    assert run.returncode == 2 and run.stderr == "python -m wmtp: error: depth must be an integer >= 1, got 0\n"
+    assert run.returncode == 2
+    assert run.stderr == "python -m wmtp reproduce: error: depth must be an integer >= 1, got 0\n"
     assert "Traceback" not in run.stderr
     assert command_line("python -m wmtp", ["generate", "it's a prompt", "--seed", "1"]) == (
         "python -m wmtp generate 'it'\"'\"'s a prompt' --seed 1")
@@ -127,4 +128,4 @@ def test_auto_research_alias(capsys):
     code, out, _ = _run(capsys, ["reproduce", "--help"], auto_research_main)
     assert code == 0 and "auto-research" in out
     code, _, err = _run(capsys, ["reproduce", "--depth", "0"], auto_research_main)
-    assert code == 2 and err.startswith("auto-research: error:")
+    assert code == 2 and err.startswith("auto-research reproduce: error:")

@@ -74,7 +74,8 @@ def test_bench_decode_writes_lossless_rows(capsys, wikitext_dir, tmp_path, monke
                          (["--contexts", "1"], "at least 2"), (["--contexts", "10000000"], "needs more")):
         code, _, err = _run(capsys, args + extra + ["--out", str(tmp_path / "bad.json")])
         last = err.strip().splitlines()[-1]  # after the corpus's line, for the context the corpus cannot fill
-        assert code == 2 and match in last and last.startswith("wmtp: error:") and "Traceback" not in err, err
+        assert code == 2 and match in last and "Traceback" not in err, err
+        assert last.startswith("wmtp bench decode: error:"), err
         assert not (tmp_path / "bad.json").exists()
 
 

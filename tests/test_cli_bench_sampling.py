@@ -55,7 +55,7 @@ def test_bench_sampling_bad_temperature_exits_2_before_any_work(capsys, tmp_path
     code, stdout, err = _run(capsys, ["bench", "sampling", "--preset", "tiny", "--device", "cpu", "--cache-dir",
                                       str(tmp_path / "cache"), "--no-progress", "--out", str(out), *bad])
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
-    assert err.startswith("wmtp: error:") and match in err, err
+    assert err.startswith("wmtp bench sampling: error:") and match in err, err
     assert not out.exists() and not (tmp_path / "cache").exists()
 
 

@@ -23,7 +23,7 @@ def test_a_short_test_split_is_refused_before_the_training(capsys, tmp_path, mon
     code = main(["reproduce", "--preset", "tiny", "--dataset-dir", str(tmp_path), "--device", "cpu", "--no-progress",
                  "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "m.json")])
     err = capsys.readouterr().err
-    assert code == 2 and "wmtp: error: the test split has" in err and "context 256 needs more" in err, err
+    assert code == 2 and "wmtp reproduce: error: the test split has" in err and "context 256 needs more" in err, err
     assert not (tmp_path / "m.json").exists()
 
 
@@ -123,7 +123,8 @@ def test_an_allocation_that_fails_is_one_line(capsys, monkeypatch, error):
     monkeypatch.setattr("wmtp.bench.attention_cli", run)
     assert main(["bench", "attention", "--device", "cpu"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("wmtp: error: out of memory (") and "ask for less" in err and len(err.splitlines()) == 1
+    assert err.startswith("wmtp bench attention: error: out of memory (") and "ask for less" in err
+    assert len(err.splitlines()) == 1
 
 
 def test_another_runtime_error_is_not_hidden(monkeypatch):

@@ -167,8 +167,8 @@ def test_device_mps_absent_is_one_line_before_any_work(command, capsys, tmp_path
     monkeypatch.chdir(tmp_path)
     code = main([*command, "--device", "mps", "--preset", "tiny"])
     out, err = capsys.readouterr()
-    assert code == 2 and err == "wmtp: error: device 'mps' requested but Apple MPS is not available on this " \
-                                "machine\n", err
+    assert code == 2 and err == (f"wmtp {' '.join(command)}: error: device 'mps' requested but Apple MPS is not "
+                                 "available on this machine\n"), err
     assert out == "" and list(tmp_path.iterdir()) == []
 
 

@@ -188,14 +188,20 @@ def main(argv: list[str] | None = None, prog: str = "wmtp") -> int:
 
         return attention_cli(args, prog, argv)
     except (ValueError, OSError) as e:  # bad input, or a path that cannot be read or written: one line
-        print(f"{prog}: error: {e}", file=sys.stderr)
+        print(f"{_where(prog, args)}: error: {e}", file=sys.stderr)
         return 2
     except (MemoryError, RuntimeError) as e:  # a size the machine cannot hold: one line; any other error raises
         if not _out_of_memory(e):
             raise
-        print(f"{prog}: error: out of memory ({str(e).splitlines()[0] if str(e) else type(e).__name__}): ask for "
-              "less (contexts, new tokens, batch sizes, page size)", file=sys.stderr)
+        what = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"{_where(prog, args)}: error: out of memory ({what}): ask for less (contexts, new tokens, batch sizes, "
+              "page size)", file=sys.stderr)
         return 2
+
+
+def _where(prog: str, args: argparse.Namespace) -> str:
+    """The command an error names, as argparse names its own usage errors: ``wmtp bench decode``."""
+    return " ".join([prog, args.command] + ([args.bench] if args.command == "bench" else []))
 
 
 def _out_of_memory(e: BaseException) -> bool:
