@@ -18,6 +18,14 @@ def draft_key_indices(t, n_sink, window):
 def accept_count(drafts, target_choice):
     return sum(d == y for d, y in zip(drafts, target_choice))
 """, ["accept_count(drafts=[1, 2, 3], target_choice=[0, 2, 3, 0])", "expected 0, got 2", "first mismatch"]),
+    "accept count that counts the target's own token": ("greedy_verify", """
+def accept_count(drafts, target_choice):
+    a = 0
+    while a < len(drafts) and drafts[a] == target_choice[a]:
+        a += 1
+    return a + 1
+""", ["accept_count(drafts=[1, 2, 3], target_choice=[1, 2, 3, 9])", "expected 3, got 4",
+      "at most the 3 drafts are accepted"]),
     "verifier comparing with the wrong target position": ("greedy_verify", """
 def accept_count(drafts, target_choice):
     a = 0

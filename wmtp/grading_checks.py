@@ -159,7 +159,8 @@ def _verify_case(fn, drafts, choice, expected) -> str | None:
     got = as_int(answer)
     if got is None:
         return f"expected the int {expected}, got {answer!r}"
-    hint = " (acceptance stops at the first mismatch)" if got > expected else ""
+    hint = (f" (at most the {len(drafts)} drafts are accepted: target_choice[{len(drafts)}] is the target's own token)"
+            if got > len(drafts) else " (acceptance stops at the first mismatch)" if got > expected else "")
     return None if got == expected else f"expected {expected}, got {got}{hint}"
 
 
