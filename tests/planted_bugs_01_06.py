@@ -78,8 +78,8 @@ def verify_one(p, q, draft, u, r):
         if total > r:
             return token
     return len(p) - 1
-""", ["drafts from q=[0.333, 0.333, 0.333] verified against p=[0.7, 0.2, 0.1]", "was committed in",
-      "the output must be distributed as p"]),
+""", ["verify_one(p=[0.1, 0.3, 0.6], q=[0.5, 0.25, 0.25], draft=0, u=0.9, r=0.3)", "expected 2, got 1",
+      "sample max(p - q, 0), normalised, not p"]),
     "rejection that accepts with probability q/p": ("rejection", """
 def verify_one(p, q, draft, u, r):
     if u * p[draft] < q[draft]:

@@ -1,7 +1,9 @@
 """The simulations the course grader runs beyond literal cases: the ring cache's no-evicted-read
 check (and ``wmtp.kvcache.ring_slot``'s formula and argument checks), the lossless decoding harness
-for the verifier, assignment 09's two forks and assignment 10's batched loop, each catching its bug
+for the verifier, assignment 06's seeded trials, 09's two forks and 10's batched loop, each catching its bug
 on its own; and the batch grader's copies and refusals."""
+
+import itertools
 
 import pytest
 import torch
@@ -72,6 +74,28 @@ def test_two_forks_catch_a_shared_page_and_a_missing_copy(case):
     bad = filled // page_size * page_size  # the copied page's first row, a prompt position
     assert f"reads position {bad} as 0, expected {bad + 1:g} (the prompt's)" in _two_forks_case(no_copy, *case, 0)
     assert _two_forks_case(library_fork, *case, 0) is None
+
+
+def test_rejection_distribution_catches_resampling_p():
+    """Assignment 06's seeded trials on their own: after a rejection, a sample of ``p`` (not of the
+    residual) commits the tokens too rarely where ``q`` covered ``p``; the rule itself passes."""
+    from wmtp.grading_rejection import _distribution_case
+
+    def resample_p(p, q, draft, u, r):
+        if u * q[draft] < p[draft]:
+            return draft
+        return next((i for i, c in enumerate(itertools.accumulate(p)) if c > r), len(p) - 1)
+
+    def rule(p, q, draft, u, r):
+        if u * q[draft] < p[draft]:
+            return draft
+        residual = [max(a - b, 0.0) for a, b in zip(p, q)]
+        return next(i for i, c in enumerate(itertools.accumulate(residual)) if c > r * sum(residual))
+
+    p, q = [0.7, 0.2, 0.1], [1 / 3] * 3
+    assert "more than 5 standard errors off: the output must be distributed as p" in \
+        _distribution_case(resample_p, p, q, 101)
+    assert _distribution_case(rule, p, q, 101) is None
 
 
 def _rows_alone(drafts, choices, positions, live):
