@@ -21,6 +21,21 @@ def test_a_crash_in_the_student_function_names_the_case(tmp_path):
     report = grading.grade("ring_slot", crash)
     assert not report.passed
     assert report.first_failure.startswith("ring_slot(p=0, n_sink=4, window=6, depth=2): raised IndexError")
+    assert report.first_failure.endswith("(student.py, line 4)")  # where, in the student's file
+
+
+@pytest.mark.parametrize("body, why", [
+    ("def ring_slot(p, n_sink, window, depth):\n    assert p < 0\n", "raised AssertionError (student.py, line 5)"),
+    ("def ring_slot(p, n_sink, window, depth):\n    return helper.slot(p)\n",
+     "raised ValueError: first line ... (helper.py, line 2)"),
+    ("helper.slot(0)\n", "could not be imported: ValueError: first line ... (helper.py, line 2)"),
+])
+def test_an_error_is_one_line_naming_where_the_student_raised_it(tmp_path, body, why):
+    """A bare assert, or a message of many lines, is reported on one line that ends with the file and
+    line where the student's code (the file, or a helper beside it) raised it: no traceback."""
+    (tmp_path / "helper.py").write_text("def slot(p):\n    raise ValueError('first line\\nsecond line')\n")
+    report = grading.grade("ring_slot", _write(tmp_path, "import helper\n" + body))
+    assert not report.passed and report.first_failure.endswith(why) and "\n" not in report.first_failure, report
 
 
 @pytest.mark.parametrize("body", ["def ring_slot(p, n_sink, window, depth):\n    raise SystemExit(0)\n",

@@ -27,7 +27,8 @@ The checks live in wmtp/grading_checks.py (01-04), grading_reindex.py (05),
 grading_rejection.py (06), grading_paged.py (07), grading_depth.py (08), grading_fork.py (09) and
 grading_batch.py (10); this module registers and runs them. Checks run in order (literal cases
 first, so the first failure is a readable one) and stop at the first failure, which the report
-names: the call, what was expected and what came back. An int answer may be numpy's
+names: the call, what was expected and what came back (an exception: one line, with the file and line of
+the student's code that raised it, ``describe_error``). An int answer may be numpy's
 (``grading_checks.as_int``); fork and batch pass copies of their arguments and fail a function
 that changes them. ``grade`` runs the checks on a student's file in a child process with a time
 limit (wmtp/grading_process.py); ``grade_function`` runs them on a function in this one.
@@ -40,6 +41,7 @@ the value it returns.
 from __future__ import annotations
 
 import importlib.util
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -133,10 +135,23 @@ def grade_function(assignment: str, fn: Callable) -> GradeReport:
             return GradeReport(assignment, False, n, f"{name} is not implemented yet (it raised NotImplementedError "
                                f"on {case}): replace `raise NotImplementedError` with your code.")
         except (Exception, SystemExit) as e:  # SystemExit(0) must not end the grader as a pass
-            why = f"raised {type(e).__name__}: {e}"
+            why = f"raised {describe_error(e, getattr(getattr(fn, '__code__', None), 'co_filename', None))}"
         if why is not None:
             return GradeReport(assignment, False, n, f"{case}: {why}")
     return GradeReport(assignment, True, n)
+
+
+def describe_error(e: BaseException, student_file: str | Path | None) -> str:
+    """``e`` in one line, ``Type: first line of its message``, and where it was raised in the student's
+    code: the deepest frame in a file of ``student_file``'s folder (the file or a helper beside it),
+    as ``(file, line n)``. A bare ``assert`` or a message of many lines still names the line."""
+    lines = str(e).strip().splitlines()
+    text = type(e).__name__ + (f": {lines[0]}" + (" ..." if len(lines) > 1 else "") if lines else "")
+    if student_file is None:
+        return text
+    folder = Path(student_file).resolve().parent
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if Path(f.filename).resolve().parent == folder]
+    return text + (f" ({Path(frames[-1].filename).name}, line {frames[-1].lineno})" if frames else "")
 
 
 def _function_name(assignment: str) -> str:

@@ -97,7 +97,7 @@ def load_student(assignment: str, path: Path):
     Raises:
         ValueError: the file defines no function of the assignment's name.
     """
-    from .grading import ASSIGNMENTS, GradeReport
+    from .grading import ASSIGNMENTS, GradeReport, describe_error
 
     name, module_name = ASSIGNMENTS[assignment], f"wmtp_student_{assignment}"
     spec = importlib.util.spec_from_file_location(module_name, path)
@@ -107,7 +107,7 @@ def load_student(assignment: str, path: Path):
     try:
         spec.loader.exec_module(module)
     except (Exception, SystemExit) as e:  # the student's file is broken (or exits): a grade, not bad input
-        return GradeReport(assignment, False, 0, f"{path} could not be imported: {type(e).__name__}: {e}")
+        return GradeReport(assignment, False, 0, f"{path} could not be imported: {describe_error(e, path)}")
     fn = getattr(module, name, None)
     if not callable(fn):
         raise ValueError(f"{path} defines no function {name}() (assignment {assignment!r})")
