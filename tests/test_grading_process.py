@@ -76,6 +76,17 @@ def test_a_file_that_exits_loops_or_edits_the_grader_fails(tmp_path, body, why):
     assert not report.passed and why in report.first_failure, report
 
 
+@pytest.mark.parametrize("stop, why", [("while True:\n            pass", "took longer than 5 s on "),
+                                       ("import os\n        os._exit(0)", "(exit status 0) on ")])
+def test_a_function_that_never_returns_names_the_check_it_was_on(tmp_path, stop, why):
+    """A loop (or a hard exit) inside the graded function, at its fourth check: the grade names that
+    check, as a crash there would, not check 0 and the file alone."""
+    body = KEYS.replace("    sinks = ", f"    if t == 9 and n_sink == 4:\n        {stop}\n    sinks = ")
+    report = grading.grade("keyset", _write(tmp_path, body), timeout_s=5)
+    assert not report.passed and report.n_checks == 4, report
+    assert why + "draft_key_indices(t=9, n_sink=4, window=6)" in report.first_failure, report
+
+
 def test_what_a_file_prints_is_shown_cut_to_its_first_and_last_lines(tmp_path, capsys, monkeypatch):
     """A print in the graded function runs once a check (310 for the key set): the student sees the
     first SHOWN_LINES lines, a count of the cut ones and the last TAIL_LINES, on stderr, and the grade is

@@ -109,12 +109,13 @@ def grade(assignment: str, path: str | Path, *, timeout_s: float = TIMEOUT_S) ->
     out = grading_process.run(assignment, path.resolve(), timeout_s)
     if "error" in out:
         raise (ValueError if out["error"] == "value" else GraderError)(out["message"])
+    n, on = out.get("check", 0), f" on {out['case']}" if "case" in out else ""  # the check running at the end
     if "timeout" in out:
-        return GradeReport(assignment, False, 0, f"grading {path} took longer than {timeout_s:g} s (a loop that "
+        return GradeReport(assignment, False, n, f"grading {path} took longer than {timeout_s:g} s{on} (a loop that "
                            "never ends?)")
     if "no_report" in out:
-        return GradeReport(assignment, False, 0, f"{path} ended the grading process (exit status "
-                           f"{out['no_report']}) before it could report")
+        return GradeReport(assignment, False, n, f"{path} ended the grading process (exit status "
+                           f"{out['no_report']}){on} before it could report")
     report = GradeReport(**out)
     if report.passed and report.n_checks != expected:
         return GradeReport(assignment, False, report.n_checks, f"only {report.n_checks} of the {expected} checks "
@@ -122,11 +123,14 @@ def grade(assignment: str, path: str | Path, *, timeout_s: float = TIMEOUT_S) ->
     return report
 
 
-def grade_function(assignment: str, fn: Callable) -> GradeReport:
-    """Run the assignment's checks on ``fn`` in order, stopping at the first failure."""
+def grade_function(assignment: str, fn: Callable, progress: Callable[[int, str], None] | None = None) -> GradeReport:
+    """Run the assignment's checks on ``fn`` in order, stopping at the first failure; ``progress(n, case)``,
+    if given, is told each check before it runs (the child process records it for a time out)."""
     name = _function_name(assignment)
     n = 0
     for n, (case, check) in enumerate(CHECKS[assignment](fn), start=1):
+        if progress is not None:
+            progress(n, case)
         try:
             why = check()
         except GraderError:

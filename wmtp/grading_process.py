@@ -6,7 +6,8 @@ dataclasses and the like work, with the file's folder on ``sys.path``, so that i
 helper beside it), grades its function with ``grade_function`` and writes the report as JSON to
 ``RESULT``. So a student's file that loops, hard-exits (``os._exit``) or rewrites the grader's
 module state cannot pass: the parent gives a failed grade for a timeout, for a child that ended
-without a report, and for a report of fewer checks than the assignment has. This keeps honest
+without a report, and for a report of fewer checks than the assignment has; the first two name the
+check the child was on (it records each in ``RESULT.case`` before running it). This keeps honest
 mistakes from passing; it is not a security boundary against a file written to cheat. What the
 child prints goes to the parent's stderr cut to its first ``SHOWN_LINES`` and last ``TAIL_LINES``
 lines (a print in the graded function runs once a check). The time limit starts once the child has
@@ -35,9 +36,10 @@ STARTUP_S = 300.0  # at most this long to load before the time limit starts anyw
 def run(assignment: str, path: Path, timeout_s: float, log=None) -> dict:
     """The child's report as a dict: ``GradeReport``'s fields, or ``{"error": kind, "message": ...}``
     for a file without the function (``value``) or a grader out of date (``grader``), or
-    ``{"timeout": s}`` / ``{"no_report": exit status}``. What the file printed (stdout and stderr)
-    goes to ``log`` (default ``sys.stderr``): its first ``SHOWN_LINES`` lines, how many more there were,
-    and the last ``TAIL_LINES`` of those. ``timeout_s`` counts from the child's ``STARTED`` line."""
+    ``{"timeout": s}`` / ``{"no_report": exit status}``, with ``check`` and ``case`` (the check it was on)
+    once one started. What the file printed (stdout and stderr) goes to ``log`` (default
+    ``sys.stderr``): its first ``SHOWN_LINES`` lines, how many more there were, and the last
+    ``TAIL_LINES`` of those. ``timeout_s`` counts from the child's ``STARTED`` line."""
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "report.json"
         cmd = [sys.executable, "-u", "-m", "wmtp.grading_process", assignment, str(path), str(result)]  # -u: a
@@ -62,11 +64,21 @@ def run(assignment: str, path: Path, timeout_s: float, log=None) -> dict:
             lines += f"  ({cut} more lines)\n" if cut else ""
             lines += "".join(f"  | {line}" for line in tail)
             (log or sys.stderr).write(f"output while grading {path.name}:\n{lines}")
+        at = _last_check(Path(f"{result}.case"))
         if timed_out:
-            return {"timeout": timeout_s}
+            return {"timeout": timeout_s, **at}
         if not result.is_file():
-            return {"no_report": proc.returncode}
+            return {"no_report": proc.returncode, **at}
         return json.loads(result.read_text())
+
+
+def _last_check(path: Path) -> dict:
+    """``{"check": n, "case": ...}``, the check the child last started (``_child`` records each), or {}."""
+    try:
+        n, case = path.read_text().split("\t", 1)
+        return {"check": int(n), "case": case}
+    except (OSError, ValueError):  # none started yet, or a record cut short by a kill
+        return {}
 
 
 def _head(stream, shown: list[str], tail: collections.deque, more: list[int], started: threading.Event) -> None:
@@ -118,9 +130,14 @@ def _child(assignment: str, path: str, result: str) -> None:
     from .grading import GraderError, grade_function
 
     sys.stdout.write(STARTED)  # the parent's time limit starts here (-u: written at once)
+
+    def progress(n: int, case: str) -> None:  # the parent names this check if the file never returns from it
+        with open(f"{result}.case", "w") as f:
+            f.write(f"{n}\t{case}")
+
     try:
         loaded = load_student(assignment, Path(path))
-        report = loaded if not callable(loaded) else grade_function(assignment, loaded)
+        report = loaded if not callable(loaded) else grade_function(assignment, loaded, progress)
         out = asdict(report)
     except ValueError as e:
         out = {"error": "value", "message": str(e)}
