@@ -120,6 +120,12 @@ def fork_table(block_table, page_size, filled, needed, free, scratch):
     copies = [(block_table[first], mine[0])] if filled % page_size else []
     return block_table[:first] + mine + [scratch] * (len(block_table) - last), copies
 """, ["filled=6, needed=6", "got ([5, 1, 1, 1], [])", "the run's even before it writes there"]),
+    "fork returning its one copy as a bare pair": ("fork", """
+def fork_table(block_table, page_size, filled, needed, free, scratch):
+    first, last = filled // page_size, -(-needed // page_size)
+    copy = (block_table[first], free[0]) if filled % page_size else []
+    return block_table[:first] + free[:last - first] + [scratch] * (len(block_table) - last), copy
+""", ["filled=6, needed=10", "expected (table, copies)", "got ([5, 9, 3, 1], (2, 9))"]),
     "fork that pops its pages off the free list": ("fork", """
 def fork_table(block_table, page_size, filled, needed, free, scratch):
     first, last = filled // page_size, -(-needed // page_size)

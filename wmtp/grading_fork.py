@@ -86,7 +86,7 @@ def _table_case(fn, args: tuple, expected: tuple) -> str | None:
     try:
         got = _as_ints(answer)
     except (TypeError, ValueError):
-        return "expected (table, copies): a list of page ints and a list of (src, dst) int pairs"
+        return f"expected (table, copies): a list of page ints and a list of (src, dst) int pairs, got {answer!r}"
     if got == expected:
         return None
     return f"expected {expected}, got {got}" + _hint(got, expected, block_table, page_size, filled, scratch)
