@@ -40,7 +40,7 @@ def ring_slot(p, n_sink, window, depth):
     "ring without room for the drafts": ("ring_slot", """
 def ring_slot(p, n_sink, window, depth):
     return p if p < n_sink else n_sink + (p - n_sink) % window
-""", ["ring_slot(p=11, n_sink=4, window=6, depth=2)", "expected 11, got 5"]),
+""", ["ring_slot(p=11, n_sink=4, window=6, depth=2)", "expected 11, got 5", "window + depth slots rotate"]),
     "merge without the exp(m_i - m) rescale": ("splitk_merge", """
 def merge_splits(m, l, acc):
     return acc.sum(0) / l.sum()

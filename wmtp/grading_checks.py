@@ -109,6 +109,8 @@ def _ring_case(fn, args, expected) -> str | None:
     if got == expected:
         return None
     hint = f" (slot {got} is pinned to sink {got}: writing there evicts a sink)" if p >= n_sink > got else ""
+    if not hint and p >= n_sink and got == n_sink + (p - n_sink) % args[2]:
+        hint = " (window + depth slots rotate: a step writes its depth drafts while the window is still read)"
     return f"expected {expected}, got {got}{hint}"
 
 
