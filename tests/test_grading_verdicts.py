@@ -32,7 +32,7 @@ def test_every_assignment_has_a_template_and_a_solution():
 def test_reference_solution_passes(assignment):
     report = grading.grade(assignment, ASSIGNMENTS / "solutions" / FILES[assignment])
     assert report.passed, str(report)
-    # rejection: 7 literal cases and 8 distributions of 20000 trials each; the others: 100s of cases
+    # rejection: 8 literal cases and 8 distributions of 20000 trials each; the others: 100s of cases
     assert report.first_failure is None and report.n_checks > (10 if assignment == "rejection" else 100)
     assert str(report).startswith(f"PASS {assignment}")
 

@@ -121,7 +121,8 @@ def build_parser(prog: str = "wmtp") -> argparse.ArgumentParser:
 
     grade = sub.add_parser("grade", help="grade a course assignment against the library's oracles",
                            description="Import the student's file, check its function against wmtp's oracles "
-                           "(literal cases, fuzzed cases, and for greedy_verify the oracle-draft lossless harness) "
+                           "(literal cases, fuzzed cases and, for most, a simulation such as greedy_verify's "
+                           "oracle-draft lossless harness) "
                            "and print the first failing case. Exit 0 if it passes, 1 if not, 2 on bad input.")
     grade.add_argument("assignment", choices=tuple(ASSIGNMENTS),
                        help="which assignment (tutorials/assignments/)")
