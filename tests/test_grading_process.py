@@ -133,6 +133,7 @@ def test_the_time_limit_starts_once_the_child_has_loaded(tmp_path, capsys, monke
 def test_a_file_that_does_not_import_is_a_failed_grade(tmp_path):
     report = grading.grade("keyset", _write(tmp_path, "def draft_key_indices(t, n_sink, window)\n"))
     assert not report.passed and "could not be imported: SyntaxError" in report.first_failure
+    assert str(report).startswith("FAIL keyset: ")  # no "(check 0)": no check ran
 
 
 def test_bad_input_raises_value_error(tmp_path):

@@ -85,8 +85,9 @@ class GradeReport:
     first_failure: str | None = None
 
     def __str__(self) -> str:
+        at = f" (check {self.n_checks})" if self.n_checks else ""  # 0: before any check (an import that failed)
         return (f"PASS {self.assignment}: all {self.n_checks} checks passed." if self.passed else
-                f"FAIL {self.assignment} (check {self.n_checks}): {self.first_failure}")
+                f"FAIL {self.assignment}{at}: {self.first_failure}")
 
 
 def grade(assignment: str, path: str | Path, *, timeout_s: float = TIMEOUT_S) -> GradeReport:
