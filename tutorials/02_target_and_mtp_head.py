@@ -28,7 +28,8 @@
 # The corpus is synthetic so that training takes seconds: twenty fixed 12-token "phrases" in random
 # order (the same corpus as `tests/test_train.py`). Inside a phrase the next tokens are certain; at a
 # phrase boundary the next phrase is one of 20. For real text, `wmtp.data.load_corpus(None, max_chars=...)`
-# gives the offline `python-stdlib` corpus and `wmtp reproduce` trains on it (minutes, not seconds).
+# gives WikiText-2 from the Hugging Face hub, or without it (offline, or `HF_DATASETS_OFFLINE=1`) the
+# `python-stdlib` corpus, and `wmtp reproduce` trains on it (minutes, not seconds).
 
 # %%
 import matplotlib.pyplot as plt
