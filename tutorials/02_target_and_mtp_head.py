@@ -212,4 +212,5 @@ for n_sink, window, gate in [(0, None, None), (0, 2, None), (0, 1, None), (0, 1,
 #   costs acceptance, never correctness: notebook 03 shows why.
 #
 # Try: train on real text (`wmtp.data.load_corpus(None, max_chars=200_000)`, `wmtp.tokenizer.train_tokenizer`,
-# `wmtp.tokenizer.corpus_token_splits`) and watch accuracy fall with the draft position.
+# `wmtp.tokenizer.corpus_token_splits`) and watch accuracy fall far below this corpus's, and acceptance fall
+# with the draft position.
