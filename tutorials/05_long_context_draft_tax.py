@@ -95,8 +95,9 @@ print(f"draft 6 ms -> 1 ms is a {reduction(6e-3, 1e-3):.0%} reduction of draft t
 # ## Check
 #
 # `tpot` is the equation above; a speedup and a reduction of the same pair of times are two views of
-# one ratio (`1 + speedup = 1 / (1 - reduction)`); and the step count of the naive reference is what
-# the key-set formula says: `K * min(S, n_sink + window)` once the context exceeds the window.
+# one ratio (`1 + speedup = 1 / (1 - reduction)`); and the keys a step reads in the naive reference are
+# what the key-set formula says: `K * (n_sink + window)` once the context `S` reaches `n_sink + window`,
+# and `S + (S + 1) + ... + (S + K - 1)` for the native head.
 
 # %%
 assert abs(tpot(t_verify, t_draft, al) - (t_verify + t_draft) / al) < 1e-15
