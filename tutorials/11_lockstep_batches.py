@@ -25,7 +25,9 @@
 # drafts of every row, then each row's own target token. You will see why every row is still its own
 # dense greedy decoding, check it token for token, watch `m` follow the least of the rows' matches,
 # compute what that costs in accept length as the batch grows (`1 + sum_i alpha^(i B)`), and read the
-# committed CPU measurement, where plain dense batching wins.
+# committed CPU measurement, where plain dense batching wins. Then rows at their own positions
+# (`wmtp.batched_speculative_generate`), each keeping its own matches, and rows that refill from a queue
+# of prompts (`max_batch`, `prefill_batch`), each checked token for token and read in committed H200 runs.
 
 # %%
 import json
