@@ -22,7 +22,8 @@
 # 2. the target runs *one* forward pass over `[x, d_1 .. d_K]` and takes its greedy choice after each
 #    prefix, `y_0 .. y_K`;
 # 3. `d_i` is accepted while `d_i == y_{i-1}`; with `a` accepted, the step commits `d_1 .. d_a` and then
-#    `y_a`, the target's own next token. So a step yields `a + 1` tokens (the *accept length* plus one).
+#    `y_a`, the target's own next token. So a step yields `a + 1` tokens (the *accept length* plus one;
+#    the paper's mean accept length `AL`, `SpecStats.mean_accept_length`, averages the `a + 1`).
 #
 # You will see the verification rule written token by token and batched, check that the two agree, run
 # the *oracle-draft experiment* (a draft right for exactly `j` tokens per step, `j = 0..K`), and see why
