@@ -21,8 +21,9 @@
 # *sample* of `p = softmax(logits / T)`, so there is no single token to compare with. Draw one sample of
 # `p` and compare the draft's `d ~ q` with it, and the output is still the target's (every committed token
 # is one of its samples), but the two independent draws agree only with probability `sum_x p(x) q(x)`:
-# almost never, even for a good draft. And "lossless" changes meaning: the output of a sampled run is
-# random, so speculation must give the *same distribution* as dense sampling, not the same tokens.
+# rarely when `p` is spread out, even for a perfect draft (`q = p` gives `sum_x p(x)^2`). And "lossless"
+# changes meaning: the output of a sampled run is random, so speculation must give the *same
+# distribution* as dense sampling, not the same tokens.
 #
 # `wmtp.speculative_sample` verifies sampled drafts in one of two ways (`wmtp/sampling.py`):
 #
