@@ -143,7 +143,8 @@ for positions in ("absolute", "reindexed"):
 
 # %% [markdown]
 # Does it change acceptance? `wmtp bench positions` answered that for reproduce's small WikiText-2 models
-# (`docs/results/positions.md`), pairing both choices on the same output. Its committed JSON, greedy rows:
+# (`docs/results/positions.md`), pairing both choices on the same output. Its committed JSON, greedy rows,
+# then experiment 20's share of the head's attention that lands on the sinks, beside their share of the keys:
 
 # %%
 ROOT = Path.cwd() if (Path.cwd() / "metrics").is_dir() else Path.cwd().parent  # the repo root, or tutorials/
@@ -156,11 +157,13 @@ for row in (r for r in bench["rows"] if r["temperature"] == 0):
 mass = json.loads((ROOT / "metrics/experiments/sink-mass-cpu-exp20.json").read_text())
 for ks in mass["keysets"]:
     print(f"sinks' share of the head's attention, {ks['n_sink']} + {ks['window']}: "
-          f"{ks['absolute']['mean']:.1%} absolute, {ks['reindexed']['mean']:.1%} re-indexed")
+          f"{ks['absolute']['mean']:.1%} absolute, {ks['reindexed']['mean']:.1%} re-indexed "
+          f"({ks['n_sink'] / (ks['n_sink'] + ks['window']):.1%} of the keys)")
 
 # %% [markdown]
-# Mostly unchanged, a step or two either way elsewhere: that head gives a sink somewhat less attention
-# than a recent key, so where the sinks sit changes few drafts.
+# Mostly unchanged, a step or two either way elsewhere: that head gives its sinks less attention than
+# their share of the keys, so a sink somewhat less than a recent key, and where the sinks sit changes few
+# drafts.
 
 # %% [markdown]
 # ## Discussion
