@@ -145,10 +145,10 @@ for name, policy in (("line", line), ("per-depth", per_depth)):
 
 # %% [markdown]
 # The line smooths the jump away and prefers depth 7. The per-depth model prices a measured depth by
-# its own mean step time weighed against the line (one step of the line to each of its own:
-# `LINE_WEIGHT`), and says depth 3 delivers more tokens a second. Depths it has not measured are priced
-# by the line, and a depth it stops drafting drifts back to the line's price, so one slow step cannot
-# keep a good depth from being tried again.
+# its own mean step time weighed against the line (the line counts as `LINE_WEIGHT` = 1 step beside the
+# depth's decayed count of its own), and says depth 3 delivers more tokens a second. Depths it has not
+# measured are priced by the line, and a depth it stops drafting drifts back to the line's price, so one
+# slow step cannot keep a good depth from being tried again.
 #
 # `wmtp bench depth` times both, beside fixed depths, on reproduce's models, every run asserted
 # token-equal to dense decoding. The committed results (TPOT in ms, median of three rounds):
