@@ -183,8 +183,8 @@ for draft_share in (0.05, 0.25, 1.0, 4.0):
 # %%
 cpu_path = ROOT / "metrics" / "python-stdlib-seed42.json"
 if not cpu_path.exists():
-    print(f"{cpu_path.relative_to(ROOT)} not found (make it with `wmtp reproduce --paper windowed-mtp --device cpu "
-          "--seed 42`): skipping the CPU plots")
+    print(f"{cpu_path.relative_to(ROOT)} not found (make it with `HF_DATASETS_OFFLINE=1 wmtp reproduce --paper "
+          "windowed-mtp --device cpu --seed 42`; offline, so the corpus is python-stdlib): skipping the CPU plots")
 else:
     m = json.loads(cpu_path.read_text())
     labels = list(m["contexts"][0]["arms"])
