@@ -97,8 +97,9 @@ for n_sink, window in ((0, None), (64, 4096), (8, 64)):
 # ## Check
 #
 # Attention over the pages equals attention over the contiguous cache, for every key set. `paginate`
-# scatters a contiguous cache into randomly permuted pages; the comparison is exact in float64 (the same
-# keys, read in the same order).
+# scatters a contiguous cache into randomly permuted pages. Both read the same keys in the same order,
+# so in float64 they agree to 1e-12, which is what the cell asserts (on this CPU they agree bit for bit;
+# another BLAS may sum in another order and differ in the last bits).
 
 # %%
 B, Hq, Hkv, S2, D2 = 1, 4, 2, 70, 16
@@ -111,7 +112,7 @@ for page_size in (1, 16):
         dense = attention(q, kc, vc, q_pos, n_sink, window, impl="torch")
         paged = paged_attention(q, k_pages, v_pages, bt, q_pos, n_sink, window, impl="torch")
         assert torch.allclose(paged, dense, rtol=0, atol=1e-12)
-    print(f"pages of {page_size:>2}: paged attention == contiguous attention for every key set")
+    print(f"pages of {page_size:>2}: paged attention matches contiguous attention for every key set")
 
 # %% [markdown]
 # Decoding from paged caches: `prefill_prompt(..., page_size=16)` keeps the target's and the draft's KV
