@@ -56,6 +56,20 @@ def merge_splits(m, l, acc):
     scale = torch.exp(m - m.max())
     return (scale[:, None] * acc).sum(0) / (scale * l).sum()
 """, ["split into runs of [3] keys", "a torch.float32 result: the partials are float64"]),
+    "merge that rescales acc but not l": ("splitk_merge", """
+def merge_splits(m, l, acc):
+    scale = torch.exp(m - m.max())
+    return (scale[:, None] * acc).sum(0) / l.sum()
+""", ["s=[0.5, -1.0, 2.0, 0.0] split into runs of [2, 2] keys", "acc was rescaled by exp(m_i - max m) but l was not"]),
+    "merge without the division": ("splitk_merge", """
+def merge_splits(m, l, acc):
+    return (torch.exp(m - m.max())[:, None] * acc).sum(0)
+""", ["split into runs of [3] keys", "not yet divided by the rescaled l's sum"]),
+    "merge as an unweighted mean of the splits": ("splitk_merge", """
+def merge_splits(m, l, acc):
+    live = l > 0
+    return (acc[live] / l[live, None]).mean(0)
+""", ["s=[0.5, -1.0, 2.0, 0.0] split into runs of [2, 2] keys", "an unweighted mean", "exp(m_i - max m) * l_i"]),
     "re-indexed query past t before anything is evicted": ("reindexed", """
 def sink_query_position(t, n_sink, window):
     return t if window is None or n_sink == 0 else n_sink + window - 1

@@ -57,13 +57,13 @@ from .grading_checks import (  # noqa: F401  (OracleDraft, harness_models, ...: 
     harness_models,
     keyset_checks,
     lossless_harness,
-    merge_checks,
     ring_checks,
     ring_no_evicted_read,
     verify_checks,
 )
 from .grading_depth import depth_checks
 from .grading_fork import fork_checks
+from .grading_merge import merge_checks
 from .grading_paged import paged_checks
 from .grading_reindex import reindex_checks
 from .grading_rejection import rejection_checks

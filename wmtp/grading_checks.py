@@ -1,6 +1,7 @@
-"""The checks of assignments 01-04 (tutorials/assignments/), which ``wmtp grade`` runs in order
+"""The checks of assignments 01-03 (tutorials/assignments/), which ``wmtp grade`` runs in order
 (wmtp/grading.py): each a core piece of Windowed-MTP (arXiv 2607.21535), the key set (Sec. 3), the
-ring-buffer slot, greedy verification (Sec. 2) and the split-K merge (Sec. 4's kernels).
+ring-buffer slot and greedy verification (Sec. 2); assignment 04's split-K merge is in
+wmtp/grading_merge.py.
 
 A check is ``(case, thunk)``: the case named as the student would call it, and a thunk returning
 ``None`` when the student's function is right, else why not (what was expected, what came back,
@@ -25,8 +26,6 @@ from .keyset import draft_key_indices
 from .kvcache import ring_slot
 
 N_FUZZ = 300  # fuzzed cases per assignment (seeded: every student gets the same cases)
-# The merge is a few exps and sums in float64 (rounding ~1e-15); a missed rescale is wrong by O(1).
-MERGE_RTOL, MERGE_ATOL = 1e-9, 1e-12
 
 
 class GraderError(RuntimeError):
@@ -259,55 +258,3 @@ def verify_checks(fn) -> Iterator[Check]:
         yield (f"lossless harness: speculative_generate with your accept_count, an oracle draft right for exactly "
                f"j={j} of depth={HARNESS_DEPTH} drafts per step, n_sink={n_sink}, window={window}",
                functools.partial(lossless_harness, fn, j, n_sink, window))
-
-
-# ---------------------------------------------------------------- 04 the split-K merge
-MERGE_LITERAL = [  # (scores, split sizes, scale): 0 = an empty split
-    ([0.5, -1.0, 2.0], [3], 1.0), ([0.5, -1.0, 2.0, 0.0], [2, 2], 1.0), ([1.0, 1.0], [1, 1], 1.0),
-    ([0.3, 2.0, -0.7], [0, 2, 1], 1.0), ([0.3, 2.0, -0.7], [1, 0, 2, 0], 1.0), ([1.0, -2.0, 0.5], [1, 2], 900.0),
-]
-
-
-def split_partials(s: torch.Tensor, v: torch.Tensor, sizes: list[int]):
-    """Flash-decoding partials of keys split in consecutive runs of ``sizes``: ``m, l, acc``."""
-    m, den, acc = [], [], []
-    for part_s, part_v in zip(s.split(sizes), v.split(sizes)):
-        mi = part_s.max() if len(part_s) else torch.tensor(float("-inf"), dtype=s.dtype)
-        w = (part_s - mi).exp()  # (n_i,)
-        m.append(mi)
-        den.append(w.sum())
-        acc.append(w @ part_v)  # (D,)
-    return torch.stack(m), torch.stack(den), torch.stack(acc)  # (n_splits,), (n_splits,), (n_splits, D)
-
-
-def _merge_case(fn, s, v, sizes) -> str | None:
-    m, den, acc = split_partials(s, v, sizes)
-    expected = torch.softmax(s, 0) @ v  # (D,) attention over all keys at once, float64
-    got = fn(m.clone(), den.clone(), acc.clone())
-    if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
-        return f"expected a tensor of shape {tuple(expected.shape)}, got {got!r}"
-    if torch.allclose(got.double(), expected, rtol=MERGE_RTOL, atol=MERGE_ATOL):
-        return None
-    if got.dtype != torch.float64:
-        hint = f" (a {got.dtype} result: the partials are float64, keep them so to match to 1e-9)"
-    elif not got.isfinite().all() and m.isinf().any():
-        hint = " (NaN: an empty split has m=-inf, l=0, acc=0; it must contribute nothing)"
-    elif not got.isfinite().all():
-        hint = " (NaN or inf with no empty split: exp of scores in the hundreds overflows; exponentiate m_i - max m)"
-    else:
-        hint = " (each split's l and acc are relative to its own max m_i: rescale by exp(m_i - max m))"
-    return f"m={m.tolist()}, l={den.tolist()}: expected {expected.tolist()}, got {got.tolist()}{hint}"
-
-
-def merge_checks(fn) -> Iterator[Check]:
-    g, rng = torch.Generator().manual_seed(3), random.Random(3)
-    cases = [(torch.tensor(s, dtype=torch.float64) * scale, sizes, 2) for s, sizes, scale in MERGE_LITERAL]
-    for _ in range(N_FUZZ // 3):
-        sizes = [rng.choice([0, 0, 1, 2, 3, 5]) for _ in range(rng.randrange(1, 7))]
-        sizes[rng.randrange(len(sizes))] += 1  # at least one key
-        s = torch.randn(sum(sizes), generator=g, dtype=torch.float64) * rng.choice([1.0, 10.0, 1000.0])
-        cases.append((s, sizes, rng.randrange(1, 5)))
-    for s, sizes, d in cases:
-        v = torch.randn(len(s), d, generator=g, dtype=torch.float64)  # (N, D)
-        yield (f"merge_splits of scores s={[round(x, 3) for x in s.tolist()]} split into runs of {sizes} keys "
-               f"(D={d})", functools.partial(_merge_case, fn, s, v, sizes))
