@@ -1,8 +1,9 @@
-"""The contiguous KV cache's copies and row views (wmtp/kvcache.py ``KVCache.copy``, ``KVCache.row``):
-a copy owns its buffers and takes its own ``checked``, a row view shares its row and keeps the cache's;
-and what the file's shared checks refuse (sizes, empty writes, values of another shape, a write's impl, ring
-slots of negative positions). (Writes, reads and their checks: tests/test_model.py and tests/test_row_positions.py;
-``ring_slot``'s formula: tests/test_grading_harness.py.)"""
+"""What every KV cache shares (wmtp/kvcache.py): copies own their buffers and take their own ``checked``
+(a contiguous cache's, a ring's, a paged cache's and its forks'), a row view shares its row and keeps the
+cache's, writes are cast to the cache's dtype, and the shared checks refuse what they must (sizes, empty
+writes, values of another shape, a write's impl, ring slots of negative positions). (Writes, reads and their
+checks: tests/test_model.py and tests/test_row_positions.py; ``ring_slot``'s formula:
+tests/test_grading_harness.py.)"""
 
 import pytest
 import torch
@@ -85,3 +86,38 @@ def test_ring_slot_of_a_tensor_is_the_ints_and_refuses_negative_positions():
     for bad in (torch.tensor([3, -1]), torch.tensor([2.0])):  # -1 would land in slot 5, a float in a float "slot"
         with pytest.raises(ValueError, match="p must hold integer positions >= 0"):
             ring_slot(bad, 2, 3, 1)
+
+
+def test_the_ring_and_paged_caches_cast_a_write_to_their_dtype():
+    """float32 keys and float16 values into float64 caches (as KVCache.update casts them: tests/test_model.py):
+    each position's row holds the written values in the cache's dtype."""
+    g = torch.Generator().manual_seed(3)
+    k, v = torch.randn(2, 1, 2, 3, 4, generator=g)  # (B, Hkv, L, D) float32 each
+    pos = torch.tensor([5, 0, 6])
+    ring = RingKVCache(1, 1, 2, 4, n_sink=1, window=2, spare=1, max_len=8, dtype=torch.float64)
+    paged = PagedKVCache(1, 1, 2, 8, 4, page_size=4, dtype=torch.float64)
+    for cache in (ring, paged):
+        cache.update(0, pos, k, v.half())
+    slots = ring.block_table[0, pos].long()  # (L,): positions 5, 0, 6 in slots 2, 0, 3 of 4
+    assert slots.tolist() == [2, 0, 3]
+    assert torch.equal(ring.k[0][slots, 0], k[0].transpose(0, 1).double())  # (L, Hkv, D)
+    assert torch.equal(ring.v[0][slots, 0], v[0].transpose(0, 1).half().double())
+    got_k, got_v = paged.read(0, pos)  # (B, Hkv, L, D) each
+    assert got_k.dtype == torch.float64 and torch.equal(got_k, k.double()) and torch.equal(got_v, v.half().double())
+
+
+def test_ring_and_paged_copies_and_forks_take_their_own_checked(monkeypatch):
+    """``copy(checked=False)`` (and a paged cache's ``fork(..., checked=False)``) skips the range check, the
+    one read of the positions, whatever the original's; ``copy()`` keeps the original's."""
+    one = (torch.ones(1, 2, 1, 4), torch.ones(1, 2, 1, 4))
+    ring = RingKVCache(1, 1, 2, 4, n_sink=1, window=2, spare=1, max_len=8)
+    paged = PagedKVCache(1, 1, 2, 8, 4, page_size=4)
+    unchecked = [ring.copy(checked=False), paged.copy(checked=False), paged.fork(4, 8, checked=False)]
+    checked = [ring.copy(), paged.copy(), paged.fork(4, 8)]
+    monkeypatch.setattr(torch, "aminmax", _no_read)
+    for cache in unchecked:
+        cache.update(0, torch.tensor([5]), *one)
+        assert not cache.checked
+    for cache in checked:
+        with pytest.raises(AssertionError, match="range check"):
+            cache.update(0, torch.tensor([5]), *one)
