@@ -202,6 +202,24 @@ def test_a_fork_gives_its_pages_back_and_outlives_its_parent():
     assert len(free.ids) == 2
 
 
+def test_a_fork_from_a_negative_position_is_refused():
+    """filled = -1 would freeze nothing and give the fork a table starting at logical page -1 (the last)."""
+    c = paged(4, max_len=12)
+    with pytest.raises(ValueError, match="0 <= filled <= needed"):
+        c.fork(-1, 5)
+    assert c._free is None  # not frozen: still writable
+    c.update(0, torch.tensor([3]), *torch.ones(2, 1, 2, 1, 4, dtype=torch.float64))
+
+
+def test_a_fork_one_page_short_is_refused():
+    """A fork needing one page more than are free: the pool's ValueError, not fewer pages (a RuntimeError)."""
+    c = paged(4, max_len=12)
+    f = c.fork(6, 10)  # takes both free pages: the parent's page 2 and the spare
+    with pytest.raises(ValueError, match="a fork needs 1 free pages and the pool has 0"):
+        c.fork(6, 7)
+    assert f.block_table.shape == (1, 3)
+
+
 @pytest.fixture(scope="module")
 def models():
     return harness_models()
