@@ -64,7 +64,9 @@ def test_paged_view_slices_are_the_contiguous_cache():
     view = PagedView(pages, table, 37)
     assert view.shape == (2, 3, 37, 8)
     for index in [(slice(None), slice(None), slice(0, 37)), (slice(None), slice(None), slice(5, 21)),
-                  (slice(None), slice(1, 3), slice(30, 37)), (slice(None), slice(None), slice(0, 0))]:
+                  (slice(None), slice(1, 3), slice(30, 37)), (slice(None), slice(None), slice(0, 0)),
+                  (slice(1, 2), slice(None), slice(5, 21)), (slice(None), slice(None), slice(None)),  # row 1 alone
+                  (slice(None), slice(None), slice(-7, None))]:  # open and negative bounds, as a tensor's
         assert torch.equal(view[index], full[index])
 
 
