@@ -68,6 +68,7 @@ def test_paged_view_slices_are_the_contiguous_cache():
                   (slice(1, 2), slice(None), slice(5, 21)), (slice(None), slice(None), slice(None)),  # row 1 alone
                   (slice(None), slice(None), slice(-7, None))]:  # open and negative bounds, as a tensor's
         assert torch.equal(view[index], full[index])
+    assert not pages[table[:, 2].long(), 5:].any()  # rows 37 .. 47 of each last page: zero, as paginate says
 
 
 def test_paged_view_gathers_a_slice_not_its_length():
