@@ -69,6 +69,8 @@ def test_paged_view_slices_are_the_contiguous_cache():
                   (slice(None), slice(None), slice(-7, None))]:  # open and negative bounds, as a tensor's
         assert torch.equal(view[index], full[index])
     assert not pages[table[:, 2].long(), 5:].any()  # rows 37 .. 47 of each last page: zero, as paginate says
+    ids = table.flatten().tolist()  # every page once, not in order: nothing may lean on contiguous pages
+    assert sorted(ids) == list(range(6)) and ids != list(range(6))
 
 
 def test_paged_view_gathers_a_slice_not_its_length():
