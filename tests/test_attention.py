@@ -286,3 +286,14 @@ def test_no_queries_give_an_empty_output_contiguous_or_paged():
     k_pages, v_pages, table = paginate(k, v, 4, torch.Generator().manual_seed(0))
     assert wmtp.attention(q, k, v, none, 1, 2, impl="torch").shape == (1, 4, 0, 16)
     assert wmtp.paged_attention(q, k_pages, v_pages, table, none, 1, 2, impl="torch").shape == (1, 4, 0, 16)
+
+
+def test_paged_queries_out_of_order_read_up_to_the_largest_position():
+    """Positions [7, 3]: the paged reference reads keys up to 7 (the largest, not the last), as the contiguous one."""
+    q, k, v, _ = make_inputs(1, 4, 2, 2, 8, 16, torch.float64, seed=1)
+    pos = torch.tensor([7, 3])
+    k_pages, v_pages, table = paginate(k, v, 4, torch.Generator().manual_seed(1))
+    for n_sink, window in [(None, None), (1, 3)]:
+        want = wmtp.attention(q, k, v, pos, n_sink, window, impl="torch")
+        got = wmtp.paged_attention(q, k_pages, v_pages, table, pos, n_sink, window, impl="torch")
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
