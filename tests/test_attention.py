@@ -17,7 +17,8 @@ from attention_truth import ATOL, assert_reference_close, dtype_id, make_inputs,
 
 import wmtp
 from wmtp.attention import resolve_impl
-from wmtp.attention.reference import _ranges
+from wmtp.attention.paged import paginate
+from wmtp.attention.reference import _query_blocks, _ranges
 from wmtp.keyset import draft_key_mask
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
@@ -268,3 +269,31 @@ def test_bad_key_set_args_raise(n_sink, window, name):
     q, k, v, q_pos = make_inputs(1, 2, 1, 1, 10, 16, torch.float32, seed=0)
     with pytest.raises(ValueError, match=name):
         wmtp.attention(q, k, v, q_pos, n_sink=n_sink, window=window, impl="torch")
+
+
+def test_query_blocks_split_at_gaps_and_every_256_queries():
+    """Literal blocks: consecutive positions together, at most BLOCK_Q = 256 of them (the score tile's bound);
+    a gap, or positions out of order, starts a new block."""
+    assert _query_blocks(torch.arange(600)) == [(0, 256), (256, 512), (512, 600)]
+    assert _query_blocks(torch.tensor([0, 1, 2, 5, 6, 9])) == [(0, 3), (3, 5), (5, 6)]
+    assert _query_blocks(torch.tensor([7, 3, 4])) == [(0, 1), (1, 3)]
+    assert _query_blocks(torch.tensor([4])) == [(0, 1)]
+
+
+def test_no_queries_give_an_empty_output_contiguous_or_paged():
+    q, k, v, _ = make_inputs(1, 4, 2, 1, 8, 16, torch.float32, seed=0)
+    q, none = q[:, :, :0], torch.zeros(0, dtype=torch.long)  # (1, 4, 0, 16), no positions
+    k_pages, v_pages, table = paginate(k, v, 4, torch.Generator().manual_seed(0))
+    assert wmtp.attention(q, k, v, none, 1, 2, impl="torch").shape == (1, 4, 0, 16)
+    assert wmtp.paged_attention(q, k_pages, v_pages, table, none, 1, 2, impl="torch").shape == (1, 4, 0, 16)
+
+
+def test_paged_queries_out_of_order_read_up_to_the_largest_position():
+    """Positions [7, 3]: the paged reference reads keys up to 7 (the largest, not the last), as the contiguous one."""
+    q, k, v, _ = make_inputs(1, 4, 2, 2, 8, 16, torch.float64, seed=1)
+    pos = torch.tensor([7, 3])
+    k_pages, v_pages, table = paginate(k, v, 4, torch.Generator().manual_seed(1))
+    for n_sink, window in [(None, None), (1, 3)]:
+        want = wmtp.attention(q, k, v, pos, n_sink, window, impl="torch")
+        got = wmtp.paged_attention(q, k_pages, v_pages, table, pos, n_sink, window, impl="torch")
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)

@@ -165,6 +165,9 @@ def test_bad_key_set_args_raise(call, n_sink, window, name):
     (lambda: draft_key_csr([torch.arange(2), "ab"], 1, 2), "q_pos must be a tensor .* got str"),
     (lambda: draft_key_csr(torch.arange(4).view(2, 2), 1, 2), r"q_pos must be \(Lq,\) integer positions"),
     (lambda: draft_key_csr(torch.tensor([True, False]), 1, 2), "torch.bool"),
+    # a position beside a sequence: not one sequence [2, 4] (torch would convert both), the position is no (Lq,)
+    (lambda: draft_key_csr([torch.tensor(2), torch.tensor([4])], 1, 2), r"integer positions .* torch.int64 \(\)"),
+    (lambda: draft_key_csr([2, torch.tensor([4])], 1, 2), r"integer positions .* torch.int64 \(\)"),
 ])
 def test_bad_positions_raise(call, match):
     with pytest.raises(ValueError, match=match):
@@ -210,9 +213,11 @@ def test_render_mask_rows_match_mask():
     lambda: draft_key_mask([-1], 4, 0, 2), lambda: draft_key_mask(torch.tensor(3), 4, 0, 2),
     lambda: draft_key_mask(torch.tensor([[3]]), 4, 0, 2), lambda: draft_key_mask(torch.tensor([1.5]), 4, 0, 2),
     lambda: draft_key_indices(2**70, 1, 2), lambda: draft_key_mask([3], 2**70, 0, 2),  # torch's OverflowError
+    lambda: draft_key_mask(torch.tensor([3 + 0j]), 4, 0, 2), lambda: draft_key_csr(torch.tensor([3 + 1j]), 0, 2),
 ])
 def test_non_positions_are_value_errors(call):
-    """Floats were truncated or kept as float 'positions', a negative one gave an empty mask row."""
+    """Floats were truncated or kept as float 'positions', a negative one gave an empty mask row (a complex one
+    would lose its imaginary part)."""
     with pytest.raises(ValueError):
         call()
 
@@ -228,3 +233,13 @@ def test_int64_sized_arguments_are_the_limit():
 def test_integer_tensors_are_positions():
     assert draft_key_indices(torch.tensor(5), 1, 2).tolist() == draft_key_indices(5, 1, 2).tolist() == [0, 4, 5]
     assert draft_key_indices(5, 1, 2).dtype == torch.long
+
+
+@pytest.mark.parametrize("call", [
+    lambda: draft_key_indices(5, 2**62 + 1, 3), lambda: draft_key_indices(5, 2, 2**62 + 1),
+    lambda: draft_key_indices(2**62 + 1, 2, 3), lambda: key_ranges(2**62 + 1, 0, None),
+])
+def test_one_past_the_limit_is_refused(call):
+    """2**62 is the last value taken (test above): one more, and n_sink + window or t + 1 could pass int64."""
+    with pytest.raises(ValueError, match=r"at most 2\*\*62"):
+        call()

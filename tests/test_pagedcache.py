@@ -64,8 +64,13 @@ def test_paged_view_slices_are_the_contiguous_cache():
     view = PagedView(pages, table, 37)
     assert view.shape == (2, 3, 37, 8)
     for index in [(slice(None), slice(None), slice(0, 37)), (slice(None), slice(None), slice(5, 21)),
-                  (slice(None), slice(1, 3), slice(30, 37)), (slice(None), slice(None), slice(0, 0))]:
+                  (slice(None), slice(1, 3), slice(30, 37)), (slice(None), slice(None), slice(0, 0)),
+                  (slice(1, 2), slice(None), slice(5, 21)), (slice(None), slice(None), slice(None)),  # row 1 alone
+                  (slice(None), slice(None), slice(-7, None))]:  # open and negative bounds, as a tensor's
         assert torch.equal(view[index], full[index])
+    assert not pages[table[:, 2].long(), 5:].any()  # rows 37 .. 47 of each last page: zero, as paginate says
+    ids = table.flatten().tolist()  # every page once, not in order: nothing may lean on contiguous pages
+    assert sorted(ids) == list(range(6)) and ids != list(range(6))
 
 
 def test_paged_view_gathers_a_slice_not_its_length():
@@ -200,6 +205,24 @@ def test_a_fork_gives_its_pages_back_and_outlives_its_parent():
     del g
     gc.collect()
     assert len(free.ids) == 2
+
+
+def test_a_fork_from_a_negative_position_is_refused():
+    """filled = -1 would freeze nothing and give the fork a table starting at logical page -1 (the last)."""
+    c = paged(4, max_len=12)
+    with pytest.raises(ValueError, match="0 <= filled <= needed"):
+        c.fork(-1, 5)
+    assert c._free is None  # not frozen: still writable
+    c.update(0, torch.tensor([3]), *torch.ones(2, 1, 2, 1, 4, dtype=torch.float64))
+
+
+def test_a_fork_one_page_short_is_refused():
+    """A fork needing one page more than are free: the pool's ValueError, not fewer pages (a RuntimeError)."""
+    c = paged(4, max_len=12)
+    f = c.fork(6, 10)  # takes both free pages: the parent's page 2 and the spare
+    with pytest.raises(ValueError, match="a fork needs 1 free pages and the pool has 0"):
+        c.fork(6, 7)
+    assert f.block_table.shape == (1, 3)
 
 
 @pytest.fixture(scope="module")

@@ -106,9 +106,10 @@ def test_rope_takes_positions_per_batch_row(impl, dtype):
 
 @pytest.mark.parametrize("impl", IMPLS + ["auto"])
 def test_per_row_positions_of_another_shape_are_a_value_error(impl):
-    """``(B + 1, L)``, ``(B, L + 1)`` and ``(B, 1, L)`` positions: refused by every impl, pair or not."""
+    """``(B + 1, L)``, ``(B, L + 1)``, ``(B, 1, L)`` and ``(1, L)`` positions (the kernel would read row 1 of
+    positions past the one row given): refused by every impl, pair or not."""
     x, f = torch.ones(2, 1, 5, 4, device=DEVICE), rope_frequencies(4, 10000.0, DEVICE, torch.float32)
-    for shape in ((3, 5), (2, 6), (2, 1, 5)):
+    for shape in ((3, 5), (2, 6), (2, 1, 5), (1, 5)):
         bad = torch.zeros(shape, dtype=torch.long, device=DEVICE)
         with pytest.raises(ValueError, match=r"rope's pos must be \(5,\) or \(2, 5\) int32 or int64"):
             rope(x, bad, f, impl)
@@ -148,8 +149,9 @@ def test_apply_rope_is_the_reference_with_theta_frequencies():
 
 
 def test_bad_frequencies_are_a_value_error():
-    with pytest.raises(ValueError, match="must be even"):
-        rope_frequencies(5, 10000.0, "cpu", torch.float32)
+    for head_dim in (5, 0, -2):  # 0 would give no frequencies at all, not an error
+        with pytest.raises(ValueError, match="must be even and positive"):
+            rope_frequencies(head_dim, 10000.0, "cpu", torch.float32)
 
 
 @pytest.mark.parametrize("impl", IMPLS + ["auto"])
@@ -182,6 +184,20 @@ def test_the_kernel_raises_where_it_has_no_backward():
         rope(x.clone().requires_grad_(), pos, f, "triton")
     with torch.no_grad():
         assert rope(x.clone().requires_grad_(), pos, f, "triton").shape == x.shape
+
+
+def test_auto_takes_the_reference_under_autograd_where_the_kernel_would_serve(monkeypatch):
+    """Where ``"auto"`` means the kernel (CUDA; here ``resolve_impl`` says so), a tensor that needs a
+    gradient is rotated by the reference, with a backward, not refused as ``impl="triton"`` is."""
+    from wmtp import rope as rope_mod
+
+    monkeypatch.setattr(rope_mod, "resolve_impl", lambda impl, device: "triton" if impl == "auto" else impl)
+    x = torch.randn(1, 2, 3, 4, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    pos, f = torch.arange(3), rope_frequencies(4, 10000.0, "cpu", torch.float32)
+    got = rope(x, pos, f, "auto")
+    assert got.grad_fn is not None and torch.equal(got, rope_torch(x, pos, f))
+    with pytest.raises(ValueError, match="no backward"):
+        rope(x, pos, f, "triton")
 
 
 def test_attention_keeps_its_frequencies_per_device_and_dtype():
@@ -280,3 +296,17 @@ def test_rope_pair_keeps_both_gradients():
         (q.square().sum() + 3 * k.square().sum()).backward()
         grads.append(leaf.grad)
     assert grads[0][..., Hq * D:(Hq + Hkv) * D].abs().sum() > 0 and torch.equal(grads[0], grads[1])
+
+
+def test_rope_pair_joins_only_a_next_head_of_the_same_shape_and_strides():
+    """``k`` starting where ``q``'s next head would, but with fewer positions or in another layout, is no
+    joined pair: it is rotated alone (its positions refused, or its own elements read), as ``rope`` does."""
+    y = torch.randn(1, 5, 3 * 8, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    heads = y.view(1, 5, 3, 8).transpose(1, 2)  # (B, 3 heads, L=5, D=8), strides (120, 8, 24, 1)
+    q, short = heads[:, :2], heads[:, 2:3, :4]  # short: the third head's first 4 positions
+    pos, f = torch.arange(5), rope_frequencies(8, 10000.0, "cpu", torch.float64)
+    with pytest.raises(ValueError, match=r"rope's pos must be \(4,\)"):
+        rope_pair(q, short, pos, f, "torch")
+    other = y.view(-1)[16:56].view(1, 1, 5, 8)  # (1, 1, 5, 8) from the third head's start, strides (40, 40, 8, 1)
+    got_q, got_k = rope_pair(q, other, pos, f, "torch")
+    assert torch.equal(got_q, rope(q, pos, f, "torch")) and torch.equal(got_k, rope(other, pos, f, "torch"))

@@ -433,6 +433,8 @@ BF16, F32, F64, M = torch.bfloat16, torch.float32, torch.float64, 1 << 20
     ((1, 32, 8, 1, 128, F32, M, 64, 4096, 132), (16, 16, 33, 4, 3)),  # fp32 (ieee): small blocks, never "short"
     ((1, 4, 2, 8, 16, F64, 60, None, None, 132), (16, 32, 2, 4, 3)),  # the lossless tests' tiny model on CUDA
     ((1, 32, 8, 1, 128, BF16, M, 64, 4096, None), (16, 64, 1, 4, 3)),  # CPU interpreter: one split
+    ((1, 2, 1, 1, 64, BF16, 4096, None, None, 7), (16, 64, 13, 4, 3)),  # 14 programs of 5 of 64 blocks: 1 empty
+    ((1, 2, 1, 1, 64, BF16, M, 0, 512, 1), (16, 64, 9, 4, 1)),  # 8 blocks of 64 keys on 1 SM: still "short"
 ])
 def test_launch_config_defaults(args, expected):
     """NOTE [Launch]'s defaults as literal launches (the H200 shapes of the benchmark, 132 SMs)."""
