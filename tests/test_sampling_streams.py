@@ -48,8 +48,7 @@ def test_rejection_drafts_at_the_runs_temperature(models):
     temperature 1 stays lossless in distribution, and survived the temperature 1 tests)."""
     target, _ = models
     prompt = random_prompt(9, seed=5)
-    out, stats = speculative_sample(target, MirrorDraft(target, prompt), prompt, 10, 3, 4, 16, temperature=0.5,
-                                    seed=6)
+    out, stats = speculative_sample(target, MirrorDraft(target, prompt), prompt, 10, 3, 4, 16, temperature=0.5, seed=6)
     assert torch.equal(out, sample_generate(target, prompt, 10, 0.5, seed=6))
     assert stats.accepted == stats.proposed > 0
 
