@@ -161,15 +161,19 @@ def test_one_row_counts_as_speculative_generate(models):
             alone.steps, alone.accepted, alone.committed, alone.draft_keys_read)
 
 
-def test_a_stopped_row_no_longer_limits_the_batch(models):
-    """Row 0 stops at its first token and would match nothing; row 1 then sets every step's m."""
+@pytest.mark.parametrize("row0", ["none", "all"])
+def test_a_stopped_row_no_longer_limits_the_batch(models, row0):
+    """Row 0 stops at its first token and would match nothing (or every draft: counted nowhere, as
+    it no longer lives; mutation round 6: counting a stopped row's own matches survived); row 1 then
+    sets every step's m."""
     target, head = models
-    ps, new, depth = prompts(2, 8, seed=13), 30, 4
+    ps, new, depth = prompts(2, 8, seed=13), 30 if row0 == "none" else 12, 4
     first = [int(wmtp.greedy_generate(target, p, 1)[0]) for p in ps]
     rest = wmtp.greedy_generate(target, ps[1], new)
     eos = first[0]
     assert eos not in rest.tolist()  # row 1 runs to max_new_tokens
-    oracle, want = oracle_for(target, head, ps, depth, new, j=lambda b, n: 0 if b == 0 else (3 * n) % (depth + 1))
+    j0 = depth if row0 == "all" else 0
+    oracle, want = oracle_for(target, head, ps, depth, new, j=lambda b, n: j0 if b == 0 else (3 * n) % (depth + 1))
     out, stats = lockstep_generate(target, oracle, ps, new, depth, eos_id=eos)
     assert [o.tolist() for o in out] == [[eos], rest.tolist()]
     n, steps, accepted = 8, 0, 0
@@ -283,7 +287,8 @@ def test_bad_requests_are_value_errors(models):
     ps = prompts(2, 5)
     bad = [((ps[0], 4, 2), "non-empty \\(B, P\\)"), ((ps[None], 4, 2), "non-empty \\(B, P\\)"),
            ((ps[:, :0], 4, 2), "non-empty \\(B, P\\)"), ((ps.float(), 4, 2), "integer token ids"),
-           ((torch.cat([ps, torch.full((1, 5), V)]), 4, 2), "token ids must lie"), ((ps, 4, 0), "depth"),
+           ((torch.cat([ps, torch.full((1, 5), V)]), 4, 2), "prompts row 2: prompt token ids must lie"),  # every row
+           ((ps, 4, 0), "depth"),  # checked before the prefill (mutation round 6: checking row 0 alone survived)
            ((ps, -1, 2), "max_new_tokens"), ((ps, 10_000, 2), "cache positions")]
     for (p, new, depth), match in bad:
         with pytest.raises(ValueError, match=match):

@@ -112,6 +112,19 @@ def test_learned_cost_is_a_line_through_the_step_times():
     assert AdaptiveDepth(4).fitted_cost() is None
 
 
+def test_steps_measured_at_zero_seconds_fit_no_line():
+    """Steps of two depths, every one timed at 0 s (a clock too coarse for them): the line through them,
+    ``cost(k) = 0``, would make every rate a division by zero, so there is no fitted line and the
+    configured costs stand (mutation round 6: ``intercept + slope >= 0`` survived); each depth's measured
+    mean is 0.0 s, not "never drafted"."""
+    policy = AdaptiveDepth(3, decay=1.0, learn_costs=True, cost_model="per-depth")
+    policy.update(1, 1, 0.0, 0.0)
+    policy.update(2, 2, 0.0, 0.0)
+    assert policy.fitted_cost() is None and policy.cost(2) == pytest.approx(1.1)
+    assert policy.measured_costs() == [0.0, 0.0, None]
+    assert policy.depth(0) in (1, 2, 3)
+
+
 def test_per_depth_costs_weigh_each_depth_against_the_line():
     """Steps not linear in the depth (1.0, 1.1 and 2.6 s at depths 1, 3, 7; every draft accepted):
     the line through them prefers depth 7; each depth's own mean, weighed against the line one step
@@ -186,6 +199,8 @@ class Growing(Cycling):
     (lambda: Cycling([0]), "depth must be a positive integer"), (lambda: Cycling([2, 9]), "must draft an int in"),
     (lambda: Cycling([2, 2.0]), "must draft an int in"), (lambda: Cycling([2, True]), "must draft an int in"),
     (lambda: Growing(), "must draft an int in \\[1, 2\\]"),
+    # mutation round 6: the bounds of next_depth themselves (a depth of 0, and max_depth + 1, let through survived)
+    (lambda: Cycling([2, 0]), "must draft an int in"), (lambda: Cycling([2, 4]), "must draft an int in \\[1, 3\\]"),
 ])
 @pytest.mark.parametrize("generate", [wmtp.speculative_generate, wmtp.static_speculative_generate])
 def test_bad_depths_raise_value_error(models, make, match, generate):
