@@ -83,6 +83,7 @@ def test_staged_prefills_copy_each_prompt_into_its_row_only(models, monkeypatch)
     for b, i in ((2, 0), (0, 1), (2, 2), (1, 3)):
         before = [(c.k.clone(), c.v.clone()) for c in (tcache, dcache)]
         x, h = admitter(b, i)
+        assert (admitter.stage is None) == (i in (2, 3))  # a used-up stage's caches go with it (mutation round 6)
         P = prompts[i].numel()
         tc, dc, x1, h1, _ = prefill_rows(target, head, [prompts[i]], P, "torch")
         assert torch.allclose(x, x1[0]) and torch.allclose(h, h1[0], rtol=0, atol=1e-12)

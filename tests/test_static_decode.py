@@ -356,3 +356,41 @@ def test_cuda_graphs_of_a_run_share_one_pool_and_replay_in_any_order(cuda_models
                                                  cuda_graph=True)
         assert torch.equal(out, ref), f"j={j}"
         assert len(pools) > 8 and pools[0] is not None and all(p == pools[0] for p in pools), f"j={j}"
+
+
+class Positions:
+    """The real head, recording the ``positions`` each call asks for (``None``: absolute)."""
+
+    def __init__(self, head):
+        self.head, self.seen = head, []
+
+    def new_cache(self, *args, **kwargs):
+        return self.head.new_cache(*args, **kwargs)
+
+    def write_cache(self, *args):
+        return self.head.write_cache(*args)
+
+    def __call__(self, *args, positions=None):
+        self.seen.append(positions)
+        return self.head(*args) if positions is None else self.head(*args, positions=positions)
+
+
+def test_a_list_of_prompts_passes_every_option_on(models):
+    """A list of prompts runs each prompt with the same options: the greedy loop's eos and step times,
+    the speculative loop's ring draft KV and re-indexed positions (mutation round 6: dropping any of
+    them on the list path survived every test)."""
+    target, head = models
+    prompts = [random_prompt(20, seed=1), random_prompt(9, seed=2)]
+    eos = int(wmtp.greedy_generate(target, prompts[0], 6)[3])
+    times, one_times = [], []
+    outs = static_greedy_generate(target, prompts, 6, eos_id=eos, step_times=times)
+    ones = [static_greedy_generate(target, p, 6, eos_id=eos, step_times=one_times) for p in prompts]
+    assert outs[0].numel() == 4 and all(torch.equal(a, b) for a, b in zip(outs, ones))
+    assert len(times) == len(one_times) > 0
+    listed, one = Positions(head), Positions(head)
+    kwargs = {"draft_cache": "ring", "positions": "reindexed"}
+    _, stats = static_speculative_generate(target, listed, prompts[:1], 3, 2, 2, 3, **kwargs)
+    _, one_stats = static_speculative_generate(target, one, prompts[0], 3, 2, 2, 3, **kwargs)
+    assert listed.seen == one.seen == ["reindexed"] * 4  # two steps (no accepts) of an extend and a recursive draft
+    assert stats[0].draft_kv_bytes == one_stats.draft_kv_bytes < static_speculative_generate(
+        target, head, prompts[0], 3, 2, 2, 3)[1].draft_kv_bytes  # a ring's
