@@ -1,0 +1,44 @@
+"""The course grader's hints and its simulation checks, each on its own (wmtp/grading_*.py): the
+hint that names a known wrong answer, and the checks past the literal and fuzzed cases that no
+planted bug reaches through ``grade`` (they pass only a function right on every fuzzed case), run
+directly on a wrong function. Written for mutation round 7 (part b): each test failed on a mutant
+of the grader that survived tests/test_grading_verdicts.py, test_grading_harness.py and
+test_grading_process.py."""
+
+import pytest
+import torch
+
+from wmtp import grading
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _failure(assignment, fn):
+    report = grading.grade_function(assignment, fn)
+    assert not report.passed, report
+    return report.first_failure
+
+
+# ---------------------------------------------------------------- 04 split-K merge (grading_merge.py)
+def test_merge_that_overflows_is_told_to_exponentiate_m_minus_its_max():
+    """exp(900) is inf with no empty split: the overflow hint, not the empty split's."""
+    def overflows(m, den, acc):
+        return (torch.exp(m)[:, None] * acc).sum(0) / (torch.exp(m) * den).sum()
+
+    why = _failure("splitk_merge", overflows)
+    assert why.startswith("merge_splits of scores s=[900.0, -1800.0, 450.0] split into runs of [1, 2] keys (D=2): "
+                          "m=[900.0, 450.0], l=[1.0, 1.0]: expected ["), why
+    assert why.endswith("got [nan, nan] (NaN or inf with no empty split: exp of scores in the hundreds overflows; "
+                        "exponentiate m_i - max m)"), why
+
+
+def test_merge_gets_copies_of_the_partials_and_reports_the_graders_own():
+    """A merge that shifts ``m`` in place is shown the partials it was given (m=[0.5, 2.0]), not its edit."""
+    def shifts_m(m, den, acc):
+        m.sub_(m.max())
+        return acc.sum(0) / den.sum()
+
+    why = _failure("splitk_merge", shifts_m)
+    assert why.startswith("merge_splits of scores s=[0.5, -1.0, 2.0, 0.0] split into runs of [2, 2] keys (D=2): "
+                          "m=[0.5, 2.0], l=[1.22313016014843, 1.1353352832366128]: expected ["), why
+    assert why.endswith(" (each split's l and acc are relative to its own max m_i: rescale by exp(m_i - max m))")
