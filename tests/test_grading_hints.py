@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from wmtp import grading
+from wmtp.keyset import sink_query_position
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -42,3 +43,29 @@ def test_merge_gets_copies_of_the_partials_and_reports_the_graders_own():
     assert why.startswith("merge_splits of scores s=[0.5, -1.0, 2.0, 0.0] split into runs of [2, 2] keys (D=2): "
                           "m=[0.5, 2.0], l=[1.22313016014843, 1.1353352832366128]: expected ["), why
     assert why.endswith(" (each split's l and acc are relative to its own max m_i: rescale by exp(m_i - max m))")
+
+
+# ---------------------------------------------------------------- 05 re-indexed positions (grading_reindex.py)
+def test_reindexed_hints_for_a_missing_window_and_for_t_itself():
+    no_window = lambda t, n_sink, window: t if n_sink == 0 else min(t, n_sink + (window or 0) - 1)  # noqa: E731
+    assert _failure("reindexed", no_window) == (
+        "sink_query_position(t=100, n_sink=4, window=None): expected 100, got 3 (without sinks, or without a window, "
+        "nothing is re-indexed: the query stays at t)")
+    assert _failure("reindexed", lambda t, n_sink, window: t) == (
+        "sink_query_position(t=19, n_sink=2, window=6): expected 7, got 19 (t is the query's absolute position; "
+        "re-indexed, it sits at the last index of its key set)")
+
+
+@pytest.mark.parametrize("i, case, where, index, n_keys", [(0, (40, 4, 8), 12, 11, 12), (1, (12, 4, 8), 12, 11, 12),
+                                                          (4, (90, 8, 20), 28, 27, 28)])
+def test_reindexed_attention_check_catches_a_position_one_past_the_key_set(i, case, where, index, n_keys):
+    """The attention check on its own: sinks scored from one index too far move the output by O(0.01-0.1)."""
+    from wmtp.grading_reindex import _attention_case
+
+    one_past = lambda t, n_sink, window: min(t, n_sink + window)  # noqa: E731
+    why = _attention_case(one_past, *case, i)
+    assert why.startswith(f"scoring the sinks from position {where} gives attention "), why
+    assert float(why.split(" gives attention ")[1].split(" ")[0]) > 0.02, why
+    assert why.endswith(f" away from the compact re-indexed cache (the query at index {index} of the {n_keys} keys "
+                        "it reads)"), why
+    assert _attention_case(sink_query_position, *case, i) is None
