@@ -5,6 +5,8 @@ directly on a wrong function. Written for mutation round 7 (part b): each test f
 of the grader that survived tests/test_grading_verdicts.py, test_grading_harness.py and
 test_grading_process.py."""
 
+import itertools
+
 import pytest
 import torch
 
@@ -69,3 +71,41 @@ def test_reindexed_attention_check_catches_a_position_one_past_the_key_set(i, ca
     assert why.endswith(f" away from the compact re-indexed cache (the query at index {index} of the {n_keys} keys "
                         "it reads)"), why
     assert _attention_case(sink_query_position, *case, i) is None
+
+
+# ---------------------------------------------------------------- 06 rejection sampling (grading_rejection.py)
+def _residual(p, q, r):
+    """The first token whose cumulative residual mass max(p - q, 0) exceeds r times the total."""
+    res = [max(a - b, 0.0) for a, b in zip(p, q)]
+    return next(i for i, c in enumerate(itertools.accumulate(res)) if c > r * sum(res))
+
+
+def test_rejection_that_accepts_only_where_p_covers_q_is_told_the_acceptance_rule():
+    def only_where_p_covers(p, q, draft, u, r):
+        return draft if p[draft] >= q[draft] else _residual(p, q, r)
+
+    assert _failure("rejection", only_where_p_covers) == (
+        "verify_one(p=[0.2, 0.8], q=[0.6, 0.4], draft=0, u=0.3, r=0.5): expected 0, got 1 (accept when "
+        "u * q[draft] < p[draft]: with probability min(1, p/q))")
+
+
+def test_rejection_trials_catch_a_rule_wrong_in_six_percent_of_rejections_and_a_low_acceptance():
+    """The seeded trials on their own (p = [0.7, 0.2, 0.1], q uniform): a rejected draft committed
+    when r < 0.06 moves token 0's share by about 7 standard errors; always a sample of p (exactly p's
+    distribution) accepts sum(p q) = 1/3 of the drafts, not sum(min(p, q)) = 0.6333."""
+    from wmtp.grading_rejection import _distribution_case
+
+    def sloppy(p, q, draft, u, r):
+        return draft if u * q[draft] < p[draft] or r < 0.06 else _residual(p, q, r)
+
+    def samples_p(p, q, draft, u, r):
+        return next(i for i, c in enumerate(itertools.accumulate(p)) if c > r)
+
+    p, q = [0.7, 0.2, 0.1], [1 / 3] * 3
+    assert _distribution_case(sloppy, p, q, 101) == (
+        "token 0 was committed in 0.6775 of 20000 trials; p[0] = 0.7000 (more than 5 standard errors off: the output "
+        "must be distributed as p)")
+    assert _distribution_case(samples_p, p, q, 101) == (
+        "accepted 0.3328 of the drafts; speculative sampling accepts sum(min(p, q)) = 0.6333")
+    last = lambda p, q, draft, u, r: draft if u * q[draft] < p[draft] else -1  # noqa: E731  (Python's last token)
+    assert _distribution_case(last, p, q, 101) == "returned -1 for draft 2: not a token of the vocabulary 0..2"
