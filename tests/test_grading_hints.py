@@ -109,3 +109,14 @@ def test_rejection_trials_catch_a_rule_wrong_in_six_percent_of_rejections_and_a_
         "accepted 0.3328 of the drafts; speculative sampling accepts sum(min(p, q)) = 0.6333")
     last = lambda p, q, draft, u, r: draft if u * q[draft] < p[draft] else -1  # noqa: E731  (Python's last token)
     assert _distribution_case(last, p, q, 101) == "returned -1 for draft 2: not a token of the vocabulary 0..2"
+
+
+def test_rejection_that_answers_two_ways_is_caught_by_the_repeated_call():
+    """Two answers over the 20 calls are already one too many (the planted random bug gives three)."""
+    from wmtp.grading_rejection import REPEATED, _repeated_case
+
+    answers = itertools.cycle([1, 2])
+    (p, q, d, u, r), calls = REPEATED
+    assert _repeated_case(lambda *args: next(answers), p, q, d, u, r, calls) == (
+        "returned 1, 2 for the same arguments over 20 calls: the token must depend on u and r alone (test with u, "
+        "sample the residual with r; no random numbers of your own)")
