@@ -120,3 +120,33 @@ def test_rejection_that_answers_two_ways_is_caught_by_the_repeated_call():
     assert _repeated_case(lambda *args: next(answers), p, q, d, u, r, calls) == (
         "returned 1, 2 for the same arguments over 20 calls: the token must depend on u and r alone (test with u, "
         "sample the residual with r; no random numbers of your own)")
+
+
+# ---------------------------------------------------------------- 07 paged keys (grading_paged.py)
+def test_paged_addresses_in_another_order_are_told_so():
+    from wmtp.grading_paged import library_addresses
+
+    assert _failure("paged", lambda *args: library_addresses(*args)[::-1]) == (
+        "key_addresses(block_table=[5, 2, 7, 0], page_size=4, t=13, n_sink=2, window=4): expected [(5, 0), (5, 1), "
+        "(7, 2), (7, 3), (0, 0), (0, 1)], got [(0, 1), (0, 0), (7, 3), (7, 2), (5, 1), (5, 0)] (the right addresses "
+        "in another order: list them by ascending key position)")
+
+
+@pytest.mark.parametrize("i, case, n_pages", [(0, (4, 40, 4, 8), 12), (1, (1, 30, 2, 5), 32), (3, (3, 11, 0, None), 5)])
+def test_paged_attention_check_catches_logical_pages_and_no_addresses(i, case, n_pages):
+    """The attention check on its own: keys read at their logical pages (not the block table's) move
+    the output by O(0.1-1); no addresses at all are refused by name."""
+    from wmtp.grading_paged import _attention_case, library_addresses
+    from wmtp.keyset import draft_key_indices
+
+    def logical(block_table, page_size, t, n_sink, window):
+        return [(p // page_size, p % page_size) for p in draft_key_indices(t, n_sink, window).tolist()]
+
+    why = _attention_case(logical, *case, i)
+    assert why.startswith("attention over the keys read at your addresses is "), why
+    assert float(why.split(" addresses is ")[1].split(" ")[0]) > 0.2, why
+    assert why.endswith(f" away from attention over the key set (the cache in {n_pages} randomly permuted pages of "
+                        f"{case[0]} rows)"), why
+    none = _attention_case(lambda *args: [], *case, i)
+    assert none == "no addresses: the key set of a query always holds its own key"
+    assert _attention_case(library_addresses, *case, i) is None
