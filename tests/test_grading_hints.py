@@ -150,3 +150,34 @@ def test_paged_attention_check_catches_logical_pages_and_no_addresses(i, case, n
     none = _attention_case(lambda *args: [], *case, i)
     assert none == "no addresses: the key set of a query always holds its own key"
     assert _attention_case(library_addresses, *case, i) is None
+
+
+# ---------------------------------------------------------------- 08 draft depth (grading_depth.py)
+def test_depth_hints_for_the_last_of_a_tie_and_no_length_hint_for_an_index_error_of_its_own():
+    """Of a tie (2 / 1 = 3 / 1.5) the smallest depth; an IndexError with as many alphas as costs is the
+    student's own, reported as raised, not blamed on extra alphas."""
+    from wmtp.policy import expected_tokens
+
+    def last_of_a_tie(alphas, costs):
+        rates = [expected_tokens(alphas, k) / costs[k - 1] for k in range(1, len(costs) + 1)]
+        return max(range(1, len(costs) + 1), key=lambda k: (rates[k - 1], k))
+
+    assert _failure("depth", last_of_a_tie) == (
+        "best_depth(alphas=[1.0, 1.0], costs=[1.0, 1.5]): expected 1, got 2 (a tie: return the smallest such depth)")
+    why = _failure("depth", lambda alphas, costs: max(range(1, len(costs) + 1), key=lambda k: alphas[k] / costs[k - 1]))
+    assert why.startswith("best_depth(alphas=[0.9, 0.9, 0.9], costs=[1.0, 1.0, 1.0]): raised IndexError: list index "
+                          "out of range (test_grading_hints.py, line "), why
+    assert "alphas but" not in why, why
+
+
+def test_depth_simulation_catches_a_depth_twelve_standard_errors_short_and_one_out_of_range():
+    """The simulated steps on their own (alphas 0.9, costs 1 + 0.05 k, k = 1 .. 7: depth 7 is best)."""
+    from wmtp.grading_depth import _simulation_case
+
+    alphas, costs = [0.9] * 7, [1.0 + 0.05 * k for k in range(1, 8)]
+    assert _simulation_case(lambda a, c: 6, alphas, costs, 0) == (
+        "in 20000 simulated steps at each depth, depth 6 delivered 4.0145 tokens per unit of cost and depth 7 4.2378 "
+        "(standard errors 0.0121, 0.0137)")
+    assert _simulation_case(lambda a, c: 0, alphas, costs, 0) == "expected a depth in 1 .. 7, got 0"
+    assert _simulation_case(lambda a, c: 8, alphas, costs, 0) == "expected a depth in 1 .. 7, got 8"
+    assert _simulation_case(lambda a, c: 7, alphas, costs, 0) is None
