@@ -181,3 +181,58 @@ def test_depth_simulation_catches_a_depth_twelve_standard_errors_short_and_one_o
     assert _simulation_case(lambda a, c: 0, alphas, costs, 0) == "expected a depth in 1 .. 7, got 0"
     assert _simulation_case(lambda a, c: 8, alphas, costs, 0) == "expected a depth in 1 .. 7, got 8"
     assert _simulation_case(lambda a, c: 7, alphas, costs, 0) is None
+
+
+# ---------------------------------------------------------------- 09 fork table (grading_fork.py)
+FORK_CASE = "fork_table(block_table=[5, 2, 7, 0], page_size=4, filled=6, needed=10, free=[9, 3, 8], scratch=1): "
+
+
+def _swapped(*args):
+    from wmtp.grading_fork import library_fork
+
+    table, copies = library_fork(*args)
+    return table, [(dst, src) for src, dst in copies]
+
+
+def _copies_every_page(block_table, page_size, filled, needed, free, scratch):
+    held = -(-filled // page_size)  # the prompt's pages, each copied
+    mine = free[:max(min(-(-needed // page_size), len(block_table)), held)]
+    return mine + [scratch] * (len(block_table) - len(mine)), [(block_table[i], mine[i]) for i in range(held)]
+
+
+def _unpadded(*args):
+    from wmtp.grading_fork import library_fork
+
+    table, copies = library_fork(*args)
+    while table[-1] == args[-1]:
+        table = table[:-1]
+    return table, copies
+
+
+@pytest.mark.parametrize("fn, got, hint", [
+    (_swapped, "([5, 9, 3, 1], [(9, 2)])", "the right table; the copies are (src, dst) pages: the prompt's page, then "
+                                           "the fork's"),
+    (_copies_every_page, "([9, 3, 8, 1], [(5, 9), (2, 3)])", "the pages wholly below `filled` are shared: keep the "
+                                                            "prompt's entries there"),
+    (_unpadded, "([5, 9, 3], [(2, 9)])", "the fork's table has one entry per entry of the prompt's"),
+])
+def test_fork_hints_for_swapped_copies_no_sharing_and_a_short_table(fn, got, hint):
+    assert _failure("fork", fn) == f"{FORK_CASE}expected ([5, 9, 3, 1], [(2, 9)]), got {got} ({hint})"
+
+
+def test_two_forks_catch_a_copy_into_the_scratch_page_and_pages_from_the_free_lists_end():
+    """Assignment 09's last check on its own: a copy must land in a page the fork owns, and a fork
+    addresses only the prompt's shared pages, its first free pages and the scratch page."""
+    from wmtp.grading_fork import _two_forks_case, library_fork
+
+    def into_scratch(block_table, page_size, filled, needed, free, scratch):
+        table, copies = library_fork(block_table, page_size, filled, needed, free, scratch)
+        return table, [(src, scratch) for src, _ in copies]
+
+    def from_the_end(block_table, page_size, filled, needed, free, scratch):
+        return library_fork(block_table, page_size, filled, needed, free[::-1], scratch)
+
+    assert _two_forks_case(into_scratch, 4, 6, 10, (17, 24), 0) == "fork 1 copies into page 1, which it does not own"
+    assert _two_forks_case(from_the_end, 4, 6, 10, (17, 24), 0) == (
+        "fork 1 addresses pages [5, 9, 10] that are neither the prompt's shared pages, the first free pages it needs, "
+        "nor the scratch page")
