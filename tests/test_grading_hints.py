@@ -236,3 +236,51 @@ def test_two_forks_catch_a_copy_into_the_scratch_page_and_pages_from_the_free_li
     assert _two_forks_case(from_the_end, 4, 6, 10, (17, 24), 0) == (
         "fork 1 addresses pages [5, 9, 10] that are neither the prompt's shared pages, the first free pages it needs, "
         "nor the scratch page")
+
+
+# ---------------------------------------------------------------- 10 batch commit (grading_batch.py)
+BATCH_CASE = ("commit_rows(drafts=[[4, 7, 1], [4, 7, 1], [2, 2, 2]], choices=[[4, 7, 1, 9], [4, 3, 0, 5], "
+              "[8, 2, 2, 2]], positions=[10, 10, 10], live=[True, True, True]): ")
+BATCH_EXPECTED = "expected [([4, 7, 1, 9], 14), ([4, 3], 12), ([8], 11)], got "
+
+
+def _commit(*args):
+    from wmtp.grading_batch import library_commit
+
+    return library_commit(*args)
+
+
+def _stops_every_row(drafts, choices, positions, live):
+    rows = _commit(drafts, choices, positions, live)
+    live[:] = [False] * len(live)
+    return rows
+
+
+@pytest.mark.parametrize("fn, why", [
+    (lambda d, c, p, on: [(t, q + 1 if on[b] else q) for b, (t, q) in enumerate(_commit(d, c, p, on))],
+     BATCH_EXPECTED + "[([4, 7, 1, 9], 15), ([4, 3], 13), ([8], 12)] (the new position is the row's latest committed "
+                      "token's: positions[0] + 4)"),
+    (lambda d, c, p, on: [(t[::-1], q) for t, q in _commit(d, c, p, on)],  # no hint fits tokens out of order
+     BATCH_EXPECTED + "[([9, 1, 7, 4], 14), ([3, 4], 12), ([8], 11)]"),
+    (_stops_every_row, "commit_rows changed its argument live from [True, True, True] to [False, False, False]: do not "
+                       "change the arguments (build new lists for the answer)"),
+    (lambda d, c, p, on: _commit(d, c, p, on) + [([], 0)],
+     "expected a list of 3 (tokens, new_position) pairs, one a row, tokens a list of ints and new_position an int; got "
+     "[([4, 7, 1, 9], 14), ([4, 3], 12), ([8], 11), ([], 0)] (4 pairs for a batch of 3 rows)"),
+], ids=["position one past", "tokens reversed", "live changed", "a row too many"])
+def test_batch_hints_and_refusals(fn, why):
+    assert _failure("batch", fn) == BATCH_CASE + why
+
+
+def test_batched_loop_catches_a_stopped_row_that_only_moves_and_a_live_row_one_position_past():
+    """Assignment 10's last check on its own: a stopped row keeps its position even when it commits
+    nothing, and a live row's position is its prompt's last plus its committed tokens."""
+    from wmtp.grading_batch import HARNESS, _harness_case
+
+    moves = lambda d, c, p, on: [(t, q if on[b] else q + 1) for b, (t, q) in enumerate(_commit(d, c, p, on))]  # noqa: E731
+    past = lambda d, c, p, on: [(t, q + 1 if on[b] else q) for b, (t, q) in enumerate(_commit(d, c, p, on))]  # noqa: E731
+    assert _harness_case(moves, *HARNESS[0]) == (
+        "step 6, row 2 (prompt length 2, at position 18) has stopped, but it committed [] and moved to position 19")
+    assert _harness_case(past, *HARNESS[0]) == (
+        "step 0, row 0 (prompt length 5, at position 4) committed [448] and moved to position 6, expected 4 (its "
+        "prompt's last token) + 1 (its tokens committed so far) = 5")
