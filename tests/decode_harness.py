@@ -1,7 +1,8 @@
 """What the decoding tests share (tests/test_lossless.py, test_static_decode.py, test_prefill.py, the
 lockstep and batched tests): the vocabulary of ``wmtp.grading.harness_models``, seeded random
 prompts, the counts that two runs of one request must agree on, a scripted depth policy, a fake
-clock, a device-side oracle draft and a per-row one that checks what it is fed."""
+clock, the base of every stand-in draft head, a device-side oracle draft and a per-row one that
+checks what it is fed."""
 
 import torch
 
@@ -55,7 +56,22 @@ class StepClock:
         return (self.calls - 1) * self.calls / 2
 
 
-class DeviceOracle:
+class HeadProxy:
+    """A stand-in draft head over the real ``head``: its caches are the head's (``new_cache`` and
+    ``write_cache``, the draft protocol of NOTE [Shared draft prefill] in wmtp/prefill.py, forward to
+    it); a subclass's ``__call__`` records or scripts what a test needs."""
+
+    def __init__(self, head):
+        self.head = head
+
+    def new_cache(self, *args, **kwargs):
+        return self.head.new_cache(*args, **kwargs)
+
+    def write_cache(self, *args):
+        return self.head.write_cache(*args)
+
+
+class DeviceOracle(HeadProxy):
     """Right for the first ``j`` drafts of every step, then wrong; device ops only, every row.
 
     Its hidden output carries the draft index (``SENTINEL + index``), so a recursive call knows which
@@ -67,12 +83,6 @@ class DeviceOracle:
 
     def __init__(self, head, sequence: torch.Tensor, j: int):
         self.head, self.seq, self.j = head, sequence, j
-
-    def new_cache(self, *args, **kwargs):
-        return self.head.new_cache(*args, **kwargs)
-
-    def write_cache(self, *args):
-        return self.head.write_cache(*args)
 
     def __call__(self, hidden, next_ids, pos, cache, n_sink, window, impl):
         lead = hidden[0, :, 0]  # (L,)
@@ -102,7 +112,7 @@ def scripted_counts(j, i: int, P: int, new: int) -> tuple[int, int]:
     return steps, accepted
 
 
-class InputOracle:
+class InputOracle(HeadProxy):
     """The real head with its logits replaced, a script a row, that also checks what it is fed: at a
     step whose row ``b`` verifies from ``n``, the row's drafts are right for the first ``j(b, n)``
     (default ``(7 n + 3 b) % (K + 1)``), then wrong, and any draft whose inputs are not the row's
@@ -123,12 +133,6 @@ class InputOracle:
         self.head, self.K, self.want, self.calls = head, depth, want, 0
         self.j = j or (lambda b, n: (7 * n + 3 * b) % (depth + 1))
         self.prompts, self.who = prompts, None  # who: each batch row's prompt
-
-    def new_cache(self, *args, **kwargs):
-        return self.head.new_cache(*args, **kwargs)
-
-    def write_cache(self, *args):
-        return self.head.write_cache(*args)
 
     def spy(self, admit):
         """``Admitter.__call__`` (wmtp/rows.py; NOTE [Refill] in wmtp/batched.py) that tells the oracle

@@ -12,7 +12,7 @@ import os
 
 import pytest
 import torch
-from decode_harness import DeviceOracle, random_prompt, same_counts
+from decode_harness import DeviceOracle, HeadProxy, random_prompt, same_counts
 
 import wmtp
 from wmtp.config import KeySetConfig, parse_keyset
@@ -77,21 +77,15 @@ def test_parse_and_label():
             parse_keyset(bad)
 
 
-class Spy:
-    """A draft that records each call's positions and key set, then answers as ``inner``."""
+class Spy(HeadProxy):
+    """A draft that records each call's positions and key set, then answers as ``head``."""
 
-    def __init__(self, inner):
-        self.inner, self.calls = inner, []
-
-    def new_cache(self, *args, **kwargs):
-        return self.inner.new_cache(*args, **kwargs)
-
-    def write_cache(self, *args):
-        return self.inner.write_cache(*args)
+    def __init__(self, head):
+        self.head, self.calls = head, []
 
     def __call__(self, hidden, next_ids, pos, cache, n_sink, window, impl):
         self.calls.append((tuple(pos.tolist()), n_sink, window))
-        return self.inner(hidden, next_ids, pos, cache, n_sink, window, impl)
+        return self.head(hidden, next_ids, pos, cache, n_sink, window, impl)
 
 
 def _oracle_run(models, loop, gate, j=1):

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 import torch
-from decode_harness import Cycling, V
+from decode_harness import Cycling, HeadProxy, V
 from decode_harness import random_prompts as prompts
 
 import wmtp
@@ -21,7 +21,7 @@ def models():
     return harness_models()
 
 
-class Oracle:
+class Oracle(HeadProxy):
     """The real head with its logits replaced: row ``b``'s drafts of the step that verifies from
     position ``n`` are right for the first ``j(b, n)``, then wrong (default ``(7 n + b) % (K + 1)``,
     so rows and steps differ). Draft ``i`` sits at position ``n - 1 + i`` and guesses the token at
@@ -37,9 +37,6 @@ class Oracle:
     def new_cache(self, *args, **kwargs):
         self.cache = self.head.new_cache(*args, **kwargs)
         return self.cache
-
-    def write_cache(self, *args):
-        return self.head.write_cache(*args)
 
     def __call__(self, hidden, next_ids, pos, cache, n_sink, window, impl):
         self.calls += 1
@@ -195,17 +192,11 @@ def test_rows_that_match_alike_lose_nothing(models):
     assert stats.steps == solo_stats.steps
 
 
-class Recorder:
+class Recorder(HeadProxy):
     """The head, recording each call's positions, logits and hidden output."""
 
     def __init__(self, head):
         self.head, self.calls = head, []
-
-    def new_cache(self, *args, **kwargs):
-        return self.head.new_cache(*args, **kwargs)
-
-    def write_cache(self, *args):
-        return self.head.write_cache(*args)
 
     def __call__(self, *args):
         logits, g = self.head(*args)

@@ -9,7 +9,7 @@ import os
 
 import pytest
 import torch
-from decode_harness import InputOracle, prompts_of, scripted_counts
+from decode_harness import HeadProxy, InputOracle, prompts_of, scripted_counts
 
 import wmtp
 from wmtp.batched import batched_speculative_generate
@@ -132,17 +132,11 @@ def test_each_prompts_times_follow_the_schedule(models, generate, max_batch, pre
             assert st.done_s[i] == pytest.approx(st.prefill_times_s[0] + sum(steps[:n]), rel=1e-12)
 
 
-class Recorder:
+class Recorder(HeadProxy):
     """The real head, logging every column it is called on: (position, token fed, hidden state, logits)."""
 
     def __init__(self, head):
         self.head, self.log = head, []
-
-    def new_cache(self, *args, **kwargs):
-        return self.head.new_cache(*args, **kwargs)
-
-    def write_cache(self, *args):
-        return self.head.write_cache(*args)
 
     def __call__(self, hidden, next_ids, pos, cache, n_sink, window, impl):
         logits, g = self.head(hidden, next_ids, pos, cache, n_sink, window, impl)

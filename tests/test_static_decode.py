@@ -11,7 +11,7 @@ import os
 
 import pytest
 import torch
-from decode_harness import Cycling, DeviceOracle, V, random_prompt, same_counts
+from decode_harness import Cycling, DeviceOracle, HeadProxy, V, random_prompt, same_counts
 
 import wmtp
 from wmtp import graphs
@@ -26,7 +26,7 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 KEYSETS = [(0, None), (4, 16), (0, 1), (2, 3)]
 
 
-class ForcedHead:
+class ForcedHead(HeadProxy):
     """The real head, its attention and caches included, with a logit bonus that makes the first
     ``j`` drafts of every step right and the rest wrong; it records each call's logits and ``g`` per
     (step, call in the step, position), so that two loops can be compared row by row."""
@@ -35,12 +35,6 @@ class ForcedHead:
         self.head, self.seq, self.j, self.depth = head, sequence, j, depth
         self.calls = 0  # the draft prefill is write_cache's, no call
         self.rows: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def new_cache(self, *args, **kwargs):
-        return self.head.new_cache(*args, **kwargs)
-
-    def write_cache(self, *args):
-        return self.head.write_cache(*args)
 
     def __call__(self, hidden, next_ids, pos, cache, n_sink, window, impl):
         logits, g = self.head(hidden, next_ids, pos, cache, n_sink, window, impl)
@@ -358,17 +352,11 @@ def test_cuda_graphs_of_a_run_share_one_pool_and_replay_in_any_order(cuda_models
         assert len(pools) > 8 and pools[0] is not None and all(p == pools[0] for p in pools), f"j={j}"
 
 
-class Positions:
+class Positions(HeadProxy):
     """The real head, recording the ``positions`` each call asks for (``None``: absolute)."""
 
     def __init__(self, head):
         self.head, self.seen = head, []
-
-    def new_cache(self, *args, **kwargs):
-        return self.head.new_cache(*args, **kwargs)
-
-    def write_cache(self, *args):
-        return self.head.write_cache(*args)
 
     def __call__(self, *args, positions=None):
         self.seen.append(positions)
