@@ -143,3 +143,46 @@ def test_bad_prompts_are_value_errors(models, prompts, match):
     target, head = models
     with pytest.raises(ValueError, match=match):
         batched_speculative_generate(target, head, prompts, 8, 2, impl="torch")
+
+
+class PositionLog:
+    """A draft that logs each call's positions, a list a batch row (mutation round 7)."""
+
+    def __init__(self, head):
+        self.head, self.calls = head, []
+
+    def new_cache(self, *args, **kwargs):
+        return self.head.new_cache(*args, **kwargs)
+
+    def write_cache(self, *args):
+        return self.head.write_cache(*args)
+
+    def __call__(self, hidden, next_ids, pos, *rest):
+        self.calls.append(pos.expand(next_ids.shape).tolist())
+        return self.head(hidden, next_ids, pos, *rest)
+
+
+def test_a_stopped_row_runs_on_at_its_last_live_steps_positions():
+    """Two prompts of 8 tokens, depth 3: row 0 matches every draft and stops at its eos, the last
+    token of its first step; row 1 matches none and goes on for 5 steps. Every step's passes, literal:
+    row 0's repeat its first step's positions (head extend 7, drafts at 8 and 9, verify 8..11), row
+    1's move on a position a step. (Mutation round 7: the stopped row's extend moving on to 8, and
+    its extend width taking the dropped step's matches, survived test_batched and test_refill; its
+    output alone cannot show where it runs.)"""
+    from wmtp.grading_checks import harness_models
+
+    target, head = harness_models()
+    K, new, prompts = 3, 6, prompts_of([8, 8], seed=9)
+    oracle = InputOracle(target, head, prompts, K, new, j=lambda b, n: K if b == 0 else 0)
+    eos = int(oracle.want[0][K + 1])
+    assert eos not in oracle.want[0][: K + 1].tolist() + oracle.want[1][:new].tolist()
+    draft, verified = PositionLog(oracle), []
+    hook = target.register_forward_hook(lambda m, args, out: verified.append(args[1].expand(args[0].shape).tolist()))
+    try:
+        outs, stats = batched_speculative_generate(target, draft, prompts, new, K, impl="torch", eos_id=eos)
+    finally:
+        hook.remove()
+    assert torch.equal(outs[0], oracle.want[0][: K + 2]) and torch.equal(outs[1], oracle.want[1][:new])
+    assert stats.live_steps == [1, 5] and stats.steps == 5 and stats.accepted == [3, 0]
+    assert draft.calls == [c for s in range(5) for c in ([[7], [7 + s]], [[8], [8 + s]], [[9], [9 + s]])]
+    assert verified[1:] == [[[8, 9, 10, 11], list(range(8 + s, 12 + s))] for s in range(5)]  # [0]: the prefill
