@@ -8,9 +8,10 @@ import os
 
 import pytest
 import torch
-from decode_harness import Cycling, InputOracle, prompts_of, scripted_counts
+from decode_harness import Cycling, InputOracle, StepClock, prompts_of, scripted_counts
 
 import wmtp
+from wmtp import batched
 from wmtp.batched import batched_speculative_generate
 from wmtp.policy import AdaptiveDepth
 
@@ -143,3 +144,66 @@ def test_bad_prompts_are_value_errors(models, prompts, match):
     target, head = models
     with pytest.raises(ValueError, match=match):
         batched_speculative_generate(target, head, prompts, 8, 2, impl="torch")
+
+
+class PositionLog:
+    """A draft that logs each call's positions, a list a batch row (mutation round 7)."""
+
+    def __init__(self, head):
+        self.head, self.calls = head, []
+
+    def new_cache(self, *args, **kwargs):
+        return self.head.new_cache(*args, **kwargs)
+
+    def write_cache(self, *args):
+        return self.head.write_cache(*args)
+
+    def __call__(self, hidden, next_ids, pos, *rest):
+        self.calls.append(pos.expand(next_ids.shape).tolist())
+        return self.head(hidden, next_ids, pos, *rest)
+
+
+def test_a_stopped_row_runs_on_at_its_last_live_steps_positions():
+    """Two prompts of 8 tokens, depth 3: row 0 matches every draft and stops at its eos, the last
+    token of its first step; row 1 matches none and goes on for 5 steps. Every step's passes, literal:
+    row 0's repeat its first step's positions (head extend 7, drafts at 8 and 9, verify 8..11), row
+    1's move on a position a step. (Mutation round 7: the stopped row's extend moving on to 8, and
+    its extend width taking the dropped step's matches, survived test_batched and test_refill; its
+    output alone cannot show where it runs.)"""
+    from wmtp.grading_checks import harness_models
+
+    target, head = harness_models()
+    K, new, prompts = 3, 6, prompts_of([8, 8], seed=9)
+    oracle = InputOracle(target, head, prompts, K, new, j=lambda b, n: K if b == 0 else 0)
+    eos = int(oracle.want[0][K + 1])
+    assert eos not in oracle.want[0][: K + 1].tolist() + oracle.want[1][:new].tolist()
+    draft, verified = PositionLog(oracle), []
+    hook = target.register_forward_hook(lambda m, args, out: verified.append(args[1].expand(args[0].shape).tolist()))
+    try:
+        outs, stats = batched_speculative_generate(target, draft, prompts, new, K, impl="torch", eos_id=eos)
+    finally:
+        hook.remove()
+    assert torch.equal(outs[0], oracle.want[0][: K + 2]) and torch.equal(outs[1], oracle.want[1][:new])
+    assert stats.live_steps == [1, 5] and stats.steps == 5 and stats.accepted == [3, 0]
+    assert draft.calls == [c for s in range(5) for c in ([[7], [7 + s]], [[8], [8 + s]], [[9], [9 + s]])]
+    assert verified[1:] == [[[8, 9, 10, 11], list(range(8 + s, 12 + s))] for s in range(5)]  # [0]: the prefill
+
+
+def test_the_policy_hears_each_live_rows_step_and_its_phases(monkeypatch):
+    """On a fake clock (``StepClock``: step ``s``'s draft phase spans ``3 s + 1``, its verify phase
+    ``3 s + 2``) the batch of the test above: ``BatchedStats`` keeps each step's phases, and the depth
+    policy hears (depth, accepted) and those phases once a live row, literal: both rows at step 0,
+    (3, 3) and (3, 0); row 1 alone after. (Mutation round 7: the phases swapped in add_step, and no
+    policy.update, survived test_batched and test_refill.)"""
+    from wmtp.grading_checks import harness_models
+
+    target, head = harness_models()
+    K, new, prompts = 3, 6, prompts_of([8, 8], seed=9)
+    oracle = InputOracle(target, head, prompts, K, new, j=lambda b, n: K if b == 0 else 0)
+    monkeypatch.setattr(batched, "time", StepClock())
+    policy = Cycling([K])
+    _, stats = batched_speculative_generate(target, oracle, prompts, new, policy, impl="torch",
+                                            eos_id=int(oracle.want[0][K + 1]))
+    assert stats.draft_times_s == [1, 4, 7, 10, 13] and stats.verify_times_s == [2, 5, 8, 11, 14]
+    assert policy.seen == [(3, 3), (3, 0)] + [(3, 0)] * 4
+    assert policy.times == [(1, 2), (1, 2), (4, 5), (7, 8), (10, 11), (13, 14)]

@@ -7,7 +7,7 @@ import copy
 
 import pytest
 import torch
-from decode_harness import Cycling, V
+from decode_harness import Cycling, StepClock, V
 from decode_harness import random_prompts as prompts
 
 import wmtp
@@ -159,6 +159,20 @@ def test_short_requests(models):
         assert [o.tolist() for o in out] == want and stats.committed == max(new - 1, 0)
         assert [o.tolist() for o in static_batched_greedy_generate(target, ps, new)] == want
 
+
+
+def test_the_policy_hears_each_steps_phases(models, monkeypatch):
+    """On a fake clock (``StepClock``: step ``s``'s draft phase spans ``3 s + 1``, its verify phase
+    ``3 s + 2``) the counters keep each step's phases and the depth policy hears them in that order
+    (mutation round 7: policy.update told verify, draft survived test_static_lockstep)."""
+    from wmtp import graphs
+
+    target, head = models
+    monkeypatch.setattr(graphs, "time", StepClock())
+    policy = Cycling([2])
+    _, stats = static_lockstep_generate(target, head, prompts(2, 5, seed=3), 6, policy)
+    assert stats.steps == 5 and stats.draft_times_s == [1, 4, 7, 10, 13] and stats.verify_times_s == [2, 5, 8, 11, 14]
+    assert policy.times == [(1, 2), (4, 5), (7, 8), (10, 11), (13, 14)]
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the Triton kernels in CUDA graphs")
 @pytest.mark.parametrize("impl", ["torch", "triton"])
