@@ -1,9 +1,9 @@
 """The hints and checks of assignments 01-03 (wmtp/grading_checks.py: the key set, the ring slot,
-greedy verification), each on its own: the hint that names a known wrong answer, the ring's
-no-evicted-read simulation run directly on a wrong function, and the grader's own cases left as
-they were by a function that edits its arguments. Written for mutation round 7 (part c): each test
-failed on a mutant of the grader that survived tests/test_grading_verdicts.py,
-test_grading_harness.py and test_grading_hints.py."""
+greedy verification) and 07 (wmtp/grading_paged.py), each on its own: the hint that names a known
+wrong answer, the ring's no-evicted-read simulation run directly on a wrong function, and the
+grader's own cases left as they were by a function that edits its arguments. Written for mutation
+round 7 (part c): each test failed on a mutant of the grader that survived
+tests/test_grading_verdicts.py, test_grading_harness.py and test_grading_hints.py."""
 
 import itertools
 
@@ -72,4 +72,22 @@ def test_verify_gets_copies_so_a_function_that_empties_its_lists_leaves_the_case
     assert [check() for _, check in checks] == [None] * len(literal)
     assert grading_checks.VERIFY_LITERAL == literal
     assert grading_checks.VERIFY_LITERAL[0] == (([1, 2, 3], [1, 2, 3, 9]), 3)
+
+
+
+# ---------------------------------------------------------------- 07 paged keys (grading_paged.py)
+def test_paged_gets_a_copy_of_the_block_table_so_one_that_clears_it_leaves_the_cases():
+    """A right answer that clears its block table passes, and the literal tables are as they were."""
+    from wmtp.grading_paged import PAGED_LITERAL, library_addresses, paged_checks
+
+    def clears(block_table, page_size, t, n_sink, window):
+        addresses = library_addresses(list(block_table), page_size, t, n_sink, window)
+        block_table.clear()
+        return addresses
+
+    tables = [list(args[0]) for args, _ in PAGED_LITERAL]
+    checks = list(itertools.islice(paged_checks(clears, 0), len(PAGED_LITERAL)))
+    assert [check() for _, check in checks] == [None] * len(PAGED_LITERAL)
+    assert [args[0] for args, _ in PAGED_LITERAL] == tables
+    assert PAGED_LITERAL[0][0][0] == [5, 2, 7, 0]
 
