@@ -1,8 +1,8 @@
 """The hints and checks of assignments 01-03 (wmtp/grading_checks.py: the key set, the ring slot,
-greedy verification) and 07 (wmtp/grading_paged.py), each on its own: the hint that names a known
-wrong answer, the ring's no-evicted-read simulation run directly on a wrong function, and the
-grader's own cases left as they were by a function that edits its arguments. Written for mutation
-round 7 (part c): each test failed on a mutant of the grader that survived
+greedy verification), 07 and 08 (grading_paged.py, grading_depth.py), each on its own: the hint
+that names a known wrong answer, the ring's no-evicted-read simulation run directly on a wrong
+function, and the grader's own cases left as they were by a function that edits its arguments.
+Written for mutation round 7 (part c): each test failed on a mutant of the grader that survived
 tests/test_grading_verdicts.py, test_grading_harness.py and test_grading_hints.py."""
 
 import itertools
@@ -91,3 +91,13 @@ def test_paged_gets_a_copy_of_the_block_table_so_one_that_clears_it_leaves_the_c
     assert [args[0] for args, _ in PAGED_LITERAL] == tables
     assert PAGED_LITERAL[0][0][0] == [5, 2, 7, 0]
 
+
+
+# ---------------------------------------------------------------- 08 draft depth (grading_depth.py)
+def test_depth_that_adds_the_alphas_is_told_so_where_adding_without_the_target_token_picks_otherwise():
+    """alphas [0.3, 0.9, 0.5], costs [1.0, 1.3, 1.6]: rates 1.3, 1.208, 1.066 (depth 1); added with the
+    target's token 1.3, 1.692, 1.688 (depth 2); added without it 0.3, 0.923, 1.063 (depth 3)."""
+    from wmtp.grading_depth import _hint
+
+    assert _hint(2, 1, [0.3, 0.9, 0.5], [1.0, 1.3, 1.6]) == (
+        " (draft i counts only if drafts 1 .. i-1 were accepted: multiply the alphas, do not add them)")
