@@ -171,6 +171,15 @@ def test_report_and_error_text_literal():
     assert grading.describe_error(AssertionError(), None) == "AssertionError"
 
 
+def test_the_template_as_handed_out_is_told_what_to_replace():
+    def draft_key_indices(t, n_sink, window):
+        raise NotImplementedError
+
+    assert grading.grade_function("keyset", draft_key_indices).first_failure == (
+        "draft_key_indices is not implemented yet (it raised NotImplementedError on draft_key_indices(t=19, n_sink=2, "
+        "window=6)): replace `raise NotImplementedError` with your code.")
+
+
 def test_a_file_that_drops_one_case_fails_and_a_non_function_is_bad_input(tmp_path):
     drops_one = KEYS + "import wmtp.grading_checks as g\ng.KEYSET_LITERAL.pop()\n"
     report = grading.grade("keyset", _write(tmp_path, drops_one))
