@@ -161,3 +161,53 @@ def test_cli_exit_codes(capsys, tmp_path):
     assert "no such file" in capsys.readouterr().err
     assert main(["grade", "kv", str(bug)]) == 2
     assert "invalid choice" in capsys.readouterr().err
+
+
+# Mutation round 7 (part c): each test below failed on a mutant of grading.py or grading_process.py
+# that survived the tests above.
+def test_report_and_error_text_literal():
+    assert str(grading.GradeReport("keyset", True, 310)) == "PASS keyset: all 310 checks passed."
+    assert grading.describe_error(ValueError("one line"), None) == "ValueError: one line"  # no " ...": nothing cut
+    assert grading.describe_error(AssertionError(), None) == "AssertionError"
+
+
+def test_the_template_as_handed_out_is_told_what_to_replace():
+    def draft_key_indices(t, n_sink, window):
+        raise NotImplementedError
+
+    assert grading.grade_function("keyset", draft_key_indices).first_failure == (
+        "draft_key_indices is not implemented yet (it raised NotImplementedError on draft_key_indices(t=19, n_sink=2, "
+        "window=6)): replace `raise NotImplementedError` with your code.")
+
+
+def test_a_file_that_drops_one_case_fails_and_a_non_function_is_bad_input(tmp_path):
+    drops_one = KEYS + "import wmtp.grading_checks as g\ng.KEYSET_LITERAL.pop()\n"
+    report = grading.grade("keyset", _write(tmp_path, drops_one))
+    assert str(report) == "FAIL keyset (check 309): only 309 of the 310 checks ran: the file changed the grader's cases"
+    with pytest.raises(ValueError, match=r"defines no function draft_key_indices\(\) \(assignment 'keyset'\)$"):
+        grading.grade("keyset", _write(tmp_path, "draft_key_indices = 3\n"))
+
+
+def test_a_helper_beside_the_file_comes_before_a_library_module_of_its_name(tmp_path):
+    """The file's folder is first on sys.path: its colorsys.py, not the standard library's."""
+    (tmp_path / "colorsys.py").write_text(KEYS)
+    report = grading.grade("keyset", _write(tmp_path, "from colorsys import draft_key_indices  # noqa: F401\n"))
+    assert report.passed, report
+
+
+def test_a_file_that_prints_the_childs_started_line_is_shown_it(tmp_path, capsys):
+    """Only the child's own first line is taken as its start: the same text printed by the file is shown."""
+    report = grading.grade("keyset", _write(tmp_path, KEYS + f"print({grading_process.STARTED!r}, end='')\n"))
+    assert report.passed, report
+    assert capsys.readouterr().err.splitlines() == [
+        "output while grading student.py:", "  | wmtp.grading_process: loaded, importing the student's file"]
+
+
+def test_a_case_record_cut_short_names_no_check(tmp_path):
+    record = tmp_path / "report.json.case"
+    assert grading_process._last_check(record) == {}  # none started
+    for cut in ("4", "\t", "4x\tcase"):  # a kill mid-write
+        record.write_text(cut)
+        assert grading_process._last_check(record) == {}, cut
+    record.write_text("4\tdraft_key_indices(t=9")
+    assert grading_process._last_check(record) == {"check": 4, "case": "draft_key_indices(t=9"}
