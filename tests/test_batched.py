@@ -8,7 +8,7 @@ import os
 
 import pytest
 import torch
-from decode_harness import Cycling, InputOracle, StepClock, prompts_of, scripted_counts
+from decode_harness import Cycling, HeadProxy, InputOracle, StepClock, prompts_of, scripted_counts
 
 import wmtp
 from wmtp import batched
@@ -146,17 +146,11 @@ def test_bad_prompts_are_value_errors(models, prompts, match):
         batched_speculative_generate(target, head, prompts, 8, 2, impl="torch")
 
 
-class PositionLog:
+class PositionLog(HeadProxy):
     """A draft that logs each call's positions, a list a batch row (mutation round 7)."""
 
     def __init__(self, head):
         self.head, self.calls = head, []
-
-    def new_cache(self, *args, **kwargs):
-        return self.head.new_cache(*args, **kwargs)
-
-    def write_cache(self, *args):
-        return self.head.write_cache(*args)
 
     def __call__(self, hidden, next_ids, pos, *rest):
         self.calls.append(pos.expand(next_ids.shape).tolist())

@@ -8,7 +8,7 @@ import copy
 
 import pytest
 import torch
-from decode_harness import V, random_prompt, same_counts
+from decode_harness import HeadProxy, V, random_prompt, same_counts
 from op_impls import DEVICE, IMPLS
 
 import wmtp
@@ -24,7 +24,7 @@ def models():
     return harness_models()
 
 
-class Forced:
+class Forced(HeadProxy):
     """The real head (its attention and caches) with a logit bonus making the first ``j`` drafts of
     a step right, the rest wrong; records each step call's logits and ``g`` by (call, position)."""
 
@@ -34,12 +34,6 @@ class Forced:
 
     def reset(self) -> None:
         self.calls, self.rows = 0, {}
-
-    def new_cache(self, *args, **kwargs):
-        return self.head.new_cache(*args, **kwargs)
-
-    def write_cache(self, *args):  # the prefill: no step
-        return self.head.write_cache(*args)
 
     def __call__(self, hidden, next_ids, pos, cache, n_sink, window, impl):
         logits, g = self.head(hidden, next_ids, pos, cache, n_sink, window, impl)

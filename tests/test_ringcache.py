@@ -4,7 +4,7 @@ wrap-around, with the fewest spare slots the protocol allows), and decoding with
 
 import pytest
 import torch
-from decode_harness import V, random_prompt, same_counts
+from decode_harness import HeadProxy, V, random_prompt, same_counts
 
 import wmtp
 from wmtp import grading
@@ -128,17 +128,14 @@ def test_a_ring_prefill_writes_only_the_positions_it_keeps(models, rg, P, kept, 
     assert [p for span in ring(*rg).kept(P - 1) for p in span] == kept
     written, made = [], []
 
-    class Spy:
-        def new_cache(self, *args, **kwargs):
-            return head.new_cache(*args, **kwargs)
-
+    class Spy(HeadProxy):
         def write_cache(self, hidden, next_ids, pos, cache, impl):
             written.extend(pos.tolist())
             made.append(pos.numel())
             head.write_cache(hidden, next_ids, pos, cache, impl)
 
     prompt = random_prompt(P, seed=P)
-    got = _run_prefill(target, Spy(), prompt, 40, "torch", True, ring=rg)
+    got = _run_prefill(target, Spy(head), prompt, 40, "torch", True, ring=rg)
     assert sorted(written) == kept and made == calls
     every = head.new_cache(1, 40, ring=rg)
     hidden = target(prompt[None], torch.arange(P), target.new_cache(1, 40))[1]  # (1, P, d): the prefill's
@@ -218,17 +215,11 @@ def test_decoding_with_a_ring_is_lossless(models, n_sink, window):
     assert torch.equal(out, sampled)
 
 
-class Recorder:
+class Recorder(HeadProxy):
     """The head, recording every call's logits (the static loop calls it with device tensors only)."""
 
     def __init__(self, head):
         self.head, self.target, self.logits = head, head.target, []
-
-    def new_cache(self, *args, **kwargs):
-        return self.head.new_cache(*args, **kwargs)
-
-    def write_cache(self, *args):
-        return self.head.write_cache(*args)
 
     def __call__(self, *args):
         logits, g = self.head(*args)

@@ -7,7 +7,7 @@ import os
 
 import pytest
 import torch
-from decode_harness import Cycling, InputOracle, StepClock, V, prompts_of
+from decode_harness import Cycling, HeadProxy, InputOracle, StepClock, V, prompts_of
 
 import wmtp
 from wmtp import graphs
@@ -80,18 +80,12 @@ def test_step_times_are_the_spans_of_its_two_phases(models, monkeypatch):
     assert policy.times[:3] == [(1, 2)] * 3 and policy.times[-1] == (3 * stats.steps - 2, 3 * stats.steps - 1)
 
 
-class RowZeroOracle:
+class RowZeroOracle(HeadProxy):
     """The real head's caches, its logits scripted: row 0's every draft right (at position t it guesses
     the token at t + 2 of its prompt and greedy tokens), every other row's wrong."""
 
     def __init__(self, head, seqs: torch.Tensor):
         self.head, self.seqs = head, seqs  # (B, T)
-
-    def new_cache(self, *args, **kwargs):
-        return self.head.new_cache(*args, **kwargs)
-
-    def write_cache(self, *args):
-        return self.head.write_cache(*args)
 
     def __call__(self, hidden, next_ids, pos, cache, n_sink, window, impl):
         B, L = next_ids.shape

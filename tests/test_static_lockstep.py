@@ -7,7 +7,7 @@ import copy
 
 import pytest
 import torch
-from decode_harness import Cycling, StepClock, V
+from decode_harness import Cycling, HeadProxy, StepClock, V
 from decode_harness import random_prompts as prompts
 
 import wmtp
@@ -25,7 +25,7 @@ def models():
     return harness_models()
 
 
-class PositionOracle:
+class PositionOracle(HeadProxy):
     """The real head with its logits replaced: the head at position ``t`` guesses the token at
     ``t + 2`` (draft ``i`` of a step from ``n`` sits at ``n - 2 + i``; the extend's row at ``n - 1``
     drafts the first), right when ``right(b, t)`` and the real head's own choice there is not a
@@ -35,12 +35,6 @@ class PositionOracle:
 
     def __init__(self, head, sequences: torch.Tensor, right):
         self.head, self.seq, self.right = head, sequences, right
-
-    def new_cache(self, *args, **kwargs):
-        return self.head.new_cache(*args, **kwargs)
-
-    def write_cache(self, *args):
-        return self.head.write_cache(*args)
 
     def __call__(self, hidden, next_ids, pos, cache, n_sink, window, impl):
         logits, g = self.head(hidden, next_ids, pos, cache, n_sink, window, impl)  # (B, L, V)
@@ -160,7 +154,6 @@ def test_short_requests(models):
         assert [o.tolist() for o in static_batched_greedy_generate(target, ps, new)] == want
 
 
-
 def test_the_policy_hears_each_steps_phases(models, monkeypatch):
     """On a fake clock (``StepClock``: step ``s``'s draft phase spans ``3 s + 1``, its verify phase
     ``3 s + 2``) the counters keep each step's phases and the depth policy hears them in that order
@@ -173,6 +166,7 @@ def test_the_policy_hears_each_steps_phases(models, monkeypatch):
     _, stats = static_lockstep_generate(target, head, prompts(2, 5, seed=3), 6, policy)
     assert stats.steps == 5 and stats.draft_times_s == [1, 4, 7, 10, 13] and stats.verify_times_s == [2, 5, 8, 11, 14]
     assert policy.times == [(1, 2), (4, 5), (7, 8), (10, 11), (13, 14)]
+
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the Triton kernels in CUDA graphs")
 @pytest.mark.parametrize("impl", ["torch", "triton"])
