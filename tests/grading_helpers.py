@@ -1,9 +1,12 @@
 """What the grader test files (tests/test_grading_*.py) share: the course's assignments folder, the
-file of each assignment, and a student's file written from source. The bugs they plant are
+file of each assignment, a student's file written from source, and the first failure of a
+function graded in process. The bugs they plant are
 tests/planted_bugs_01_06.py and tests/planted_bugs_07_10.py; their one-thread fixture is
 tests/conftest.py's ``one_thread``."""
 
 from pathlib import Path
+
+from wmtp import grading
 
 ASSIGNMENTS = Path(__file__).resolve().parents[1] / "tutorials" / "assignments"
 FILES = {"keyset": "01_keyset.py", "ring_slot": "02_ring_slot.py", "greedy_verify": "03_greedy_verify.py",
@@ -17,3 +20,10 @@ def write_student(tmp_path, source: str) -> Path:
     path = tmp_path / "student.py"
     path.write_text("import torch\n\n" + source)
     return path
+
+
+def first_failure(assignment: str, fn) -> str:
+    """The first failure ``grading.grade_function`` reports for ``fn`` (which must fail)."""
+    report = grading.grade_function(assignment, fn)
+    assert not report.passed, report
+    return report.first_failure

@@ -9,17 +9,11 @@ import itertools
 
 import pytest
 import torch
+from grading_helpers import first_failure
 
-from wmtp import grading
 from wmtp.keyset import sink_query_position
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def _failure(assignment, fn):
-    report = grading.grade_function(assignment, fn)
-    assert not report.passed, report
-    return report.first_failure
 
 
 # ---------------------------------------------------------------- 04 split-K merge (grading_merge.py)
@@ -28,7 +22,7 @@ def test_merge_that_overflows_is_told_to_exponentiate_m_minus_its_max():
     def overflows(m, den, acc):
         return (torch.exp(m)[:, None] * acc).sum(0) / (torch.exp(m) * den).sum()
 
-    why = _failure("splitk_merge", overflows)
+    why = first_failure("splitk_merge", overflows)
     assert why.startswith("merge_splits of scores s=[900.0, -1800.0, 450.0] split into runs of [1, 2] keys (D=2): "
                           "m=[900.0, 450.0], l=[1.0, 1.0]: expected ["), why
     assert why.endswith("got [nan, nan] (NaN or inf with no empty split: exp of scores in the hundreds overflows; "
@@ -41,7 +35,7 @@ def test_merge_gets_copies_of_the_partials_and_reports_the_graders_own():
         m.sub_(m.max())
         return acc.sum(0) / den.sum()
 
-    why = _failure("splitk_merge", shifts_m)
+    why = first_failure("splitk_merge", shifts_m)
     assert why.startswith("merge_splits of scores s=[0.5, -1.0, 2.0, 0.0] split into runs of [2, 2] keys (D=2): "
                           "m=[0.5, 2.0], l=[1.22313016014843, 1.1353352832366128]: expected ["), why
     assert why.endswith(" (each split's l and acc are relative to its own max m_i: rescale by exp(m_i - max m))")
@@ -50,10 +44,10 @@ def test_merge_gets_copies_of_the_partials_and_reports_the_graders_own():
 # ---------------------------------------------------------------- 05 re-indexed positions (grading_reindex.py)
 def test_reindexed_hints_for_a_missing_window_and_for_t_itself():
     no_window = lambda t, n_sink, window: t if n_sink == 0 else min(t, n_sink + (window or 0) - 1)  # noqa: E731
-    assert _failure("reindexed", no_window) == (
+    assert first_failure("reindexed", no_window) == (
         "sink_query_position(t=100, n_sink=4, window=None): expected 100, got 3 (without sinks, or without a window, "
         "nothing is re-indexed: the query stays at t)")
-    assert _failure("reindexed", lambda t, n_sink, window: t) == (
+    assert first_failure("reindexed", lambda t, n_sink, window: t) == (
         "sink_query_position(t=19, n_sink=2, window=6): expected 7, got 19 (t is the query's absolute position; "
         "re-indexed, it sits at the last index of its key set)")
 
@@ -84,7 +78,7 @@ def test_rejection_that_accepts_only_where_p_covers_q_is_told_the_acceptance_rul
     def only_where_p_covers(p, q, draft, u, r):
         return draft if p[draft] >= q[draft] else _residual(p, q, r)
 
-    assert _failure("rejection", only_where_p_covers) == (
+    assert first_failure("rejection", only_where_p_covers) == (
         "verify_one(p=[0.2, 0.8], q=[0.6, 0.4], draft=0, u=0.3, r=0.5): expected 0, got 1 (accept when "
         "u * q[draft] < p[draft]: with probability min(1, p/q))")
 
@@ -126,7 +120,7 @@ def test_rejection_that_answers_two_ways_is_caught_by_the_repeated_call():
 def test_paged_addresses_in_another_order_are_told_so():
     from wmtp.grading_paged import library_addresses
 
-    assert _failure("paged", lambda *args: library_addresses(*args)[::-1]) == (
+    assert first_failure("paged", lambda *args: library_addresses(*args)[::-1]) == (
         "key_addresses(block_table=[5, 2, 7, 0], page_size=4, t=13, n_sink=2, window=4): expected [(5, 0), (5, 1), "
         "(7, 2), (7, 3), (0, 0), (0, 1)], got [(0, 1), (0, 0), (7, 3), (7, 2), (5, 1), (5, 0)] (the right addresses "
         "in another order: list them by ascending key position)")
@@ -162,9 +156,10 @@ def test_depth_hints_for_the_last_of_a_tie_and_no_length_hint_for_an_index_error
         rates = [expected_tokens(alphas, k) / costs[k - 1] for k in range(1, len(costs) + 1)]
         return max(range(1, len(costs) + 1), key=lambda k: (rates[k - 1], k))
 
-    assert _failure("depth", last_of_a_tie) == (
+    assert first_failure("depth", last_of_a_tie) == (
         "best_depth(alphas=[1.0, 1.0], costs=[1.0, 1.5]): expected 1, got 2 (a tie: return the smallest such depth)")
-    why = _failure("depth", lambda alphas, costs: max(range(1, len(costs) + 1), key=lambda k: alphas[k] / costs[k - 1]))
+    off_by_one = lambda alphas, costs: max(range(1, len(costs) + 1), key=lambda k: alphas[k] / costs[k - 1])  # noqa: E731
+    why = first_failure("depth", off_by_one)
     assert why.startswith("best_depth(alphas=[0.9, 0.9, 0.9], costs=[1.0, 1.0, 1.0]): raised IndexError: list index "
                           "out of range (test_grading_hints.py, line "), why
     assert "alphas but" not in why, why
@@ -217,7 +212,7 @@ def _unpadded(*args):
     (_unpadded, "([5, 9, 3], [(2, 9)])", "the fork's table has one entry per entry of the prompt's"),
 ])
 def test_fork_hints_for_swapped_copies_no_sharing_and_a_short_table(fn, got, hint):
-    assert _failure("fork", fn) == f"{FORK_CASE}expected ([5, 9, 3, 1], [(2, 9)]), got {got} ({hint})"
+    assert first_failure("fork", fn) == f"{FORK_CASE}expected ([5, 9, 3, 1], [(2, 9)]), got {got} ({hint})"
 
 
 def test_two_forks_catch_a_copy_into_the_scratch_page_and_pages_from_the_free_lists_end():
@@ -269,7 +264,7 @@ def _stops_every_row(drafts, choices, positions, live):
      "[([4, 7, 1, 9], 14), ([4, 3], 12), ([8], 11), ([], 0)] (4 pairs for a batch of 3 rows)"),
 ], ids=["position one past", "tokens reversed", "live changed", "a row too many"])
 def test_batch_hints_and_refusals(fn, why):
-    assert _failure("batch", fn) == BATCH_CASE + why
+    assert first_failure("batch", fn) == BATCH_CASE + why
 
 
 def test_batched_loop_catches_a_stopped_row_that_only_moves_and_a_live_row_one_position_past():

@@ -8,28 +8,23 @@ tests/test_grading_verdicts.py, test_grading_harness.py and test_grading_hints.p
 import itertools
 
 import pytest
+from grading_helpers import first_failure
 
-from wmtp import grading, grading_checks
+from wmtp import grading_checks
 from wmtp.keyset import draft_key_indices
 from wmtp.kvcache import ring_slot
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _failure(assignment, fn):
-    report = grading.grade_function(assignment, fn)
-    assert not report.passed, report
-    return report.first_failure
-
-
 # ---------------------------------------------------------------- 01 the key set
 def test_keyset_hints_for_keys_out_of_order_and_a_key_too_few():
     descending = lambda t, n_sink, window: draft_key_indices(t, n_sink, window).tolist()[::-1]  # noqa: E731
-    assert _failure("keyset", descending) == (
+    assert first_failure("keyset", descending) == (
         "draft_key_indices(t=19, n_sink=2, window=6): expected [0, 1, 14, 15, 16, 17, 18, 19], "
         "got [19, 18, 17, 16, 15, 14, 1, 0] (return the keys in ascending order)")
     one_short = lambda t, n_sink, window: draft_key_indices(t, n_sink, window).tolist()[:-1]  # noqa: E731
-    assert _failure("keyset", one_short) == (
+    assert first_failure("keyset", one_short) == (
         "draft_key_indices(t=19, n_sink=2, window=6): expected [0, 1, 14, 15, 16, 17, 18, 19], "
         "got [0, 1, 14, 15, 16, 17, 18] (7 keys; the set holds min(t + 1, n_sink + window) = 8)")
 
@@ -38,7 +33,7 @@ def test_keyset_hints_for_keys_out_of_order_and_a_key_too_few():
 def test_ring_slot_that_wraps_onto_sink_zero_at_p_equal_n_sink_is_told_it_evicts_a_sink():
     """p = n_sink is the first position past the sinks: slot 0 there is a sink's, and the hint says so."""
     onto_sinks = lambda p, n_sink, window, depth: p if p < n_sink else (p - n_sink) % (window + depth)  # noqa: E731
-    assert _failure("ring_slot", onto_sinks) == (
+    assert first_failure("ring_slot", onto_sinks) == (
         "ring_slot(p=4, n_sink=4, window=6, depth=2): expected 4, got 0 (slot 0 is pinned to sink 0: "
         "writing there evicts a sink)")
 
@@ -55,7 +50,7 @@ def test_ring_simulation_runs_past_the_first_lap():
 # ---------------------------------------------------------------- 03 greedy verification
 def test_verify_hint_for_too_few_accepted_is_none():
     """Acceptance stopping at the first mismatch explains too many accepted, not too few."""
-    assert _failure("greedy_verify", lambda drafts, target_choice: 0) == (
+    assert first_failure("greedy_verify", lambda drafts, target_choice: 0) == (
         "accept_count(drafts=[1, 2, 3], target_choice=[1, 2, 3, 9]): expected 3, got 0")
 
 
