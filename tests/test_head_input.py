@@ -116,3 +116,16 @@ def test_the_head_takes_its_input_from_head_input(monkeypatch):
     assert h is hidden and i is ids and emb is target.embed and wh is head.hidden_norm.weight
     assert we is head.embed_norm.weight and (eh, ee) == (head.hidden_norm.eps, head.embed_norm.eps)
     assert impl == "torch" and torch.equal(plain(*seen[0]), x)  # op_impl off CUDA
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_head_input_reads_rows_of_any_stride(impl):
+    """Rows of a slice are a view whose row stride is not N (rows_of keeps it): the kernel must step
+    by the stride it is given (mutation round 7, part d: the stride taken as N survived)."""
+    hidden, ids, embed, wh, we = _case((2, 3, 16), torch.float64)
+    wide = torch.cat([hidden, -hidden], -1)  # (2, 3, 32)
+    view = wide[..., :16]
+    assert view.reshape(-1, 16).stride(0) == 32
+    got = head_input(view, ids, embed, wh, we, 1e-5, 1e-6, impl)
+    assert torch.equal(got, head_input(hidden, ids, embed, wh, we, 1e-5, 1e-6, impl))
+
