@@ -116,3 +116,39 @@ def test_the_head_takes_its_input_from_head_input(monkeypatch):
     assert h is hidden and i is ids and emb is target.embed and wh is head.hidden_norm.weight
     assert we is head.embed_norm.weight and (eh, ee) == (head.hidden_norm.eps, head.embed_norm.eps)
     assert impl == "torch" and torch.equal(plain(*seen[0]), x)  # op_impl off CUDA
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_head_input_reads_rows_of_any_stride(impl):
+    """Rows of a slice are a view whose row stride is not N (rows_of keeps it): the kernel must step
+    by the stride it is given (mutation round 7, part d: the stride taken as N survived)."""
+    hidden, ids, embed, wh, we = _case((2, 3, 16), torch.float64)
+    wide = torch.cat([hidden, -hidden], -1)  # (2, 3, 32)
+    view = wide[..., :16]
+    assert view.reshape(-1, 16).stride(0) == 32
+    got = head_input(view, ids, embed, wh, we, 1e-5, 1e-6, impl)
+    assert torch.equal(got, head_input(hidden, ids, embed, wh, we, 1e-5, 1e-6, impl))
+
+
+def test_bad_weights_and_empty_rows_are_value_errors():
+    """Each weight's layout, dtype and gradient is checked, not only the first's, and a row of no
+    features is refused (mutation round 7, part d: the stride check dropped, only embed's dtype
+    checked, the weights' gradients not looked at for ``"triton"``, and N = 0 let through survived)."""
+    hidden, ids, embed, wh, we = (t.cpu() for t in _case((2, 3, 8), torch.float32))
+    strided = torch.stack([wh, wh], 1)[:, 0]  # (8,), stride 2
+    contiguous = r"w_hidden must be \(8,\) and contiguous; got \(8,\) of stride \(2,\)"
+    cases = [((hidden, ids, embed, strided, we), contiguous),
+             ((hidden, ids, embed, wh, strided), "w_embed must be .* contiguous"),
+             ((hidden, ids, embed, wh.double(), we), "w_hidden must be on cpu in torch.float32"),
+             ((hidden, ids, embed, wh, we.half()), "w_embed must be on cpu in torch.float32"),
+             ((hidden[..., :0], ids, embed[:, :0], wh[:0], we[:0]), "N >= 1"),
+             ((hidden[0, 0, 0], ids[0, 0], embed, wh, we), "N >= 1")]
+    for args, match in cases:
+        with pytest.raises(ValueError, match=match):
+            head_input(*args, 1e-5, 1e-5, "torch")
+    if CUDA or INTERPRETED:
+        for i in (2, 3, 4):  # embed, w_hidden, w_embed
+            args = [t.to(DEVICE) for t in (hidden, ids, embed, wh, we)]
+            args[i] = args[i].clone().requires_grad_()
+            with pytest.raises(ValueError, match="no backward"):
+                head_input(*args, 1e-5, 1e-5, "triton")

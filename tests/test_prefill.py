@@ -273,3 +273,18 @@ def test_one_prefill_serves_every_arm_and_loop_on_cuda(impl, graph, depth):
             (out, stats), (own_out, own) = run(prefill=pre), run()
             assert torch.equal(out, ref) and torch.equal(own_out, ref), (n_sink, window)
             same_counts(stats, own)
+
+
+def test_max_len_may_be_the_prompts_length_but_not_a_bool(models):
+    """``max_len`` equal to the prompt's length is a prefill (one new token needs no more), and
+    ``True`` is refused even where ``1`` is taken (mutation round 7, part d: ``max_len`` required
+    past the prompt, and the bool check dropped, survived the tests above)."""
+    target, head = models
+    for P in (1, 10):
+        prompt = random_prompt(P, seed=P)
+        pre = wmtp.prefill_prompt(target, prompt, P, draft=head)
+        assert pre.max_len == P and pre.draft_cache.max_len == P
+        ref = wmtp.greedy_generate(target, prompt, 1)
+        assert torch.equal(wmtp.greedy_generate(target, prompt, 1, prefill=pre), ref)
+    with pytest.raises(ValueError, match="max_len must be an int from the prompt's 1 tokens"):
+        wmtp.prefill_prompt(target, random_prompt(1), True)
