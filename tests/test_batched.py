@@ -157,6 +157,15 @@ class PositionLog(HeadProxy):
         return self.head(hidden, next_ids, pos, *rest)
 
 
+def _one_row_stops():
+    """Two prompts of 8 tokens, depth 3, 6 new tokens: row 0's drafts all right, row 1's all wrong."""
+    from wmtp.grading_checks import harness_models
+
+    target, head = harness_models()
+    K, new, prompts = 3, 6, prompts_of([8, 8], seed=9)
+    return target, K, new, prompts, InputOracle(target, head, prompts, K, new, j=lambda b, n: K if b == 0 else 0)
+
+
 def test_a_stopped_row_runs_on_at_its_last_live_steps_positions():
     """Two prompts of 8 tokens, depth 3: row 0 matches every draft and stops at its eos, the last
     token of its first step; row 1 matches none and goes on for 5 steps. Every step's passes, literal:
@@ -164,11 +173,7 @@ def test_a_stopped_row_runs_on_at_its_last_live_steps_positions():
     1's move on a position a step. (Mutation round 7: the stopped row's extend moving on to 8, and
     its extend width taking the dropped step's matches, survived test_batched and test_refill; its
     output alone cannot show where it runs.)"""
-    from wmtp.grading_checks import harness_models
-
-    target, head = harness_models()
-    K, new, prompts = 3, 6, prompts_of([8, 8], seed=9)
-    oracle = InputOracle(target, head, prompts, K, new, j=lambda b, n: K if b == 0 else 0)
+    target, K, new, prompts, oracle = _one_row_stops()
     eos = int(oracle.want[0][K + 1])
     assert eos not in oracle.want[0][: K + 1].tolist() + oracle.want[1][:new].tolist()
     draft, verified = PositionLog(oracle), []
@@ -189,11 +194,7 @@ def test_the_policy_hears_each_live_rows_step_and_its_phases(monkeypatch):
     policy hears (depth, accepted) and those phases once a live row, literal: both rows at step 0,
     (3, 3) and (3, 0); row 1 alone after. (Mutation round 7: the phases swapped in add_step, and no
     policy.update, survived test_batched and test_refill.)"""
-    from wmtp.grading_checks import harness_models
-
-    target, head = harness_models()
-    K, new, prompts = 3, 6, prompts_of([8, 8], seed=9)
-    oracle = InputOracle(target, head, prompts, K, new, j=lambda b, n: K if b == 0 else 0)
+    target, K, new, prompts, oracle = _one_row_stops()
     monkeypatch.setattr(batched, "time", StepClock())
     policy = Cycling([K])
     _, stats = batched_speculative_generate(target, oracle, prompts, new, policy, impl="torch",
