@@ -1,8 +1,8 @@
 """What the decoding tests share (tests/test_lossless.py, test_static_decode.py, test_prefill.py, the
 lockstep and batched tests): the vocabulary of ``wmtp.grading.harness_models``, seeded random
 prompts, the counts that two runs of one request must agree on, a scripted depth policy, a fake
-clock, the base of every stand-in draft head, a device-side oracle draft and a per-row one that
-checks what it is fed."""
+clock, the base of every stand-in draft head, a device-side oracle draft and two per-row ones that
+check what they are fed (one of them in device ops only)."""
 
 import torch
 
@@ -161,3 +161,40 @@ class InputOracle(HeadProxy):
         out = torch.zeros_like(logits)  # (B, L, V)
         out.scatter_(2, torch.where(fed & script, truth, (truth + 1) % V)[..., None], 1.0)
         return out, g
+
+
+class FedOracle(HeadProxy):
+    """``InputOracle``'s script and check in device ops only, so that a CUDA graph captures it: at a
+    step whose row ``b`` verifies from ``n``, the row's drafts are right for the first ``j(b, n)``,
+    ``(n (n + 1) / 2 + 3 b) % (K + 1)`` (accept lengths that change from step to step), then wrong,
+    and a draft whose inputs are not the row's true ones (the next token; for an extend row, the
+    target's hidden state) is wrong too. Row ``b`` holds ``prompts[b]`` (no refill).
+    ``DeviceOracle``'s sentinel tells a call's draft index."""
+
+    def __init__(self, target, head, prompts, depth, new):
+        want = [wmtp.greedy_generate(target, p, new + depth + 2, impl="torch") for p in prompts]
+        T = max(p.numel() + w.numel() for p, w in zip(prompts, want))
+        self.seq = prompts[0].new_zeros(len(prompts), T)  # (B, T): prompt, then greedy tokens
+        for b, (p, w) in enumerate(zip(prompts, want)):
+            self.seq[b, : p.numel() + w.numel()] = torch.cat([p, w])
+        self.hidden = target(self.seq)[1]  # (B, T, d): the target's hidden state at every position
+        self.head, self.K = head, depth
+
+    def j(self, b: int, n: int) -> int:
+        """The script on the host: right drafts at row ``b``'s step verifying from ``n``."""
+        return (n * (n + 1) // 2 + 3 * b) % (self.K + 1)
+
+    def __call__(self, hidden, next_ids, pos, cache, n_sink, window, impl):
+        S, (B, L), T = DeviceOracle.SENTINEL, next_ids.shape, self.seq.shape[1]
+        lead = hidden[:, :, 0]  # (B, L)
+        index = torch.where(lead >= S, (lead - S).long() + 1, torch.zeros_like(next_ids))  # (B, L) draft index
+        t = pos.expand(B, L)  # (B, L) each column's position
+        fed = next_ids == self.seq.gather(1, (t + 1).clamp(max=T - 1))  # (B, L) the true next token
+        true_h = self.hidden.gather(1, t.clamp(max=T - 1)[..., None].expand(-1, -1, hidden.shape[-1]))
+        fed &= (index > 0) | ((hidden - true_h).abs().amax(-1) <= 1e-8 * true_h.abs().amax())
+        n, b = t + 1 - index, torch.arange(B, device=t.device)[:, None]  # (B, L) the step's n, (B, 1)
+        right = index < (n * (n + 1) // 2 + 3 * b) % (self.K + 1)  # (B, L) j(b, n)
+        truth = self.seq.gather(1, (t + 2).clamp(max=T - 1))  # (B, L): the token a draft there guesses
+        tok = torch.where(fed & right, truth, (truth + 1) % V)  # (B, L)
+        logits = torch.zeros(B, L, V, dtype=hidden.dtype, device=hidden.device).scatter_(2, tok[..., None], 1.0)
+        return logits, (index.to(hidden.dtype) + S)[..., None].expand_as(hidden).contiguous()
