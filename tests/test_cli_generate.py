@@ -2,6 +2,7 @@
 they differ) and writes each key set's marks; bad input is one line and exit 2 before any work."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -59,10 +60,114 @@ def test_generate_prints_the_text_and_writes_its_marks(capsys, wikitext_dir, tmp
     (["--preset", "huge"], "unknown preset"), (["--out", "TMP"], "is a folder"), (["--context", "0"], "at least 1"),
     (["--context", "-5"], "at least 1"), (["--max-new-tokens", "5000"], "to 4096"), (["--depth", "65"], "to 64"),
     (["--impl", "bogus"], "invalid choice"), (["--out", "TMP/g.json"], "inside --cache-dir"),
-    (["--loop", "graph"], "captures CUDA graphs"),
+    (["--loop", "graph"], "captures CUDA graphs"), (["--keyset", "8:64", "8:64"], "key set sink8+win64 is given twice"),
 ])
 def test_generate_bad_input_exits_2_before_any_work(capsys, tmp_path, bad, match, monkeypatch):
     monkeypatch.setattr("wmtp.data.load_corpus", lambda *a, **k: pytest.fail("work started"))
     code, stdout, err = _run(capsys, ["generate", "--preset", "tiny", "--device", "cpu", "--cache-dir",
                                       str(tmp_path), *(b.replace("TMP", str(tmp_path)) for b in bad)])
     assert code == 2 and len(err.strip().splitlines()) == 1 and match in err, err
+
+
+def test_generate_options_take_their_bounds_and_defaults(tmp_path):
+    """``--max-new-tokens 4096`` and ``--depth 64`` are taken; without ``--depth`` and ``--keyset``,
+    the preset's depth and last windowed key set (small: 7 and 8:64); ``--loop graph`` refuses the
+    Triton kernels off CUDA (under the interpreter here) as it refuses CUDA's reference; the parser's
+    defaults are its help's (mutation round 8: each of those survived)."""
+    from wmtp.cli import build_parser
+    from wmtp.config import KeySetConfig
+    from wmtp.generate_cli import _options
+
+    def options(*argv):
+        return _options(build_parser().parse_args(["generate", "--device", "cpu", "--cache-dir", str(tmp_path), *argv]))
+
+    preset, device, dtype, impl, keysets, depth = options("--preset", "tiny", "--max-new-tokens", "4096", "--depth",
+                                                          "64", "--impl", "torch")
+    assert (preset.name, device, dtype, impl, keysets, depth) == (
+        "tiny", torch.device("cpu"), torch.float64, "torch", [KeySetConfig(4, 16)], 64)
+    assert options()[4:] == ([KeySetConfig(8, 64)], 7)
+    with pytest.raises(ValueError, match="^--loop graph captures CUDA graphs of the Triton kernels; got device cpu, "
+                                         "impl triton$"):
+        options("--preset", "tiny", "--impl", "triton", "--loop", "graph")
+    args = build_parser().parse_args(["generate"])
+    assert (args.max_new_tokens, args.seed, args.preset, args.cache_dir, args.loop, args.impl, args.device) == (
+        64, 42, "small", Path(".wmtp-cache"), "eager", "auto", "auto")
+
+
+def _stub_run(monkeypatch, dense_equal=True):
+    """``wmtp generate``'s corpus, tokenizer, models, dense loop and ``generate`` stubbed: splits of ids
+    0..399, each id decoding to ``<id>``, end-of-text id 3; the dense run 5 tokens at 4 ms a step; the
+    speculative run literal counters. Returns the list each ``generate`` call's arguments go to."""
+    from types import SimpleNamespace
+
+    import wmtp
+    from wmtp.generate import Generation
+    from wmtp.stats import SpecStats
+
+    monkeypatch.setattr("wmtp.data.load_corpus", lambda *a, **k: SimpleNamespace(name="c", message="a stub corpus"))
+    monkeypatch.setattr("wmtp.tokenizer.train_tokenizer", lambda *a: None)
+    monkeypatch.setattr("wmtp.tokenizer.corpus_token_splits", lambda corpus, tok: {
+        "train": torch.arange(200), "valid": torch.arange(200, 300), "test": torch.arange(300, 400)})
+    monkeypatch.setattr("wmtp.tokenizer.decode", lambda tok, ids: "".join(f"<{int(i)}>" for i in ids))
+    monkeypatch.setattr("wmtp.tokenizer.eos_id", lambda tok: 3)
+    models = wmtp.build_models("tiny", seed=0)
+    monkeypatch.setattr("wmtp.reproduce.prepare_models", lambda *a, **k: (*models, {}))
+    new = torch.tensor([7, 8, 9, 10, 11])
+
+    def dense(target, prompt, max_new_tokens, impl, eos_id, step_times):
+        step_times.extend([0.004] * 4)
+        return new
+
+    monkeypatch.setattr("wmtp.generate_cli.loop_functions", lambda loop: (dense,))
+    calls = []
+    stats = SpecStats(depth=3, proposed=6, accepted=3, committed=4, steps=2, draft_keys_read=120, draft_queries=6,
+                      draft_times_s=[0.001, 0.002], verify_times_s=[0.003, 0.002])
+    monkeypatch.setattr("wmtp.generate_cli.generate", lambda *a, **k: calls.append((a[2:], k)) or Generation(
+        new, [False, True, True, False, True], stats, 0.5, dense_equal))
+    return calls
+
+
+def test_generate_prints_and_writes_what_its_runs_return(capsys, tmp_path, monkeypatch):
+    """On stubbed runs: the default prompt is the corpus's last 256 tokens, of which the last 64 are
+    printed; the table's cells, the JSON's fields and each run's arguments are literal; a run that
+    differs from dense decoding in float64 is called a bug, exit 1 (mutation round 8: a default
+    context of 64, 32 tokens printed, the seed, the dense steps, draft and verify times or committed
+    tokens written wrong, ms / token in microseconds, gate or check dropped, the float32 reason
+    given, each survived)."""
+    calls = _stub_run(monkeypatch)
+    out = tmp_path / "g.json"
+    argv = ["generate", "--preset", "tiny", "--device", "cpu", "--seed", "7", "--max-new-tokens", "5",
+            "--cache-dir", str(tmp_path / "cache"), "--keyset", "2:3@45", "--out", str(out)]
+    code, stdout, err = _run(capsys, argv)
+    assert code == 0, err
+    lines = stdout.splitlines()
+    assert lines[0] == "".join(f"<{i}>" for i in range(336, 400))
+    assert "<7><8><9><10><11>" in lines
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in lines if line.startswith("│")]
+    assert rows == [["dense", "5", "4", "1.00", "", "", "4.000", ""],
+                    ["sink2+win3+gate45", "5", "2", "2.00", "0.50", "20", "2.000", "yes"]]
+    prompt = torch.arange(144, 400)
+    (args, kwargs), = calls
+    assert torch.equal(args[0], prompt) and args[1:] == (5, 3, 2, 3, "torch")
+    assert torch.equal(kwargs.pop("reference"), torch.tensor([7, 8, 9, 10, 11]))
+    assert kwargs == {"check": True, "eos_id": 3, "loop": "eager", "gate": 45}
+    m = json.loads(out.read_text())
+    assert (m["seed"], m["prompt_ids"], m["dense_ids"], m["dense_step_s"]) == (7, prompt.tolist(), [7, 8, 9, 10, 11],
+                                                                                [0.004] * 4)
+    (r,) = m["runs"]
+    assert r == {"n_sink": 2, "window": 3, "gate": 45, "ids": [7, 8, 9, 10, 11],
+                 "drafted": [False, True, True, False, True], "text": "<7><8><9><10><11>", "steps": 2, "proposed": 6,
+                 "accepted": 3, "draft_queries": 6, "draft_keys_read": 120, "mean_accept_length": 2.0,
+                 "acceptance_rate": 0.5, "seconds": 0.5, "draft_s": 0.003, "verify_s": 0.005, "committed": 4,
+                 "identical_to_dense_greedy": True}
+    _stub_run(monkeypatch, dense_equal=False)
+    code, _, err = _run(capsys, argv[:-2])
+    assert code == 1 and err.endswith("\nthe output differs from dense greedy decoding: a bug, please report it\n")
+    import wmtp.generate_cli
+
+    options = wmtp.generate_cli._options  # decoding in float32, as on MPS: a near-tie, said in one line
+    monkeypatch.setattr(wmtp.generate_cli, "_options", lambda args: (*options(args)[:2], torch.float32,
+                                                                     *options(args)[3:]))
+    code, _, err = _run(capsys, argv[:-2])
+    assert code == 1 and err.endswith("\nthe output differs from dense greedy decoding: in float32 a near-tie can "
+                                      "flip an argmax (decode.py NOTE [Exactness])\n"), err

@@ -115,7 +115,9 @@ def test_both_models_start_from_the_seed(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("error", [RuntimeError("[enforce fail] DefaultCPUAllocator: can't allocate memory: you "
-                                                "tried to allocate 10 bytes\nmore"), MemoryError()])
+                                                "tried to allocate 10 bytes\nmore"), MemoryError(),
+                                   RuntimeError("Out of memory"),  # any case (mutation round 8: .lower() dropped)
+                                   torch.OutOfMemoryError("tried to allocate 20.00 GiB")])  # by its type alone
 def test_an_allocation_that_fails_is_one_line(capsys, monkeypatch, error):
     def run(*args):
         raise error
@@ -125,6 +127,17 @@ def test_an_allocation_that_fails_is_one_line(capsys, monkeypatch, error):
     err = capsys.readouterr().err
     assert err.startswith("wmtp bench attention: error: out of memory (") and "ask for less" in err
     assert len(err.splitlines()) == 1
+
+
+def test_an_os_error_is_one_line(capsys, monkeypatch):
+    """A file the run cannot read or write (a full disk, say): one line and exit 2, no traceback
+    (mutation round 8: main catching ValueError alone survived)."""
+    def run(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("wmtp.bench.attention_cli", run)
+    assert main(["bench", "attention", "--device", "cpu"]) == 2
+    assert capsys.readouterr().err == "wmtp bench attention: error: [Errno 28] No space left on device\n"
 
 
 def test_another_runtime_error_is_not_hidden(monkeypatch):

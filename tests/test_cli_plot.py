@@ -59,3 +59,14 @@ def test_bench_attention_off_cuda_writes_a_json_that_plot_draws(capsys, tmp_path
     (tmp_path / "none.json").write_text(json.dumps({**m, "rows": []}))  # drew an empty plot, exit 0
     code, _, err = _run(capsys, ["plot", str(tmp_path / "none.json")])
     assert code == 2 and "has no rows to plot" in err and not (tmp_path / "none.png").exists(), err
+
+
+def test_plot_says_what_it_wrote_and_takes_an_upper_case_png(capsys, tmp_path, monkeypatch):
+    """``--out P.PNG`` is a PNG's name too; the command prints the path it drew (render stubbed;
+    mutation round 8: the suffix compared without .lower(), and the printed line dropped, survived)."""
+    drawn = []
+    monkeypatch.setattr("wmtp.plots.render", lambda json_path, png_path: drawn.append((json_path, png_path)) or "x.png")
+    (tmp_path / "m.json").write_text("{}")
+    code, out, err = _run(capsys, ["plot", str(tmp_path / "m.json"), "--out", str(tmp_path / "P.PNG")])
+    assert (code, out, err) == (0, "wrote x.png\n", "")
+    assert drawn == [(tmp_path / "m.json", tmp_path / "P.PNG")]

@@ -80,3 +80,86 @@ def test_tiny_reproduce_on_cuda(capsys, tmp_path):
     assert m["environment"]["device"] == "cuda" and m["decode_dtype"] == "float32"
     assert m["corpus"]["name"] == "python-stdlib" and [c["context"] for c in m["contexts"]] == [64, 256]
     assert all(arm["lossless"] is True for c in m["contexts"] for arm in c["arms"].values())
+
+
+SHORT = "--contexts must be positive and --new-tokens at least 2 (one decode step to time)"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--new-tokens", "1"], SHORT), (["--contexts", "64", "0"], SHORT),
+    (["--contexts", "2031"], "a prompt of 2031 tokens plus 16 new tokens and depth 3 needs 2049 cache positions; "
+                             "the KV cache holds 2048"),
+    (["--contexts", "2030"], "the run started"), (["--new-tokens", "2"], "the run started"),
+])
+def test_reproduce_overrides_are_refused_past_their_bounds(capsys, tmp_path, monkeypatch, argv, message):
+    """tiny's cache holds 2048 positions; a run writes context + new tokens + depth - 1 of them, so a
+    context of 2030 fits and 2031 does not; one new token times no decode step (mutation round 8:
+    refusing new tokens below 1, contexts below 0 or only all of them, and one position fewer, survived)."""
+    def started(*a, **k):
+        raise ValueError("the run started")
+
+    monkeypatch.setattr("wmtp.reproduce.reproduce", started)
+    monkeypatch.chdir(tmp_path)
+    code, out, err = _run(capsys, ["reproduce", "--preset", "tiny", "--device", "cpu", *argv])
+    assert (code, out, err) == (2, "", f"wmtp reproduce: error: {message}\n")
+
+
+def test_reproduce_passes_its_options_on_and_prints_what_the_run_returns(capsys, tmp_path, monkeypatch):
+    """On a stubbed run: the overrides reach the preset (the native arm first), an existing checkpoint
+    is only read (its folder may refuse new files) while a new one must be writable, the run gets the
+    command line's options, and the JSON, its default name and the tables are literal (mutation round
+    8: the native arm dropped, an existing checkpoint checked as written, progress bars always on, the
+    seed's default, the tables' cells, the last line, each survived the tests above)."""
+    import tempfile
+
+    from wmtp.config import KeySetConfig, get_preset
+
+    real_temporary_file, ro = tempfile.TemporaryFile, tmp_path / "ro"
+
+    def temporary_file(*args, **kwargs):  # ro refuses a new file, as a read-only mount would
+        if Path(kwargs.get("dir", "")) == ro:
+            raise PermissionError(30, "Read-only file system")
+        return real_temporary_file(*args, **kwargs)
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", temporary_file)
+    ro.mkdir()
+    (ro / "ckpt.pt").write_bytes(b"a checkpoint")
+    arm = {"draft_keys_read_per_step": 60.0, "acceptance_rate": 0.5, "mean_accept_length": 2.5,
+           "draft_time_per_step_s": 0.001, "verify_time_per_step_s": 0.003, "tpot_s": 0.0016,
+           "tpot_speedup_vs_dense": 0.5625, "lossless": True}
+    m = {"corpus": {"name": "c"}, "config": {"spec": {"depth": 2}}, "decode_dtype": "float64", "wall_time_s": 12.3,
+         "contexts": [{"context": 64, "dense": {"step_median_s": 0.002, "tpot_s": 0.0025},
+                       "arms": {"native": arm, "sink8+win64": {**arm, "tpot_speedup_vs_dense": -0.25,
+                                                               "lossless": False}}}],
+         "draft_attention": [{"context": 64, "keyset": "sink8+win64", "keys_read": 64, "median_s": 1e-5, "window": 64,
+                              "time_ratio_vs_native": 2.0}],
+         "target_perplexity": {"valid_tokens_scored": 100, "by_context": {"64": 12.5}}}
+    calls = []
+    monkeypatch.setattr("wmtp.reproduce.reproduce", lambda *a, **k: calls.append((a, k)) or m)
+    monkeypatch.setattr("wmtp.plots.render", lambda path: path.with_suffix(".png"))
+    monkeypatch.chdir(tmp_path)
+    argv = ["reproduce", "--preset", "tiny", "--device", "cpu", "--keysets", "8:64", "--depth", "2", "--contexts",
+            "64", "--checkpoint", str(ro / "ckpt.pt"), "--cache-dir", "cache", "--no-progress"]
+    code, stdout, err = _run(capsys, argv)
+    assert code == 0, err
+    ((preset, *args), kwargs), = calls
+    spec = get_preset("tiny").spec
+    assert (preset.spec.keysets, preset.spec.depth, preset.spec.contexts) == (
+        (KeySetConfig(0, None), KeySetConfig(8, 64)), 2, (64,))
+    assert preset.spec.new_tokens == spec.new_tokens and preset.model == get_preset("tiny").model
+    assert args == [None, torch.device("cpu"), 42, None, Path("cache"), ro / "ckpt.pt", "wmtp " + " ".join(argv)]
+    assert kwargs["progress"] is False
+    assert json.loads(Path("metrics/c-tiny-custom-seed42.json").read_text()) == m
+    assert err == "wrote metrics/c-tiny-custom-seed42.json and metrics/c-tiny-custom-seed42.png in 12 s\n"
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in stdout.splitlines() if line.startswith("│")]
+    assert rows == [["64", "dense", "-", "-", "1.00", "-", "2.00", "2.50", "-", "-"],
+                    ["", "native", "60", "0.50", "2.50", "1.00", "3.00", "1.60", "+0.56", "yes"],
+                    ["", "sink8+win64", "60", "0.50", "2.50", "1.00", "3.00", "1.60", "-0.25", "NO"],
+                    ["64", "sink8+win64", "64", "0.0100", "2.0x"]]
+    assert "Windowed-MTP reproduction: c, depth 2, decode float64" in stdout
+    assert stdout.endswith("\ntarget perplexity on 100 valid tokens, by context: {'64': 12.5}\n")
+    code, _, err = _run(capsys, [*argv, "--out", "[bold]/m.json"])  # printed as it is, no markup
+    assert (code, err) == (0, "wrote [bold]/m.json and [bold]/m.png in 12 s\n")
+    code, _, err = _run(capsys, [*argv[:-5], "--checkpoint", str(ro / "new.pt")])
+    assert (code, err) == (2, f"wmtp reproduce: error: --checkpoint {ro / 'new.pt'} cannot be written: {ro} refuses a "
+                              "new file (Read-only file system)\n")

@@ -144,5 +144,5 @@ def cli(args: argparse.Namespace, prog: str, argv: list[str]) -> int:
 
     png = render(out)
     _print_reproduce(stdout_console(), m)
-    console.print(f"wrote {out} and {png} in {m['wall_time_s']:.0f} s")
+    log(f"wrote {out} and {png} in {m['wall_time_s']:.0f} s")  # a path is no markup: [/x] raised a MarkupError
     return 0
