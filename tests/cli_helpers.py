@@ -1,7 +1,7 @@
 """What the command-line test files (tests/test_cli_*.py) share: a call of the ``wmtp`` command that
-returns its exit code and what it printed, and a recorder of the prefills a bench makes and the one
-each of its runs starts from. The small WikiText-format corpus they train on is tests/conftest.py's
-``wikitext_dir`` fixture."""
+returns its exit code and what it printed, a recorder of the prefills a bench makes and the one
+each of its runs starts from, and the cells of a bench's rich table as printed. The small
+WikiText-format corpus they train on is tests/conftest.py's ``wikitext_dir`` fixture."""
 
 from wmtp.cli import main
 
@@ -24,3 +24,14 @@ def record_prefills(monkeypatch) -> tuple[list, list]:
     monkeypatch.setattr(wmtp.decode, "start",
                         lambda *a, **k: starts.append(k["prefill"]) or wmtp.prefill.start(*a, **k))
     return prefills, starts
+
+
+def table_cells(table) -> list[list[str]]:
+    """The body lines of a rich ``table`` as printed (200 columns), each a list of its cells' text."""
+    import io
+
+    from rich.console import Console
+
+    console = Console(file=io.StringIO(), width=200, record=True)
+    console.print(table)
+    return [[c.strip() for c in line.split("│")[1:-1]] for line in console.export_text().splitlines() if "│" in line]

@@ -54,8 +54,9 @@ def run_context(target: TargetLM, head: MTPHead, prompt: torch.Tensor, preset: P
            "sample_seeds": list(seeds), "arms": {}}
     for ks in keysets:
         # can a draft query sit past the first eviction (its sinks moved when re-indexed)? The last step
-        # starts before P + new_tokens - 1 and drafts up to depth - 1 positions past it.
-        evicts = prompt.numel() + spec.new_tokens + spec.depth - 3 >= ks.n_sink + ks.window
+        # starts from a committed token before P + new_tokens - 1; its drafts query from the position
+        # before that token (the head at t reads h_t and token t + 1) to depth - 2 past it.
+        evicts = prompt.numel() + spec.new_tokens + spec.depth - 4 >= ks.n_sink + ks.window
         arm = {"n_sink": ks.n_sink, "window": ks.window, "evicts": evicts, "positions": {}}
         for positions in POSITIONS:
             runs = []
