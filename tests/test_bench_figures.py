@@ -285,8 +285,8 @@ def test_positions_defaults_to_the_presets_windowed_key_sets(monkeypatch, capsys
 def test_the_last_draft_query_sits_at_prompt_plus_new_tokens_plus_depth_minus_4(monkeypatch):
     """What ``evicts`` rests on: a step whose last committed token is at ``c`` drafts from the head at
     ``c - 1`` (``h_{c-1}`` and token ``c``) to ``c + depth - 2``; the last step starts at ``c <= P + n - 2``.
-    The untrained tiny models accept few drafts, so their last step starts there: 10 + 4 + 3 - 4 = 13."""
-    target, head = (m.double() for m in wmtp.build_models("tiny", seed=0))
+    Two new tokens: the first from the prefill at ``c = P``, the one step from there: 10 + 2 + 3 - 4 = 11."""
+    target, head = wmtp.build_models("tiny", seed=0)
     seen, forward = [], MTPHead.forward
 
     def recording(self, hidden, next_ids, pos=None, *a, **k):
@@ -294,5 +294,5 @@ def test_the_last_draft_query_sits_at_prompt_plus_new_tokens_plus_depth_minus_4(
         return forward(self, hidden, next_ids, pos, *a, **k)
 
     monkeypatch.setattr(MTPHead, "forward", recording)
-    speculative_sample(target, head, torch.arange(10), 4, 3, 4, 9, temperature=0.0, method="gumbel")
-    assert max(seen) == 13
+    speculative_sample(target, head, torch.arange(10), 2, 3, 4, 9, temperature=0.0, method="gumbel")
+    assert max(seen) == 11

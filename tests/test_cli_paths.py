@@ -31,6 +31,8 @@ def test_unwritable_outputs_and_bad_paths_exit_2_before_any_work(capsys, tmp_pat
         (["reproduce", "--checkpoint", "metrics/python-stdlib-tiny-seed42.json", "--preset", "tiny", "--device", "cpu"],
          "would be overwritten by --out metrics/*-tiny-seed42.json"),  # the default --out, any corpus
         (["reproduce", "--out", str(tmp_path / "fifo.json")], "--out's plot"),  # fifo.png: the plot's path
+        (["bench", "decode", "--device", "cpu", "--out", str(tmp_path / "fifo.json")], "--out's plot"),
+        (["bench", "sampling", "--device", "cpu", "--out", str(tmp_path / "b.png")], "is the same file as --out"),
         (["plot", str(fifo)], f"metrics file {fifo} is not a regular file"),  # not a read that never ends
         (["reproduce", "--cache-dir", str(cache), "--out", str(cache / "m.json")], "is inside --cache-dir"),
         (["bench", "decode", "--device", "cpu", "--cache-dir", str(afile), "--out", str(tmp_path / "b.json")],

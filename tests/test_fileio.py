@@ -104,3 +104,15 @@ def test_paths_are_compared_as_the_files_they_name(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="--plot m.png is the same file as --out .*/m.png: give them two names"):
         check_distinct(tmp_path / "m.png", "m.png", "--out", "--plot")
     check_distinct(tmp_path / "m.json", "m.png", "--out", "--plot")
+
+
+def test_a_write_that_fails_leaves_the_old_file_and_no_temporary_one(tmp_path):
+    """The temporary file sits beside the output (``os.replace`` is atomic on one file system only), and
+    a block that raises leaves the old file as it was and no temporary file."""
+    out = tmp_path / "m.json"
+    out.write_text("old")
+    with pytest.raises(RuntimeError, match="stopped"), atomic_path(out) as tmp:
+        assert tmp.parent == tmp_path and tmp != out
+        tmp.write_text("half")
+        raise RuntimeError("stopped")
+    assert out.read_text() == "old" and os.listdir(tmp_path) == ["m.json"]
