@@ -87,14 +87,15 @@ SHORT = "--contexts must be positive and --new-tokens at least 2 (one decode ste
 
 @pytest.mark.parametrize("argv, message", [
     (["--new-tokens", "1"], SHORT), (["--contexts", "64", "0"], SHORT),
-    (["--contexts", "2031"], "a prompt of 2031 tokens plus 16 new tokens and depth 3 needs 2049 cache positions; "
+    (["--contexts", "2031", "64"], "a prompt of 2031 tokens plus 16 new tokens and depth 3 needs 2049 cache positions; "
                              "the KV cache holds 2048"),
     (["--contexts", "2030"], "the run started"), (["--new-tokens", "2"], "the run started"),
 ])
 def test_reproduce_overrides_are_refused_past_their_bounds(capsys, tmp_path, monkeypatch, argv, message):
     """tiny's cache holds 2048 positions; a run writes context + new tokens + depth - 1 of them, so a
-    context of 2030 fits and 2031 does not; one new token times no decode step (mutation round 8:
-    refusing new tokens below 1, contexts below 0 or only all of them, and one position fewer, survived)."""
+    context of 2030 fits and 2031 does not, the longest of the contexts given; one new token times no
+    decode step (mutation round 8: refusing new tokens below 1, contexts below 0 or only all of them,
+    one position fewer, and the shortest context checked, survived)."""
     def started(*a, **k):
         raise ValueError("the run started")
 
