@@ -140,8 +140,9 @@ def attention_cli(args, prog: str, argv: list[str]) -> int:
         for name, bar in result["bars"].items():
             step = bar.get("met_by_step_ms")
             step = "" if step is None else f" (by step_ms: {'met' if step else 'not met'})"
-            err.print(f"bar {name}: {'met' if bar['met'] else 'NOT met'}{step}", markup=False)
-        err.print(f"wrote {wrote}; the sweep took {result['wall_time_s']:.0f} s", markup=False)
+            err.print(f"bar {name}: {'met' if bar['met'] else 'NOT met'}{step}", markup=False, soft_wrap=True)
+        err.print(f"wrote {wrote}; the sweep took {result['wall_time_s']:.0f} s", markup=False,
+                  soft_wrap=True)  # one line on a pipe, however long the path
         return 0
     if args.plot or args.methods or args.rep_ms is not None:
         raise ValueError("--plot, --methods and --rep-ms belong to the kernel sweep, which needs --device cuda")
