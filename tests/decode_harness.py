@@ -126,7 +126,7 @@ class InputOracle(HeadProxy):
     def __init__(self, target, head, prompts, depth, new, j=None):
         want = [wmtp.greedy_generate(target, p, new + depth + 2, impl="torch") for p in prompts]
         T = max(p.numel() + w.numel() for p, w in zip(prompts, want))
-        self.seq = torch.zeros(len(prompts), T, dtype=torch.long)  # (B, T): prompt, then greedy tokens
+        self.seq = prompts[0].new_zeros(len(prompts), T)  # (B, T): prompt, then greedy tokens
         for b, (p, w) in enumerate(zip(prompts, want)):
             self.seq[b, : p.numel() + w.numel()] = torch.cat([p, w])
         self.hidden = target(self.seq)[1]  # (B, T, d): the target's hidden state at every position
@@ -163,7 +163,7 @@ class InputOracle(HeadProxy):
         return out, g
 
 
-class FedOracle(HeadProxy):
+class FedOracle(InputOracle):
     """``InputOracle``'s script and check in device ops only, so that a CUDA graph captures it: at a
     step whose row ``b`` verifies from ``n``, the row's drafts are right for the first ``j(b, n)``,
     ``(n (n + 1) / 2 + 3 b) % (K + 1)`` (accept lengths that change from step to step), then wrong,
@@ -172,17 +172,7 @@ class FedOracle(HeadProxy):
     ``DeviceOracle``'s sentinel tells a call's draft index."""
 
     def __init__(self, target, head, prompts, depth, new):
-        want = [wmtp.greedy_generate(target, p, new + depth + 2, impl="torch") for p in prompts]
-        T = max(p.numel() + w.numel() for p, w in zip(prompts, want))
-        self.seq = prompts[0].new_zeros(len(prompts), T)  # (B, T): prompt, then greedy tokens
-        for b, (p, w) in enumerate(zip(prompts, want)):
-            self.seq[b, : p.numel() + w.numel()] = torch.cat([p, w])
-        self.hidden = target(self.seq)[1]  # (B, T, d): the target's hidden state at every position
-        self.head, self.K = head, depth
-
-    def j(self, b: int, n: int) -> int:
-        """The script on the host: right drafts at row ``b``'s step verifying from ``n``."""
-        return (n * (n + 1) // 2 + 3 * b) % (self.K + 1)
+        super().__init__(target, head, prompts, depth, new, j=lambda b, n: (n * (n + 1) // 2 + 3 * b) % (depth + 1))
 
     def __call__(self, hidden, next_ids, pos, cache, n_sink, window, impl):
         S, (B, L), T = DeviceOracle.SENTINEL, next_ids.shape, self.seq.shape[1]
