@@ -69,7 +69,7 @@ def test_generate_bad_input_exits_2_before_any_work(capsys, tmp_path, bad, match
     assert code == 2 and len(err.strip().splitlines()) == 1 and match in err, err
 
 
-def test_generate_options_take_their_bounds_and_defaults(tmp_path):
+def test_generate_options_take_their_bounds_and_defaults(tmp_path, monkeypatch):
     """``--max-new-tokens 4096`` and ``--depth 64`` are taken; without ``--depth`` and ``--keyset``,
     the preset's depth and last windowed key set (small: 7 and 8:64); ``--loop graph`` refuses the
     Triton kernels off CUDA (under the interpreter here) as it refuses CUDA's reference; the parser's
@@ -86,6 +86,7 @@ def test_generate_options_take_their_bounds_and_defaults(tmp_path):
     assert (preset.name, device, dtype, impl, keysets, depth) == (
         "tiny", torch.device("cpu"), torch.float64, "torch", [KeySetConfig(4, 16)], 64)
     assert options()[4:] == ([KeySetConfig(8, 64)], 7)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # as on the CPU (conftest): a CUDA machine's tests run without it
     with pytest.raises(ValueError, match="^--loop graph captures CUDA graphs of the Triton kernels; got device cpu, "
                                          "impl triton$"):
         options("--preset", "tiny", "--impl", "triton", "--loop", "graph")
