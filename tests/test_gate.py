@@ -144,13 +144,16 @@ def test_a_gate_past_the_run_is_the_native_draft_and_one_before_it_the_window(mo
 @pytest.mark.parametrize("depth", [1, 3, 8])
 @pytest.mark.parametrize("n_sink, window", [(4, 16), (0, 1), (2, 3)])
 def test_gated_runs_are_lossless(models, loop, depth, n_sink, window):
-    """Gates below, inside and past the run; the random head and drafts right for exactly j tokens."""
+    """Gates that cross inside the run (after its first step, and mid-run: contexts 21 .. 43); the random
+    head and drafts right for exactly j tokens. A gate below the run drafts as the windowed run, one past
+    it as the native run (the test above), whose every loop, depth and key set is lossless on its own
+    (test_lossless.py, test_static_decode.py); gates 5, 26 and 100, dropped, were three fifths of the runs."""
     target, head = models
     prompt = random_prompt(20, seed=depth)
     ref = wmtp.greedy_generate(target, prompt, 24)
     seq = torch.cat([prompt, ref, torch.zeros(depth + 2, dtype=torch.long)])
     drafts = [(None, head), (0, DeviceOracle(head, seq, 0)), (depth, DeviceOracle(head, seq, depth))]
-    for gate in (5, 21, 26, 33, 100):
+    for gate in (21, 33):
         for j, draft in drafts:
             out, stats = LOOPS[loop](target, draft, prompt, 24, depth, n_sink, window, gate=gate)
             assert torch.equal(out, ref), (gate, j)
