@@ -1,8 +1,9 @@
 """Mutation testing of the CUDA-only paths, which no CPU test reaches: the CUDA graphs of the static
 loops (wmtp/graphs.py; the graph state of static_decode.py, static_lockstep.py, static_batched.py),
 ``capture_graph`` and NOTE [Failed capture] (wmtp/device.py), the capture guard of the RoPE frequencies
-(wmtp/block.py) and bench_timing.py's graph timings (arXiv 2607.21535, Sec. 4: graphs are what leave
-the draft-KV tax in view). Each hand-made mutant is applied in turn, the CUDA tests that reach it are
+(wmtp/block.py), bench_timing.py's graph timings and the benches' CUDA paths (bench attention's CUDA
+timings, the graph loop of bench decode, depth and batch) (arXiv 2607.21535, Sec. 4: graphs are what
+leave the draft-KV tax in view). Each hand-made mutant is applied in turn, the CUDA tests that reach it are
 run, and the file is restored. From the repository root of a CUDA machine:
 
     python3 scripts/gpu_mutants.py --out DIR [--budget-s S] [--only NAME ...] [--tests TEST ...]
@@ -10,7 +11,8 @@ run, and the file is restored. From the repository root of a CUDA machine:
 writes DIR/gpu-mutants.json (each mutant: killed or not, seconds, pytest's summary lines) and
 DIR/gpu-mutants.log (each run's output, cut). ``--tests`` runs those tests for every chosen mutant
 instead of its own (to check that a new test kills the survivors). Session 38's run, and the tests
-that closed its survivors: metrics/gpu-tests-h200.txt ("GPU mutation run M8")."""
+that closed its survivors: metrics/gpu-tests-h200.txt ("GPU mutation run M8"); the benches' mutants
+(``bench_*``) were written in session 39 with the tests that kill them ("GPU mutation run M9")."""
 
 import argparse
 import json
@@ -33,6 +35,11 @@ BT = "tests/test_bench_timing.py"
 RO = "tests/test_rope.py::test_frequencies_first_asked_for_in_a_capture_are_not_kept"
 TC = "tests/test_cuda_graphs.py"  # written after session 38's run, to kill its survivors
 ALL = [SD, SDP, SL, SB, GA, RI, PF, GL]
+BA = "tests/test_bench_attention.py::test_read_floor_is_timed_on_the_window_draft_rows"
+BAS = "tests/test_bench_attention.py::test_step_ms_is_gated_by_graph_ms"
+BD = "tests/test_cli_bench_decode.py::test_bench_decode_on_cuda_times_both_loops"
+BP = "tests/test_cli_bench_depth.py::test_bench_depth_on_cuda_in_the_graph_loop"
+BB = "tests/test_bench_batch.py::test_bench_batch_on_cuda_in_both_loops"
 
 CAPTURE_ORDER = """        if draft_key not in self.drafts:
             self.drafts[draft_key] = runner(lambda: self.draft_phase(*draft_key), (), self.graph, self.pool)
@@ -52,6 +59,7 @@ def m(name, file, edits, tests):
 
 
 G, D, B = "wmtp/graphs.py", "wmtp/device.py", "wmtp/bench_timing.py"
+BAF, BC = "wmtp/bench_attention.py", "wmtp/bench_common.py"
 MUTANTS = [
     m("runner_no_restore", G, [("    for t, s in zip(state, saved):\n        t.copy_(s)\n", "")], ALL),
     m("runner_no_clone", G, [("saved = [t.clone() for t in state]", "saved = list(state)")], ALL),
@@ -100,6 +108,17 @@ MUTANTS = [
     m("replay_ms_no_sync", B, [("    end.synchronize()\n", "")], [BT]),
     m("step_ms_graphs_swapped", B, [('times[name].append(_replay_ms(graphs[name]))',
                                      'times[name].append(_replay_ms(graphs["both"]))')], [BT]),
+    m("bench_no_host_ms", BAF, [('            row["host_ms"] = host_ms(fn, c.q.device)\n', "")], [BA]),
+    m("bench_no_graph_floor", BAF, [("floor = graph_floor_ms(device, timed_ms) if", "floor = None if")], [BA]),
+    m("bench_step_ungated", BAF, [("stepped = isinstance(graph, float) and graph <= STEP_MAX_MS",
+                                   "stepped = isinstance(graph, float)")], [BAS]),
+    m("bench_read_floor_every_triton", BAF, [('if name == "triton_window":', 'if name.startswith("triton"):')], [BA]),
+    m("bench_graph_loop_dense_eager", BC, [("static_greedy_generate(*a, cuda_graph=True, **k)",
+                                            "static_greedy_generate(*a, cuda_graph=False, **k)")], [BD, BP]),
+    m("bench_graph_loop_spec_eager", BC, [("static_speculative_generate(*a, cuda_graph=True, **k)",
+                                           "static_speculative_generate(*a, cuda_graph=False, **k)")], [BD, BP]),
+    m("bench_batch_graph_loop_eager", "wmtp/bench_batch.py", [('{"cuda_graph": True} if loop == "graph"',
+                                                               '{"cuda_graph": False} if loop == "graph"')], [BB]),
 ]
 
 

@@ -1,6 +1,7 @@
 """What the command-line test files (tests/test_cli_*.py) share: a call of the ``wmtp`` command that
 returns its exit code and what it printed, a recorder of the prefills a bench makes and the one
-each of its runs starts from, and the cells of a bench's rich table as printed. The small
+each of its runs starts from, a recorder of the loops that capture CUDA graphs, and the cells of a
+bench's rich table as printed. The small
 WikiText-format corpus they train on is tests/conftest.py's ``wikitext_dir`` fixture."""
 
 from wmtp.cli import main
@@ -24,6 +25,23 @@ def record_prefills(monkeypatch) -> tuple[list, list]:
     monkeypatch.setattr(wmtp.decode, "start",
                         lambda *a, **k: starts.append(k["prefill"]) or wmtp.prefill.start(*a, **k))
     return prefills, starts
+
+
+def record_captures(monkeypatch) -> list[str]:
+    """A list that fills, as a bench runs, with the static loop (``static_*`` in wmtp/static_decode.py,
+    static_lockstep.py, static_batched.py) of each CUDA graph captured (``runner``, wmtp/graphs.py)."""
+    import traceback
+
+    import wmtp.graphs
+
+    loops, capture = [], wmtp.graphs.capture_graph
+
+    def spy(*args, **kwargs):
+        loops.extend(f.name for f in traceback.extract_stack() if f.name.startswith("static_"))
+        return capture(*args, **kwargs)
+
+    monkeypatch.setattr(wmtp.graphs, "capture_graph", spy)
+    return loops
 
 
 def table_cells(table) -> list[list[str]]:

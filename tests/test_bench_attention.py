@@ -271,6 +271,7 @@ def test_read_floor_is_timed_on_the_window_draft_rows():
                               "methods": ("triton_window", "triton_full")})
     for r in res["rows"]:
         assert isinstance(r["step_ms"], float), r  # every call here is far under STEP_MAX_MS
+        assert isinstance(r["graph_ms"], float) and isinstance(r["host_ms"], float) and r["host_ms"] > 0, r
         if r["method"] == "triton_window":
             assert isinstance(r["read_floor_ms"], float) and r["read_floor_ms"] > 0, r
             assert isinstance(r["step_read_floor_ms"], float), r
@@ -278,7 +279,9 @@ def test_read_floor_is_timed_on_the_window_draft_rows():
             assert r["read_floor_ms"] is None and r["step_read_floor_ms"] is None, r
     draft = res["bars"]["draft_window_flat"]["values"]["Hq4/Hkv2/D32"]
     assert set(draft["read_floor_ms_by_S"]) == set(draft["step_ms_by_S"]) == {"200"}
-    assert all(isinstance(ms, float) for ms in res["step_floor_ms"].values()), res["step_floor_ms"]
+    for floor in (res["graph_floor_ms"], res["step_floor_ms"]):  # empty kernels, one and two, under each method
+        assert set(floor) == {"one_kernel", "two_kernels"}, floor
+        assert all(isinstance(ms, float) for ms in floor.values()), floor
 
 
 

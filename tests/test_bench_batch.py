@@ -161,7 +161,12 @@ def test_bad_input_exits_2_before_any_work(capsys, tmp_path, bad, match):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the CUDA-graph loop")
-def test_bench_batch_on_cuda_in_both_loops(capsys, tmp_path):
+def test_bench_batch_on_cuda_in_both_loops(capsys, tmp_path, monkeypatch):
+    """Both loops' rows; the graph loop's dense batch, lockstep (where it runs) and own-position runs,
+    refill's among them, in CUDA graphs."""
+    from cli_helpers import record_captures
+
+    captured = record_captures(monkeypatch)
     out = tmp_path / "g.json"
     code, _, err = _run(capsys, ["bench", "batch", "--preset", "tiny", "--device", "cuda", "--contexts", "64", "512",
                                  "--batch-sizes", "1", "4", "--prompts-per-row", "2", "--new-tokens", "24", "--rounds",
@@ -173,3 +178,6 @@ def test_bench_batch_on_cuda_in_both_loops(capsys, tmp_path):
     assert {r["loop"] for r in m["rows"]} == {"eager", "graph"}
     assert all("refill native" in r["methods"] and r["prompts"] == 2 * r["batch"] for r in m["rows"])
     assert all(x["us_per_token_per_row"] > 0 for r in m["rows"] for x in r["methods"].values())
+    lockstep = any(name.startswith("lockstep") for r in m["rows"] for name in r["methods"])  # prompts of one length
+    assert set(captured) == {"static_batched_greedy_generate", "static_batched_speculative_generate",
+                             *(["static_lockstep_generate"] if lockstep else [])}

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from cli_helpers import record_prefills
+from cli_helpers import record_captures, record_prefills
 from cli_helpers import run_cli as _run
 
 
@@ -80,7 +80,10 @@ def test_bench_decode_writes_lossless_rows(capsys, wikitext_dir, tmp_path, monke
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the CUDA-graph loop")
-def test_bench_decode_on_cuda_times_both_loops(capsys, tmp_path):
+def test_bench_decode_on_cuda_times_both_loops(capsys, tmp_path, monkeypatch):
+    """Both loops' rows, lossless; the graph loop's dense and speculative runs in CUDA graphs (the
+    rows a loop labelled ``graph`` times must be the graphs', not the static loop run eagerly)."""
+    captured = record_captures(monkeypatch)
     out = tmp_path / "d.json"
     code, _, err = _run(capsys, ["bench", "decode", "--preset", "tiny", "--device", "cuda", "--contexts", "64", "512",
                                  "--new-tokens", "12", "--cache-dir", str(tmp_path / "cache"), "--no-progress",
@@ -93,3 +96,4 @@ def test_bench_decode_on_cuda_times_both_loops(capsys, tmp_path):
     assert all(list(r["arms"]) == ["native", "sink4+win16", "sink4+win16 ring"] for r in m["rows"])
     assert all(arm["lossless"] is True for r in m["rows"] for arm in r["arms"].values())
     assert m["rows"][0]["prefill_s"] == m["rows"][1]["prefill_s"] > 0  # one prefill a context, both loops
+    assert set(captured) == {"static_greedy_generate", "static_speculative_generate"}

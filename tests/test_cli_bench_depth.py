@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from cli_helpers import record_prefills
+from cli_helpers import record_captures, record_prefills
 from cli_helpers import run_cli as _run
 
 
@@ -97,7 +97,9 @@ def test_bench_depth_bad_input_exits_2_before_any_work(capsys, tmp_path, bad, ma
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the CUDA-graph loop")
-def test_bench_depth_on_cuda_in_the_graph_loop(capsys, tmp_path):
+def test_bench_depth_on_cuda_in_the_graph_loop(capsys, tmp_path, monkeypatch):
+    """The graph loop's rows; its dense and speculative runs in CUDA graphs."""
+    captured = record_captures(monkeypatch)
     out = tmp_path / "g.json"
     code, _, err = _run(capsys, ["bench", "depth", "--preset", "tiny", "--device", "cuda", "--contexts", "64", "512",
                                  "--new-tokens", "24", "--depths", "1", "3", "--rounds", "1", "--loop", "graph",
@@ -110,3 +112,4 @@ def test_bench_depth_on_cuda_in_the_graph_loop(capsys, tmp_path):
         for arm in r["arms"].values():
             assert arm["policies"]["fixed-3"]["steps_by_depth"][3] == arm["policies"]["fixed-3"]["steps"] > 0
             assert arm["policies"]["adaptive"]["tpot_s"] > 0
+    assert set(captured) == {"static_greedy_generate", "static_speculative_generate"}
