@@ -45,14 +45,42 @@ def test_reads_exactly_the_literal_keys(S, n_sink, window, positions, keys, bloc
 
 
 def test_a_head_past_2_to_the_31_elements_is_read_where_it_is():
-    """NOTE [Offsets]: head 2 of 3 heads of 2^26 x 16 starts 2^31 elements in (a lazily allocated
-    6 GiB tensor, of which only the first 64 positions of each head are written)."""
-    small = next(_cache(64, Hkv=3, D=16, seed=2)).half()  # (1, 3, 64, 16)
-    big = torch.empty(1, 3, 1 << 26, 16, dtype=torch.float16, device=DEVICE)
+    """NOTE [Offsets]: head 2 of 3 heads of 2^26 x 16 starts 2^31 elements in. The 3 heads are the
+    last of 5, int8 (a lazily allocated 5 GiB tensor, of which only the first 64 positions of each
+    head are written), so an offset wrapped to 32 bits (-2^31) lands on head 0 of the 5, which holds
+    100s: a wrong read fails the test rather than reading outside the allocation (a segfault under
+    the interpreter)."""
+    g = torch.Generator().manual_seed(2)
+    small = torch.randint(-3, 4, (1, 3, 64, 16), generator=g, dtype=torch.int8).to(DEVICE)  # (1, 3, 64, 16)
+    five = torch.empty(1, 5, 1 << 26, 16, dtype=torch.int8, device=DEVICE)
+    five[:, :2, :64] = 100
+    big = five[:, 2:]  # (1, 3, 2^26, 16), 2^31 elements into five
     big[:, :, :64] = small
     got = read_key_set(big, big, torch.tensor([63], device=DEVICE), 4, 8, block_n=16)  # (Hkv, n_blk)
     keys = [0, 1, 2, 3] + list(range(56, 64))
-    torch.testing.assert_close(got.sum(1), 2 * small[0][:, keys].float().sum((1, 2)), rtol=1e-5, atol=1e-4)
+    assert torch.equal(got.sum(1), 2 * small[0][:, keys].float().sum((1, 2)))  # sums of small integers: exact
+
+
+def test_int32_positions_past_2_to_the_31_elements_are_read_where_they_are():
+    """NOTE [Offsets] for the positions: with int32 positions a key's position is int32 too, and key
+    2^28 of one head of 16 starts 2^32 elements in (a lazily allocated int8 tensor of 4 GiB; the sinks
+    and the window's 8 keys written, 100s in keys 4..11, where an offset wrapped to 32 bits lands)."""
+    S = (1 << 28) + 8
+    small = torch.randint(-3, 4, (1, 1, 12, 16), generator=torch.Generator().manual_seed(3), dtype=torch.int8)
+    small = small.to(DEVICE)  # (1, 1, 12, 16)
+    big = torch.empty(1, 1, S, 16, dtype=torch.int8, device=DEVICE)
+    big[:, :, :4], big[:, :, 4:12], big[:, :, S - 8:] = small[:, :, :4], 100, small[:, :, 4:]
+    got = read_key_set(big, big, torch.tensor([S - 1], dtype=torch.int32, device=DEVICE), 4, 8, block_n=8)
+    assert got.sum().item() == 2 * small.sum().item()  # sums of small integers: exact
+
+
+def test_the_grid_comes_from_shapes():
+    """``cdiv(min(n_sink, S), block_n)`` sink blocks and ``cdiv(window + Lq - 1, block_n)`` recent ones a
+    kv head, literal: 50 sinks of a 40-key cache make 10 blocks of 4, not 13."""
+    k, v = _cache(40)
+    assert read_key_set(k, v, torch.tensor([39], device=DEVICE), 50, 8, block_n=4).shape == (2, 10 + 2)
+    assert read_key_set(k, v, torch.tensor([39], device=DEVICE), 50, 8, block_n=16).shape == (2, 3 + 1)
+    assert read_key_set(k, v, torch.tensor([30, 31], device=DEVICE), 4, 8, block_n=4).shape == (2, 1 + 3)
 
 
 def test_random_positions_match_the_key_set_mask():
@@ -67,18 +95,33 @@ def test_random_positions_match_the_key_set_mask():
 
 @pytest.mark.parametrize("bad", [
     lambda k, v, p: (k[0], v[0], p, 64),  # no batch dim
+    lambda k, v, p: (torch.cat([k, k]), torch.cat([v, v]), p, 64),  # a batch of 2
     lambda k, v, p: (k, v.transpose(2, 3).contiguous().transpose(2, 3), p, 64),  # v laid out unlike k
+    lambda k, v, p: (k, v[:, :1], p, 64),  # v of one head, k's strides
+    lambda k, v, p: (k[..., ::2], v[..., ::2], p, 64),  # strided in D
+    lambda k, v, p: (k[..., :12], v[..., :12], p, 64),  # a head dim of 12
     lambda k, v, p: (k, v, p, 48),  # block_n not a power of two
+    lambda k, v, p: (k, v, p, 0),  # nor 0
     lambda k, v, p: (k, v, p[:0], 64),  # no position
 ])
-def test_bad_input_raises_value_error(bad):
+def test_bad_input_raises_value_error(bad, monkeypatch):
+    """Refused on the host before any launch (a launch on an empty ``q_pos`` reads before it: a
+    segfault under the interpreter, so the kernel is replaced by one that fails the test)."""
+    from wmtp import bench_read
+
+    class NoLaunch:
+        def __getitem__(self, grid):
+            pytest.fail(f"a kernel launched on bad input (grid {grid})")
+
+    monkeypatch.setattr(bench_read, "_read_kernel", NoLaunch())
     k, v = _cache(40)
     k_, v_, p, block_n = bad(k, v, torch.tensor([39], device=DEVICE))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="k and v must be alike|need power-of-two head dim and block_n"):
         read_key_set(k_, v_, p, 4, 8, block_n=block_n)
 
 
-def test_read_floor_ms_takes_the_fastest_launch_or_the_first_error():
+def test_read_floor_ms_takes_the_fastest_launch_or_the_first_error(monkeypatch):
+    from wmtp import bench_read
     from wmtp.bench_read import READ_CONFIGS, read_floor_ms
 
     def timer_of(results):
@@ -86,6 +129,11 @@ def test_read_floor_ms_takes_the_fastest_launch_or_the_first_error():
         return lambda fn: next(it)  # a timing that never runs fn: only the choice is tested
 
     assert len(READ_CONFIGS) == 3
+    calls = []
+    monkeypatch.setattr(bench_read, "read_key_set", lambda *a: calls.append(a))
+    assert read_floor_ms("k", "v", "q_pos", 4, 16, lambda fn: fn() or 1.0) == 1.0  # a timing that runs fn once
+    assert calls == [("k", "v", "q_pos", 4, 16, 64, 4), ("k", "v", "q_pos", 4, 16, 32, 8),
+                     ("k", "v", "q_pos", 4, 16, 16, 4)]  # each of READ_CONFIGS: (block_n, num_warps)
     assert read_floor_ms(None, None, None, 4, 16, timer_of([0.3, "RuntimeError: a", 0.2])) == 0.2
     assert read_floor_ms(None, None, None, 4, 16, timer_of(["ValueError: b", "RuntimeError: c", "d"])) == \
         "ValueError: b"

@@ -325,19 +325,38 @@ def _routed(monkeypatch):
     return calls, plain
 
 
-def test_linear_off_cuda_is_f_linear():
+def test_linear_off_cuda_is_f_linear(monkeypatch):
+    """Off CUDA every product is ``F.linear`` without a bias, whatever its rows (the CPU's numbers do
+    not move: NOTE [Few-row products])."""
+    import torch.nn.functional as F
+
     from wmtp.linear import linear
 
+    biased = []
+    plain = F.linear
+    monkeypatch.setattr(F, "linear", lambda x, w, b=None: biased.append(b is not None) or plain(x, w, b))
     g = torch.Generator().manual_seed(0)
     w = torch.randn(12, 8, generator=g)
     for rows in (1, 2, 8, 16, 17):
         x = torch.randn(1, rows, 8, generator=g)
-        assert torch.equal(linear(x, w, torch.zeros(12)), torch.nn.functional.linear(x, w))
+        assert torch.equal(linear(x, w, torch.zeros(12)), plain(x, w))
+    assert biased == [False] * 5
+
+
+def test_few_rows_are_2_to_16_on_cuda():
+    """The route's bounds (NOTE [Few-row products]), on a stand-in for a CUDA tensor (only ``is_cuda``
+    is read; the CUDA test below runs them through ``linear``): 2 to 16 rows, none on the CPU."""
+    from types import SimpleNamespace
+
+    from wmtp.linear import few_rows
+
+    assert [rows for rows in range(20) if few_rows(SimpleNamespace(is_cuda=True), rows)] == list(range(2, 17))
+    assert not any(few_rows(torch.ones(rows, 4), rows) for rows in range(20))
 
 
 def test_the_routed_product_keeps_every_layout(monkeypatch):
     """addmm's route (forced on the CPU) gives F.linear's product for 2-D, batched and non-contiguous
-    inputs, and refuses a zero bias of another dtype or too short."""
+    inputs, and refuses a zero bias of another dtype, too short, or on another device."""
     from wmtp.linear import linear
 
     calls, plain = _routed(monkeypatch)
@@ -352,7 +371,8 @@ def test_the_routed_product_keeps_every_layout(monkeypatch):
         y = linear(x, w, zero)
         assert calls == [True] and y.shape == (*x.shape[:-1], 12)
         assert torch.allclose(y, plain(x, w), rtol=0, atol=1e-12)
-    for bad in (torch.zeros(16), torch.zeros(11, dtype=torch.float64)):
+    for bad in (torch.zeros(16), torch.zeros(11, dtype=torch.float64), torch.zeros(16, dtype=torch.float64,
+                                                                                  device="meta")):
         with pytest.raises(ValueError, match="zero bias must be"):
             linear(inputs[0], w, bad)
 

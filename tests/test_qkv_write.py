@@ -127,10 +127,11 @@ def test_the_cache_dtype_is_cast_last(impl, dtype, buf_dtype, rotate, train_len)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("D,rotate,train_len", [(8, True, 300), (5, False, 300), (6, True, None)])
+@pytest.mark.parametrize("D,rotate,train_len", [(8, True, 300), (5, False, 300), (6, True, None), (1, False, 300)])
 def test_strided_rows_and_an_odd_head_dim(impl, D, rotate, train_len):
     """Inputs strided in their last dimension (copied to a contiguous layout first), an odd head_dim
-    (scaled, not rotated): the separate ops' bits; without preparation ``q`` comes back as it was."""
+    (scaled, not rotated), down to 1 (no rotated pair at all): the separate ops' bits; without
+    preparation ``q`` comes back as it was."""
     g = torch.Generator().manual_seed(D)
     y = torch.randn(3, 1, 4, 6, 2 * D, generator=g, dtype=torch.float64).to(DEVICE, torch.float32)
     q, k, v = (t[..., ::2].transpose(1, 2) for t in y)  # (1, 6, 4, D) each: last stride 2
@@ -146,6 +147,52 @@ def test_strided_rows_and_an_odd_head_dim(impl, D, rotate, train_len):
     assert q.stride(-1) == 2 and torch.equal(qkv_write(q, k, v, pos, got[0], got[1], f, train_len, impl), want_q)
     assert torch.equal(got, want)
     assert qkv_write(q, k, v, pos, got[0], got[1], None, None, impl) is q
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("rotate,train_len", [(True, 7), (False, 256)])
+def test_every_tensor_is_read_and_written_at_its_own_strides(impl, rotate, train_len):
+    """``q``, ``k``, ``v``, both buffers and ``pos`` each of another layout (``q`` contiguous, ``k`` and
+    ``v`` transposed views of two different orders, the buffers slices of two larger tensors whose
+    strides differ (each buffer's indices at the other's strides still inside its storage, so a mix-up
+    fails rather than writes out of bounds), the positions every other entry of a longer tensor,
+    ``(L,)`` and ``(B, L)``): the queries and buffers bit for bit the separate ops' of the same impl."""
+    B, Hq, Hkv, L, D, S = 2, 4, 2, 5, 6, 12
+    g = torch.Generator().manual_seed(5)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64).to(DEVICE, torch.float32)
+
+    q = randn(B, Hq, L, D)  # contiguous
+    k = randn(B, L, Hkv, D).transpose(1, 2)  # (B, Hkv, L, D): heads D apart
+    v = randn(Hkv, B, L, D).transpose(0, 1)  # (B, Hkv, L, D): batch rows L * D apart
+    f = rope_frequencies(D, 10000.0, DEVICE, torch.float32) if rotate else None
+    k_long, v_long = randn(B + 1, Hkv, S + 3, D), randn(B, Hkv, S + 5, D)  # buffers [:B, :, :S], [:, :, :S]
+    order = torch.randperm(S, generator=g).to(DEVICE)
+    rows = torch.stack([order, order.flip(0)])  # (B, S), sliced on the device (.to(cuda) of a view copies it)
+    for pos in (rows[0, :2 * L:2], rows[:, :2 * L:2]):  # (L,), (B, L): last stride 2
+        assert pos.stride(-1) == 2 and len({q.stride(), k.stride(), v.stride()}) == 3
+        want_k, want_v, got_k, got_v = k_long.clone(), v_long.clone(), k_long.clone(), v_long.clone()
+        want_q, rotated = prepare_qk(q, k, pos, f, train_len, impl)
+        kv_write(want_k[:B, :, :S], want_v[:, :, :S], pos, rotated, v, impl)
+        got_q = qkv_write(q, k, v, pos, got_k[:B, :, :S], got_v[:, :, :S], f, train_len, impl)
+        assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
+
+
+@KERNEL
+def test_the_rotating_kernel_writes_nothing_outside_the_buffers():
+    """As the next two tests, with rotated keys (their own masked stores): per-row positions outside
+    ``[0, S)`` write no key or value; the rows inside hold ``rope_pair``'s keys and the values."""
+    bufs = torch.zeros(2, 3, 2, 2, 8, 4, device=DEVICE)  # (k|v, layers, B, Hkv, S, D)
+    q, k = torch.ones(2, 2, 3, 4, device=DEVICE), torch.ones(2, 2, 3, 4, device=DEVICE)
+    pos = torch.tensor([[-1, 8, 3], [5, -1, 16]], device=DEVICE)
+    f = rope_frequencies(4, 10000.0, DEVICE, torch.float32)
+    qkv_write(q, k, 2 * k, pos, bufs[0, 1], bufs[1, 1], f, None, "triton")
+    _, rotated = prepare_qk(q, k, pos.clamp(0, 7), f, None, "triton")  # (2, 2, 3, 4): [0, :, 2] at 3, [1, :, 0] at 5
+    want = torch.zeros_like(bufs)
+    want[0, 1, 0, :, 3], want[1, 1, 0, :, 3] = rotated[0, :, 2], 2.0
+    want[0, 1, 1, :, 5], want[1, 1, 1, :, 5] = rotated[1, :, 0], 2.0
+    assert torch.equal(bufs, want) and rotated[0, :, 2].ne(1.0).all()
 
 
 @KERNEL
@@ -256,13 +303,16 @@ def test_per_row_positions_of_another_shape_are_value_errors(impl):
 
 @KERNEL
 def test_the_kernel_raises_where_it_has_no_backward():
+    """Any of ``q``, ``k``, ``v`` alone needing a gradient is refused by the kernel, nothing written."""
     q, k, v = (x.detach().contiguous().requires_grad_() for x in _layer(1, 2, 1, 3, 4, torch.float32, seed=4))
     k_buf, v_buf = (torch.zeros(1, 1, 8, 4, device=DEVICE) for _ in range(2))  # not views of one tensor
     pos = torch.arange(3, device=DEVICE)
     f = rope_frequencies(4, 10000.0, DEVICE, torch.float32)
-    with pytest.raises(ValueError, match="no backward"):
-        qkv_write(q, k, v, pos, k_buf, v_buf, f, None, "triton")
-    assert not k_buf.any()
+    for i in range(3):
+        alone = [x if j == i else x.detach() for j, x in enumerate((q, k, v))]
+        with pytest.raises(ValueError, match="no backward"):
+            qkv_write(*alone, pos, k_buf, v_buf, f, None, "triton")
+    assert not k_buf.any() and not v_buf.any()
     qkv_write(q, k, v, pos, k_buf, v_buf, f, None, "auto").sum().backward()  # "auto": the reference
     assert q.grad is not None and k_buf.any()
 

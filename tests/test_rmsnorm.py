@@ -61,6 +61,32 @@ def test_add_rms_norm_is_the_addition_then_the_norm(impl, dtype, shape):
     assert alone is x and torch.equal(normed, rms_norm(x, w, 1e-5, impl))
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_add_rms_norm_reads_rows_of_any_layout(impl):
+    """``x`` and ``r`` as views whose rows are evenly strided (unit last stride, so read in place, not
+    copied), of two different row strides each way round: the sum and the norm are the unfused ops'."""
+    g = torch.Generator().manual_seed(2)
+    a = torch.randn(4, 6, 32, dtype=torch.float64, generator=g).to(DEVICE)[:, ::2]  # (4, 3, 32), rows 64 apart
+    b = torch.randn(4, 3, 48, dtype=torch.float64, generator=g).to(DEVICE)[..., 8:40]  # (4, 3, 32), rows 48 apart
+    w = torch.linspace(0.5, 1.5, 32, dtype=torch.float64, device=DEVICE)
+    for x, r in ((a, b), (b, a)):
+        total, normed = add_rms_norm(x, r, w, 1e-6, impl)
+        assert torch.equal(total, x + r) and torch.equal(normed, rms_norm(x + r, w, 1e-6, impl))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_float16_norms_are_literal(impl):
+    """Both impls round ``x / rms`` to float16 before the weight (the module docstring's formula): 1 / rms
+    of the row [1, 2] is 1295.27 float16 ulps, rounded to 1295, times 3 a tie rounded to even, 1.896484375
+    (one rounding of the product would give 1.8974609375); the row [300, -400] squares past float16's
+    65504, so its sums run in float32 (in float16 they overflow and the row normalises to 0)."""
+    x = torch.tensor([[1.0, 2.0], [300.0, -400.0]], dtype=torch.float16, device=DEVICE)
+    w = torch.tensor([3.0, 1.0], dtype=torch.float16, device=DEVICE)
+    want = [[1.896484375, 1.2646484375], [2.546875, -1.1318359375]]
+    assert rms_norm(x, w, 1e-5, impl).tolist() == want
+    assert add_rms_norm(x, torch.zeros_like(x), w, 1e-5, impl)[1].tolist() == want
+
+
 def test_bad_additions_are_value_errors():
     x, w = torch.ones(2, 4, device=DEVICE), torch.ones(4, device=DEVICE)
     for r in (torch.ones(2, 5, device=DEVICE), x.double(), torch.ones(2, 4, device="meta")):
@@ -114,14 +140,21 @@ def test_bad_impls_and_weights_are_value_errors():
     if not (CUDA or INTERPRETED):
         return
     x = x.to(DEVICE)
-    # short, strided (made on the device: .to(cuda) of a strided tensor copies it dense), float32, on the CPU
+    # short, strided (made on the device: .to(cuda) of a strided tensor copies it dense), float32, on another
+    # device (meta, and the CPU beside CUDA)
     f64 = dict(dtype=torch.float64, device=DEVICE)
     for bad in (torch.ones(3, **f64), torch.ones(8, **f64)[::2], torch.ones(4, device=DEVICE),
+                torch.ones(4, dtype=torch.float64, device="meta"),
                 torch.ones(4, dtype=torch.float64) if CUDA else None):
         if bad is None:
             continue
         with pytest.raises(ValueError, match="weight must be"):
             rms_norm(x, bad, 1e-5, "triton")
+    empty = torch.ones(2, 0, **f64)  # rows of no entries: refused, not launched
+    with pytest.raises(ValueError, match="rms_norm needs N >= 1 entries a row"):
+        rms_norm(empty, torch.ones(0, **f64), 1e-5, "triton")
+    with pytest.raises(ValueError, match="add_rms_norm needs N >= 1 entries a row"):
+        add_rms_norm(empty, empty, torch.ones(0, **f64), 1e-5, "triton")
     w = w.to(DEVICE).requires_grad_()
     with pytest.raises(ValueError, match="no backward"):
         rms_norm(x, w, 1e-5, "triton")

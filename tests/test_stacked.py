@@ -151,6 +151,27 @@ def test_stacked_products_are_the_separate_ones(monkeypatch):
         assert s.shape == p.shape and torch.allclose(s, p, rtol=0, atol=1e-13)
 
 
+def test_stacked_few_row_products_take_the_route(monkeypatch):
+    """NOTE [Few-row products] in wmtp/linear.py: a stacked product of 10 rows goes through ``linear``
+    as the separate ones do (on CUDA addmm, cuBLASLt), with a zero bias as long as the stacked outputs:
+    one biased product for q/k/v (the tiny preset's 64 + 32 + 32), one for gate/up (128 + 128); the
+    route and the stacking forced on the CPU."""
+    import torch.nn.functional as F
+
+    biased = []
+    plain = F.linear
+    monkeypatch.setattr(F, "linear", lambda x, w, b=None: biased.append(None if b is None else len(b)) or
+                        plain(x, w, b))
+    monkeypatch.setattr(products, "few_rows", lambda x, rows: 1 < rows <= products.FEW_ROWS)
+    _force_stacking(monkeypatch)
+    attn = _attention()
+    mlp = wmtp.build_models("tiny", seed=1)[0].double().layers[1].mlp
+    x = torch.randn(2, 5, attn.cfg.d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        outs = products.project(attn, x, "auto") + products.project(mlp, x, "auto")
+    assert biased == [64 + 32 + 32, 128 + 128] and [o.shape[-1] for o in outs] == [64, 32, 32, 128, 128]
+
+
 def test_speculative_decoding_with_stacked_products_is_lossless(monkeypatch):
     """The model's stacked route (forced on the CPU), float64: speculative output equals the dense
     greedy output of the same route, token for token."""
