@@ -274,8 +274,9 @@ def test_launcher_never_reads_device_values(n_sink, window, positions, layout, m
 @pytest.mark.parametrize("layout", ["contiguous", "paged16"])
 def test_positions_past_the_cache_are_clamped(layout):
     """Positions are not checked on the host (NOTE [Host sync]); the kernel clamps them to S - 1,
-    so a bad position attends like the last one instead of reading outside the cache."""
-    q, k, v, _ = make_inputs(1, 4, 2, 2, 48, 32, torch.float32, seed=4, device=DEVICE)  # S = 3 whole pages
+    so a bad position attends like the last one instead of reading outside the cache. Paged, S is the
+    block table's reach (3 pages a row), not the pool's 6 pages of two batch rows."""
+    q, k, v, _ = make_inputs(2, 4, 2, 2, 48, 32, torch.float32, seed=4, device=DEVICE)  # S = 3 whole pages
     bad, last = torch.tensor([47, 1000], device=DEVICE), torch.tensor([47, 47], device=DEVICE)
     out = _run("triton", layout, q, k, v, bad, 4, 8, num_splits=2, block_n=16)
     assert_kernel_close(out, q, k, v, last, 4, 8)
@@ -673,3 +674,43 @@ def test_paged_attention_validates_inputs():
         paged_attention(q, k_pages, v_pages, block_table, q_pos + 10, impl="torch")
     with pytest.raises(ValueError, match="expected"):
         paged_attention(q, k_pages, v_pages[:, :2], block_table, q_pos, impl="torch")
+
+
+def _meta_plan(dtype=torch.float32, *, Hq=4, Lq=2, paged=False, num_splits=3, num_stages=None, n_sink=4,
+               window=64, q_sink=False, limits=(132, 232448, True)):
+    """``plan_call`` of a (1, Hq, Lq, 32) query block over 2 kv heads of 300 positions (paged: 19
+    pages of 16), on ``meta`` tensors with an H200's limits (or ``limits=None``: the interpreter's)."""
+    from wmtp.attention.triton_plan import plan_call
+
+    meta = dict(device="meta", dtype=dtype)
+    q = torch.empty(1, Hq, Lq, 32, **meta)  # (B, Hq, Lq, D)
+    pos = torch.empty(Lq, device="meta", dtype=torch.int64)
+    if paged:
+        k, table = torch.empty(19, 16, 2, 32, **meta), torch.empty(1, 19, device="meta", dtype=torch.int32)
+    else:
+        k, table = torch.empty(1, 2, 300, 32, **meta), None  # (B, Hkv, S, D)
+    return plan_call(q, k, k, table, 16 if paged else 1, pos, n_sink, window, (num_splits, None, None, num_stages,
+                     None), limits, torch.empty_like(q) if q_sink else None)
+
+
+def test_the_plans_constexprs_follow_their_notes():
+    """The plan's switches that change no output bit on the CPU interpreter, each as its note says:
+    NOTE [Pages] (PAGED 1 with one stage, 2 with more, 0 contiguous), NOTE [PDL] (only where a merge
+    follows), UPCAST only under the interpreter (which cannot multiply bf16), QSINK only with sinks to
+    score (NOTE [Re-indexed sinks])."""
+    assert [_meta_plan(paged=True, num_stages=s).kwargs["PAGED"] for s in (1, 2, 3)] == [1, 2, 2]
+    assert _meta_plan(num_stages=1).kwargs["PAGED"] == 0
+    assert [_meta_plan(num_splits=s).kwargs["PDL"] for s in (1, 3)] == [False, True]
+    assert _meta_plan(num_splits=1).merge is None
+    assert not _meta_plan(BF16).kwargs["UPCAST"] and not _meta_plan(F32, limits=None).kwargs["UPCAST"]
+    assert [_meta_plan(q_sink=True, n_sink=n, window=w).kwargs["QSINK"] for n, w in ((4, 64), (0, 64), (4, None))] \
+        == [True, False, False]
+
+
+def test_the_split_workspace_holds_m_l_and_acc_of_every_partial_row():
+    """NOTE [Workspace]: 3 splits of a 16-row tile (4 heads x 2 queries) on 2 kv heads are 96 partial
+    rows: the kernel's n_rows is 96, and the workspace 96 maxima, 96 denominators and 96 x 32 sums."""
+    call = _meta_plan(num_splits=3)
+    ws, out = call.merge.args[:2]
+    assert call.grid == (2, 3) and call.args[-2] == 96 and call.merge.args[-2] == 96
+    assert ws.numel() == 96 * (32 + 2) and ws.dtype == torch.float32 and out is call.out
