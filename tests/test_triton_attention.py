@@ -201,6 +201,7 @@ def test_both_output_layouts_hold_the_same_bits(num_splits, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("B, n_splits, max_chunk, D", [
     (2, 5, 2, 32),  # 3 chunks of 2 splits (the last half empty), the first chunk without keys
+    (1, 7, 2, 32),  # 4 chunks of 2: keys in the last three, whose maxima rescale the running sums
     (1, 130, 256, 64),  # one chunk of 256, head dim cut into 4 slices of 16
 ])
 def test_merge_matches_logsumexp(B, n_splits, max_chunk, D, dtype):
@@ -224,6 +225,25 @@ def test_merge_matches_logsumexp(B, n_splits, max_chunk, D, dtype):
     merge_splits(ws, out, Hkv, block_m, n_splits, pdl=False, max_chunk=max_chunk)
     assert out[0, 3, 1].abs().max() == 0  # kv head 1, row 4 = (its head 1, query 1): no keys
     torch.testing.assert_close(out.double().cpu(), want, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=1e-6)
+
+
+def test_merge_plan_literal():
+    """``_merge_plan``, the merge's launch: a program per (attention program, real tile row, slice of
+    the head dim), slices of ``min(D, max(16, 4096 // chunk))`` dims, chunks of ``min(next_pow2(splits),
+    max_chunk)`` splits, ``n_rows`` partial rows; with query chunks (NOTE [Chunks]) one program a
+    chunk's tile. ``max_chunk`` sizes a ``tl.arange``: not a power of two is a ValueError."""
+    from wmtp.attention.triton_merge import _merge_plan
+
+    out_stride = (3 * 4 * 64, 64, 4 * 64, 1)  # (B, Hq, Lq, D) = (1, 4, 3, 64) in (B, Lq, Hq, D) memory
+    grid, ints, kwargs = _merge_plan((1, 4, 3, 64), out_stride, 2, 16, 130, False, 256)  # 2 kv heads, 16-row tiles
+    assert grid == (2, 6, 4) and ints == (*out_stride, 2, 3, 130, 2 * 130 * 16, 3)
+    assert (kwargs["GROUP"], kwargs["SPLIT_CHUNK"], kwargs["BLOCK_D"], kwargs["CHUNKED"]) == (2, 256, 16, False)
+    grid, ints, kwargs = _merge_plan((1, 4, 3, 64), out_stride, 2, 16, 5, False, 2, 2)  # chunks of 2 queries
+    assert grid == (4, 4, 1) and ints[4:] == (2, 2, 5, 4 * 5 * 16, 3)
+    assert (kwargs["SPLIT_CHUNK"], kwargs["BLOCK_D"], kwargs["CHUNKED"]) == (2, 64, True)
+    for bad in (0, 3, 96):
+        with pytest.raises(ValueError, match="power of two"):
+            _merge_plan((1, 4, 3, 64), out_stride, 2, 16, 5, False, bad)
 
 
 @pytest.mark.skipif(not CUDA or torch.cuda.get_device_capability()[0] < 9, reason="needs an sm_90+ GPU")
