@@ -90,6 +90,7 @@ NAN_CASES = [
     pytest.param(4, 300, 4, 8, [50, 51, 52, 53], id="verify-mid-cache"),
     pytest.param(8, 300, None, None, list(range(90, 98)), id="verify-full-mid-cache"),
     pytest.param(3, 300, 4, 8, [40, 150, 290], id="scattered-queries"),
+    pytest.param(1, 40, 64, 8, [30], id="decode-inside-the-sinks"),  # t + 1 < n_sink: its block of 32 keys masked
 ]
 
 
@@ -180,6 +181,16 @@ def test_split_k(B, Hq, Hkv, Lq, S, n_sink, window, dtype, layout, num_splits, n
                num_stages=num_stages)
     assert_kernel_close(out, q, k, v, q_pos, n_sink, window)
     assert out.shape == q.shape and out.transpose(1, 2).is_contiguous()
+
+
+@NEEDS_TRITON
+@pytest.mark.parametrize("num_stages", [1, 2])  # page ids in the iteration, or a block ahead (NOTE [Pages])
+def test_pages_of_a_size_that_is_not_a_power_of_two(num_stages):
+    """Position p is row ``p % page_size`` of page ``block_table[p // page_size]`` for any page size (the
+    paged caches take any, tests/test_pagedcache.py): pages of 3 positions straddle the 16-key blocks."""
+    q, k, v, q_pos = make_inputs(2, 4, 2, 3, 50, 32, torch.float32, seed=10, device=DEVICE)
+    out = _run("triton", "paged3", q, k, v, q_pos, 4, 16, num_splits=2, block_n=16, num_stages=num_stages)
+    assert_kernel_close(out, q, k, v, q_pos, 4, 16)
 
 
 @NEEDS_TRITON
