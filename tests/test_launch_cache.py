@@ -245,3 +245,55 @@ def test_equal_keys_mean_equal_triton_specializations(device0):
                 record(tm._merge_kernel, call.merge.args, call.merge.kwargs, call.merge.static, ta.MERGE_KEYED)
     assert len(seen[ta._attention_kernel]) > 100 and seen[tm._merge_kernel]
     assert len(set(seen[ta._attention_kernel].values())) > 100  # Triton's keys: aligned and not, int32 and not
+
+
+def test_key_holds_the_current_device(monkeypatch):
+    """A kernel compiled while one GPU is current is not launched for another: the key holds
+    ``torch.cuda.current_device()`` (Triton compiles and caches per device), so the same plan on
+    device 1 compiles anew and device 0 then hits its own."""
+    jit = FakeJit(["X", "n"], {})
+    fn, x = CachedLaunch(jit), torch.zeros(8)
+    for device in (0, 1, 0):
+        monkeypatch.setattr(torch.cuda, "current_device", lambda d=device: d)
+        fn.launch((1,), (x, 5), {}, "s", 1)
+    assert len(jit.compiled) == 2 and len(jit.hits) == 1
+    assert [key[1] for key in fn.kernels] == [0, 1]
+
+
+class AsyncJit(FakeJit):
+    """An async compile's ``fn[grid]``: a handle that is not yet a CompiledKernel."""
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            self.compiled.append((grid, args, kwargs))
+            return object()
+        return run
+
+
+def test_only_compiled_kernels_are_cached(device0):
+    """What ``fn[grid]`` returns is cached only if it is a CompiledKernel: an async compile's handle
+    (or anything else) goes through Triton's own path again on the next call."""
+    jit = AsyncJit(["X", "n"], {})
+    fn, x = CachedLaunch(jit), torch.zeros(8)
+    for _ in range(2):
+        fn.launch((1,), (x, 5), {}, "s", 1)
+    assert fn.kernels == {} and len(jit.compiled) == 2
+
+
+def test_a_merge_of_another_output_dtype_is_another_launch(device0):
+    """NOTE [Launch cache]: the merge's tensors (ws, out) are unkeyed (``MERGE_KEYED``), so its static
+    key must hold out's dtype: the same shapes in float16, bfloat16 and float32 (all with float32
+    partials) are three merge launches, not one kernel compiled for the first dtype."""
+    from wmtp.attention import triton_attention as ta
+    from wmtp.attention import triton_merge as tm
+    from wmtp.attention.triton_plan import plan_call
+
+    meta, pos, h200 = dict(device="meta"), torch.empty(2, dtype=torch.int64, device="meta"), (132, 232448, True)
+    keys = set()
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        q = torch.empty(1, 4, 2, 32, dtype=dtype, **meta)  # (B, Hq, Lq, D)
+        k = torch.empty(1, 2, 300, 32, dtype=dtype, **meta)  # (B, Hkv, S, D)
+        call = plan_call(q, k, k, None, 1, pos, 4, 64, (3, None, None, None, None), h200)  # 3 splits: a merge
+        assert call.merge.args[0].dtype == torch.float32 and call.merge.args[1].dtype == dtype
+        keys.add(CachedLaunch(tm._merge_kernel).key(call.merge.args, call.merge.static, ta.MERGE_KEYED))
+    assert len(keys) == 3

@@ -10,11 +10,14 @@ import os
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from attention_truth import assert_kernel_close, make_inputs
 
 from wmtp.attention import triton_attention as ta
 from wmtp.attention.paged import paginate
 from wmtp.attention.plan import max_tile_rows, query_chunk
+from wmtp.attention.triton_merge import _tile_rows
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -154,3 +157,32 @@ def test_odd_chunks_and_both_output_layouts(Hq, Hkv, Lq, token_major, monkeypatc
                         for i in range(0, Lq, Lc)], dim=2)
     assert torch.equal(whole, chunks) and whole.transpose(1, 2).is_contiguous() == token_major
     assert_kernel_close(whole, q, k, v, q_pos, 2, 8)
+
+
+@triton.jit
+def _rows_probe(OUT,  # (programs, 3, R) int32: each row's (batch, kv head), query index and realness
+                Lq, n_queries, GROUP: tl.constexpr, R: tl.constexpr, CHUNKED: tl.constexpr):
+    rows = tl.arange(0, R)
+    bh, qi, real = _tile_rows(tl.program_id(0), rows, Lq, n_queries, GROUP, CHUNKED)
+    base = OUT + tl.program_id(0) * 3 * R
+    tl.store(base + rows, bh + rows * 0)
+    tl.store(base + R + rows, qi.to(tl.int32))
+    tl.store(base + 2 * R + rows, real.to(tl.int32))
+
+
+@NEEDS_TRITON
+def test_tile_rows_map_programs_to_chunks_last_chunk_first():
+    """NOTE [Chunks]: ``_tile_rows``, which the kernel and the merge share. 7 queries of 2 heads a kv
+    head in chunks of 3 on 2 (batch, kv head) pairs: 6 programs, chunk slot 0 the LAST chunk (query
+    6 and padding that repeats it, not real), slot 2 the first; one tile without chunks: padding rows
+    past group x Lq are not real. (Which slot holds which chunk shows in no output: the kernel and the
+    merge agree on it whatever it is; the last chunk first is NOTE [Chunks]' schedule.)"""
+    out = torch.empty(6, 3, 8, dtype=torch.int32, device=DEVICE)  # (program, bh | qi | real, row)
+    _rows_probe[(6,)](out, 3, 7, GROUP=2, R=8, CHUNKED=True)
+    assert out[:, 0, 0].tolist() == [0, 1, 0, 1, 0, 1]  # (batch, kv head) of each program
+    assert out[0, 1].tolist() == [6] * 8 and out[2, 1].tolist() == [3, 4, 5, 3, 4, 5, 3, 4]
+    assert out[5, 1].tolist() == [0, 1, 2, 0, 1, 2, 0, 1]
+    assert out[0, 2].tolist() == [1, 0, 0, 1, 0, 0, 0, 0] and out[4, 2].tolist() == [1] * 6 + [0] * 2
+    _rows_probe[(2,)](out, 3, 3, GROUP=2, R=8, CHUNKED=False)
+    assert out[1, 0].tolist() == [1] * 8 and out[1, 1].tolist() == [0, 1, 2, 0, 1, 2, 0, 1]
+    assert out[1, 2].tolist() == [1] * 6 + [0] * 2

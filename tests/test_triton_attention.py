@@ -90,6 +90,7 @@ NAN_CASES = [
     pytest.param(4, 300, 4, 8, [50, 51, 52, 53], id="verify-mid-cache"),
     pytest.param(8, 300, None, None, list(range(90, 98)), id="verify-full-mid-cache"),
     pytest.param(3, 300, 4, 8, [40, 150, 290], id="scattered-queries"),
+    pytest.param(1, 40, 64, 8, [30], id="decode-inside-the-sinks"),  # t + 1 < n_sink: its block of 32 keys masked
 ]
 
 
@@ -183,6 +184,16 @@ def test_split_k(B, Hq, Hkv, Lq, S, n_sink, window, dtype, layout, num_splits, n
 
 
 @NEEDS_TRITON
+@pytest.mark.parametrize("num_stages", [1, 2])  # page ids in the iteration, or a block ahead (NOTE [Pages])
+def test_pages_of_a_size_that_is_not_a_power_of_two(num_stages):
+    """Position p is row ``p % page_size`` of page ``block_table[p // page_size]`` for any page size (the
+    paged caches take any, tests/test_pagedcache.py): pages of 3 positions straddle the 16-key blocks."""
+    q, k, v, q_pos = make_inputs(2, 4, 2, 3, 50, 32, torch.float32, seed=10, device=DEVICE)
+    out = _run("triton", "paged3", q, k, v, q_pos, 4, 16, num_splits=2, block_n=16, num_stages=num_stages)
+    assert_kernel_close(out, q, k, v, q_pos, 4, 16)
+
+
+@NEEDS_TRITON
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_both_output_layouts_hold_the_same_bits(num_splits, monkeypatch):
     """NOTE [Output layout]: the head-major layout of the code before (``TOKEN_MAJOR = False``, in the
@@ -201,6 +212,7 @@ def test_both_output_layouts_hold_the_same_bits(num_splits, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("B, n_splits, max_chunk, D", [
     (2, 5, 2, 32),  # 3 chunks of 2 splits (the last half empty), the first chunk without keys
+    (1, 7, 2, 32),  # 4 chunks of 2: keys in the last three, whose maxima rescale the running sums
     (1, 130, 256, 64),  # one chunk of 256, head dim cut into 4 slices of 16
 ])
 def test_merge_matches_logsumexp(B, n_splits, max_chunk, D, dtype):
@@ -224,6 +236,25 @@ def test_merge_matches_logsumexp(B, n_splits, max_chunk, D, dtype):
     merge_splits(ws, out, Hkv, block_m, n_splits, pdl=False, max_chunk=max_chunk)
     assert out[0, 3, 1].abs().max() == 0  # kv head 1, row 4 = (its head 1, query 1): no keys
     torch.testing.assert_close(out.double().cpu(), want, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=1e-6)
+
+
+def test_merge_plan_literal():
+    """``_merge_plan``, the merge's launch: a program per (attention program, real tile row, slice of
+    the head dim), slices of ``min(D, max(16, 4096 // chunk))`` dims, chunks of ``min(next_pow2(splits),
+    max_chunk)`` splits, ``n_rows`` partial rows; with query chunks (NOTE [Chunks]) one program a
+    chunk's tile. ``max_chunk`` sizes a ``tl.arange``: not a power of two is a ValueError."""
+    from wmtp.attention.triton_merge import _merge_plan
+
+    out_stride = (3 * 4 * 64, 64, 4 * 64, 1)  # (B, Hq, Lq, D) = (1, 4, 3, 64) in (B, Lq, Hq, D) memory
+    grid, ints, kwargs = _merge_plan((1, 4, 3, 64), out_stride, 2, 16, 130, False, 256)  # 2 kv heads, 16-row tiles
+    assert grid == (2, 6, 4) and ints == (*out_stride, 2, 3, 130, 2 * 130 * 16, 3)
+    assert (kwargs["GROUP"], kwargs["SPLIT_CHUNK"], kwargs["BLOCK_D"], kwargs["CHUNKED"]) == (2, 256, 16, False)
+    grid, ints, kwargs = _merge_plan((1, 4, 3, 64), out_stride, 2, 16, 5, False, 2, 2)  # chunks of 2 queries
+    assert grid == (4, 4, 1) and ints[4:] == (2, 2, 5, 4 * 5 * 16, 3)
+    assert (kwargs["SPLIT_CHUNK"], kwargs["BLOCK_D"], kwargs["CHUNKED"]) == (2, 64, True)
+    for bad in (0, 3, 96):
+        with pytest.raises(ValueError, match="power of two"):
+            _merge_plan((1, 4, 3, 64), out_stride, 2, 16, 5, False, bad)
 
 
 @pytest.mark.skipif(not CUDA or torch.cuda.get_device_capability()[0] < 9, reason="needs an sm_90+ GPU")
@@ -274,8 +305,9 @@ def test_launcher_never_reads_device_values(n_sink, window, positions, layout, m
 @pytest.mark.parametrize("layout", ["contiguous", "paged16"])
 def test_positions_past_the_cache_are_clamped(layout):
     """Positions are not checked on the host (NOTE [Host sync]); the kernel clamps them to S - 1,
-    so a bad position attends like the last one instead of reading outside the cache."""
-    q, k, v, _ = make_inputs(1, 4, 2, 2, 48, 32, torch.float32, seed=4, device=DEVICE)  # S = 3 whole pages
+    so a bad position attends like the last one instead of reading outside the cache. Paged, S is the
+    block table's reach (3 pages a row), not the pool's 6 pages of two batch rows."""
+    q, k, v, _ = make_inputs(2, 4, 2, 2, 48, 32, torch.float32, seed=4, device=DEVICE)  # S = 3 whole pages
     bad, last = torch.tensor([47, 1000], device=DEVICE), torch.tensor([47, 47], device=DEVICE)
     out = _run("triton", layout, q, k, v, bad, 4, 8, num_splits=2, block_n=16)
     assert_kernel_close(out, q, k, v, last, 4, 8)
@@ -673,3 +705,43 @@ def test_paged_attention_validates_inputs():
         paged_attention(q, k_pages, v_pages, block_table, q_pos + 10, impl="torch")
     with pytest.raises(ValueError, match="expected"):
         paged_attention(q, k_pages, v_pages[:, :2], block_table, q_pos, impl="torch")
+
+
+def _meta_plan(dtype=torch.float32, *, Hq=4, Lq=2, paged=False, num_splits=3, num_stages=None, n_sink=4,
+               window=64, q_sink=False, limits=(132, 232448, True)):
+    """``plan_call`` of a (1, Hq, Lq, 32) query block over 2 kv heads of 300 positions (paged: 19
+    pages of 16), on ``meta`` tensors with an H200's limits (or ``limits=None``: the interpreter's)."""
+    from wmtp.attention.triton_plan import plan_call
+
+    meta = dict(device="meta", dtype=dtype)
+    q = torch.empty(1, Hq, Lq, 32, **meta)  # (B, Hq, Lq, D)
+    pos = torch.empty(Lq, device="meta", dtype=torch.int64)
+    if paged:
+        k, table = torch.empty(19, 16, 2, 32, **meta), torch.empty(1, 19, device="meta", dtype=torch.int32)
+    else:
+        k, table = torch.empty(1, 2, 300, 32, **meta), None  # (B, Hkv, S, D)
+    return plan_call(q, k, k, table, 16 if paged else 1, pos, n_sink, window, (num_splits, None, None, num_stages,
+                     None), limits, torch.empty_like(q) if q_sink else None)
+
+
+def test_the_plans_constexprs_follow_their_notes():
+    """The plan's switches that change no output bit on the CPU interpreter, each as its note says:
+    NOTE [Pages] (PAGED 1 with one stage, 2 with more, 0 contiguous), NOTE [PDL] (only where a merge
+    follows), UPCAST only under the interpreter (which cannot multiply bf16), QSINK only with sinks to
+    score (NOTE [Re-indexed sinks])."""
+    assert [_meta_plan(paged=True, num_stages=s).kwargs["PAGED"] for s in (1, 2, 3)] == [1, 2, 2]
+    assert _meta_plan(num_stages=1).kwargs["PAGED"] == 0
+    assert [_meta_plan(num_splits=s).kwargs["PDL"] for s in (1, 3)] == [False, True]
+    assert _meta_plan(num_splits=1).merge is None
+    assert not _meta_plan(BF16).kwargs["UPCAST"] and not _meta_plan(F32, limits=None).kwargs["UPCAST"]
+    assert [_meta_plan(q_sink=True, n_sink=n, window=w).kwargs["QSINK"] for n, w in ((4, 64), (0, 64), (4, None))] \
+        == [True, False, False]
+
+
+def test_the_split_workspace_holds_m_l_and_acc_of_every_partial_row():
+    """NOTE [Workspace]: 3 splits of a 16-row tile (4 heads x 2 queries) on 2 kv heads are 96 partial
+    rows: the kernel's n_rows is 96, and the workspace 96 maxima, 96 denominators and 96 x 32 sums."""
+    call = _meta_plan(num_splits=3)
+    ws, out = call.merge.args[:2]
+    assert call.grid == (2, 3) and call.args[-2] == 96 and call.merge.args[-2] == 96
+    assert ws.numel() == 96 * (32 + 2) and ws.dtype == torch.float32 and out is call.out
