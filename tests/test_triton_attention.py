@@ -238,25 +238,6 @@ def test_merge_matches_logsumexp(B, n_splits, max_chunk, D, dtype):
     torch.testing.assert_close(out.double().cpu(), want, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=1e-6)
 
 
-def test_merge_plan_literal():
-    """``_merge_plan``, the merge's launch: a program per (attention program, real tile row, slice of
-    the head dim), slices of ``min(D, max(16, 4096 // chunk))`` dims, chunks of ``min(next_pow2(splits),
-    max_chunk)`` splits, ``n_rows`` partial rows; with query chunks (NOTE [Chunks]) one program a
-    chunk's tile. ``max_chunk`` sizes a ``tl.arange``: not a power of two is a ValueError."""
-    from wmtp.attention.triton_merge import _merge_plan
-
-    out_stride = (3 * 4 * 64, 64, 4 * 64, 1)  # (B, Hq, Lq, D) = (1, 4, 3, 64) in (B, Lq, Hq, D) memory
-    grid, ints, kwargs = _merge_plan((1, 4, 3, 64), out_stride, 2, 16, 130, False, 256)  # 2 kv heads, 16-row tiles
-    assert grid == (2, 6, 4) and ints == (*out_stride, 2, 3, 130, 2 * 130 * 16, 3)
-    assert (kwargs["GROUP"], kwargs["SPLIT_CHUNK"], kwargs["BLOCK_D"], kwargs["CHUNKED"]) == (2, 256, 16, False)
-    grid, ints, kwargs = _merge_plan((1, 4, 3, 64), out_stride, 2, 16, 5, False, 2, 2)  # chunks of 2 queries
-    assert grid == (4, 4, 1) and ints[4:] == (2, 2, 5, 4 * 5 * 16, 3)
-    assert (kwargs["SPLIT_CHUNK"], kwargs["BLOCK_D"], kwargs["CHUNKED"]) == (2, 64, True)
-    for bad in (0, 3, 96):
-        with pytest.raises(ValueError, match="power of two"):
-            _merge_plan((1, 4, 3, 64), out_stride, 2, 16, 5, False, bad)
-
-
 @pytest.mark.skipif(not CUDA or torch.cuda.get_device_capability()[0] < 9, reason="needs an sm_90+ GPU")
 @pytest.mark.parametrize("layout", ["contiguous", "paged16"])
 def test_pdl_changes_no_bit(layout):
@@ -456,78 +437,6 @@ def test_tensors_on_a_gpu_other_than_the_current_one(layout):
     assert_kernel_close(out, q, k, v, q_pos, 4, 16)
 
 
-BF16, F32, F64, M = torch.bfloat16, torch.float32, torch.float64, 1 << 20
-
-
-@pytest.mark.parametrize("args, expected", [
-    # (B, Hq, Hkv, Lq, D, dtype, capacity, n_sink, window, sm_count) -> (block_m, block_n, splits, warps, stages)
-    ((1, 32, 8, 1, 128, BF16, M, 64, 4096, 132), (16, 64, 66, 4, 1)),  # draft: one 64-key block a program
-    ((1, 16, 2, 1, 256, BF16, M, 64, 4096, 132), (16, 64, 66, 4, 1)),
-    ((1, 16, 2, 8, 256, BF16, M, 64, 4096, 132), (64, 64, 67, 8, 1)),  # draft-extend: 8 warps for a 64 x 256 tile
-    ((1, 32, 8, 1, 128, BF16, M, None, None, 132), (16, 64, 33, 4, 3)),  # verify: 2 programs per SM, 264 = 2 * 132
-    ((1, 32, 8, 8, 128, BF16, M, None, None, 132), (32, 64, 33, 4, 3)),
-    ((1, 16, 2, 1, 256, BF16, M, None, None, 132), (16, 32, 132, 4, 3)),
-    ((1, 16, 2, 8, 256, BF16, M, None, None, 132), (64, 32, 66, 4, 4)),  # 64 KiB accumulator: 1 program per SM
-    ((1, 32, 8, 1, 128, F32, M, 64, 4096, 132), (16, 16, 33, 4, 3)),  # fp32 (ieee): small blocks, never "short"
-    ((1, 4, 2, 8, 16, F64, 60, None, None, 132), (16, 32, 2, 4, 3)),  # the lossless tests' tiny model on CUDA
-    ((1, 32, 8, 1, 128, BF16, M, 64, 4096, None), (16, 64, 1, 4, 3)),  # CPU interpreter: one split
-    ((1, 2, 1, 1, 64, BF16, 4096, None, None, 7), (16, 64, 13, 4, 3)),  # 14 programs of 5 of 64 blocks: 1 empty
-    ((1, 2, 1, 1, 64, BF16, M, 0, 512, 1), (16, 64, 9, 4, 1)),  # 8 blocks of 64 keys on 1 SM: still "short"
-])
-def test_launch_config_defaults(args, expected):
-    """NOTE [Launch]'s defaults as literal launches (the H200 shapes of the benchmark, 132 SMs)."""
-    from wmtp.attention.plan import launch_config
-
-    assert tuple(launch_config(*args)) == expected
-    assert tuple(launch_config(*args, num_splits=3, block_n=16, num_warps=2, num_stages=1))[1:] == (16, 3, 2, 1)
-
-
-def test_float32_dots_take_tf32x3_only_where_measured():
-    """NOTE [tf32x3]: float32 tiles of 16 to 64 rows at D <= 64 off the CPU; everything else as before."""
-    from wmtp.attention.triton_plan import precision
-
-    assert precision(F32, "cuda", 16, 64) == precision(F32, "meta", 16, 16) == "tf32x3"
-    assert precision(F32, "cuda", 32, 64) == precision(F32, "cuda", 64, 64) == "tf32x3"  # a prefill's, a GQA verify's
-    assert precision(F32, "cpu", 16, 64) == precision(F32, "cpu", 64, 64) == "ieee"  # the interpreter
-    assert precision(F32, "cuda", 128, 32) == precision(F32, "cuda", 16, 128) == "ieee"  # 128: past max_tile_rows
-    assert precision(F64, "cuda", 16, 64) == "ieee" and precision(BF16, "cuda", 16, 64) == "tf32"
-
-
-def test_a_second_query_tile_takes_its_shared_memory_from_the_stages():
-    """Re-indexed sinks (q_sink) hold two query tiles: the fp32 D256 draft-extend (64 x 256 rows, 64 KiB a
-    tile) drops from 4 stages of 16-key blocks to 2 (it compiled 1.3 KB over an H200's limit with 4);
-    the bf16 launches of the benchmark keep theirs."""
-    from wmtp.attention.plan import launch_config
-
-    fp32 = (1, 16, 2, 8, 256, F32, M, 64, 4096, 132)
-    assert tuple(launch_config(*fp32)) == (64, 16, 66, 4, 4)
-    assert tuple(launch_config(*fp32, q_tiles=2)) == (64, 16, 66, 4, 2)
-    for args in [(1, 16, 2, 1, 256, BF16, M, 64, 4096, 132), (1, 16, 2, 8, 256, BF16, M, 64, 4096, 132)]:
-        assert launch_config(*args, q_tiles=2) == launch_config(*args)
-
-
-def test_launch_config_rejects_bad_overrides_and_fits_smaller_gpus():
-    from wmtp.attention.plan import launch_config
-
-    args = (1, 16, 2, 1, 256, BF16, M, 64, 4096, 132)
-    for bad in (dict(num_splits=0), dict(num_splits=-2), dict(block_n=8), dict(block_n=48)):
-        with pytest.raises(ValueError, match="num_splits|block_n"):
-            launch_config(*args, **bad)
-    with pytest.raises(ValueError, match="no positions"):
-        launch_config(1, 16, 2, 1, 256, BF16, 0, None, None, 132)
-    # 64 KiB of shared memory: the draft's 64-key K and V blocks at D 256 (64 KiB) cannot fit; 32-key ones can
-    assert tuple(launch_config(*args, smem_bytes=64 * 1024)) == (16, 32, 131, 4, 1)
-
-
-def test_max_tile_rows():
-    """Rows per tile: a 64 KiB accumulator, and at most 64 rows for ieee fp32 / fp64 (NOTE [Launch])."""
-    from wmtp.attention.plan import max_tile_rows
-
-    assert [max_tile_rows(BF16, D) for D in (32, 64, 128, 256)] == [256, 256, 128, 64]
-    assert [max_tile_rows(F32, D) for D in (32, 128, 256)] == [64, 64, 64]
-    assert [max_tile_rows(F64, D) for D in (16, 128, 256)] == [64, 64, 32]
-
-
 @NEEDS_TRITON
 def test_public_op_checks_what_costs_no_sync():
     """Positions given on the host are range-checked before they move; an empty cache and a GQA
@@ -705,43 +614,3 @@ def test_paged_attention_validates_inputs():
         paged_attention(q, k_pages, v_pages, block_table, q_pos + 10, impl="torch")
     with pytest.raises(ValueError, match="expected"):
         paged_attention(q, k_pages, v_pages[:, :2], block_table, q_pos, impl="torch")
-
-
-def _meta_plan(dtype=torch.float32, *, Hq=4, Lq=2, paged=False, num_splits=3, num_stages=None, n_sink=4,
-               window=64, q_sink=False, limits=(132, 232448, True)):
-    """``plan_call`` of a (1, Hq, Lq, 32) query block over 2 kv heads of 300 positions (paged: 19
-    pages of 16), on ``meta`` tensors with an H200's limits (or ``limits=None``: the interpreter's)."""
-    from wmtp.attention.triton_plan import plan_call
-
-    meta = dict(device="meta", dtype=dtype)
-    q = torch.empty(1, Hq, Lq, 32, **meta)  # (B, Hq, Lq, D)
-    pos = torch.empty(Lq, device="meta", dtype=torch.int64)
-    if paged:
-        k, table = torch.empty(19, 16, 2, 32, **meta), torch.empty(1, 19, device="meta", dtype=torch.int32)
-    else:
-        k, table = torch.empty(1, 2, 300, 32, **meta), None  # (B, Hkv, S, D)
-    return plan_call(q, k, k, table, 16 if paged else 1, pos, n_sink, window, (num_splits, None, None, num_stages,
-                     None), limits, torch.empty_like(q) if q_sink else None)
-
-
-def test_the_plans_constexprs_follow_their_notes():
-    """The plan's switches that change no output bit on the CPU interpreter, each as its note says:
-    NOTE [Pages] (PAGED 1 with one stage, 2 with more, 0 contiguous), NOTE [PDL] (only where a merge
-    follows), UPCAST only under the interpreter (which cannot multiply bf16), QSINK only with sinks to
-    score (NOTE [Re-indexed sinks])."""
-    assert [_meta_plan(paged=True, num_stages=s).kwargs["PAGED"] for s in (1, 2, 3)] == [1, 2, 2]
-    assert _meta_plan(num_stages=1).kwargs["PAGED"] == 0
-    assert [_meta_plan(num_splits=s).kwargs["PDL"] for s in (1, 3)] == [False, True]
-    assert _meta_plan(num_splits=1).merge is None
-    assert not _meta_plan(BF16).kwargs["UPCAST"] and not _meta_plan(F32, limits=None).kwargs["UPCAST"]
-    assert [_meta_plan(q_sink=True, n_sink=n, window=w).kwargs["QSINK"] for n, w in ((4, 64), (0, 64), (4, None))] \
-        == [True, False, False]
-
-
-def test_the_split_workspace_holds_m_l_and_acc_of_every_partial_row():
-    """NOTE [Workspace]: 3 splits of a 16-row tile (4 heads x 2 queries) on 2 kv heads are 96 partial
-    rows: the kernel's n_rows is 96, and the workspace 96 maxima, 96 denominators and 96 x 32 sums."""
-    call = _meta_plan(num_splits=3)
-    ws, out = call.merge.args[:2]
-    assert call.grid == (2, 3) and call.args[-2] == 96 and call.merge.args[-2] == 96
-    assert ws.numel() == 96 * (32 + 2) and ws.dtype == torch.float32 and out is call.out
