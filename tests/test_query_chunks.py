@@ -112,7 +112,9 @@ def test_the_h200_plans_of_a_prefill_and_of_a_chunked_verify():
     """On ``meta`` tensors with an H200's limits: the small preset's 16K-token prefill (float32, 4
     kv heads of D 64) is 256 chunks of 64 queries a kv head, 1024 programs, so no split and no
     merge; a verify of 16 queries x 16 heads a kv head at D 128 (bf16) is 2 chunks of 8 queries
-    that keep split-K, and the merge runs over the same (chunk, batch, kv head) programs."""
+    that keep split-K, and the merge runs over the same (chunk, batch, kv head) programs, the
+    workspace holding both chunks' partial rows (each of those three wrong segfaulted the interpreter
+    in mutation round 9b instead of failing a test)."""
     meta = dict(device="meta")
     q = torch.empty(1, 4, 16384, 64, dtype=torch.float32, **meta)  # (B, Hq, Lq, D)
     k = torch.empty(1, 4, 16384, 64, dtype=torch.float32, **meta)  # (B, Hkv, S, D)
@@ -124,7 +126,10 @@ def test_the_h200_plans_of_a_prefill_and_of_a_chunked_verify():
     k = torch.empty(1, 2, 1 << 20, 128, dtype=torch.bfloat16, **meta)
     call = ta.plan_call(q, k, k, None, 1, torch.empty(16, dtype=torch.int64, **meta), None, None, (None,) * 5, H200)
     assert call.grid[0] == 2 * 2 and call.grid[1] > 1 and call.merge.grid[:2] == (2 * 2, 16 * 8)
-    assert call.merge.kwargs["CHUNKED"] and call.merge.args[-1] == 16
+    assert call.kwargs["CHUNKED"] and call.merge.kwargs["CHUNKED"] and call.merge.args[-1] == 16
+    n_rows = 2 * 1 * 2 * call.grid[1] * 128  # NOTE [Workspace]: chunks x B x Hkv x splits x 128-row tiles
+    assert call.args[-8:-6] == (2, 8) and call.args[-3:] == (call.grid[1], n_rows, 16)  # Hkv, a chunk's queries
+    assert call.merge.args[0].numel() == n_rows * (128 + 2)  # m, l and acc of every partial row, of both chunks
     q1 = torch.empty(1, 32, 8, 128, dtype=torch.bfloat16, **meta)  # one tile: no chunks
     call = ta.plan_call(q1, k, k, None, 1, torch.empty(8, dtype=torch.int64, **meta), None, None, (None,) * 5, H200)
     assert not call.kwargs["CHUNKED"] and call.grid[0] == 2 and not call.merge.kwargs["CHUNKED"]
