@@ -217,7 +217,10 @@ def test_both_output_layouts_hold_the_same_bits(num_splits, monkeypatch):
 ])
 def test_merge_matches_logsumexp(B, n_splits, max_chunk, D, dtype):
     """The split merge against log-sum-exp in torch: online over chunks, sliced over the head dim,
-    empty splits (m = -inf, l = 0) weigh nothing and a row with no keys at all comes out zero."""
+    empty splits (m = -inf, l = 0) weigh nothing and a row with no keys at all comes out zero. The
+    output is a view into a NaN-filled buffer with spare heads on both sides, which must keep their
+    NaNs: a merge of the workspace's padding rows (a grid of ``block_m`` rows, not ``group * Lq``)
+    writes there, where past the output's end it would crash the interpreter instead of failing."""
     from wmtp.attention.triton_merge import merge_splits
 
     Hkv, group, Lq, block_m = 2, 2, 3, 16
@@ -231,9 +234,12 @@ def test_merge_matches_logsumexp(B, n_splits, max_chunk, D, dtype):
     w = torch.exp2(pm - pm.amax(1, keepdim=True).clamp(min=-1e30))  # (B*Hkv, n_splits, block_m)
     want = (w[..., None] * pacc).sum(1) / (w * pl).sum(1).clamp(min=1e-300)[..., None]  # (B*Hkv, block_m, D)
     want = want[:, : group * Lq].reshape(B, Hkv * group, Lq, D)  # row r = (head r // Lq, query r % Lq)
-    out = torch.full((B, Hkv * group, Lq, D), float("nan"), dtype=dtype, device=DEVICE)
+    pad = block_m // Lq  # heads a padding row of the last kv head could reach past the output's
+    buf = torch.full((B, pad + Hkv * group + pad, Lq, D), float("nan"), dtype=dtype, device=DEVICE)
+    out = buf[:, pad : pad + Hkv * group]  # (B, Hq, Lq, D), batch stride of Hq + 2 * pad heads
     ws = torch.cat([pm.flatten(), pl.flatten(), pacc.flatten()]).to(DEVICE, dtype)  # NOTE [Workspace]: m | l | acc
     merge_splits(ws, out, Hkv, block_m, n_splits, pdl=False, max_chunk=max_chunk)
+    assert buf[:, :pad].isnan().all() and buf[:, pad + Hkv * group :].isnan().all()  # no row written outside out
     assert out[0, 3, 1].abs().max() == 0  # kv head 1, row 4 = (its head 1, query 1): no keys
     torch.testing.assert_close(out.double().cpu(), want, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=1e-6)
 
