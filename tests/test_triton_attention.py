@@ -385,11 +385,24 @@ def test_a_test_leaves_no_more_than_a_gib_cached():
     free_cached = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()  # every free cached block together
     n = max(3 << 29, free_cached + (2 << 20))  # at least 1.5 GiB, and more than any free block holds
     x = torch.empty(n, dtype=torch.uint8, device="cuda")
+    addr = x.data_ptr()
     del x
+    held = _segment_of(addr)  # the cached segment x came from
     before = torch.cuda.memory_reserved()
     assert before > CUDA_CACHE_LIMIT
     assert release_cached_gpu_memory()
-    assert torch.cuda.memory_reserved() <= before - n
+    after = torch.cuda.memory_reserved()
+    assert after <= before - n, f"x's segment before the release {held}, after {_segment_of(addr)}"
+
+
+def _segment_of(addr: int) -> dict | None:
+    """What the caching allocator's snapshot says of the segment holding ``addr`` (None: not cached):
+    run DY kept a 2.16 GB block's segment through the release, as run DS had, and this says why next time."""
+    for seg in torch.cuda.memory_snapshot():
+        if seg["address"] <= addr < seg["address"] + seg["total_size"]:
+            keys = ("total_size", "allocated_size", "segment_type", "segment_pool_id", "is_expandable", "stream")
+            return {k: seg.get(k) for k in keys} | {"blocks": [(b["size"], b["state"]) for b in seg["blocks"][:6]]}
+    return None
 
 
 def _edge_pool(page_stride: int, device: str = "meta") -> torch.Tensor:
