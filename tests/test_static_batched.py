@@ -123,10 +123,11 @@ class Widths(HeadProxy):
 
 
 def test_an_extend_runs_the_last_steps_rows(models):
-    """Depths 3, 2, 1, 3, ... a step (the policy hears each live row; 7 steps, both rows live): the first extend
-    runs the prefill's one row, each later one the last step's ``k + 1`` rows, not ``K + 1`` (their
-    drafts are the same, so only the calls' widths show it: an extend of ``K + 1`` rows every step, or
-    at the first, survived every test), then ``k - 1`` recursive drafts of one position."""
+    """Depths 3, 2, 1, 3, ... a step (the policy hears each live row; 7 steps, both rows live): the
+    first extend runs the prefill's one row, each later one the last step's ``k + 1`` rows, not
+    ``K + 1`` (their drafts are the same, so only the calls' widths show it: an extend of ``K + 1``
+    rows every step, or at the first, survived every test), then ``k - 1`` recursive drafts of one
+    position."""
     target, head = models
     prompts, widths = prompts_of([5, 9], seed=3), Widths(head)
     run = static_batched_speculative_generate(target, widths, prompts, 8, Cycling([3, 3, 2, 2, 1, 1]), impl="torch")
