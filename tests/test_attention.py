@@ -201,6 +201,49 @@ def test_impl_switch(monkeypatch):
         resolve_impl("auto", "cpu", torch.float16, "64")
 
 
+def test_impl_resolution_at_its_bounds(monkeypatch):
+    """Mutation round 10 (each survived every test): ``"auto"`` on CUDA takes the reference for a head
+    dim or a group the kernel lacks (a CUDA device named, no tensor needed), and without triton;
+    ``"triton"`` without triton, or on a device the interpreter does not serve (meta), raises; a
+    bool head_dim or group, and a negative device index, are refused by name."""
+    import importlib
+
+    ops = importlib.import_module("wmtp.attention")  # the module (wmtp.attention is the op)
+    if ops._triton_importable():
+        assert resolve_impl("auto", "cuda", torch.float32, 16, 64) == "triton"  # a tile of 64 rows: fits
+    assert resolve_impl("auto", "cuda", torch.float32, 48) == "torch"
+    assert resolve_impl("auto", "cuda", torch.float32, 16, 65) == "torch"
+    for name, args in (("head_dim", (True, None)), ("group", (16, True))):
+        with pytest.raises(ValueError, match=f"{name} must be an int or None, got True"):
+            resolve_impl("auto", "cpu", torch.float32, *args)
+    with pytest.raises(ValueError, match="^bad device -1: "):
+        resolve_impl("auto", -1)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        resolve_impl("triton", "meta")
+    monkeypatch.setattr(ops, "_triton_importable", lambda: False)
+    assert resolve_impl("auto", "cuda") == "torch"
+    with pytest.raises(ValueError, match="needs the triton package"):
+        resolve_impl("triton", "cuda")
+
+
+def test_v_on_another_device_or_not_floating_and_pages_of_no_heads_are_refused():
+    """Mutation round 10: the public ops check ``v`` as they check ``k`` (v's device and dtype
+    unchecked survived every test), pages of no kv heads do not fit any q, and a position at the
+    block table's reach (``max_pages * page_size``) is past it (the reach taken one larger survived)."""
+    q, k, v, q_pos = make_inputs(1, 2, 1, 2, 12, 16, torch.float32, seed=0)
+    with pytest.raises(ValueError, match="one device"):
+        wmtp.attention(q, k, v.to("meta"), q_pos, impl="torch")
+    with pytest.raises(ValueError, match="floating point"):
+        wmtp.attention(q, k, v.long(), q_pos, impl="torch")
+    k_pages, v_pages, table = paginate(k, v, 4, torch.Generator().manual_seed(0))  # 3 pages of 4: reach 12
+    with pytest.raises(ValueError, match="does not fit k_pages"):
+        wmtp.paged_attention(q, k_pages[:, :, :0], v_pages[:, :, :0], table, q_pos, impl="torch")
+    with pytest.raises(ValueError, match="positions"):
+        wmtp.paged_attention(q, k_pages, v_pages, table, torch.tensor([10, 12]), impl="torch")
+    assert wmtp.paged_attention(q, k_pages, v_pages, table, torch.tensor([10, 11]), impl="torch").shape == q.shape
+
+
 def test_paged_arguments_must_be_tensors():
     q, k, v, q_pos = make_inputs(1, 4, 2, 3, 16, 16, torch.float32, seed=0)
     pages = k[0].transpose(0, 1).reshape(4, 4, 2, 16)  # (num_pages, page_size, Hkv, D)

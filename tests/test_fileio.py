@@ -116,3 +116,79 @@ def test_a_write_that_fails_leaves_the_old_file_and_no_temporary_one(tmp_path):
         tmp.write_text("half")
         raise RuntimeError("stopped")
     assert out.read_text() == "old" and os.listdir(tmp_path) == ["m.json"]
+
+
+def test_missing_folders_are_made_below_the_nearest_existing_one(tmp_path):
+    """An output two folders below any that exists passes ``check_writable`` (which makes nothing) and
+    ``atomic_path`` makes both folders (the nearest existing ancestor found by one step up, and a
+    folder made without its parents, survived every test: each path had at most one missing folder)."""
+    check_writable(tmp_path / "c" / "d" / "m.json", "--out")
+    assert os.listdir(tmp_path) == []
+    with atomic_path(tmp_path / "a" / "b" / "m.json") as tmp:
+        tmp.write_text("{}")
+    assert (tmp_path / "a" / "b" / "m.json").read_text() == "{}"
+
+
+def test_a_links_folder_is_its_targets_and_a_filled_cache_is_only_read(tmp_path, monkeypatch):
+    """A folder that refuses new files (a read-only mount, faked): an output linked into it is refused
+    up front, though the link's own folder takes files (checking the link's folder survived every
+    test); an existing cache folder there passes, since a filled cache is only read (refusing it
+    survived too), as does an output-free run from inside the cache."""
+    import tempfile
+
+    plain = tempfile.TemporaryFile
+
+    def refuse_in(folder):
+        def temporary_file(*args, dir=None, **kwargs):
+            if dir is not None and os.path.samefile(dir, folder):
+                raise PermissionError(30, "Read-only file system")
+            return plain(*args, dir=dir, **kwargs)
+        return temporary_file
+
+    out, ro = tmp_path / "out", tmp_path / "ro"
+    out.mkdir()
+    ro.mkdir()
+    (out / "link.json").symlink_to(ro / "m.json")
+    monkeypatch.setattr(tempfile, "TemporaryFile", refuse_in(ro))
+    with pytest.raises(ValueError, match=rf"^--out {out / 'link.json'} cannot be written: {ro} refuses a new file "
+                                         r"\(Read-only file system\)$"):
+        check_writable(out / "link.json", "--out")
+    check_writable(out / "m.json", "--out")
+    check_cache_dir(ro, {"--out": out / "m.json"})
+    monkeypatch.chdir(ro)
+    check_cache_dir(ro, {"--plot": None})
+
+
+def test_a_path_that_is_no_link_is_named_as_given(tmp_path, monkeypatch):
+    """A relative path is no link: the error names it as given, without '(a link to ...)' (every path
+    taken through realpath survived every test)."""
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"^--out sub is a folder, not a file path$"):
+        check_writable("sub", "--out")
+
+
+def test_a_rename_that_fails_leaves_the_old_file_and_no_temporary_one(tmp_path, monkeypatch):
+    """The block succeeds and the rename fails (the output made a folder meanwhile, a full disk...):
+    the error passes, the old file stays and the temporary file is removed (removing it only when
+    the block raised survived every test); mkstemp's descriptor is closed (left open survived too)."""
+    import tempfile
+
+    made, plain = [], tempfile.mkstemp
+
+    def mkstemp(**kwargs):
+        made.append(plain(**kwargs))
+        return made[-1]
+
+    def refuse(*args):
+        raise OSError(28, "No space left on device")
+
+    out = tmp_path / "m.json"
+    out.write_text("old")
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    monkeypatch.setattr(os, "replace", refuse)
+    with pytest.raises(OSError, match="No space left"), atomic_path(out) as tmp:
+        tmp.write_text("new")
+    assert out.read_text() == "old" and os.listdir(tmp_path) == ["m.json"]
+    with pytest.raises(OSError):
+        os.fstat(made[0][0])

@@ -109,6 +109,29 @@ def test_silu_mul_reads_any_layout(impl):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+def test_silu_mul_reads_gate_and_up_at_their_own_row_strides(impl):
+    """Rows of ``gate`` and ``up`` evenly spaced but apart by different strides (one contiguous, the
+    other every other row of a larger tensor), each way round: both read in place at their own stride."""
+    x = _randn((8, 16), torch.float64, 7)
+    for gate, up in ((x[:4], x[::2]), (x[::2], x[4:])):  # row strides (16, 32) and (32, 16)
+        assert torch.allclose(silu_mul(gate, up, impl), F.silu(gate) * up, rtol=0, atol=1e-14)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_silu_mul_rounds_the_activation_before_the_product(impl):
+    """In float16 ``silu(gate)`` is rounded to float16 before the product, as ``F.silu(gate) * up``
+    rounds it: two roundings, literal. Each value here differs from the product of the float32
+    activation rounded once (-0.23828125, -0.450927734375, -0.439208984375), with every rounded value
+    at least 0.17 of a float16 ulp from a rounding midpoint, so an exponential a few float32 ulps off
+    moves none of them."""
+    gate = torch.tensor([-4.0, -2.875, -0.375], dtype=torch.float16, device=DEVICE)
+    up = torch.tensor([3.3125, 2.9375, 2.875], dtype=torch.float16, device=DEVICE)
+    want = torch.tensor([-0.2384033203125, -0.451171875, -0.43896484375], dtype=torch.float16, device=DEVICE)
+    assert torch.equal(silu_mul_torch(gate, up), want)
+    assert torch.equal(silu_mul(gate, up, impl), want)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype,buf_dtype", [(torch.float32, torch.float32), (torch.float64, torch.float64),
                                              (torch.float16, torch.float16), (torch.float64, torch.float32),
                                              (torch.float32, torch.float16)])
@@ -217,7 +240,9 @@ def test_bad_kv_writes_are_value_errors(impl):
                         ((bufs[0], bufs[1], pos[:2], k, k), r"k, v \(B, Hkv, L, D\)"),
                         ((bufs[0], bufs[1][:, :1], pos, k, k), r"k, v \(B, Hkv, L, D\)"),
                         ((bufs[0, :, :, :, :3], bufs[1, :, :, :, :3], pos, k, k), r"k, v \(B, Hkv, L, D\)"),
+                        ((bufs[0], bufs[1], pos, k, k[:, :, :2]), r"k, v \(B, Hkv, L, D\)"),
                         ((bufs[0], bufs[1], pos.float(), k, k), "int32 or int64"),
+                        ((bufs[0], bufs[1], pos.cpu() if CUDA else pos.to("meta"), k, k), "on one device"),
                         ((bufs[0].mT.contiguous().mT, bufs[1], pos, k, k), "contiguous in their last"),
                         ((bufs[0], bufs[1].mT.contiguous().mT, pos, k, k), "contiguous in their last")):
         with pytest.raises(ValueError, match=match):

@@ -137,3 +137,64 @@ def test_batch_grader_passes_copies_and_refuses_bad_answers():
     assert "2 pairs for a batch of 3 rows" in short.first_failure
     boolean = grading.grade_function("batch", lambda d, c, p, on: [(t, True) for t, _ in library_commit(d, c, p, on)])
     assert "True is not an int" in boolean.first_failure
+
+
+def _commits_past_the_mismatch(drafts, choices, positions, live):
+    """Every matching draft counted, not only those before the first mismatch."""
+    a = [sum(x == y for x, y in zip(d, c)) for d, c in zip(drafts, choices)]
+    return [(d[:n] + [c[n]], p + n + 1) if on else ([], p) for d, c, p, on, n in zip(drafts, choices, positions,
+                                                                                     live, a)]
+
+
+def _stopped_rows_keep_their_drafts(drafts, choices, positions, live):
+    """A stopped row commits its accepted drafts (not the target's token) and stays put."""
+    a = [verify_greedy(torch.tensor(d), torch.tensor(c)) for d, c in zip(drafts, choices)]
+    return [(d[:n] + [c[n]], p + n + 1) if on else (d[:n], p) for d, c, p, on, n in zip(drafts, choices, positions,
+                                                                                       live, a)]
+
+
+def test_batched_loop_catches_matches_past_the_mismatch_and_a_stopped_row_that_keeps_its_drafts():
+    """Assignment 10's last check on its own (mutation round 10): past a row's first mismatch the
+    target's choices echo some drafts, so counting every match commits too much at once (choices
+    never echoing survived every test); a stopped row's drafts all match, so one that keeps them
+    shows (a stopped row's choices drawn at random survived)."""
+    from wmtp.grading_batch import _harness_case
+
+    assert _harness_case(_commits_past_the_mismatch, *HARNESS[0]) == (
+        "step 0, row 0 (prompt length 5, at position 4): drafts [427, 416, 319], right for the first 0, and choices "
+        "[448, 416, 319, 77]: it committed [427, 416, 319], expected [448]")
+    assert _harness_case(_stopped_rows_keep_their_drafts, *HARNESS[0]) == (
+        "step 6, row 2 (prompt length 2, at position 18) has stopped, but it committed [113, 89, 246] and moved to "
+        "position 18")
+
+
+def test_batched_loop_drafts_are_wrong_at_j_whatever_the_rng_draws(monkeypatch):
+    """The draft at a row's first mismatch is the target's token plus 1 to V - 1, mod V: never the
+    token itself, even when every draw is the lowest (with plus 0 to V - 2 it would be the token once
+    in V - 1 draws, the grader's own j then wrong, and the library's commit failed; these seeds drew
+    no such case, so the off-by-one survived every test)."""
+    import random
+
+    from wmtp import grading_batch
+
+    class Lowest(random.Random):
+        def randrange(self, start, stop=None, step=1):
+            return 0 if stop is None else start
+
+    monkeypatch.setattr(grading_batch.random, "Random", Lowest)
+    assert grading_batch._harness_case(library_commit, *HARNESS[0]) is None
+
+
+def test_two_forks_catch_a_fork_that_keeps_the_prompts_pages_past_its_own():
+    """Entries past the fork's own pages address the scratch page: a fork that keeps the prompt's
+    pages there (writing nothing into them) addresses pages it neither shares nor owns (allowing
+    every page of the prompt's table survived every test)."""
+    from wmtp.grading_fork import _two_forks_case
+
+    def keeps_past(block_table, page_size, filled, needed, free, scratch):
+        table, copies = library_fork(block_table, page_size, filled, needed, free, scratch)
+        return [block_table[i] if page == scratch else page for i, page in enumerate(table)], copies
+
+    assert _two_forks_case(keeps_past, 4, 6, 10, (17, 24), 0) == (
+        "fork 1 addresses pages [8] that are neither the prompt's shared pages, the first free pages it needs, nor "
+        "the scratch page")

@@ -52,6 +52,27 @@ def test_reindexed_hints_for_a_missing_window_and_for_t_itself():
         "re-indexed, it sits at the last index of its key set)")
 
 
+@pytest.mark.parametrize("fn, why", [
+    (lambda t, n_sink, window: t if window is None or not n_sink else min(t, n_sink + window),
+     "sink_query_position(t=19, n_sink=2, window=6): expected 7, got 8 (the query sits at the LAST index of the key "
+     "set, n_sink + window - 1, once it is full)"),
+    (lambda t, n_sink, window: t if window is None else min(t, n_sink + window - 1),
+     "sink_query_position(t=100, n_sink=0, window=6): expected 100, got 5 (without sinks, or without a window, "
+     "nothing is re-indexed: the query stays at t)"),
+    (lambda t, n_sink, window: t if window is None or not n_sink else n_sink + window - 1,
+     "sink_query_position(t=7, n_sink=4, window=6): expected 7, got 9 (nothing is evicted while t < n_sink + window: "
+     "the key set is still 0 .. 7, the query its last key)"),
+    (lambda t, n_sink, window: t if window is None or not n_sink or t <= n_sink + window else n_sink + window - 1,
+     "sink_query_position(t=10, n_sink=4, window=6): expected 9, got 10 (the query sits at the LAST index of the "
+     "key set, n_sink + window - 1, once it is full)"),
+], ids=["one index past", "moved without sinks", "always the last index", "evicting one step late"])
+def test_reindexed_hints_for_an_index_past_sinks_ignored_and_the_first_eviction(fn, why):
+    """Mutation round 10: the first eviction (t = n_sink + window) a literal case, and each hint for
+    its answer (each survived every test: the literal case dropped, the hint's n_sink + window taken
+    one lower, the no-sinks hint only without a window, the not-yet-evicted hint never given)."""
+    assert first_failure("reindexed", fn) == why
+
+
 @pytest.mark.parametrize("i, case, where, index, n_keys", [(0, (40, 4, 8), 12, 11, 12), (1, (12, 4, 8), 12, 11, 12),
                                                           (4, (90, 8, 20), 28, 27, 28)])
 def test_reindexed_attention_check_catches_a_position_one_past_the_key_set(i, case, where, index, n_keys):
@@ -215,6 +236,50 @@ def test_fork_hints_for_swapped_copies_no_sharing_and_a_short_table(fn, got, hin
     assert first_failure("fork", fn) == f"{FORK_CASE}expected ([5, 9, 3, 1], [(2, 9)]), got {got} ({hint})"
 
 
+def _at_the_boundary(page):
+    """The library's table, with ``page(block_table, scratch)`` at ``filled``'s entry when it is a
+    page boundary that the fork writes past."""
+    def fn(block_table, page_size, filled, needed, free, scratch):
+        from wmtp.grading_fork import library_fork
+
+        table, copies = library_fork(block_table, page_size, filled, needed, free, scratch)
+        if filled % page_size == 0 and filled < needed:
+            table[filled // page_size] = page(block_table, scratch, filled // page_size)
+        return table, copies
+    return fn
+
+
+def _free_pages_swapped(*args):
+    from wmtp.grading_fork import library_fork
+
+    table, copies = library_fork(*args)
+    own = [page for page in table[args[2] // args[1]:] if page != args[-1]]
+    swap = dict(zip(own, own[::-1]))
+    return [swap.get(page, page) for page in table], [(src, swap.get(dst, dst)) for src, dst in copies]
+
+
+BOUNDARY_CASE = "fork_table(block_table=[5, 2, 7, 0], page_size=4, filled=8, needed=10, free=[9, 3, 8], scratch=1): "
+
+
+@pytest.mark.parametrize("fn, why", [
+    (_at_the_boundary(lambda table, scratch, i: table[i]),
+     BOUNDARY_CASE + "expected ([5, 2, 9, 1], []), got ([5, 2, 7, 1], [])"),
+    (_at_the_boundary(lambda table, scratch, i: scratch),
+     BOUNDARY_CASE + "expected ([5, 2, 9, 1], []), got ([5, 2, 1, 1], [])"),
+    (_free_pages_swapped, FORK_CASE + "expected ([5, 9, 3, 1], [(2, 9)]), got ([5, 3, 9, 1], [(2, 3)])"),
+    (lambda *args: ([5, 9, 3, 1], [(2, 9)], None),
+     FORK_CASE + "expected (table, copies): a list of page ints and a list of (src, dst) int pairs, got ([5, 9, 3, "
+                 "1], [(2, 9)], None)"),
+], ids=["the prompt's page at a boundary", "scratch at a boundary", "free pages swapped", "three values"])
+def test_fork_gives_no_hint_that_does_not_fit(fn, why):
+    """Mutation round 10: at a page boundary no prompt position shares the page at ``filled``, so the
+    hints about that page (still the prompt's; copy it before writing) do not fit, nor does the
+    shared pages' hint for a table right below ``filled``; an answer of three values is refused as
+    one (each hint's condition loosened, and the answer's ValueError left uncaught, survived every
+    test)."""
+    assert first_failure("fork", fn) == why
+
+
 def test_two_forks_catch_a_copy_into_the_scratch_page_and_pages_from_the_free_lists_end():
     """Assignment 09's last check on its own: a copy must land in a page the fork owns, and a fork
     addresses only the prompt's shared pages, its first free pages and the scratch page."""
@@ -265,6 +330,24 @@ def _stops_every_row(drafts, choices, positions, live):
 ], ids=["position one past", "tokens reversed", "live changed", "a row too many"])
 def test_batch_hints_and_refusals(fn, why):
     assert first_failure("batch", fn) == BATCH_CASE + why
+
+
+def test_batch_hints_for_a_missing_target_token_and_none_for_a_wrong_first_token():
+    """Mutation round 10: a row that commits its accepted drafts alone is told of the target's token
+    (the hint's test taken one token longer survived every test); in the batched loop a row whose one
+    token is wrong gets no hint that it kept too few (any shorter answer taken as a prefix survived)."""
+    from wmtp.grading_batch import HARNESS, _harness_case
+
+    drafts_only = lambda d, c, p, on: [(t[:-1], q - 1) if on[b] and b else (t, q) for b, (t, q) in  # noqa: E731
+                                       enumerate(_commit(d, c, p, on))]  # row 0, every draft accepted, right
+    assert first_failure("batch", drafts_only) == BATCH_CASE + BATCH_EXPECTED + (
+        "[([4, 7, 1, 9], 14), ([4], 11), ([], 10)] (row 1 also commits the target's token choices[1][1] after its 1 "
+        "accepted drafts)")
+    one_wrong = lambda d, c, p, on: [([t[0] + 1] if on[b] and len(t) > 1 else t, q) for b, (t, q) in  # noqa: E731
+                                     enumerate(_commit(d, c, p, on))]
+    assert _harness_case(one_wrong, *HARNESS[0]) == (
+        "step 0, row 1 (prompt length 9, at position 8): drafts [305, 133, 110], right for the first 3, and choices "
+        "[305, 133, 110, 362]: it committed [306], expected [305, 133, 110, 362]")
 
 
 def test_batched_loop_catches_a_stopped_row_that_only_moves_and_a_live_row_one_position_past():

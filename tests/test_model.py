@@ -93,8 +93,9 @@ def test_head_input_norms_the_hidden_state_and_the_embedding_each_with_its_own_w
         head.embed_norm.weight.copy_(torch.linspace(2.0, -1.0, d))
     g = torch.Generator().manual_seed(0)
     h, ids = torch.randn(2, 3, d, generator=g, dtype=torch.float64), torch.tensor([[1, 2, 3], [4, 5, 6]])
-    want = torch.cat([rms_norm_torch(h, head.hidden_norm.weight, head.hidden_norm.eps),
-                      rms_norm_torch(target.embed[ids], head.embed_norm.weight, head.embed_norm.eps)], -1) @ head.proj.T
+    eps = target.config.norm_eps  # both norms the target's eps (1e-5), at 1e-12 another shows
+    want = torch.cat([rms_norm_torch(h, head.hidden_norm.weight, eps),
+                      rms_norm_torch(target.embed[ids], head.embed_norm.weight, eps)], -1) @ head.proj.T
     with torch.no_grad():
         assert torch.allclose(head.inputs(h, ids, "torch"), want, rtol=0, atol=1e-12)
 
@@ -440,6 +441,17 @@ def test_the_heads_caches_take_max_len_and_the_heads_dtype_and_its_weights_a_fix
     other = wmtp.MTPHead(MTPConfig(), target, torch.Generator().manual_seed(0))
     assert all(torch.equal(a, b) for a, b in zip(default.parameters(), seeded.parameters()))
     assert not torch.equal(default.proj, other.proj)
+
+
+def test_the_heads_caches_take_checked_and_the_heads_device():
+    """``MTPHead.new_cache`` hands ``checked`` to every kind of cache (as the target's does) and puts
+    the cache on the head's device when none is given (a head on the meta device: the ring's
+    construction reads values, so only the full and paged caches)."""
+    target, head = wmtp.build_models("tiny", seed=0)
+    for layout in ({}, {"page_size": 4}, {"ring": (4, 16, 3)}):
+        assert head.new_cache(2, 40, **layout).checked and not head.new_cache(2, 40, checked=False, **layout).checked
+    meta = wmtp.MTPHead(MTPConfig(), copy.deepcopy(target).to("meta")).to("meta")
+    assert {meta.new_cache(1, 8).k.device.type, meta.new_cache(1, 8, page_size=4).k.device.type} == {"meta"}
 
 
 def _rms(x, w, eps):

@@ -111,6 +111,31 @@ def test_a_stopped_row_that_accepted_more_than_a_later_extend_holds(models):
     assert (stats.live_steps, stats.accepted, stats.committed) == ([9, 28], [19, 0], [28, 28])
 
 
+class Widths(HeadProxy):
+    """The real head, recording the positions ``L`` of each call: an extend's rows, then 1 a recursive draft."""
+
+    def __init__(self, head):
+        self.head, self.widths = head, []
+
+    def __call__(self, hidden, next_ids, *args):
+        self.widths.append(next_ids.shape[1])
+        return self.head(hidden, next_ids, *args)
+
+
+def test_an_extend_runs_the_last_steps_rows(models):
+    """Depths 3, 2, 1, 3, ... a step (the policy hears each live row; 7 steps, both rows live): the
+    first extend runs the prefill's one row, each later one the last step's ``k + 1`` rows, not
+    ``K + 1`` (their drafts are the same, so only the calls' widths show it: an extend of ``K + 1``
+    rows every step, or at the first, survived every test), then ``k - 1`` recursive drafts of one
+    position."""
+    target, head = models
+    prompts, widths = prompts_of([5, 9], seed=3), Widths(head)
+    run = static_batched_speculative_generate(target, widths, prompts, 8, Cycling([3, 3, 2, 2, 1, 1]), impl="torch")
+    assert_same_run(run, batched_speculative_generate(target, head, prompts, 8, Cycling([3, 3, 2, 2, 1, 1]),
+                                                      impl="torch"))
+    assert run[1].steps == 7 and widths.widths == [1, 1, 1, 4, 1, 3, 2, 1, 1, 4, 1, 3, 2, 1, 1]
+
+
 def test_a_depth_policy_and_short_requests(models):
     target, head = models
     prompts = prompts_of([1, 6, 11], seed=4)

@@ -606,6 +606,23 @@ def test_device_key_plan_matches_key_plan(block_n):
                                           p.rec_u1, p.rec_u2], case
 
 
+@NEEDS_TRITON
+def test_a_group_past_the_tile_and_q_sink_of_another_layout():
+    """65 float32 query heads a kv head, one past the tile's 64 rows, are refused by the public op
+    with impl='triton'; a contiguous ``q_sink`` beside a transposed ``q`` is read at its own strides
+    (mutation round 10: both are copied to one layout whenever their strides differ; ``q_sink``
+    passed through because it was contiguous, and so read at q's strides, survived every test)."""
+    q, k, v, q_pos = make_inputs(1, 65, 1, 1, 8, 16, torch.float32, seed=0, device=DEVICE)
+    with pytest.raises(ValueError, match="65 query heads per kv head"):
+        wmtp.attention(q, k, v, q_pos, impl="triton")
+    q, k, v, _ = make_inputs(1, 2, 1, 3, 20, 16, torch.float32, seed=1, device=DEVICE)
+    q = q.transpose(1, 2).contiguous().transpose(1, 2)  # (B, Hq, Lq, D), the model's layout
+    q_sink = torch.randn(q.shape, generator=torch.Generator().manual_seed(2)).to(DEVICE)  # contiguous
+    q_pos = torch.tensor([17, 18, 19], device=DEVICE)
+    out = wmtp.attention(q, k, v, q_pos, n_sink=2, window=4, impl="triton", q_sink=q_sink)
+    assert_kernel_close(out, q, k, v, q_pos, 2, 4, q_sink)
+
+
 def test_impl_switch_with_triton():
     dev = torch.device(DEVICE)
     assert resolve_impl("auto", dev) == ("triton" if CUDA else "torch")
