@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from attention_truth import assert_op_close
+from fences import fenced
 from op_impls import CUDA, DEVICE, IMPLS, INTERPRETED
 
 import wmtp
@@ -183,6 +184,24 @@ def test_kv_write_takes_positions_per_batch_row(impl, dtype, buf_dtype):
     kv_write(one[0, :1], one[1, :1], pos[:1], k[:1], v[:1], impl)
     kv_write(flat[0, :1], flat[1, :1], pos[0], k[:1], v[:1], impl)
     assert torch.equal(one, flat)
+
+
+@pytest.mark.skipif(not (CUDA or INTERPRETED), reason="needs CUDA or TRITON_INTERPRET=1")
+def test_the_logn_kernel_writes_only_its_output():
+    """``_logn_kernel`` launched as ``logn_scale_triton`` launches it, on an output fenced by NaNs
+    (tests/fences.py): 5 rows of a 16-row block and a head dim of 48 in a 64-wide block, so its row
+    and column masks both cut. A row mask of ``rows <= L`` or a column mask of ``cols < BLOCK_D``
+    (mutation round 10's F03, F23) crashed the CPU interpreter instead of failing a test."""
+    from wmtp.fused import BLOCK_L, _kernels, acc_type
+
+    q_room = _randn((1, 3, 5, 48), torch.float32, seed=4)  # a spare head past q: reads past it exist
+    q, pos = q_room[:, :2], torch.tensor([0, 300, 7, 5000, 255], device=DEVICE)  # (1, 2, 5, 48) (5,)
+    out, fences_hold = fenced(torch.empty(1, 2, 5, 48, device=DEVICE))
+    _kernels()[0][(2,)](q, pos, out, *q.stride()[:3], 0, 2, 5, 1, 256, D=48, BLOCK_L=BLOCK_L, BLOCK_D=64,
+                        ACC=acc_type(torch.float32))  # 2 programs: (b, h) x one block of rows
+    assert fences_hold(), "the kernel wrote outside its output"
+    assert torch.equal(out, logn_scale(q, pos, 256, "triton"))
+    assert_op_close(out, logn_scale_torch(q, pos, 256), logn_scale_torch(q.double(), pos, 256))
 
 
 @pytest.mark.skipif(not (CUDA or INTERPRETED), reason="needs CUDA or TRITON_INTERPRET=1")

@@ -4,10 +4,10 @@
 that sit inside NaN-filled buffers with a spare region on each side, and the spare regions must
 keep every NaN. On a GPU a kernel that writes past its output or workspace corrupts whatever the
 caching allocator put there, silently; under the CPU interpreter it may crash the test process
-instead of failing a test. Mutation round 9b's three such mutants are what this file closes: a
-tile's padding row taken as real (``rows <= GROUP * Lq`` in ``_tile_rows``), the partials' offset
-with the program ids swapped, and a merge grid of ``BLOCK_M`` rows (tests/test_triton_attention.py's
-merge test checks the merge alone).
+instead of failing a test (tests/fences.py). Mutation round 9b's three such mutants are what this
+file closes: a tile's padding row taken as real (``rows <= GROUP * Lq`` in ``_tile_rows``), the
+partials' offset with the program ids swapped, and a merge grid of ``BLOCK_M`` rows
+(tests/test_triton_attention.py's merge test checks the merge alone).
 """
 
 import os
@@ -15,6 +15,7 @@ import os
 import pytest
 import torch
 from attention_truth import assert_kernel_close, make_inputs
+from fences import fenced
 
 from wmtp.attention.paged import paginate
 from wmtp.attention.triton_plan import plan_call
@@ -23,19 +24,6 @@ CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
 TRITON = CUDA or os.environ.get("TRITON_INTERPRET") == "1"
 pytestmark = pytest.mark.skipif(not TRITON, reason="Triton needs CUDA or its CPU interpreter (TRITON_INTERPRET=1)")
-
-
-def _fenced(t: torch.Tensor):
-    """An uninitialised stand-in for ``t`` (a dense tensor: its storage is its elements), with
-    ``t``'s shape and strides, inside a NaN buffer with about ``t.numel()`` spare elements on each
-    side (a multiple of 16, which keeps the kernels' 16-byte alignment). Returns the stand-in and
-    whether both spare regions are still all NaN."""
-    n = t.numel()
-    assert t.untyped_storage().nbytes() == n * t.element_size(), "a dense tensor"
-    spare = n + 16 - n % 16
-    buf = torch.full((spare + n + spare,), float("nan"), dtype=t.dtype, device=t.device)
-    return buf[spare:].as_strided(t.shape, t.stride()), lambda: bool(buf[:spare].isnan().all()
-                                                                     and buf[spare + n :].isnan().all())
 
 
 # (layout, B, Hq, Hkv, Lq, S, D, n_sink, window, num_splits)
@@ -67,8 +55,8 @@ def test_kernels_write_only_their_output_and_workspace(layout, B, Hq, Hkv, Lq, S
         kc, vc, bt = paginate(k, v, page, torch.Generator().manual_seed(2))
     call = plan_call(qv, kc, vc, bt, page, q_pos, n_sink, window, (num_splits, 16, None, None, False), None)
     assert (call.merge is not None) == (num_splits > 1)
-    out, out_fenced = _fenced(call.out)  # (B, Hq, Lq, D), the plan's output strides
-    ws, ws_fenced = (out, out_fenced) if call.merge is None else _fenced(call.args[7])  # one split: ws is out
+    out, out_fenced = fenced(call.out)  # (B, Hq, Lq, D), the plan's output strides
+    ws, ws_fenced = (out, out_fenced) if call.merge is None else fenced(call.args[7])  # one split: ws is out
     _attention_kernel[call.grid](*call.args[:6], out, ws, *call.args[8:], **call.kwargs)
     if call.merge is not None:
         grid, args, kwargs, _ = call.merge
