@@ -1,6 +1,6 @@
 """The Triton kernels write their output and split workspace and nothing else.
 
-``plan_call`` (attention/triton_plan.py) allocates both; here the same plan launches on copies
+``plan_call`` (attention/triton_plan.py) allocates both; here the same plan launches on stand-ins
 that sit inside NaN-filled buffers with a spare region on each side, and the spare regions must
 keep every NaN. On a GPU a kernel that writes past its output or workspace corrupts whatever the
 caching allocator put there, silently; under the CPU interpreter it may crash the test process
