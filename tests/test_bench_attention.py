@@ -82,10 +82,31 @@ def test_a_failing_method_is_recorded_and_the_sweep_goes_on(monkeypatch):
 
 
 @pytest.mark.parametrize("kw", [dict(methods=("no_such_method",)), dict(window=None), dict(contexts=(2,)),
-                                dict(shapes=((3, 2, 32),)), dict(n_sink=-1), dict(repeats=0)])
+                                dict(shapes=((3, 2, 32),)), dict(n_sink=-1), dict(repeats=0), dict(batch=0),
+                                dict(batch=2.0), dict(batch=True)])
 def test_bad_arguments_raise_value_error(kw):
     with pytest.raises(ValueError):
         ba.sweep("cpu", **{**TINY, "methods": SDPA_METHODS, **kw})
+
+
+def test_a_batch_sweep_counts_every_row_and_leaves_the_bars_to_batch_1():
+    """``batch=2``: q, k and v hold two sequences (the correctness guard compares each method's whole
+    output, both rows, with fp32 SDPA), bytes count both, and the issue's bars, judged at batch 1, are
+    left empty rather than unmet."""
+    res = ba.sweep("cpu", methods=METHODS, command="pytest", **{**TINY, "contexts": (64,), "batch": 2})
+    assert res["batch"] == 2 and res["bars"] == {} and len(res["rows"]) == 2 * len(METHODS)
+    for r in res["rows"]:
+        assert r["error"] is None and r["batch"] == 2, r
+    full = next(r for r in res["rows"] if (r["method"], r["q_len"]) == ("sdpa_full", 1))
+    assert full["bytes"] == 2 * (2 * 64 * 2 * 32 + 2 * 4 * 1 * 32) * 4  # two rows of 64 keys, q and output, fp32
+    for guard in res["correctness"].values():
+        assert set(guard["max_abs_err"]) == set(METHODS)
+        assert all(isinstance(e, float) and e <= FP32_GUARD for e in guard["max_abs_err"].values()), guard
+    from rich.console import Console
+
+    console = Console(record=True, width=200)
+    console.print(bench_report.table(res))
+    assert "float32, batch 2, sink 4" in " ".join(console.export_text().split())
 
 
 def test_window_key_ranges_literal():
@@ -211,6 +232,7 @@ def test_method_bytes_literal():
     q_out = 2 * 4 * 8 * 32  # 8 queries
     assert bench_report.method_bytes("triton_full_paged", 32, 4, 2, 32, 8, 4) == (2 * 32 * 2 * 32 + q_out) * 4 + 4 * 2
     assert bench_report.method_bytes("triton_full_paged", 33, 4, 2, 32, 8, 4) == (2 * 33 * 2 * 32 + q_out) * 4 + 4 * 3
+    assert bench_report.method_bytes("triton_window_paged", 20, 4, 2, 32, 1, 2, 3) == 3 * (5632 + 4 * 2)  # 3 rows
 
 
 def test_bars_missing_rows_are_not_met():
@@ -253,7 +275,7 @@ def test_cli_sweep_flags_need_cuda(capsys):
     assert "needs --device cuda" in capsys.readouterr().err
     assert main(["bench", "attention", "--rep-ms", "0"]) == 2
     assert main(["bench", "attention", "--device", "cpu", "--rep-ms", "5"]) == 2  # not silently ignored
-    assert "--rep-ms belong to the kernel sweep" in capsys.readouterr().err
+    assert "--rep-ms and --batch belong to the kernel sweep" in capsys.readouterr().err
 
 
 def test_progress_reports_partial_results():
@@ -266,9 +288,10 @@ def test_progress_reports_partial_results():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
-def test_read_floor_is_timed_on_the_window_draft_rows():
+@pytest.mark.parametrize("batch", [1, 2])
+def test_read_floor_is_timed_on_the_window_draft_rows(batch):
     res = ba.sweep("cuda", **{**TINY, "contexts": (200,), "dtype": torch.bfloat16, "warmup_ms": 5, "rep_ms": 10,
-                              "methods": ("triton_window", "triton_full")})
+                              "methods": ("triton_window", "triton_full"), "batch": batch})
     for r in res["rows"]:
         assert isinstance(r["step_ms"], float), r  # every call here is far under STEP_MAX_MS
         assert isinstance(r["graph_ms"], float) and isinstance(r["host_ms"], float) and r["host_ms"] > 0, r
@@ -277,8 +300,9 @@ def test_read_floor_is_timed_on_the_window_draft_rows():
             assert isinstance(r["step_read_floor_ms"], float), r
         else:
             assert r["read_floor_ms"] is None and r["step_read_floor_ms"] is None, r
-    draft = res["bars"]["draft_window_flat"]["values"]["Hq4/Hkv2/D32"]
-    assert set(draft["read_floor_ms_by_S"]) == set(draft["step_ms_by_S"]) == {"200"}
+    if batch == 1:  # the bars are judged at batch 1 only
+        draft = res["bars"]["draft_window_flat"]["values"]["Hq4/Hkv2/D32"]
+        assert set(draft["read_floor_ms_by_S"]) == set(draft["step_ms_by_S"]) == {"200"}
     for floor in (res["graph_floor_ms"], res["step_floor_ms"]):  # empty kernels, one and two, under each method
         assert set(floor) == {"one_kernel", "two_kernels"}, floor
         assert all(isinstance(ms, float) for ms in floor.values()), floor
@@ -302,3 +326,30 @@ def test_with_puts_times_in_their_field_and_errors_in_the_note():
     ba._with(row, "read_floor_ms", "ValueError: x")
     assert row == {"note": "sdpa backend FLASH; step_ms: RuntimeError: no capture; read_floor_ms: ValueError: x",
                    "graph_ms": 0.5}
+
+
+def test_cli_batch_sweep_writes_its_own_file_and_says_the_bars_are_batch_1(monkeypatch, tmp_path, capsys):
+    """The CUDA path of ``wmtp bench attention --batch 2``, its sweep and plot replaced (no GPU here):
+    the batch reaches the sweep and the recorded command, the default file is ``-b2`` (the batch-1
+    results stay), and the bars are said to be judged at batch 1."""
+    from wmtp import device
+
+    seen = {}
+
+    def fake_sweep(dev, **kw):
+        seen.update(kw)
+        return {"dtype": "bfloat16", "batch": kw["batch"], "n_sink": 64, "window": 4096, "copy_bandwidth_gbs": 1.0,
+                "rows": [], "bars": {}, "wall_time_s": 1.0, "command": kw["command"]}
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(device, "resolve_device", lambda name: torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda dev=None: "NVIDIA H200")
+    monkeypatch.setattr(ba, "sweep", fake_sweep)
+    monkeypatch.setattr(bench_report, "plot", lambda result, png: png.write_bytes(b"png"))
+    assert main(["bench", "attention", "--device", "cuda", "--batch", "2", "--contexts", "16384"]) == 0
+    assert seen["batch"] == 2 and "--batch 2 --contexts 16384" in seen["command"]
+    written = json.loads((tmp_path / "metrics" / "bench-attention-h200-b2.json").read_text())
+    assert written["batch"] == 2 and (tmp_path / "metrics" / "bench-attention-h200-b2.png").exists()
+    assert sorted(p.name for p in (tmp_path / "metrics").iterdir()) == ["bench-attention-h200-b2.json",
+                                                                        "bench-attention-h200-b2.png"]
+    assert "the issue's bars are judged at batch 1, not at --batch 2" in capsys.readouterr().err

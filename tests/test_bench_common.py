@@ -143,7 +143,9 @@ def test_attention_off_cuda_times_the_repeats_asked_and_refuses_the_sweeps_optio
     assert main(["bench", "attention", "--device", "cpu", "--preset", "tiny", "--contexts", "64", "--repeats",
                  "2"]) == 0
     assert seen == [((64,), (NATIVE, WIN), {"repeats": 2, "dtype": torch.float32, "device": torch.device("cpu")})]
-    for argv, match in ((["--rep-ms", "0"], "--repeats, --rep-ms and --contexts must be positive"),
-                        (["--methods", "sdpa_full"], "--plot, --methods and --rep-ms belong to the kernel sweep")):
+    for argv, match in ((["--rep-ms", "0"], "--repeats, --rep-ms, --batch and --contexts must be positive"),
+                        (["--batch", "0"], "--repeats, --rep-ms, --batch and --contexts must be positive"),
+                        (["--methods", "sdpa_full"], "--plot, --methods, --rep-ms and --batch belong to the kernel"),
+                        (["--batch", "2"], "--plot, --methods, --rep-ms and --batch belong to the kernel sweep")):
         assert main(["bench", "attention", "--device", "cpu", *argv]) == 2
         assert match in capsys.readouterr().err

@@ -56,9 +56,9 @@ def test_a_head_past_2_to_the_31_elements_is_read_where_it_is():
     five[:, :2, :64] = 100
     big = five[:, 2:]  # (1, 3, 2^26, 16), 2^31 elements into five
     big[:, :, :64] = small
-    got = read_key_set(big, big, torch.tensor([63], device=DEVICE), 4, 8, block_n=16)  # (Hkv, n_blk)
+    got = read_key_set(big, big, torch.tensor([63], device=DEVICE), 4, 8, block_n=16)  # (1, Hkv, n_blk)
     keys = [0, 1, 2, 3] + list(range(56, 64))
-    assert torch.equal(got.sum(1), 2 * small[0][:, keys].float().sum((1, 2)))  # sums of small integers: exact
+    assert torch.equal(got[0].sum(1), 2 * small[0][:, keys].float().sum((1, 2)))  # sums of small integers: exact
 
 
 def test_int32_positions_past_2_to_the_31_elements_are_read_where_they_are():
@@ -78,9 +78,23 @@ def test_the_grid_comes_from_shapes():
     """``cdiv(min(n_sink, S), block_n)`` sink blocks and ``cdiv(window + Lq - 1, block_n)`` recent ones a
     kv head, literal: 50 sinks of a 40-key cache make 10 blocks of 4, not 13."""
     k, v = _cache(40)
-    assert read_key_set(k, v, torch.tensor([39], device=DEVICE), 50, 8, block_n=4).shape == (2, 10 + 2)
-    assert read_key_set(k, v, torch.tensor([39], device=DEVICE), 50, 8, block_n=16).shape == (2, 3 + 1)
-    assert read_key_set(k, v, torch.tensor([30, 31], device=DEVICE), 4, 8, block_n=4).shape == (2, 1 + 3)
+    assert read_key_set(k, v, torch.tensor([39], device=DEVICE), 50, 8, block_n=4).shape == (1, 2, 10 + 2)
+    assert read_key_set(k, v, torch.tensor([39], device=DEVICE), 50, 8, block_n=16).shape == (1, 2, 3 + 1)
+    assert read_key_set(k, v, torch.tensor([30, 31], device=DEVICE), 4, 8, block_n=4).shape == (1, 2, 1 + 3)
+
+
+def test_each_batch_row_reads_its_own_keys():
+    """A batch of 3 rows of unlike content, at the same positions: each row's programs read that row's
+    sinks and window (NaN elsewhere in every row), literal keys [0, 4) and [23, 32)."""
+    S, keys = 40, [0, 1, 2, 3] + list(range(23, 32))
+    k, v = (torch.cat([x * (b + 1) for b in range(3)]) for x in _cache(S))  # (3, Hkv, S, D)
+    outside = torch.ones(S, dtype=torch.bool, device=DEVICE)
+    outside[keys] = False
+    k_nan, v_nan = (x.masked_fill(outside[:, None], float("nan")) for x in (k, v))
+    got = read_key_set(k_nan, v_nan, torch.tensor([30, 31], device=DEVICE), 4, 8, block_n=4)  # (3, Hkv, n_blk)
+    assert got.shape == (3, 2, 1 + 3) and torch.isfinite(got).all(), "a key outside the key set was read"
+    torch.testing.assert_close(got.sum((1, 2)), (k + v)[:, :, keys].sum((1, 2, 3)), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(got.sum(2), (k + v)[:, :, keys].sum((2, 3)), rtol=1e-5, atol=1e-4)  # per head
 
 
 def test_random_positions_match_the_key_set_mask():
@@ -95,7 +109,6 @@ def test_random_positions_match_the_key_set_mask():
 
 @pytest.mark.parametrize("bad", [
     lambda k, v, p: (k[0], v[0], p, 64),  # no batch dim
-    lambda k, v, p: (torch.cat([k, k]), torch.cat([v, v]), p, 64),  # a batch of 2
     lambda k, v, p: (k, v.transpose(2, 3).contiguous().transpose(2, 3), p, 64),  # v laid out unlike k
     lambda k, v, p: (k, v[:, :1], p, 64),  # v of one head, k's strides
     lambda k, v, p: (k[..., ::2], v[..., ::2], p, 64),  # strided in D

@@ -102,8 +102,8 @@ def attention_cli(args, prog: str, argv: list[str]) -> int:
     from .fileio import check_distinct, check_writable
     from .metrics import command_line, environment, write_json
 
-    if any(x is not None and x < 1 for x in (args.repeats, args.rep_ms, *(args.contexts or ()))):
-        raise ValueError("--repeats, --rep-ms and --contexts must be positive")
+    if any(x is not None and x < 1 for x in (args.repeats, args.rep_ms, args.batch, *(args.contexts or ()))):
+        raise ValueError("--repeats, --rep-ms, --batch and --contexts must be positive")
     if args.contexts and len(set(args.contexts)) < len(args.contexts):
         raise ValueError(f"--contexts must each be given once, got {args.contexts}")
     device = resolve_device(args.device)
@@ -115,7 +115,8 @@ def attention_cli(args, prog: str, argv: list[str]) -> int:
         from . import bench_report
 
         slug = "h200" if "H200" in torch.cuda.get_device_name(device) else "cuda"
-        out = args.out or Path("metrics") / f"bench-attention-{slug}.json"
+        batch = 1 if args.batch is None else args.batch
+        out = args.out or Path("metrics") / f"bench-attention-{slug}{'' if batch == 1 else f'-b{batch}'}.json"
         png = args.plot or out.with_suffix(".png")
         check_writable(out, "--out")
         check_writable(png, "--plot")
@@ -125,9 +126,9 @@ def attention_cli(args, prog: str, argv: list[str]) -> int:
         contexts, methods = tuple(args.contexts or ba.CONTEXTS), tuple(args.methods or ba.METHODS)
         rep_ms = 100 if args.rep_ms is None else args.rep_ms
         command = command_line(prog, ["bench", "attention", "--device", args.device, "--dtype", dtype, "--rep-ms",
-                                      str(rep_ms), "--contexts", *map(str, contexts), "--methods", *methods,
-                                      "--out", str(out), "--plot", str(png)])
-        result = ba.sweep(device, contexts=contexts, dtype=getattr(torch, dtype), methods=methods,
+                                      str(rep_ms), "--batch", str(batch), "--contexts", *map(str, contexts),
+                                      "--methods", *methods, "--out", str(out), "--plot", str(png)])
+        result = ba.sweep(device, contexts=contexts, dtype=getattr(torch, dtype), methods=methods, batch=batch,
                           rep_ms=rep_ms, command=command, on_progress=lambda partial: write_json(out, partial))
         Console(width=200).print(bench_report.table(result))
         write_json(out, result)
@@ -141,11 +142,14 @@ def attention_cli(args, prog: str, argv: list[str]) -> int:
             step = bar.get("met_by_step_ms")
             step = "" if step is None else f" (by step_ms: {'met' if step else 'not met'})"
             err.print(f"bar {name}: {'met' if bar['met'] else 'NOT met'}{step}", markup=False, soft_wrap=True)
+        if batch != 1:
+            err.print(f"bars: the issue's bars are judged at batch 1, not at --batch {batch}", markup=False)
         err.print(f"wrote {wrote}; the sweep took {result['wall_time_s']:.0f} s", markup=False,
                   soft_wrap=True)  # one line on a pipe, however long the path
         return 0
-    if args.plot or args.methods or args.rep_ms is not None:
-        raise ValueError("--plot, --methods and --rep-ms belong to the kernel sweep, which needs --device cuda")
+    if args.plot or args.methods or args.rep_ms is not None or args.batch is not None:
+        raise ValueError("--plot, --methods, --rep-ms and --batch belong to the kernel sweep, "
+                         "which needs --device cuda")
     from .config import get_preset
 
     preset = get_preset(args.preset)

@@ -85,12 +85,14 @@ def _measure(name: str, c: Cell, row: dict, timed_ms: Callable, step: Callable |
 
 def sweep(device: torch.device | str, contexts=CONTEXTS, shapes=SHAPES, q_lens=Q_LENS,
           dtype: torch.dtype = torch.bfloat16, n_sink: int = 64, window: int = 4096, methods=METHODS, *,
-          repeats: int = 5, warmup_ms: int = 25, rep_ms: int = 100, seed: int = 0,
+          batch: int = 1, repeats: int = 5, warmup_ms: int = 25, rep_ms: int = 100, seed: int = 0,
           command: str | None = None, on_progress: Callable[[dict], object] | None = None) -> dict:
-    """Time every method on every (S, shape, q_len), batch 1, queries at positions ``S-q_len .. S-1``.
+    """Time every method on every (S, shape, q_len), queries at positions ``S-q_len .. S-1``.
 
     Inputs are random normal from one seeded generator on ``device``, drawn once per (S, shape) and
     shared by every method and q_len. A method that fails records its error string in its row.
+    Every row of a batch has ``S`` keys and the same positions; the issue's bars are judged at batch
+    1 only (``bars`` is empty for another batch).
 
     Args:
         device: CUDA times with ``triton.testing.do_bench``; elsewhere with ``wmtp.bench.time_call``.
@@ -98,6 +100,7 @@ def sweep(device: torch.device | str, contexts=CONTEXTS, shapes=SHAPES, q_lens=Q
         dtype: of q, k and v.
         n_sink, window: the key set (wmtp/keyset.py) of the window methods.
         methods: names from ``METHODS``.
+        batch: sequences per call (``B`` of q, k and v); bytes and floors count every row.
         repeats: timed calls per cell off CUDA (median reported).
         warmup_ms, rep_ms: ``do_bench`` warm-up and measuring time per cell on CUDA, in ms.
         seed, command: the generator's seed; the command line, recorded in the result.
@@ -117,9 +120,11 @@ def sweep(device: torch.device | str, contexts=CONTEXTS, shapes=SHAPES, q_lens=Q
     if any(len(s) != 3 or min(s) < 1 or s[0] % s[1] for s in shapes) or min(repeats, warmup_ms, rep_ms) < 1:
         raise ValueError(f"need shapes (Hq, Hkv, D) with Hq % Hkv == 0 (got {shapes}) and positive repeats, "
                          f"warmup_ms, rep_ms (got {repeats}, {warmup_ms}, {rep_ms})")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"need a batch of at least one sequence, got {batch!r}")
     if device.type == "cuda" and device.index not in (None, torch.cuda.current_device()):
         with torch.cuda.device(device):  # graph capture, streams and do_bench's L2 flush use the current GPU
-            return sweep(device, contexts, shapes, q_lens, dtype, n_sink, window, methods, repeats=repeats,
+            return sweep(device, contexts, shapes, q_lens, dtype, n_sink, window, methods, batch=batch, repeats=repeats,
                          warmup_ms=warmup_ms, rep_ms=rep_ms, seed=seed, command=command, on_progress=on_progress)
     t_start = time.perf_counter()
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -145,7 +150,7 @@ def sweep(device: torch.device | str, contexts=CONTEXTS, shapes=SHAPES, q_lens=Q
     def result(complete: bool) -> dict:
         return {"command": command, "complete": complete, "environment": environment(device),
                 "dtype": str(dtype).removeprefix("torch."), "n_sink": n_sink, "window": window, "page_size": PAGE_SIZE,
-                "contexts": list(contexts), "shapes": [list(s) for s in shapes], "q_lens": list(q_lens),
+                "batch": batch, "contexts": list(contexts), "shapes": [list(s) for s in shapes], "q_lens": list(q_lens),
                 "methods": list(methods),
                 "timing": {"tool": "triton.testing.do_bench", "warmup_ms": warmup_ms, "rep_ms": rep_ms, "median": True,
                            "graph_ms": "the call captured in a CUDA graph, replay timed the same way",
@@ -156,7 +161,8 @@ def sweep(device: torch.device | str, contexts=CONTEXTS, shapes=SHAPES, q_lens=Q
                 "copy_bandwidth_gbs": bandwidth / 1e9, "graph_floor_ms": floor,
                 "step_floor_ms": step_floor, "correctness": dict(correctness),
                 "caveats": CAVEATS,
-                "rows": list(rows), "bars": bars(rows), "wall_time_s": time.perf_counter() - t_start}
+                "rows": list(rows), "bars": bars(rows) if batch == 1 else {},  # the issue's bars: batch 1
+                "wall_time_s": time.perf_counter() - t_start}
 
     import torch._dynamo.config as dynamo  # a scoped patch: FlexAttention compiles per shape, never falls back
 
@@ -166,8 +172,8 @@ def sweep(device: torch.device | str, contexts=CONTEXTS, shapes=SHAPES, q_lens=Q
             for Hq, Hkv, D in shapes:
                 k = v = pages = c = None
                 try:
-                    k = torch.randn(1, Hkv, S, D, generator=gen, device=device, dtype=dtype)  # (1, Hkv, S, D)
-                    v = torch.randn(1, Hkv, S, D, generator=gen, device=device, dtype=dtype)  # (1, Hkv, S, D)
+                    k = torch.randn(batch, Hkv, S, D, generator=gen, device=device, dtype=dtype)  # (B, Hkv, S, D)
+                    v = torch.randn(batch, Hkv, S, D, generator=gen, device=device, dtype=dtype)  # (B, Hkv, S, D)
                     pages, input_error = functools.cache(functools.partial(paginate_cell, k, v, gen)), None
                 except Exception as e:  # e.g. out of memory: every row of this (S, shape) says so
                     input_error = f"inputs: {type(e).__name__}: {e}"[:600]
@@ -187,8 +193,8 @@ def sweep(device: torch.device | str, contexts=CONTEXTS, shapes=SHAPES, q_lens=Q
                     for name in methods:
                         windowed = "window" in name
                         keys = sink_hi + S - rec_lo if windowed else S
-                        nbytes = method_bytes(name, keys, Hq, Hkv, D, q_len, dtype.itemsize)
-                        row = {"method": name, "S": S, "Hq": Hq, "Hkv": Hkv, "D": D, "q_len": q_len,
+                        nbytes = method_bytes(name, keys, Hq, Hkv, D, q_len, dtype.itemsize, batch)
+                        row = {"method": name, "batch": batch, "S": S, "Hq": Hq, "Hkv": Hkv, "D": D, "q_len": q_len,
                                "dtype": str(dtype).removeprefix("torch."), "keys_read": keys, "median_ms": None,
                                "bytes": nbytes, "floor_ms": nbytes / bandwidth * 1e3, "pct_of_floor": None,
                                "host_ms": None, "graph_ms": None, "step_ms": None, "read_floor_ms": None,

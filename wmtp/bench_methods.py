@@ -45,18 +45,19 @@ def _backend_name(q, k, v, mask, gqa: bool) -> str | None:
 
 
 class Cell:
-    """One (S, shape, q_len): queries at positions ``S-q_len .. S-1`` over keys and values shared across q_lens."""
+    """One (S, shape, q_len): queries at positions ``S-q_len .. S-1`` of each of ``B`` sequences (k's first
+    dimension) over keys and values shared across q_lens."""
 
     def __init__(self, k, v, pages: Callable, Hq: int, q_len: int, n_sink: int, window: int, gen: torch.Generator):
-        _, Hkv, S, D = k.shape
+        B, Hkv, S, D = k.shape
         self.k, self.v, self.pages, self.S, self.q_len, self.n_sink, self.window = k, v, pages, S, q_len, n_sink, window
-        self.q = torch.randn(1, Hq, q_len, D, generator=gen, device=k.device, dtype=k.dtype)  # (1, Hq, Lq, D)
-        self.q_pos = torch.arange(S - q_len, S, device=k.device)  # (Lq,)
+        self.q = torch.randn(B, Hq, q_len, D, generator=gen, device=k.device, dtype=k.dtype)  # (B, Hq, Lq, D)
+        self.q_pos = torch.arange(S - q_len, S, device=k.device)  # (Lq,): every row of the batch at these
         self.sink_hi, self.rec_lo = window_keys(S, q_len, n_sink, window)
         self.gqa = SDPA_GQA
 
     def compact(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V of the window union, gathered: ``(1, Hkv, keys, D)`` each."""
+        """K and V of the window union, gathered: ``(B, Hkv, keys, D)`` each."""
         a, b = self.sink_hi, self.rec_lo
         return tuple(torch.cat([x[:, :, :a], x[:, :, b:]], 2) for x in (self.k, self.v))
 
@@ -79,13 +80,13 @@ def _attend_sdpa(q, k, v, mask, gqa: bool) -> torch.Tensor:
     """SDPA with grouped kv heads: ``enable_gqa`` (torch >= 2.5), else k and v repeated to ``Hq`` heads."""
     if not gqa and k.shape[1] != q.shape[1]:
         rep = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)  # (1, Hq, keys, D)
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)  # (B, Hq, keys, D)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **({"enable_gqa": True} if gqa else {}))
 
 
 def sdpa(q, k, v, mask, gqa: bool) -> Callable[[], torch.Tensor]:
     """SDPA over ready keys; without ``enable_gqa`` they are repeated to ``Hq`` heads here, outside the timed call."""
-    k, v = (k, v) if gqa else (x.repeat_interleave(q.shape[1] // x.shape[1], 1) for x in (k, v))  # (1, Hq, keys, D)
+    k, v = (k, v) if gqa else (x.repeat_interleave(q.shape[1] // x.shape[1], 1) for x in (k, v))  # (B, Hq, keys, D)
     fn = lambda: _attend_sdpa(q, k, v, mask, gqa)  # noqa: E731
     fn.note = (_backend_name(q, k, v, mask, gqa) or "") + ("" if gqa else "; k/v repeated outside the timed call")
     return fn

@@ -30,11 +30,12 @@ READ_CONFIGS = ((64, 4), (32, 8), (16, 4))  # (BLOCK_N, num_warps); on an H200 t
 
 
 @triton.jit
-def _read_kernel(K, V, QPOS, Out,  # K, V: (1, Hkv, S, D) contiguous in D; QPOS: (Lq,) consecutive; Out: (Hkv, n_blk)
-                 stride_kh, stride_kpos, S, Lq, n_sink, window, n_blk_sink,
+def _read_kernel(K, V, QPOS, Out,  # K, V: (B, Hkv, S, D) contiguous in D; QPOS: (Lq,) consecutive; Out: (B, Hkv, n_blk)
+                 stride_kb, stride_kh, stride_kpos, S, Lq, n_sink, window, n_blk_sink,
                  BLOCK_N: tl.constexpr, D: tl.constexpr):
     h = tl.program_id(0)
     blk = tl.program_id(1)
+    b = tl.program_id(2)
     t_min = tl.minimum(tl.load(QPOS), S - 1)  # clamped, as the attention kernel clamps: no read past S
     t_max = tl.minimum(tl.load(QPOS + Lq - 1), S - 1)
     sink_hi, _, _, rec_lo, rec_hi, _, _, _ = _key_plan(t_min, t_max, n_sink, window, BLOCK_N)  # the kernel's plan
@@ -43,38 +44,40 @@ def _read_kernel(K, V, QPOS, Out,  # K, V: (1, Hkv, S, D) contiguous in D; QPOS:
     hi = tl.where(in_sink, sink_hi, rec_hi)
     kpos = lo + tl.where(in_sink, blk, blk - n_blk_sink) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
     read = kpos < hi
-    off = (h.to(tl.int64) * stride_kh + kpos.to(tl.int64)[:, None] * stride_kpos  # int64: NOTE [Offsets] of the kernel
-           + tl.arange(0, D)[None, :])  # (BLOCK_N, D)
+    off = (b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh  # int64: NOTE [Offsets] of the kernel
+           + kpos.to(tl.int64)[:, None] * stride_kpos + tl.arange(0, D)[None, :])  # (BLOCK_N, D)
     k = tl.load(K + off, mask=read[:, None], other=0.0)
     v = tl.load(V + off, mask=read[:, None], other=0.0)
-    tl.store(Out + h * tl.num_programs(1) + blk, tl.sum(k.to(tl.float32) + v.to(tl.float32)))
+    tl.store(Out + (b * tl.num_programs(0) + h) * tl.num_programs(1) + blk, tl.sum(k.to(tl.float32) + v.to(tl.float32)))
 
 
 def read_key_set(k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, n_sink: int, window: int,
                  block_n: int = 64, num_warps: int = 4) -> torch.Tensor:
     """Read K and V of the union of the key sets of consecutive positions ``q_pos`` (``q_pos[i] =
-    q_pos[0] + i``, each ``< S``: the bench's queries; not checked, which would need a host sync);
-    return one fp32 sum per program ``(Hkv, n_blk)`` (their total is the sum of those keys' and
-    values' elements). Positions past the cache are clamped to ``S - 1``, as the attention kernel does.
+    q_pos[0] + i``, each ``< S``: the bench's queries; not checked, which would need a host sync), in
+    every batch row; return one fp32 sum per program ``(B, Hkv, n_blk)`` (their total is the sum of
+    those keys' and values' elements). Positions past the cache are clamped to ``S - 1``, as the
+    attention kernel does.
 
     The grid comes from shapes only: ``cdiv(min(n_sink, S), block_n)`` sink blocks and
     ``cdiv(window + Lq - 1, block_n)`` recent blocks per kv head (enough for consecutive positions);
     blocks past a range read nothing.
 
     Raises:
-        ValueError: for a layout other than ``(1, Hkv, S, D)`` contiguous in D, a head dim that is not
+        ValueError: for a layout other than ``(B, Hkv, S, D)`` contiguous in D, a head dim that is not
             a power of two, a ``block_n`` that is not one, or an empty ``q_pos``.
     """
-    if k.dim() != 4 or k.shape[0] != 1 or k.shape != v.shape or k.stride() != v.stride() or k.stride(-1) != 1:
-        raise ValueError(f"k and v must be alike, (1, Hkv, S, D) and contiguous in D; got {tuple(k.shape)}")
+    if k.dim() != 4 or k.shape != v.shape or k.stride() != v.stride() or k.stride(-1) != 1:
+        raise ValueError(f"k and v must be alike, (B, Hkv, S, D) and contiguous in D; got {tuple(k.shape)}")
     D, n = k.shape[-1], q_pos.numel()
     if D & (D - 1) or block_n < 1 or block_n & (block_n - 1) or n < 1:
         raise ValueError(f"need power-of-two head dim and block_n and a position; got {D}, {block_n}, {n}")
     n_blk_sink = triton.cdiv(min(n_sink, k.shape[2]), block_n)
     n_blk = n_blk_sink + triton.cdiv(window + n - 1, block_n)
-    out = torch.empty(k.shape[1], n_blk, device=k.device, dtype=torch.float32)  # (Hkv, n_blk)
-    _read_kernel[(k.shape[1], n_blk)](k, v, q_pos, out, k.stride(1), k.stride(2), k.shape[2], n, n_sink, window,
-                                      n_blk_sink, BLOCK_N=block_n, D=D, num_warps=num_warps)
+    B, Hkv, S, _ = k.shape
+    out = torch.empty(B, Hkv, n_blk, device=k.device, dtype=torch.float32)  # (B, Hkv, n_blk)
+    _read_kernel[(Hkv, n_blk, B)](k, v, q_pos, out, k.stride(0), k.stride(1), k.stride(2), S, n, n_sink, window,
+                                  n_blk_sink, BLOCK_N=block_n, D=D, num_warps=num_warps)
     return out
 
 

@@ -45,10 +45,11 @@ CAVEATS = [  # NOTE [Timing]: written into every result
 ]
 
 
-def method_bytes(method: str, keys: int, Hq: int, Hkv: int, D: int, q_len: int, itemsize: int) -> int:
-    """Bytes a method must move at least: K and V of ``keys`` keys, the queries, the output (+ block table)."""
+def method_bytes(method: str, keys: int, Hq: int, Hkv: int, D: int, q_len: int, itemsize: int, batch: int = 1) -> int:
+    """Bytes a method must move at least: K and V of ``keys`` keys, the queries, the output (+ block
+    table), for each of ``batch`` sequences."""
     table = 4 * -(-keys // PAGE_SIZE) if "paged" in method else 0
-    return (2 * keys * Hkv * D + 2 * Hq * q_len * D) * itemsize + table
+    return batch * ((2 * keys * Hkv * D + 2 * Hq * q_len * D) * itemsize + table)
 
 
 def _shape_key(r: dict) -> str:
@@ -120,7 +121,8 @@ def table(result: dict):
     if result.get("step_floor_ms"):  # older results have none; CPU results None
         step = result["step_floor_ms"]["one_kernel"]
         floor += f"; step of one: {step:.4f} ms" if isinstance(step, float) else "; step of one: failed"
-    t = Table(title=f"Attention, {result['dtype']}, sink {result['n_sink']} + window {result['window']}; "
+    t = Table(title=f"Attention, {result['dtype']}, batch {result.get('batch', 1)}, sink {result['n_sink']} + window "
+                    f"{result['window']}; "
                     f"HBM copy {result['copy_bandwidth_gbs']:.0f} GB/s{floor}")
     for col in ("shape", "q_len", "S", "method", "keys", "median ms", "% of floor", "graph ms", "read floor ms",
                 "step ms", "step read floor ms", "host ms", "error"):
@@ -151,7 +153,7 @@ def plot(result: dict, png_path) -> None:
 
     rows = result["rows"]
     shapes, q_lens = sorted({(r["Hq"], r["Hkv"], r["D"]) for r in rows}), sorted({r["q_len"] for r in rows})
-    itemsize = getattr(torch, result["dtype"]).itemsize
+    itemsize, batch = getattr(torch, result["dtype"]).itemsize, result.get("batch", 1)  # older results: batch 1
     fig = Figure(figsize=(5 * len(q_lens), 4 * len(shapes)), layout="constrained")
     axes = fig.subplots(len(shapes), len(q_lens), squeeze=False)
     for i, (Hq, Hkv, D) in enumerate(shapes):
@@ -164,7 +166,7 @@ def plot(result: dict, png_path) -> None:
                     ax.plot(*zip(*pts), marker="o", label=m)
             Ss = sorted({r["S"] for r in cell})
             bandwidth = result["copy_bandwidth_gbs"] * 1e6  # bytes per ms
-            floor = [method_bytes("full", S, Hq, Hkv, D, q_len, itemsize) / bandwidth for S in Ss]
+            floor = [method_bytes("full", S, Hq, Hkv, D, q_len, itemsize, batch) / bandwidth for S in Ss]
             ax.plot(Ss, floor, "k--", label="HBM floor, full cache")
             read = sorted((r["S"], r["read_floor_ms"]) for r in cell if r.get("read_floor_ms"))  # GPU sweeps only
             if read:
@@ -173,6 +175,7 @@ def plot(result: dict, png_path) -> None:
                    xlabel="context S (keys)", ylabel="ms: CUDA-graph replay, else plain calls")
             ax.grid(True, which="both", alpha=0.3)
     axes[0][0].legend(fontsize="small")
-    fig.suptitle(f"Attention time vs context, {result['dtype']}, sink {result['n_sink']} + window {result['window']}")
+    fig.suptitle(f"Attention time vs context, {result['dtype']}, batch {batch}, sink {result['n_sink']} + window "
+                 f"{result['window']}")
     with atomic_path(png_path) as tmp:
         fig.savefig(tmp, format="png", dpi=120)

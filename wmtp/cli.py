@@ -108,10 +108,12 @@ def build_parser(prog: str = "wmtp") -> argparse.ArgumentParser:
     att.add_argument("--rep-ms", type=int, default=None, help="(CUDA) do_bench measuring time per cell, in ms "
                      "(default: 100)")
     att.add_argument("--methods", nargs="+", default=None, help="(CUDA) methods to time (default: all)")
+    att.add_argument("--batch", type=int, default=None, help="(CUDA) sequences per call, each of S keys (default: 1, "
+                     "the issue's bars; another batch writes metrics/bench-attention-<h200|cuda>-b<batch>.json)")
     att.add_argument("--dtype", choices=("float32", "float64", "float16", "bfloat16"), default=None,
                      help="default: bfloat16 on CUDA, float32 elsewhere")
     att.add_argument("--out", type=Path, default=None,
-                     help="write the JSON here (CUDA default: metrics/bench-attention-<h200|cuda>.json)")
+                     help="write the JSON here (CUDA default: metrics/bench-attention-<h200|cuda>.json at batch 1)")
     att.add_argument("--plot", type=Path, default=None, help="(CUDA) write the plot here (default: --out as .png)")
 
     for name, (help_, description) in BENCHES.items():  # each module's add_arguments and cli
