@@ -81,6 +81,19 @@ def test_a_failing_method_is_recorded_and_the_sweep_goes_on(monkeypatch):
     assert res["correctness"]["q_len=1"]["max_abs_err"]["sdpa_full"] == "RuntimeError: kernel exploded"
 
 
+def test_a_long_error_keeps_its_first_and_last_lines():
+    """A compiler's error from a subprocess starts with a traceback's header and ends with the cause:
+    the record keeps the first line and the last ``ERROR_TAIL_LINES`` (round 41's FlexAttention rows
+    were cut to their first 600 characters, which held no cause)."""
+    tb = "\n".join(["An exception occurred in a subprocess:", "", "Traceback (most recent call last):"]
+                    + [f'  File "x.py", line {i}, in f' for i in range(40)] + ["ValueError: the cause", "", "  hint"])
+    assert ba._error_text(RuntimeError(tb)) == ('RuntimeError: An exception occurred in a subprocess: ... '
+                                                'File "x.py", line 39, in f | ValueError: the cause | hint')
+    assert ba._error_text(RuntimeError("launch failed")) == "RuntimeError: launch failed"
+    assert ba._error_text(MemoryError()) == "MemoryError"
+    assert len(ba._error_text(RuntimeError("x" * 5000 + "\n" + "y" * 5000))) == len("RuntimeError: ") + 200 + 5 + 400
+
+
 @pytest.mark.parametrize("kw", [dict(methods=("no_such_method",)), dict(window=None), dict(contexts=(2,)),
                                 dict(shapes=((3, 2, 32),)), dict(n_sink=-1), dict(repeats=0), dict(batch=0),
                                 dict(batch=2.0), dict(batch=True)])

@@ -41,6 +41,16 @@ from .metrics import environment
 CONTEXTS = (16384, 131072, 524288, 1048576)  # S
 SHAPES = ((16, 2, 256), (32, 8, 128))  # (Hq, Hkv, D)
 Q_LENS = (1, 8)  # 1: one draft query; 8: a verify chunk (or a batch of draft positions)
+ERROR_TAIL_LINES = 3  # a failed call's record keeps its message's first line and this many last ones
+
+
+def _error_text(e: Exception) -> str:
+    """One line for a failed call: the exception's type, its message's first line and, for a message
+    of many lines (a compiler's traceback from a subprocess), its last lines, where the cause is."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    head = lines[0][:200] if lines else ""
+    tail = " | ".join(lines[1:][-ERROR_TAIL_LINES:])[-400:]
+    return type(e).__name__ + (f": {head}" if head else "") + (f" ... {tail}" if tail else "")
 
 
 def _with(row: dict, key: str, value: float | str) -> None:
@@ -79,7 +89,7 @@ def _measure(name: str, c: Cell, row: dict, timed_ms: Callable, step: Callable |
                     _with(row, "step_read_floor_ms", read_floor_ms(c.k, c.v, c.q_pos, c.n_sink, c.window, step))
         return err
     except Exception as e:
-        row["error"] = f"{type(e).__name__}: {e}"[:600]
+        row["error"] = _error_text(e)
         return row["error"]
 
 
@@ -176,7 +186,7 @@ def sweep(device: torch.device | str, contexts=CONTEXTS, shapes=SHAPES, q_lens=Q
                     v = torch.randn(batch, Hkv, S, D, generator=gen, device=device, dtype=dtype)  # (B, Hkv, S, D)
                     pages, input_error = functools.cache(functools.partial(paginate_cell, k, v, gen)), None
                 except Exception as e:  # e.g. out of memory: every row of this (S, shape) says so
-                    input_error = f"inputs: {type(e).__name__}: {e}"[:600]
+                    input_error = f"inputs: {_error_text(e)}"
                 for q_len in q_lens:
                     c = None if input_error else Cell(k, v, pages, Hq, q_len, n_sink, window, gen)
                     refs, errs = {}, {}
@@ -188,7 +198,7 @@ def sweep(device: torch.device | str, contexts=CONTEXTS, shapes=SHAPES, q_lens=Q
                             guard.update(max_abs_err=errs, ref_max_abs={"full": refs[False].abs().max().item(),
                                                                         "window": refs[True].abs().max().item()})
                         except Exception as e:
-                            guard["error"], refs = f"{type(e).__name__}: {e}"[:600], {}
+                            guard["error"], refs = _error_text(e), {}
                     sink_hi, rec_lo = window_keys(S, q_len, n_sink, window)
                     for name in methods:
                         windowed = "window" in name
