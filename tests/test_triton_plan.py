@@ -12,9 +12,12 @@ BF16, F32, F64, M = torch.bfloat16, torch.float32, torch.float64, 1 << 20
 
 @pytest.mark.parametrize("args, expected", [
     # (B, Hq, Hkv, Lq, D, dtype, capacity, n_sink, window, sm_count) -> (block_m, block_n, splits, warps, stages)
-    ((1, 32, 8, 1, 128, BF16, M, 64, 4096, 132), (16, 64, 66, 4, 1)),  # draft: one 64-key block a program
-    ((1, 16, 2, 1, 256, BF16, M, 64, 4096, 132), (16, 64, 66, 4, 1)),
+    ((1, 16, 2, 1, 256, BF16, M, 64, 4096, 132), (16, 64, 66, 4, 1)),  # draft: one 64-key block a program
+    ((1, 32, 8, 1, 128, BF16, M, 64, 4096, 132), (16, 64, 33, 4, 1)),  # two: 66 x 8 programs, over 2 a SM
     ((1, 16, 2, 8, 256, BF16, M, 64, 4096, 132), (64, 64, 67, 8, 1)),  # draft-extend: 8 warps for a 64 x 256 tile
+    ((4, 16, 2, 8, 256, BF16, M, 64, 4096, 132), (64, 64, 17, 8, 1)),  # batch 4: 4 blocks, 136 programs, 1 a SM
+    ((2, 32, 8, 8, 128, BF16, M, 64, 4096, 132), (32, 64, 17, 4, 1)),  # 67 x 16 // 264 = 4 blocks a program
+    ((4, 32, 8, 1, 128, BF16, M, 64, 4096, 132), (16, 64, 8, 4, 3)),  # 65 x 32 blocks > 8 x 132: not "short"
     ((1, 32, 8, 1, 128, BF16, M, None, None, 132), (16, 64, 33, 4, 3)),  # verify: 2 programs per SM, 264 = 2 * 132
     ((1, 32, 8, 8, 128, BF16, M, None, None, 132), (32, 64, 33, 4, 3)),
     ((1, 16, 2, 1, 256, BF16, M, None, None, 132), (16, 32, 132, 4, 3)),
@@ -23,7 +26,7 @@ BF16, F32, F64, M = torch.bfloat16, torch.float32, torch.float64, 1 << 20
     ((1, 4, 2, 8, 16, F64, 60, None, None, 132), (16, 32, 2, 4, 3)),  # the lossless tests' tiny model on CUDA
     ((1, 32, 8, 1, 128, BF16, M, 64, 4096, None), (16, 64, 1, 4, 3)),  # CPU interpreter: one split
     ((1, 2, 1, 1, 64, BF16, 4096, None, None, 7), (16, 64, 13, 4, 3)),  # 14 programs of 5 of 64 blocks: 1 empty
-    ((1, 2, 1, 1, 64, BF16, M, 0, 512, 1), (16, 64, 9, 4, 1)),  # 8 blocks of 64 keys on 1 SM: still "short"
+    ((1, 2, 1, 1, 64, BF16, M, 0, 512, 1), (16, 64, 3, 4, 1)),  # 8 blocks of 64 keys on 1 SM: "short", 4 a program
 ])
 def test_launch_config_defaults(args, expected):
     """NOTE [Launch]'s defaults as literal launches (the H200 shapes of the benchmark, 132 SMs)."""

@@ -8,10 +8,14 @@ The planner (wmtp/attention/plan.py, NOTE [Launch]) calls a key range "short" wh
 (Hkv 8) batch 4 crosses the line (65 * 4 * 8 = 2080 > 8 * 132), at D256 (Hkv 2) batch 16 does. This
 times, in the bench's method (``graph_ms``: the call captured in a CUDA graph, its replay timed by
 ``triton.testing.do_bench``, cold L2, median; three rounds, the median of the three), for batches 1
-to 16 and both bench shapes, ``q_len`` 1 and 8:
-  planned: the launch as committed;
+to 32, both bench shapes and the small preset's (Hq4/Hkv4/D64), ``q_len`` 1, 4 and 8:
+  planned: the launch of the code that runs;
+  old:     the launch of 42cd31d's planner (a short range: one block a program, ``num_splits = n_blk``);
   short:   the short range's launch whatever the batch (the planner's own, asked with a huge SM count);
   splits=N: the planned launch with N splits a (batch, kv head).
+The first run (42cd31d's planner, batches 1-16, the bench shapes, splits 2-33) is
+batch-launch-h100-exp54.json; the second, after the planner took whole waves of blocks
+(NOTE [Launch]), batch-launch-h100-exp54-after.json.
 Each variant's output is checked against the planned one's (``max_abs_diff``: splits change the
 order of the sums). S = 131072 keys a row (the draft reads the same 4160 keys at any S).
 
@@ -32,9 +36,19 @@ from wmtp.bench_timing import graph_replay_ms
 from wmtp.metrics import environment
 
 S, N_SINK, WINDOW, ROUNDS = 1 << 17, 64, 4096, 3
-SHAPES = ((16, 2, 256), (32, 8, 128))  # (Hq, Hkv, D)
-BATCHES = (1, 2, 4, 8, 16)
-SPLITS = (2, 4, 8, 16, 33)
+SHAPES = ((16, 2, 256), (32, 8, 128), (4, 4, 64))  # (Hq, Hkv, D): the bench's, the small preset's
+BATCHES = (1, 2, 4, 8, 16, 32)
+Q_LENS = (1, 4, 8)
+SPLITS = (4, 16, 33)
+
+
+def old_launch(plan, B, Hkv, q_len, sm):
+    """42cd31d's planner: a short range (bf16) ran one block a program."""
+    n_keys = min(S, N_SINK + WINDOW + q_len - 1)
+    short = -(-n_keys // 64) * B * Hkv <= 8 * sm
+    return plan._replace(num_splits=-(-n_keys // plan.block_n) + 1) if short else plan
+
+
 OUT = sys.argv[1]
 
 
@@ -52,13 +66,16 @@ for Hq, Hkv, D in SHAPES:
     for B in BATCHES:
         k = torch.randn(B, Hkv, S, D, generator=gen, device="cuda", dtype=torch.bfloat16)  # (B, Hkv, S, D)
         v = torch.randn(B, Hkv, S, D, generator=gen, device="cuda", dtype=torch.bfloat16)  # (B, Hkv, S, D)
-        for q_len in (1, 8):
+        for q_len in Q_LENS:
             q = torch.randn(B, Hq, q_len, D, generator=gen, device="cuda", dtype=torch.bfloat16)  # (B, Hq, Lq, D)
             q_pos = torch.arange(S - q_len, S, device="cuda")  # (Lq,)
             plan = launch_config(B, Hq, Hkv, q_len, D, torch.bfloat16, S, N_SINK, WINDOW, sm)
             short = launch_config(B, Hq, Hkv, q_len, D, torch.bfloat16, S, N_SINK, WINDOW, 10**6)
-            variants = {"planned": {}, "short": dict(num_splits=short.num_splits, block_n=short.block_n,
-                                                     num_warps=short.num_warps, num_stages=short.num_stages)}
+            old = old_launch(plan, B, Hkv, q_len, sm)
+            variants = {"planned": {}, "old": dict(num_splits=old.num_splits, block_n=old.block_n,
+                                                   num_warps=old.num_warps, num_stages=old.num_stages),
+                        "short": dict(num_splits=short.num_splits, block_n=short.block_n,
+                                      num_warps=short.num_warps, num_stages=short.num_stages)}
             variants.update({f"splits={n}": dict(num_splits=n) for n in SPLITS})
             ref = ta.attention_triton(q, k, v, q_pos, N_SINK, WINDOW).float()
             for name, kw in variants.items():
