@@ -64,7 +64,7 @@ def _print_reproduce(console: Console, m: dict) -> None:
             table.add_row("", name, f"{a['draft_keys_read_per_step']:.0f}", f"{a['acceptance_rate']:.2f}",
                           f"{a['mean_accept_length']:.2f}", f"{a['draft_time_per_step_s'] * 1e3:.2f}",
                           f"{a['verify_time_per_step_s'] * 1e3:.2f}", f"{a['tpot_s'] * 1e3:.2f}",
-                          f"{a['tpot_speedup_vs_dense']:+.2f}", "yes" if a["lossless"] else "NO")
+                          f"{a['tpot_speedup_vs_dense']:+.0%}", "yes" if a["lossless"] else "NO")
     console.print(table)
     from .bench import attention_table
 
