@@ -70,7 +70,8 @@ def _print_reproduce(console: Console, m: dict) -> None:
 
     console.print(attention_table(m["draft_attention"]))
     ppl = m["target_perplexity"]
-    console.print(f"target perplexity on {ppl['valid_tokens_scored']} valid tokens, by context: {ppl['by_context']}")
+    by_context = ", ".join(f"{c}: {p:.2f}" for c, p in ppl["by_context"].items())  # the JSON keeps every digit
+    console.print(f"target perplexity on {ppl['valid_tokens_scored']} valid tokens, by context: {by_context}")
 
 
 def _preset_with_overrides(args: argparse.Namespace):
