@@ -54,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _print_reproduce(console: Console, m: dict) -> None:
     table = Table(title=f"Windowed-MTP reproduction: {m['corpus']['name']}, depth {m['config']['spec']['depth']}, "
                   f"decode {m['decode_dtype']}")
-    for col in ("context", "arm", "keys/step", "accept", "AL", "draft ms/step", "verify ms/step", "TPOT ms",
+    for col in ("context", "arm", "draft keys/step", "accept", "AL", "draft ms/step", "verify ms/step", "TPOT ms",
                 "TPOT speedup vs dense", "lossless"):
         table.add_column(col, justify="right")
     for c in m["contexts"]:
