@@ -144,6 +144,16 @@ def test_a_run_that_is_not_lossless_fails_the_cell(monkeypatch):
         run_cell(target, head, prompts, preset, "eager", 1, True)
 
 
+def test_keysets_help_offers_no_gate(capsys):
+    """bench batch refuses a gate (below), so its help offered SINK:WINDOW[@GATE] and 8:64@8192 for nothing;
+    the benches that take one still offer it."""
+    code, out, _ = _run(capsys, ["bench", "batch", "--help"])
+    assert code == 0 and "--keysets SINK:WINDOW [SINK:WINDOW ...]" in out and "@GATE:" in out
+    assert "SINK:WINDOW[@GATE]" not in out and "8:64@8192" not in out
+    code, out, _ = _run(capsys, ["bench", "decode", "--help"])
+    assert code == 0 and "--keysets SINK:WINDOW[@GATE]" in out and "8:64@8192" in out
+
+
 @pytest.mark.parametrize("bad,match", [(["--batch-sizes", "0"], "--batch-sizes must be integers >= 1"),
                                        (["--lengths", "mixed", "--batch-sizes", "1"], "needs more than one prompt"),
                                        (["--prompts-per-row", "0"], "--prompts-per-row must be an integer >= 1"),

@@ -143,3 +143,13 @@ def test_a_missing_subcommand_is_a_usage_error(capsys, monkeypatch):
     monkeypatch.setattr("wmtp.bench.attention_cli", lambda *a: pytest.fail("the bench started"))
     assert _run(capsys, []) == (2, "", "wmtp: error: the following arguments are required: command\n")
     assert _run(capsys, ["bench"]) == (2, "", "wmtp bench: error: the following arguments are required: bench\n")
+
+
+def test_an_unknown_option_names_its_subcommand(capsys, monkeypatch):
+    """argparse said ``wmtp: error: unrecognized arguments`` for an option the subcommand lacks."""
+    monkeypatch.setattr("wmtp.reproduce.prepare_models", lambda *a, **k: pytest.fail("the training started"))
+    monkeypatch.setattr("wmtp.bench_decode.bench_setup", lambda *a, **k: pytest.fail("the bench started"))
+    assert _run(capsys, ["reproduce", "--bogus"]) == (2, "", "wmtp reproduce: error: unrecognized arguments: --bogus\n")
+    assert _run(capsys, ["bench", "decode", "--max-tokens", "5"]) == (
+        2, "", "wmtp bench decode: error: unrecognized arguments: --max-tokens 5\n")
+    assert _run(capsys, ["plot", "a.json", "b.json"]) == (2, "", "wmtp plot: error: unrecognized arguments: b.json\n")

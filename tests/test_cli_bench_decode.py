@@ -79,6 +79,22 @@ def test_bench_decode_writes_lossless_rows(capsys, wikitext_dir, tmp_path, monke
         assert not (tmp_path / "bad.json").exists()
 
 
+def test_ring_alone_still_runs_the_native_and_gated_arms(capsys, wikitext_dir, tmp_path):
+    """``--draft-caches ring`` ran only the ungated windowed arms: no native arm (which ``--keysets`` says
+    always runs, and which the draft-time reduction is measured against), and with only gated key sets
+    a bench of dense decoding alone."""
+    out = tmp_path / "ring.json"
+    code, stdout, err = _run(capsys, ["bench", "decode", "--preset", "tiny", "--dataset-dir", str(wikitext_dir),
+                                      "--device", "cpu", "--seed", "0", "--contexts", "64", "--new-tokens", "9",
+                                      "--keysets", "4:16", "4:16@66", "--draft-caches", "ring", "--cache-dir",
+                                      str(tmp_path / "cache"), "--no-progress", "--out", str(out)])
+    assert code == 0, err
+    (row,) = json.loads(out.read_text())["rows"]
+    assert list(row["arms"]) == ["native", "sink4+win16 ring", "sink4+win16+gate66"]
+    assert [a["draft_cache"] for a in row["arms"].values()] == ["full", "ring", "full"]
+    assert row["arms"]["sink4+win16 ring"]["draft_time_reduction_vs_native"] is not None
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the CUDA-graph loop")
 def test_bench_decode_on_cuda_times_both_loops(capsys, tmp_path, monkeypatch):
     """Both loops' rows, lossless; the graph loop's dense and speculative runs in CUDA graphs (the

@@ -44,7 +44,7 @@ def test_bench_sampling_writes_every_arm_and_method(capsys, wikitext_dir, tmp_pa
 @pytest.mark.parametrize("bad,match", [(["--temperatures", "-0.5"], "--temperatures must be finite and >= 0"),
                                        (["--temperatures", "0.7", "nan"], "--temperatures must be finite"),
                                        (["--temperatures=inf"], "--temperatures must be finite"),
-                                       (["--sample-seeds", "-1"], "seed must be an int"),
+                                       (["--sample-seeds", "-1"], "argument --sample-seeds: must be an integer"),
                                        (["--sample-seeds", "2", "2"], "--sample-seeds must be distinct"),
                                        (["--temperatures", "1.0", "1.0"], "--temperatures must be distinct"),
                                        (["--temperatures", "0.7", "0.70"], "--temperatures must be distinct")])
@@ -57,6 +57,19 @@ def test_bench_sampling_bad_temperature_exits_2_before_any_work(capsys, tmp_path
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert err.startswith("wmtp bench sampling: error:") and match in err, err
     assert not out.exists() and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("bench", ["sampling", "positions"])
+@pytest.mark.parametrize("seed", ["-1", str(2**64), "x"])
+def test_a_bad_sample_seed_names_the_flag(capsys, tmp_path, bench, seed):
+    """``--sample-seeds`` takes ``--seed``'s type: its error named a ``seed`` the command has no option for."""
+    code, _, err = _run(capsys, ["bench", bench, "--preset", "tiny", "--device", "cpu", "--cache-dir",
+                                 str(tmp_path / "cache"), "--out", str(tmp_path / "s.json"),
+                                 "--sample-seeds", "3", seed])
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert err.strip() == (f"wmtp bench {bench}: error: argument --sample-seeds: must be an integer from 0 to "
+                           f"2**64 - 1, got '{seed}'")
+    assert not (tmp_path / "s.json").exists() and not (tmp_path / "cache").exists()
 
 
 def test_bench_positions_pairs_absolute_and_reindexed(capsys, wikitext_dir, tmp_path, monkeypatch):

@@ -61,6 +61,7 @@ def test_generate_prints_the_text_and_writes_its_marks(capsys, wikitext_dir, tmp
     (["--context", "-5"], "at least 1"), (["--max-new-tokens", "5000"], "to 4096"), (["--depth", "65"], "to 64"),
     (["--impl", "bogus"], "invalid choice"), (["--out", "TMP/g.json"], "inside --cache-dir"),
     (["--loop", "graph"], "captures CUDA graphs"), (["--keyset", "8:64", "8:64"], "key set sink8+win64 is given twice"),
+    (["ab\udcffc"], "the prompt is not UTF-8 text"),  # argv's byte 0xff, which the tokenizer refused with a traceback
 ])
 def test_generate_bad_input_exits_2_before_any_work(capsys, tmp_path, bad, match, monkeypatch):
     monkeypatch.setattr("wmtp.data.load_corpus", lambda *a, **k: pytest.fail("work started"))

@@ -288,7 +288,7 @@ def table(result: dict):
 def add_arguments(p) -> None:
     """``wmtp bench batch``'s options (wmtp/cli.py builds the parser)."""
     add_model_arguments(p)
-    add_keysets_argument(p)
+    add_keysets_argument(p, gates=False)
     p.add_argument("--contexts", type=int, nargs="+", default=[1024, 16384],
                    help="the longest prompt of a batch (default: 1024 16384)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16],

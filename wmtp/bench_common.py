@@ -162,8 +162,14 @@ def add_model_arguments(p) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def add_keysets_argument(p) -> None:
-    """``--keysets``: the draft arms of a bench that runs the native arm beside them (decode, depth, sampling)."""
+def add_keysets_argument(p, gates: bool = True) -> None:
+    """``--keysets``: the draft arms of a bench that runs the native arm beside them (decode, depth, sampling;
+    batch with ``gates=False``, whose decoders take no gate)."""
+    if not gates:
+        p.add_argument("--keysets", nargs="+", default=None, metavar="SINK:WINDOW",
+                       help="windowed draft arms, e.g. 64:4096 8:64 (no @GATE: the batch decoders take none); the "
+                            "native arm always runs (default: the preset's)")
+        return
     p.add_argument("--keysets", nargs="+", default=None, metavar="SINK:WINDOW[@GATE]",
                    help="windowed draft arms, e.g. 64:4096 8:64, or 8:64@8192 (native up to a context of 8192 "
                         "tokens, 8+64 past it); the native arm always runs (default: the preset's)")

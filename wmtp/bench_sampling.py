@@ -167,13 +167,15 @@ def table(result: dict):
 
 def add_arguments(p) -> None:
     """``wmtp bench sampling``'s options (wmtp/cli.py builds the parser)."""
+    from .cli import seed_arg  # --seed's type: a bad seed's one-line error names --sample-seeds
+
     add_model_arguments(p)
     add_keysets_argument(p)
     p.add_argument("--contexts", type=int, nargs="+", default=[1024, 16384],
                    help="prompt lengths (default: 1024 16384)")
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.7, 1.0],
                    help=f"sampling temperatures, 0 (greedy) or >= {MIN_TEMPERATURE} (default: 0.7 1.0)")
-    p.add_argument("--sample-seeds", type=int, nargs="+", default=[0, 1, 2, 3],
+    p.add_argument("--sample-seeds", type=seed_arg, nargs="+", default=[0, 1, 2, 3],
                    help="seeds of the sampling noise, one run each, pooled (default: 0 1 2 3)")
     p.add_argument("--out", type=Path, default=None,
                    help="write the JSON here and its plot beside it "

@@ -163,9 +163,12 @@ def main(argv: list[str] | None = None, prog: str = "wmtp") -> int:
     """Run the command line; return the exit status (2 for bad input)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        args = build_parser(prog).parse_args(argv)
+        args, unknown = build_parser(prog).parse_known_args(argv)
     except SystemExit as e:  # --help (0) or a usage error (2), already printed
         return int(e.code or 0)
+    if unknown:  # parse_args would name the top command, "wmtp: error:", for a subcommand's unknown option
+        print(f"{_where(prog, args)}: error: unrecognized arguments: {' '.join(unknown)}", file=sys.stderr)
+        return 2
     try:
         if args.command == "reproduce":
             return importlib.import_module(".reproduce_cli", __package__).cli(args, prog, argv)

@@ -65,6 +65,10 @@ def _options(args):
         raise ValueError("give a prompt or --context, not both")
     if args.prompt == "":
         raise ValueError("the prompt is empty")
+    try:
+        (args.prompt or "").encode("utf-8")
+    except UnicodeEncodeError:  # argv's bytes that are not UTF-8 arrive as lone surrogates: the tokenizer refuses them
+        raise ValueError("the prompt is not UTF-8 text (give it from a UTF-8 terminal or file)") from None
     if args.context is not None and args.context < 1 or not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS:
         raise ValueError(f"--context must be at least 1 and --max-new-tokens from 1 to {MAX_NEW_TOKENS}")
     depth = preset.spec.depth if args.depth is None else args.depth

@@ -54,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _print_reproduce(console: Console, m: dict) -> None:
     table = Table(title=f"Windowed-MTP reproduction: {m['corpus']['name']}, depth {m['config']['spec']['depth']}, "
                   f"decode {m['decode_dtype']}")
-    for col in ("context", "arm", "keys/step", "accept", "AL", "draft ms/step", "verify ms/step", "TPOT ms",
+    for col in ("context", "arm", "draft keys/step", "accept", "AL", "draft ms/step", "verify ms/step", "TPOT ms",
                 "TPOT speedup vs dense", "lossless"):
         table.add_column(col, justify="right")
     for c in m["contexts"]:
@@ -64,13 +64,14 @@ def _print_reproduce(console: Console, m: dict) -> None:
             table.add_row("", name, f"{a['draft_keys_read_per_step']:.0f}", f"{a['acceptance_rate']:.2f}",
                           f"{a['mean_accept_length']:.2f}", f"{a['draft_time_per_step_s'] * 1e3:.2f}",
                           f"{a['verify_time_per_step_s'] * 1e3:.2f}", f"{a['tpot_s'] * 1e3:.2f}",
-                          f"{a['tpot_speedup_vs_dense']:+.2f}", "yes" if a["lossless"] else "NO")
+                          f"{a['tpot_speedup_vs_dense']:+.0%}", "yes" if a["lossless"] else "NO")
     console.print(table)
     from .bench import attention_table
 
     console.print(attention_table(m["draft_attention"]))
     ppl = m["target_perplexity"]
-    console.print(f"target perplexity on {ppl['valid_tokens_scored']} valid tokens, by context: {ppl['by_context']}")
+    by_context = ", ".join(f"{c}: {p:.2f}" for c, p in ppl["by_context"].items())  # the JSON keeps every digit
+    console.print(f"target perplexity on {ppl['valid_tokens_scored']} valid tokens, by context: {by_context}")
 
 
 def _preset_with_overrides(args: argparse.Namespace):
