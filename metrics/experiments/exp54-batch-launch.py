@@ -23,6 +23,7 @@ Usage: python3 metrics/experiments/exp54-batch-launch.py OUT.json
 """
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -94,6 +95,7 @@ for Hq, Hkv, D in SHAPES:
                 print(Hq, Hkv, D, B, q_len, name, row.get("us"), row.get("error", ""), flush=True)
         del k, v
         torch.cuda.empty_cache()
-res["wall_time_s"] = time.perf_counter() - t0
-with open(OUT, "w") as f:
-    json.dump(res, f, indent=2)
+        res["wall_time_s"] = time.perf_counter() - t0  # written after every batch: a run cut short keeps its rows
+        with open(OUT + ".tmp", "w") as f:
+            json.dump(res, f, indent=2)
+        os.replace(OUT + ".tmp", OUT)
