@@ -18,6 +18,8 @@ BF16, F32, F64, M = torch.bfloat16, torch.float32, torch.float64, 1 << 20
     ((4, 16, 2, 8, 256, BF16, M, 64, 4096, 132), (64, 64, 17, 8, 1)),  # batch 4: 4 blocks, 136 programs, 1 a SM
     ((2, 32, 8, 8, 128, BF16, M, 64, 4096, 132), (32, 64, 17, 4, 1)),  # 67 x 16 // 264 = 4 blocks a program
     ((4, 32, 8, 1, 128, BF16, M, 64, 4096, 132), (16, 64, 8, 4, 3)),  # 65 x 32 blocks > 8 x 132: not "short"
+    ((4, 4, 4, 1, 64, BF16, M, 64, 4096, 132), (16, 64, 66, 4, 1)),  # one row's partial, 1/62 of a block: one a program
+    ((4, 4, 4, 4, 64, BF16, M, 64, 4096, 132), (16, 64, 17, 4, 1)),  # four rows' (1/15.5): 4 blocks a program
     ((1, 32, 8, 1, 128, BF16, M, None, None, 132), (16, 64, 33, 4, 3)),  # verify: 2 programs per SM, 264 = 2 * 132
     ((1, 32, 8, 8, 128, BF16, M, None, None, 132), (32, 64, 33, 4, 3)),
     ((1, 16, 2, 1, 256, BF16, M, None, None, 132), (16, 32, 132, 4, 3)),

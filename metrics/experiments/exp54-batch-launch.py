@@ -13,9 +13,10 @@ to 32, both bench shapes and the small preset's (Hq4/Hkv4/D64), ``q_len`` 1, 4 a
   old:     the launch of 42cd31d's planner (a short range: one block a program, ``num_splits = n_blk``);
   short:   the short range's launch whatever the batch (the planner's own, asked with a huge SM count);
   splits=N: the planned launch with N splits a (batch, kv head).
-The first run (42cd31d's planner, batches 1-16, the bench shapes, splits 2-33) is
-batch-launch-h100-exp54.json; the second, after the planner took whole waves of blocks
-(NOTE [Launch]), batch-launch-h100-exp54-after.json.
+The first run (42cd31d's planner, batches 1-16, the bench shapes, splits 2-33, an H100) is
+batch-launch-h100-exp54.json; the second (0effdd2's planner, which took whole waves of blocks for
+every short range, an H200, cut by the device budget before the small shape's batch 32),
+batch-launch-h200-exp54.json.
 Each variant's output is checked against the planned one's (``max_abs_diff``: splits change the
 order of the sums). S = 131072 keys a row (the draft reads the same 4160 keys at any S).
 

@@ -133,9 +133,11 @@ def launch_config(B: int, Hq: int, Hkv: int, Lq: int, D: int, dtype: torch.dtype
     if num_splits is None:
         if sm_count is None:  # the CPU interpreter runs programs one by one: splitting only adds programs
             num_splits = 1
-        elif short:  # blocks a program: one, until programs would outnumber a wave (NOTE [Launch])
+        elif short:  # one block a program, unless partials are heavy and programs outnumber a wave (NOTE [Launch])
+            partial = Hq // Hkv * Lq * (D + 2) * 4  # bytes a split writes and the merge reads: m, l, acc of real rows
             per_sm = 2 if block_m * D * 4 <= 32 * 1024 else 1  # resident programs an SM, by accumulator size
-            num_splits = _cdiv(n_blk, max(1, n_blk * B * Hkv // (per_sm * sm_count)))
+            light = 32 * partial < 2 * block_n * D * dtype.itemsize  # under 1/32 of a block's K and V bytes
+            num_splits = n_blk if light else _cdiv(n_blk, max(1, n_blk * B * Hkv // (per_sm * sm_count)))
         else:  # whole waves: 1 or 2 resident programs per SM, by registers and shared memory
             num_splits = max(1, min(n_blk, (2 if two_per_sm else 1) * sm_count // (B * Hkv)))
         num_splits = _cdiv(n_blk, _cdiv(n_blk, num_splits))  # drop splits left empty
