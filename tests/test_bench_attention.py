@@ -281,6 +281,18 @@ def test_plot_writes_a_png(result, tmp_path):
     assert (tmp_path / "with-read-floor.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_plots_floor_counts_every_row_of_a_batch(result, tmp_path, monkeypatch):
+    """The dashed HBM floor of a batch sweep is the bytes of all its rows (older results: batch 1)."""
+    pytest.importorskip("matplotlib")
+    seen, method_bytes = [], bench_report.method_bytes
+    monkeypatch.setattr(bench_report, "method_bytes", lambda *a: seen.append(a[7:]) or method_bytes(*a))
+    bench_report.plot(result | {"batch": 3}, tmp_path / "b3.png")
+    assert seen and set(seen) == {(3,)}
+    seen.clear()
+    bench_report.plot({k: v for k, v in result.items() if k != "batch"}, tmp_path / "old.png")
+    assert seen and set(seen) == {(1,)}
+
+
 def test_cli_sweep_flags_need_cuda(capsys):
     if torch.cuda.is_available():
         pytest.skip("checks the CPU path")

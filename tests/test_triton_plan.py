@@ -20,6 +20,8 @@ BF16, F32, F64, M = torch.bfloat16, torch.float32, torch.float64, 1 << 20
     ((4, 32, 8, 1, 128, BF16, M, 64, 4096, 132), (16, 64, 8, 4, 3)),  # 65 x 32 blocks > 8 x 132: not "short"
     ((4, 4, 4, 1, 64, BF16, M, 64, 4096, 132), (16, 64, 66, 4, 1)),  # one row's partial, 1/62 of a block: one a program
     ((4, 4, 4, 4, 64, BF16, M, 64, 4096, 132), (16, 64, 17, 4, 1)),  # four rows' (1/15.5): 4 blocks a program
+    ((4, 8, 4, 1, 64, BF16, M, 64, 4096, 132), (16, 64, 17, 4, 1)),  # two rows' (1/31): over the 1/32 line
+    ((3, 16, 2, 1, 256, BF16, M, 64, 4096, 132), (16, 64, 66, 4, 1)),  # 396 programs: under two waves of 264
     ((1, 32, 8, 1, 128, BF16, M, None, None, 132), (16, 64, 33, 4, 3)),  # verify: 2 programs per SM, 264 = 2 * 132
     ((1, 32, 8, 8, 128, BF16, M, None, None, 132), (32, 64, 33, 4, 3)),
     ((1, 16, 2, 1, 256, BF16, M, None, None, 132), (16, 32, 132, 4, 3)),
@@ -28,7 +30,7 @@ BF16, F32, F64, M = torch.bfloat16, torch.float32, torch.float64, 1 << 20
     ((1, 4, 2, 8, 16, F64, 60, None, None, 132), (16, 32, 2, 4, 3)),  # the lossless tests' tiny model on CUDA
     ((1, 32, 8, 1, 128, BF16, M, 64, 4096, None), (16, 64, 1, 4, 3)),  # CPU interpreter: one split
     ((1, 2, 1, 1, 64, BF16, 4096, None, None, 7), (16, 64, 13, 4, 3)),  # 14 programs of 5 of 64 blocks: 1 empty
-    ((1, 2, 1, 1, 64, BF16, M, 0, 512, 1), (16, 64, 3, 4, 1)),  # 8 blocks of 64 keys on 1 SM: "short", 4 a program
+    ((1, 2, 1, 1, 64, BF16, M, 0, 512, 1), (16, 64, 3, 4, 1)),  # 9 blocks of 64 keys on 1 SM: "short", 3 a program
 ])
 def test_launch_config_defaults(args, expected):
     """NOTE [Launch]'s defaults as literal launches (the H200 shapes of the benchmark, 132 SMs)."""

@@ -4,11 +4,11 @@ else (arXiv 2607.21535, Sec. 4: the draft-KV tax is memory traffic).
 ``wmtp bench attention`` sets the windowed draft's device time beside what merely reading the same
 bytes costs under the same timing: the union of the key sets of queries at ``q_pos`` (the sinks
 ``[0, sink_hi)`` and the recent range ``[rec_lo, t_max]``, wmtp/keyset.py) of every kv head, K and
-V, from a contiguous ``(1, Hkv, S, D)`` cache. Like the draft kernel, each program first loads the
-positions (a device tensor: no host sync) and plans its ranges on device with the kernel's own
-``_key_plan`` (attention/triton_attention.py); then it loads one block of ``BLOCK_N`` keys and
-values, and writes their sum, one number, so that the loads cannot be dropped. No dot products, no
-softmax, no merge.
+V, from a contiguous ``(B, Hkv, S, D)`` cache (every row at the same positions). Like the draft
+kernel, each program first loads the positions (a device tensor: no host sync) and plans its ranges
+on device with the kernel's own ``_key_plan`` (attention/triton_attention.py); then it loads one
+block of ``BLOCK_N`` keys and values, and writes their sum, one number, so that the loads cannot be
+dropped. No dot products, no softmax, no merge.
 
 ``READ_CONFIGS`` are the block sizes and warps tried; the bench reports the fastest. It is the
 floor of this kernel shape, measured, not a bound on every possible kernel.

@@ -133,7 +133,7 @@ def launch_config(B: int, Hq: int, Hkv: int, Lq: int, D: int, dtype: torch.dtype
     if num_splits is None:
         if sm_count is None:  # the CPU interpreter runs programs one by one: splitting only adds programs
             num_splits = 1
-        elif short:  # one block a program, unless partials are heavy and programs outnumber a wave (NOTE [Launch])
+        elif short:  # one block a program, unless partials are heavy and fill two waves or more (NOTE [Launch])
             partial = Hq // Hkv * Lq * (D + 2) * 4  # bytes a split writes and the merge reads: m, l, acc of real rows
             per_sm = 2 if block_m * D * 4 <= 32 * 1024 else 1  # resident programs an SM, by accumulator size
             light = 32 * partial < 2 * block_n * D * dtype.itemsize  # under 1/32 of a block's K and V bytes

@@ -55,10 +55,10 @@ Defaults (H200 runs; metrics/README.md lists the files):
   keys (32 where shared memory is smaller), 4 warps (8 for tiles over 16 x 256), ONE stage: every
   2-stage launch measured was slower (draft-floor-h200-a353de9.json), and 64-key blocks beat
   128-key ones (draft-floor-h200-d011fa8.json). One block a program, unless a split's partial
-  (m, l and acc of the tile's real rows, fp32) is at least 1/32 of a block's K and V bytes and one
-  block a program makes more programs than a wave holds (two resident an SM for an accumulator of
-  at most 32 KiB, else one): then as many whole blocks a program as keep a wave full (experiment
-  54, docs/results/gpu-attention.md: up to 1.9x faster at batch 2-8, a row's partial at D64 excepted);
+  (m, l and acc of the tile's real rows, fp32) is at least 1/32 of a block's K and V bytes (a
+  choice between the measured 1/62 and 1/16) and one block a program makes at least two waves of
+  programs (two resident an SM for an accumulator of at most 32 KiB, else one): then whole blocks
+  a program, as many as keep a wave full (experiment 54, docs/results/gpu-attention.md);
 - a long range (verify) runs in whole waves: one or two resident programs per SM (two when the
   accumulator is <= 32 KiB and two 3-stage K/V pipelines fit in shared memory), each streaming its
   blocks through ``num_stages`` buffers (tune-attention-h200-{graph-12d4ff2,plain-24aeee8}.json);
