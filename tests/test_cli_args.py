@@ -141,8 +141,10 @@ def test_a_missing_subcommand_is_a_usage_error(capsys, monkeypatch):
     """``wmtp`` alone and ``wmtp bench`` alone: argparse's one line and exit 2, not a traceback nor a
     benchmark (mutation round 8: either subparser's required=True dropped survived)."""
     monkeypatch.setattr("wmtp.bench.attention_cli", lambda *a: pytest.fail("the bench started"))
-    assert _run(capsys, []) == (2, "", "wmtp: error: the following arguments are required: command\n")
-    assert _run(capsys, ["bench"]) == (2, "", "wmtp bench: error: the following arguments are required: bench\n")
+    assert _run(capsys, []) == (2, "", "wmtp: error: the following arguments are required: command "
+                                       "(see `wmtp --help`)\n")
+    assert _run(capsys, ["bench"]) == (2, "", "wmtp bench: error: the following arguments are required: bench "
+                                              "(see `wmtp bench --help`)\n")
 
 
 def test_an_unknown_option_names_its_subcommand(capsys, monkeypatch):

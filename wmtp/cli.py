@@ -64,6 +64,8 @@ class _Parser(argparse.ArgumentParser):
         self._negative_number_matcher = re.compile(r"^-\.?\d")  # no option of wmtp's starts so
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        if message.startswith("the following arguments are required"):  # a bare `wmtp` or `wmtp bench`, say
+            message += f" (see `{self.prog} --help`)"
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
