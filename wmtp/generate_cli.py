@@ -42,7 +42,8 @@ def add_arguments(p) -> None:
     p.add_argument("--no-check", action="store_true", help="skip the dense greedy run the output is compared with")
     p.add_argument("--out", type=Path, default=None,
                    help="also write the prompt, the new tokens, their marks and the counters as JSON")
-    p.add_argument("--preset", default="small", help="named preset (default: small, reproduce's models)")
+    p.add_argument("--preset", default="small", help="named preset (default: small, reproduce's models; tiny: "
+                   "trained for seconds, its text means nothing, often blank)")
     p.add_argument("--dataset-dir", default=None, help="as reproduce's (default: none: the hub if online, else the "
                    "offline corpus python-stdlib)")
     p.add_argument("--seed", type=seed_arg, default=42, help="the models' seed, as reproduce's (default: 42)")
