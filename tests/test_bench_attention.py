@@ -92,6 +92,26 @@ def test_a_long_error_keeps_its_first_and_last_lines():
     assert ba._error_text(RuntimeError("launch failed")) == "RuntimeError: launch failed"
     assert ba._error_text(MemoryError()) == "MemoryError"
     assert len(ba._error_text(RuntimeError("x" * 5000 + "\n" + "y" * 5000))) == len("RuntimeError: ") + 200 + 5 + 400
+    assert ba._error_text(RuntimeError("head\n" + "a" * 100 + "b" * 400)) == "RuntimeError: head ... " + "b" * 400
+
+
+def test_the_inputs_and_guard_errors_keep_their_first_and_last_lines(monkeypatch):
+    """An (S, shape) whose inputs fail (out of memory, say) and a correctness guard whose fp32 references
+    fail record the same one line as a failed method: first line, ``...``, last lines."""
+    tb = "Traceback (most recent call last):\n" + "\n".join(f"  frame {i}" for i in range(9)) + "\nthe cause"
+
+    def fail(*args, **kwargs):
+        raise RuntimeError(tb)
+
+    monkeypatch.setattr(ba, "sdpa", fail)  # the guard's references only; the methods build their own
+    res = ba.sweep("cpu", methods=SDPA_METHODS, **{**TINY, "contexts": (64,)})
+    assert res["correctness"]["q_len=1"]["error"] == "RuntimeError: Traceback (most recent call last): ... " \
+                                                     "frame 7 | frame 8 | the cause"
+    monkeypatch.setattr(torch, "randn", fail)
+    res = ba.sweep("cpu", methods=SDPA_METHODS, **{**TINY, "contexts": (64,)})
+    assert {r["error"] for r in res["rows"]} == {"inputs: RuntimeError: Traceback (most recent call last): ... "
+                                                 "frame 7 | frame 8 | the cause"}
+    assert len(res["rows"]) == 2 * len(SDPA_METHODS) and res["correctness"] == {}
 
 
 @pytest.mark.parametrize("kw", [dict(methods=("no_such_method",)), dict(window=None), dict(contexts=(2,)),
@@ -120,6 +140,21 @@ def test_a_batch_sweep_counts_every_row_and_leaves_the_bars_to_batch_1():
     console = Console(record=True, width=200)
     console.print(bench_report.table(res))
     assert "float32, batch 2, sink 4" in " ".join(console.export_text().split())
+
+
+def test_a_sweep_on_another_gpu_calls_itself_with_every_argument(monkeypatch):
+    """On a GPU other than the current one the sweep calls itself inside ``torch.cuda.device(device)``;
+    that call must get the batch and every other argument (CUDA faked: the inner call is caught)."""
+    import contextlib
+
+    sweep, seen = ba.sweep, []
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(ba, "sweep", lambda *a, **kw: seen.append((a, kw)) or "inner")
+    assert sweep("cuda:1", methods=SDPA_METHODS, command="c", seed=5, **{**TINY, "batch": 3}) == "inner"
+    (args, kwargs), = seen
+    assert args == (torch.device("cuda:1"), (64, 200), ((4, 2, 32),), (1, 3), torch.float32, 4, 16, SDPA_METHODS)
+    assert kwargs == dict(batch=3, repeats=2, warmup_ms=25, rep_ms=100, seed=5, command="c", on_progress=None)
 
 
 def test_window_key_ranges_literal():
@@ -268,6 +303,9 @@ def test_table_lists_every_method(result):
     assert "a graph of one-element kernels: one kernel 0.0031 ms, two kernels failed; step of one: 0.0015 ms" in text
     console.print(bench_report.table(result | {"step_floor_ms": {"one_kernel": "RuntimeError: X", "two_kernels": 1.0}}))
     assert "step of one: failed" in " ".join(console.export_text().split())
+    console = Console(record=True, width=200)
+    console.print(bench_report.table({k: v for k, v in result.items() if k != "batch"} | {"dtype": "bfloat16"}))
+    assert "Attention, bfloat16, batch 1, sink 4" in " ".join(console.export_text().split())  # older results
 
 
 def test_plot_writes_a_png(result, tmp_path):
@@ -284,13 +322,17 @@ def test_plot_writes_a_png(result, tmp_path):
 def test_the_plots_floor_counts_every_row_of_a_batch(result, tmp_path, monkeypatch):
     """The dashed HBM floor of a batch sweep is the bytes of all its rows (older results: batch 1)."""
     pytest.importorskip("matplotlib")
-    seen, method_bytes = [], bench_report.method_bytes
+    from matplotlib.figure import Figure
+
+    seen, method_bytes, titles, savefig = [], bench_report.method_bytes, [], Figure.savefig
     monkeypatch.setattr(bench_report, "method_bytes", lambda *a: seen.append(a[7:]) or method_bytes(*a))
+    monkeypatch.setattr(Figure, "savefig", lambda f, *a, **k: titles.append(f.get_suptitle()) or savefig(f, *a, **k))
     bench_report.plot(result | {"batch": 3}, tmp_path / "b3.png")
     assert seen and set(seen) == {(3,)}
     seen.clear()
     bench_report.plot({k: v for k, v in result.items() if k != "batch"}, tmp_path / "old.png")
     assert seen and set(seen) == {(1,)}
+    assert titles == [f"Attention time vs context, float32, batch {b}, sink 4 + window 16" for b in (3, 1)]
 
 
 def test_cli_sweep_flags_need_cuda(capsys):
@@ -378,3 +420,8 @@ def test_cli_batch_sweep_writes_its_own_file_and_says_the_bars_are_batch_1(monke
     assert sorted(p.name for p in (tmp_path / "metrics").iterdir()) == ["bench-attention-h200-b2.json",
                                                                         "bench-attention-h200-b2.png"]
     assert "the issue's bars are judged at batch 1, not at --batch 2" in capsys.readouterr().err
+    seen.clear()
+    assert main(["bench", "attention", "--device", "cuda", "--contexts", "16384"]) == 0  # no --batch: batch 1
+    assert seen["batch"] == 1 and "--batch 1 --contexts 16384" in seen["command"]
+    assert json.loads((tmp_path / "metrics" / "bench-attention-h200.json").read_text())["batch"] == 1
+    assert (tmp_path / "metrics" / "bench-attention-h200.png").exists() and "bars:" not in capsys.readouterr().err

@@ -134,7 +134,7 @@ def test_reproduce_passes_its_options_on_and_prints_what_the_run_returns(capsys,
                                                                "lossless": False}}}],
          "draft_attention": [{"context": 64, "keyset": "sink8+win64", "keys_read": 64, "median_s": 1e-5, "window": 64,
                               "time_ratio_vs_native": 2.0}],
-         "target_perplexity": {"valid_tokens_scored": 100, "by_context": {"64": 12.5}}}
+         "target_perplexity": {"valid_tokens_scored": 100, "by_context": {"64": 12.5, "128": 9.25}}}
     calls = []
     monkeypatch.setattr("wmtp.reproduce.reproduce", lambda *a, **k: calls.append((a, k)) or m)
     monkeypatch.setattr("wmtp.plots.render", lambda path: path.with_suffix(".png"))
@@ -153,12 +153,15 @@ def test_reproduce_passes_its_options_on_and_prints_what_the_run_returns(capsys,
     assert json.loads(Path("metrics/c-tiny-custom-seed42.json").read_text()) == m
     assert err == "wrote metrics/c-tiny-custom-seed42.json and metrics/c-tiny-custom-seed42.png in 12 s\n"
     rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in stdout.splitlines() if line.startswith("│")]
+    heads = [[cell.strip() for cell in line.split("┃")[1:-1]] for line in stdout.splitlines() if line.startswith("┃")]
+    assert heads[0] == ["context", "arm", "draft keys/step", "accept", "AL", "draft ms/step", "verify ms/step",
+                        "TPOT ms", "TPOT speedup vs dense", "lossless"]  # the draft's keys, not the verify's
     assert rows == [["64", "dense", "-", "-", "1.00", "-", "2.00", "2.50", "-", "-"],
                     ["", "native", "60", "0.50", "2.50", "1.00", "3.00", "1.60", "+56%", "yes"],  # a percentage
                     ["", "sink8+win64", "60", "0.50", "2.50", "1.00", "3.00", "1.60", "-25%", "NO"],
                     ["64", "sink8+win64", "64", "0.0100", "2.0x"]]
     assert "Windowed-MTP reproduction: c, depth 2, decode float64" in stdout
-    assert stdout.endswith("\ntarget perplexity on 100 valid tokens, by context: 64: 12.50\n")
+    assert stdout.endswith("\ntarget perplexity on 100 valid tokens, by context: 64: 12.50, 128: 9.25\n")
     code, _, err = _run(capsys, [*argv, "--out", "[bold]/m.json"])  # printed as it is, no markup
     assert (code, err) == (0, "wrote [bold]/m.json and [bold]/m.png in 12 s\n")
     code, _, err = _run(capsys, [*argv[:-5], "--checkpoint", str(ro / "new.pt")])

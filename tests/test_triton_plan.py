@@ -22,6 +22,7 @@ BF16, F32, F64, M = torch.bfloat16, torch.float32, torch.float64, 1 << 20
     ((4, 4, 4, 4, 64, BF16, M, 64, 4096, 132), (16, 64, 17, 4, 1)),  # four rows' (1/15.5): 4 blocks a program
     ((4, 8, 4, 1, 64, BF16, M, 64, 4096, 132), (16, 64, 17, 4, 1)),  # two rows' (1/31): over the 1/32 line
     ((3, 16, 2, 1, 256, BF16, M, 64, 4096, 132), (16, 64, 66, 4, 1)),  # 396 programs: under two waves of 264
+    ((8, 8, 2, 8, 256, BF16, M, 64, 4096, 132), (32, 64, 17, 8, 1)),  # a 32 KiB accumulator (32 x 256): still 2 a SM
     ((1, 32, 8, 1, 128, BF16, M, None, None, 132), (16, 64, 33, 4, 3)),  # verify: 2 programs per SM, 264 = 2 * 132
     ((1, 32, 8, 8, 128, BF16, M, None, None, 132), (32, 64, 33, 4, 3)),
     ((1, 16, 2, 1, 256, BF16, M, None, None, 132), (16, 32, 132, 4, 3)),
@@ -38,6 +39,16 @@ def test_launch_config_defaults(args, expected):
 
     assert tuple(launch_config(*args)) == expected
     assert tuple(launch_config(*args, num_splits=3, block_n=16, num_warps=2, num_stages=1))[1:] == (16, 3, 2, 1)
+
+
+def test_a_short_ranges_partial_counts_m_and_l_beside_acc():
+    """NOTE [Launch]: a split writes m, l and acc, ``D + 2`` fp32 words a real row. At D 16 the two words
+    tip 30 rows over 1/32 of a 1024-key block's K and V (30 x 18 x 4 x 32 = 69120 > 65536 bytes; acc
+    alone, 61440, is under): heavy partials, so the 2 blocks of 2 x 2 programs take one split, not two."""
+    from wmtp.attention.plan import launch_config
+
+    assert tuple(launch_config(2, 30, 2, 2, 16, BF16, 4096, 0, 64, 1, block_n=1024)) == (32, 1024, 1, 4, 1)
+    assert tuple(launch_config(2, 30, 2, 2, 16, BF16, 4096, 0, 64, 1, block_n=2048)) == (32, 2048, 2, 4, 1)
 
 
 def test_float32_dots_take_tf32x3_only_where_measured():
