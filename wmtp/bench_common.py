@@ -165,14 +165,11 @@ def add_model_arguments(p) -> None:
 def add_keysets_argument(p, gates: bool = True) -> None:
     """``--keysets``: the draft arms of a bench that runs the native arm beside them (decode, depth, sampling;
     batch with ``gates=False``, whose decoders take no gate)."""
-    if not gates:
-        p.add_argument("--keysets", nargs="+", default=None, metavar="SINK:WINDOW",
-                       help="windowed draft arms, e.g. 64:4096 8:64 (no @GATE: the batch decoders take none); the "
-                            "native arm always runs (default: the preset's)")
-        return
-    p.add_argument("--keysets", nargs="+", default=None, metavar="SINK:WINDOW[@GATE]",
-                   help="windowed draft arms, e.g. 64:4096 8:64, or 8:64@8192 (native up to a context of 8192 "
-                        "tokens, 8+64 past it); the native arm always runs (default: the preset's)")
+    forms = (", or 8:64@8192 (native up to a context of 8192 tokens, 8+64 past it)" if gates
+             else " (no @GATE: the batch decoders take none)")
+    p.add_argument("--keysets", nargs="+", default=None, metavar="SINK:WINDOW[@GATE]" if gates else "SINK:WINDOW",
+                   help=f"windowed draft arms, e.g. 64:4096 8:64{forms}; the native arm always runs "
+                        "(default: the preset's)")
 
 
 def model_options(args) -> tuple[torch.device, Preset, str]:
