@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from cli_helpers import run_cli as _run
+from rich.progress import Progress
 
 
 def test_generate_prints_the_text_and_writes_its_marks(capsys, wikitext_dir, tmp_path, monkeypatch):
@@ -117,15 +118,16 @@ def _stub_run(monkeypatch, dense_equal=True):
     new = torch.tensor([7, 8, 9, 10, 11])
 
     def dense(target, prompt, max_new_tokens, impl, eos_id, step_times):
-        step_times.extend([0.004] * 4)
+        for _ in range(4):  # one append a step, as the loops do: each advances the run's bar
+            step_times.append(0.004)
         return new
 
     monkeypatch.setattr("wmtp.generate_cli.loop_functions", lambda loop: (dense,))
     calls = []
     stats = SpecStats(depth=3, proposed=6, accepted=3, committed=4, steps=2, draft_keys_read=120, draft_queries=6,
                       draft_times_s=[0.001, 0.002], verify_times_s=[0.003, 0.002])
-    monkeypatch.setattr("wmtp.generate_cli.generate", lambda *a, **k: calls.append((a[2:], k)) or Generation(
-        new, [False, True, True, False, True], stats, 0.5, dense_equal))
+    monkeypatch.setattr("wmtp.generate_cli.generate", lambda *a, **k: calls.append((a[2:], k)) or [
+        k["on_step"](n) for n in (3, 3)] and Generation(new, [False, True, True, False, True], stats, 0.5, dense_equal))
     return calls
 
 
@@ -137,6 +139,11 @@ def test_generate_prints_and_writes_what_its_runs_return(capsys, tmp_path, monke
     tokens written wrong, ms / token in microseconds, gate or check dropped, the float32 reason
     given, each survived)."""
     calls = _stub_run(monkeypatch)
+    import wmtp.generate_cli
+
+    bars = []  # each call's progress bars, rendering nothing: their tasks' counts are read below
+    monkeypatch.setattr(wmtp.generate_cli, "_progress", lambda enabled: bars.append(
+        Progress(disable=True)) or bars[-1])
     out = tmp_path / "g.json"
     argv = ["generate", "--preset", "tiny", "--device", "cpu", "--seed", "7", "--max-new-tokens", "5",
             "--cache-dir", str(tmp_path / "cache"), "--keyset", "2:3@45", "--out", str(out)]
@@ -152,7 +159,10 @@ def test_generate_prints_and_writes_what_its_runs_return(capsys, tmp_path, monke
     (args, kwargs), = calls
     assert torch.equal(args[0], prompt) and args[1:] == (5, 3, 2, 3, "torch")
     assert torch.equal(kwargs.pop("reference"), torch.tensor([7, 8, 9, 10, 11]))
-    assert kwargs == {"check": True, "eos_id": 3, "loop": "eager", "gate": 45}
+    assert callable(kwargs.pop("on_step")) and kwargs == {"check": True, "eos_id": 3, "loop": "eager", "gate": 45}
+    # a bar per run, of --max-new-tokens: the prefill's token, then each step's (the last step's cut at 5)
+    assert [(t.description, t.total, t.completed) for t in bars[0].tasks] == [("dense greedy", 5, 5),
+                                                                             ("sink2+win3+gate45", 5, 5)]
     m = json.loads(out.read_text())
     assert (m["seed"], m["prompt_ids"], m["dense_ids"], m["dense_step_s"]) == (7, prompt.tolist(), [7, 8, 9, 10, 11],
                                                                                 [0.004] * 4)
@@ -165,8 +175,6 @@ def test_generate_prints_and_writes_what_its_runs_return(capsys, tmp_path, monke
     _stub_run(monkeypatch, dense_equal=False)
     code, _, err = _run(capsys, argv[:-2])
     assert code == 1 and err.endswith("\nthe output differs from dense greedy decoding: a bug, please report it\n")
-    import wmtp.generate_cli
-
     options = wmtp.generate_cli._options  # decoding in float32, as on MPS: a near-tie, said in one line
     monkeypatch.setattr(wmtp.generate_cli, "_options", lambda args: (*options(args)[:2], torch.float32,
                                                                      *options(args)[3:]))

@@ -68,8 +68,12 @@ def test_marks_follow_a_draft_right_for_j_tokens(j):
     prompt = random_prompt(20, seed=j)
     dense = wmtp.greedy_generate(target, prompt, 17)
     oracle = grading.OracleDraft(head, torch.cat([prompt, dense, torch.zeros(5, dtype=torch.long)]), j, V)
-    g = generate(target, oracle, prompt, 17, 3, 2, 4)
+    steps = []
+    g = generate(target, oracle, prompt, 17, 3, 2, 4, on_step=steps.append)
     assert torch.equal(g.ids, dense) and g.dense_equal is True and g.seconds > 0
+    # each step's j drafts and the target's token; the last step's (fewer near the end) reach the 17th token
+    assert len(steps) == g.stats.steps and steps[:-1] == [j + 1] * (len(steps) - 1)
+    assert 1 + sum(steps[:-1]) < 17 <= 1 + sum(steps)
     assert g.drafted == ([F] + ([T] * j + [F]) * 17)[:17]
     assert g.stats.steps == len([m for m in g.drafted[1:] if not m]) + (g.drafted[-1] is T)
     assert generate(target, head, prompt, 5, 2, 0, None, check=False).dense_equal is None

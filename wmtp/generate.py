@@ -14,6 +14,7 @@ split across byte-level tokens to the token that completes it; ``styled_text`` m
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -31,14 +32,18 @@ DRAFT_STYLE = "bold green"  # an accepted draft, in the printed text
 
 
 class _Recorder(FixedDepth):
-    """``FixedDepth`` that keeps each step's accepted count (the loops' ``policy.update``)."""
+    """``FixedDepth`` that keeps each step's accepted count (the loops' ``policy.update``) and hands
+    ``on_step`` the tokens the step committed (its accepted drafts and the target's token)."""
 
-    def __init__(self, depth: int) -> None:
+    def __init__(self, depth: int, on_step: Callable[[int], object] | None = None) -> None:
         super().__init__(depth)
         self.accepts: list[int] = []
+        self.on_step = on_step
 
     def update(self, depth: int, accepted: int, draft_s: float, verify_s: float) -> None:
         self.accepts.append(accepted)
+        if self.on_step is not None:
+            self.on_step(accepted + 1)
 
 
 def drafted_marks(accepts: list[int], n_tokens: int) -> list[bool]:
@@ -112,7 +117,7 @@ class Generation:
 def generate(target: TargetLM, head: MTPHead, prompt_ids: torch.Tensor, max_new_tokens: int, depth: int,
              n_sink: int | None = None, window: int | None = None, impl: str = "auto", check: bool = True,
              eos_id: int | None = None, reference: torch.Tensor | None = None, loop: str = "eager",
-             gate: int | None = None) -> Generation:
+             gate: int | None = None, on_step: Callable[[int], object] | None = None) -> Generation:
     """Greedy speculative decoding with each new token marked as an accepted draft or the target's.
 
     Args:
@@ -122,6 +127,9 @@ def generate(target: TargetLM, head: MTPHead, prompt_ids: torch.Tensor, max_new_
             ``greedy_generate`` for the same arguments, run once for many key sets), else a run of it.
         loop: ``"eager"`` (wmtp/decode.py) or ``"graph"`` (wmtp/static_decode.py's loops in CUDA
             graphs, whose ``SpecStats`` times are device times; CUDA and Triton only).
+        on_step: called after each decode step with the tokens it committed (its accepted drafts
+            and the target's token; the last step's may pass ``max_new_tokens`` or an eos), e.g. to
+            advance a progress bar. The prefill's first token is not a step's.
 
     Returns:
         A ``Generation``: the new tokens, their marks (``drafted_marks``), the run's counters, its
@@ -131,7 +139,7 @@ def generate(target: TargetLM, head: MTPHead, prompt_ids: torch.Tensor, max_new_
         ValueError: as ``speculative_generate`` (a bad depth, key set or prompt).
     """
     dense_loop, spec_loop = loop_functions(loop)
-    recorder = _Recorder(depth)
+    recorder = _Recorder(depth, on_step)
     t0 = time.perf_counter()
     ids, stats = spec_loop(target, head, prompt_ids, max_new_tokens, recorder, n_sink, window, impl=impl, eos_id=eos_id,
                            gate=gate)

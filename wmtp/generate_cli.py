@@ -7,6 +7,7 @@ checks before any work, and the printed text, table and JSON.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -135,16 +136,22 @@ def cli(args, prog: str, argv: list[str]) -> int:
     target, head = with_capacity(target.to(dtype), head.to(dtype), prompt.numel() + args.max_new_tokens + depth)
     prompt, eos = prompt.to(device), tokenizer.eos_id(tok)
     work = f"{prompt.numel()} prompt tokens (each run's prefill reads them all), {args.max_new_tokens} new tokens"
-    dense_steps: list[float] = []  # the dense run's one-token steps, seconds
-    if not args.no_check:
-        log(f"dense greedy decoding: {work}")
-    dense = None if args.no_check else loop_functions(args.loop)[0](target, prompt, args.max_new_tokens, impl=impl,
-                                                                    eos_id=eos, step_times=dense_steps)
-    runs = []
-    for ks in keysets:
-        log(f"speculative decoding, {ks.label}, depth {depth}: {work}")
-        runs.append(generate(target, head, prompt, args.max_new_tokens, depth, ks.n_sink, ks.window, impl,
-                             check=not args.no_check, eos_id=eos, reference=dense, loop=args.loop, gate=ks.gate))
+    dense_steps, dense, runs = _Steps(), None, []  # the dense run's one-token steps, seconds
+    with _progress(not args.no_progress) as bar:
+        def tokens_bar(what: str) -> Callable[[int], None]:  # a run's bar; the prefill's token counts at once
+            task = bar.add_task(what, total=args.max_new_tokens, completed=1)
+            return lambda n: bar.update(task, completed=min(args.max_new_tokens, bar.tasks[task].completed + n))
+
+        if not args.no_check:
+            log(f"dense greedy decoding: {work}")
+            dense_steps.on_step = tokens_bar("dense greedy")
+            dense = loop_functions(args.loop)[0](target, prompt, args.max_new_tokens, impl=impl, eos_id=eos,
+                                                 step_times=dense_steps)
+        for ks in keysets:
+            log(f"speculative decoding, {ks.label}, depth {depth}: {work}")
+            runs.append(generate(target, head, prompt, args.max_new_tokens, depth, ks.n_sink, ks.window, impl,
+                                 check=not args.no_check, eos_id=eos, reference=dense, loop=args.loop, gate=ks.gate,
+                                 on_step=tokens_bar(ks.label)))
     out, dec = stdout_console(), (lambda x: tokenizer.decode(tok, x))
     shown = dec(prompt[-64:]).lstrip("\ufffd").lstrip("\n")  # from a whole character, no blank lines first
     out.print(Text(shown, style="dim"), soft_wrap=True)
@@ -190,6 +197,27 @@ def cli(args, prog: str, argv: list[str]) -> int:
         log(f"the output differs from dense greedy decoding: {why}")  # one line, however long
         return 1
     return 0
+
+
+class _Steps(list):
+    """The dense run's step seconds (``step_times``: anything with ``append``); each one-token step
+    also goes to ``on_step``, the run's progress bar."""
+
+    on_step: Callable[[int], object] = staticmethod(lambda n: None)
+
+    def append(self, seconds: float) -> None:
+        super().append(seconds)
+        self.on_step(1)
+
+
+def _progress(enabled: bool):
+    """The runs' progress bars, new tokens of ``--max-new-tokens``, on stderr (stdout holds the
+    text); cleared when the runs end."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=Console(stderr=True), transient=True, disable=not enabled)
 
 
 def _ms(seconds: float, tokens: int) -> str:
