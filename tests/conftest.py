@@ -3,7 +3,8 @@ HF_DATASETS_OFFLINE=1 always (no hub in tests), TRITON_INTERPRET=1 only without 
 x86-64 OPENBLAS_CORETYPE=Prescott (the interpreter's products keep their bits whatever a tile's rows).
 On CUDA, a fixture returns each test's cached GPU memory past 1 GiB to the driver. Also the fixtures
 that several test files share: ``wikitext_dir``, the small corpus the command-line tests train on
-(tests/test_cli_*.py), and ``one_thread``, which the grader tests ask for (tests/test_grading_*.py)."""
+(tests/test_cli_*.py; its tests are marked ``needs_datasets``), and ``one_thread``, which the grader
+tests ask for (tests/test_grading_*.py)."""
 
 import os
 import platform
@@ -37,6 +38,15 @@ def _release_cached_gpu_memory():
     yield
     if CUDA:
         release_cached_gpu_memory()
+
+
+def pytest_collection_modifyitems(items):
+    """A test that reads a WikiText folder (the ``wikitext_dir`` fixture) goes through the `datasets`
+    package: it is marked ``needs_datasets``. CI installs `datasets` and runs every test; the device
+    machines have none, and their runs say ``-m "not needs_datasets"`` (docs/results/gpu-attention.md)."""
+    for item in items:
+        if "wikitext_dir" in getattr(item, "fixturenames", ()):
+            item.add_marker("needs_datasets")
 
 
 @pytest.fixture(scope="module")

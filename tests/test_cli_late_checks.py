@@ -15,6 +15,7 @@ from wmtp.cli import main
 from wmtp.config import get_preset
 
 
+@pytest.mark.needs_datasets  # its folder is read through `datasets`, as wikitext_dir's
 def test_a_short_test_split_is_refused_before_the_training(capsys, tmp_path, monkeypatch):
     monkeypatch.setattr("wmtp.reproduce.prepare_models", lambda *a, **k: pytest.fail("the training started"))
     rng, words = random.Random(0), "the of and in to a was is for on as with by he at from".split()
