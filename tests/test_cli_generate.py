@@ -118,7 +118,7 @@ def _stub_run(monkeypatch, dense_equal=True):
     new = torch.tensor([7, 8, 9, 10, 11])
 
     def dense(target, prompt, max_new_tokens, impl, eos_id, step_times):
-        for _ in range(4):  # one append a step, as the loops do: each advances the run's bar
+        for _ in range(4):  # one append a step, as the eager loop does: each advances the run's bar
             step_times.append(0.004)
         return new
 
@@ -129,6 +129,24 @@ def _stub_run(monkeypatch, dense_equal=True):
     monkeypatch.setattr("wmtp.generate_cli.generate", lambda *a, **k: calls.append((a[2:], k)) or [
         k["on_step"](n) for n in (3, 3)] and Generation(new, [False, True, True, False, True], stats, 0.5, dense_equal))
     return calls
+
+
+@pytest.mark.parametrize("loop", ["eager", "graph"])
+def test_the_dense_bar_hears_every_step_of_either_loop(loop):
+    """The dense run's ``_Steps`` under the real loops: the eager one appends each step's seconds, the
+    graph one (static_greedy_generate, here without a CUDA graph) extends by all of them at the end;
+    either way the bar, from the prefill's token, reaches the output's length (an extend that bypassed
+    ``on_step`` left the graph run's bar at 1)."""
+    import wmtp
+    from wmtp.generate_cli import _Steps
+
+    target, _ = wmtp.build_models("tiny", seed=0)
+    steps, heard = _Steps(), []
+    steps.on_step = heard.append
+    run = wmtp.greedy_generate if loop == "eager" else wmtp.static_greedy_generate
+    out = run(target.double(), torch.arange(10), 9, step_times=steps)
+    assert len(out) == 9 and len(steps) == 8 and all(t > 0 for t in steps)
+    assert heard == ([1] * 8 if loop == "eager" else [8]) and 1 + sum(heard) == len(out)
 
 
 def test_generate_prints_and_writes_what_its_runs_return(capsys, tmp_path, monkeypatch):
