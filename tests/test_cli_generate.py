@@ -131,6 +131,14 @@ def _stub_run(monkeypatch, dense_equal=True):
     return calls
 
 
+def test_the_bars_are_on_stderr_and_cleared_at_the_end():
+    """stdout holds the text and table: the bars go to stderr, transient, and --no-progress disables them."""
+    from wmtp.generate_cli import _progress
+
+    on, off = _progress(True), _progress(False)
+    assert on.console.stderr and on.live.transient and not on.disable and off.disable
+
+
 @pytest.mark.parametrize("loop", ["eager", "graph"])
 def test_the_dense_bar_hears_every_step_of_either_loop(loop):
     """The dense run's ``_Steps`` under the real loops: the eager one appends each step's seconds, the
@@ -159,8 +167,8 @@ def test_generate_prints_and_writes_what_its_runs_return(capsys, tmp_path, monke
     calls = _stub_run(monkeypatch)
     import wmtp.generate_cli
 
-    bars = []  # each call's progress bars, rendering nothing: their tasks' counts are read below
-    monkeypatch.setattr(wmtp.generate_cli, "_progress", lambda enabled: bars.append(
+    bars, shown = [], []  # each call's progress bars, rendering nothing (their tasks' counts are read below)
+    monkeypatch.setattr(wmtp.generate_cli, "_progress", lambda enabled: shown.append(enabled) or bars.append(
         Progress(disable=True)) or bars[-1])
     out = tmp_path / "g.json"
     argv = ["generate", "--preset", "tiny", "--device", "cpu", "--seed", "7", "--max-new-tokens", "5",
@@ -191,8 +199,9 @@ def test_generate_prints_and_writes_what_its_runs_return(capsys, tmp_path, monke
                  "acceptance_rate": 0.5, "seconds": 0.5, "draft_s": 0.003, "verify_s": 0.005, "committed": 4,
                  "identical_to_dense_greedy": True}
     _stub_run(monkeypatch, dense_equal=False)
-    code, _, err = _run(capsys, argv[:-2])
+    code, _, err = _run(capsys, [*argv[:-2], "--no-progress"])
     assert code == 1 and err.endswith("\nthe output differs from dense greedy decoding: a bug, please report it\n")
+    assert shown == [True, False]  # --no-progress reaches the bars
     options = wmtp.generate_cli._options  # decoding in float32, as on MPS: a near-tie, said in one line
     monkeypatch.setattr(wmtp.generate_cli, "_options", lambda args: (*options(args)[:2], torch.float32,
                                                                      *options(args)[3:]))
