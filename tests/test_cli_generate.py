@@ -118,7 +118,7 @@ def _stub_run(monkeypatch, dense_equal=True):
     new = torch.tensor([7, 8, 9, 10, 11])
 
     def dense(target, prompt, max_new_tokens, impl, eos_id, step_times):
-        for _ in range(4):  # one append a step, as the loops do: each advances the run's bar
+        for _ in range(4):  # one append a step, as the eager loop does: each advances the run's bar
             step_times.append(0.004)
         return new
 
@@ -131,6 +131,32 @@ def _stub_run(monkeypatch, dense_equal=True):
     return calls
 
 
+def test_the_bars_are_on_stderr_and_cleared_at_the_end():
+    """stdout holds the text and table: the bars go to stderr, transient, and --no-progress disables them."""
+    from wmtp.generate_cli import _progress
+
+    on, off = _progress(True), _progress(False)
+    assert on.console.stderr and on.live.transient and not on.disable and off.disable
+
+
+@pytest.mark.parametrize("loop", ["eager", "graph"])
+def test_the_dense_bar_hears_every_step_of_either_loop(loop):
+    """The dense run's ``_Steps`` under the real loops: the eager one appends each step's seconds, the
+    graph one (static_greedy_generate, here without a CUDA graph) extends by all of them at the end;
+    either way the bar, from the prefill's token, reaches the output's length (an extend that bypassed
+    ``on_step`` left the graph run's bar at 1)."""
+    import wmtp
+    from wmtp.generate_cli import _Steps
+
+    target, _ = wmtp.build_models("tiny", seed=0)
+    steps, heard = _Steps(), []
+    steps.on_step = heard.append
+    run = wmtp.greedy_generate if loop == "eager" else wmtp.static_greedy_generate
+    out = run(target.double(), torch.arange(10), 9, step_times=steps)
+    assert len(out) == 9 and len(steps) == 8 and all(t > 0 for t in steps)
+    assert heard == ([1] * 8 if loop == "eager" else [8]) and 1 + sum(heard) == len(out)
+
+
 def test_generate_prints_and_writes_what_its_runs_return(capsys, tmp_path, monkeypatch):
     """On stubbed runs: the default prompt is the corpus's last 256 tokens, of which the last 64 are
     printed; the table's cells, the JSON's fields and each run's arguments are literal; a run that
@@ -141,8 +167,8 @@ def test_generate_prints_and_writes_what_its_runs_return(capsys, tmp_path, monke
     calls = _stub_run(monkeypatch)
     import wmtp.generate_cli
 
-    bars = []  # each call's progress bars, rendering nothing: their tasks' counts are read below
-    monkeypatch.setattr(wmtp.generate_cli, "_progress", lambda enabled: bars.append(
+    bars, shown = [], []  # each call's progress bars, rendering nothing (their tasks' counts are read below)
+    monkeypatch.setattr(wmtp.generate_cli, "_progress", lambda enabled: shown.append(enabled) or bars.append(
         Progress(disable=True)) or bars[-1])
     out = tmp_path / "g.json"
     argv = ["generate", "--preset", "tiny", "--device", "cpu", "--seed", "7", "--max-new-tokens", "5",
@@ -173,8 +199,9 @@ def test_generate_prints_and_writes_what_its_runs_return(capsys, tmp_path, monke
                  "acceptance_rate": 0.5, "seconds": 0.5, "draft_s": 0.003, "verify_s": 0.005, "committed": 4,
                  "identical_to_dense_greedy": True}
     _stub_run(monkeypatch, dense_equal=False)
-    code, _, err = _run(capsys, argv[:-2])
+    code, _, err = _run(capsys, [*argv[:-2], "--no-progress"])
     assert code == 1 and err.endswith("\nthe output differs from dense greedy decoding: a bug, please report it\n")
+    assert shown == [True, False]  # --no-progress reaches the bars
     options = wmtp.generate_cli._options  # decoding in float32, as on MPS: a near-tie, said in one line
     monkeypatch.setattr(wmtp.generate_cli, "_options", lambda args: (*options(args)[:2], torch.float32,
                                                                      *options(args)[3:]))

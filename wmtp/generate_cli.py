@@ -201,13 +201,19 @@ def cli(args, prog: str, argv: list[str]) -> int:
 
 class _Steps(list):
     """The dense run's step seconds (``step_times``: anything with ``append``); each one-token step
-    also goes to ``on_step``, the run's progress bar."""
+    also goes to ``on_step``, the run's progress bar: the eager loop appends a step's seconds as it
+    ends, the graph loop (wmtp/static_decode.py's ``greedy_steps``) extends by all of them at the end."""
 
     on_step: Callable[[int], object] = staticmethod(lambda n: None)
 
     def append(self, seconds: float) -> None:
         super().append(seconds)
         self.on_step(1)
+
+    def extend(self, seconds) -> None:
+        seconds = list(seconds)
+        super().extend(seconds)
+        self.on_step(len(seconds))
 
 
 def _progress(enabled: bool):
