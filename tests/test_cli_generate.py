@@ -137,6 +137,10 @@ def test_the_bars_are_on_stderr_and_cleared_at_the_end():
 
     on, off = _progress(True), _progress(False)
     assert on.console.stderr and on.live.transient and not on.disable and off.disable
+    # each bar: the run's name, the bar, new tokens as M/N, the time so far (mutation round 12: M/N dropped survived)
+    assert [type(c).__name__ for c in on.columns] == ["TextColumn", "BarColumn", "MofNCompleteColumn",
+                                                      "TimeElapsedColumn"] and on.columns[0].text_format == \
+        "{task.description}"
 
 
 @pytest.mark.parametrize("loop", ["eager", "graph"])
@@ -208,3 +212,27 @@ def test_generate_prints_and_writes_what_its_runs_return(capsys, tmp_path, monke
     code, _, err = _run(capsys, argv[:-2])
     assert code == 1 and err.endswith("\nthe output differs from dense greedy decoding: in float32 a near-tie can "
                                       "flip an argmax (decode.py NOTE [Exactness])\n"), err
+
+
+def test_each_run_has_its_own_bar_and_no_check_no_dense_bar(capsys, tmp_path, monkeypatch):
+    """On stubbed runs that stop short of --max-new-tokens (as at an end-of-text token): each bar counts
+    its own run's tokens, 5 and 7 of 8, not the first bar's; with --no-check there is no dense run and
+    no dense bar; --no-progress also reaches the models' training (mutation round 12: a bar read from
+    task 0, the dense bar added under --no-check, and prepare_models always told to show progress
+    survived)."""
+    _stub_run(monkeypatch)
+    import wmtp.generate_cli
+    import wmtp.reproduce
+
+    bars, trained = [], []
+    monkeypatch.setattr(wmtp.generate_cli, "_progress", lambda enabled: bars.append(Progress(disable=True)) or bars[-1])
+    prepare = wmtp.reproduce.prepare_models
+    monkeypatch.setattr(wmtp.reproduce, "prepare_models", lambda *a: trained.append(a[7]) or prepare(*a))
+    argv = ["generate", "--preset", "tiny", "--device", "cpu", "--max-new-tokens", "8", "--cache-dir",
+            str(tmp_path / "cache"), "--keyset", "2:3", "native"]
+    for extra in ([], ["--no-check", "--no-progress"]):
+        code, _, err = _run(capsys, [*argv, *extra])
+        assert code == 0, err
+    assert [[(t.description, t.total, t.completed) for t in bar.tasks] for bar in bars] == [
+        [("dense greedy", 8, 5), ("sink2+win3", 8, 7), ("native", 8, 7)], [("sink2+win3", 8, 7), ("native", 8, 7)]]
+    assert trained == [True, False]
