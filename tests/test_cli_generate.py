@@ -159,6 +159,10 @@ def test_the_dense_bar_hears_every_step_of_either_loop(loop):
     out = run(target.double(), torch.arange(10), 9, step_times=steps)
     assert len(out) == 9 and len(steps) == 8 and all(t > 0 for t in steps)
     assert heard == ([1] * 8 if loop == "eager" else [8]) and 1 + sum(heard) == len(out)
+    quiet = _Steps()  # no bar, any iterable: no loop does either (round 12: both broken survived)
+    quiet.extend(iter([0.5, 0.5]))
+    quiet.append(0.25)
+    assert quiet == [0.5, 0.5, 0.25]
 
 
 def test_generate_prints_and_writes_what_its_runs_return(capsys, tmp_path, monkeypatch):
