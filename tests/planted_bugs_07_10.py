@@ -133,6 +133,16 @@ def fork_table(block_table, page_size, filled, needed, free, scratch):
     copies = [(block_table[first], mine[0])] if filled % page_size else []
     return block_table[:first] + mine + [scratch] * (len(block_table) - last), copies
 """, ["changed its argument free from [9, 3, 8] to [8]", "without removing them"]),
+    # every literal and two-fork case has pages of 1, 4 or 16 positions, or fills a page of 3 to its boundary:
+    # only the fuzzed pages of 3 show the mask (mutation round 12: a fuzz list without them passed this file)
+    "fork taking filled's row in its page as a mask, right for pages of a power of two": ("fork", """
+def fork_table(block_table, page_size, filled, needed, free, scratch):
+    first, last = filled // page_size, -(-needed // page_size)
+    mine = free[:last - first]
+    copies = [(block_table[first], mine[0])] if filled & (page_size - 1) else []
+    return block_table[:first] + mine + [scratch] * (len(block_table) - last), copies
+""", ["fork_table(block_table=[10, 1, 6, 0], page_size=3, filled=6, needed=8", "expected ([10, 1, 13, 14], [])",
+      "got ([10, 1, 13, 14], [(6, 13)])"]),
     "batch that moves the positions it was given": ("batch", """
 def commit_rows(drafts, choices, positions, live):
     rows = []

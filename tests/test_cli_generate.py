@@ -137,6 +137,10 @@ def test_the_bars_are_on_stderr_and_cleared_at_the_end():
 
     on, off = _progress(True), _progress(False)
     assert on.console.stderr and on.live.transient and not on.disable and off.disable
+    # each bar: the run's name, the bar, new tokens as M/N, the time so far (mutation round 12: M/N dropped survived)
+    assert [type(c).__name__ for c in on.columns] == ["TextColumn", "BarColumn", "MofNCompleteColumn",
+                                                      "TimeElapsedColumn"] and on.columns[0].text_format == \
+        "{task.description}"
 
 
 @pytest.mark.parametrize("loop", ["eager", "graph"])
@@ -155,6 +159,10 @@ def test_the_dense_bar_hears_every_step_of_either_loop(loop):
     out = run(target.double(), torch.arange(10), 9, step_times=steps)
     assert len(out) == 9 and len(steps) == 8 and all(t > 0 for t in steps)
     assert heard == ([1] * 8 if loop == "eager" else [8]) and 1 + sum(heard) == len(out)
+    quiet = _Steps()  # no bar, any iterable: no loop does either (round 12: both broken survived)
+    quiet.extend(iter([0.5, 0.5]))
+    quiet.append(0.25)
+    assert quiet == [0.5, 0.5, 0.25]
 
 
 def test_generate_prints_and_writes_what_its_runs_return(capsys, tmp_path, monkeypatch):
@@ -208,3 +216,39 @@ def test_generate_prints_and_writes_what_its_runs_return(capsys, tmp_path, monke
     code, _, err = _run(capsys, argv[:-2])
     assert code == 1 and err.endswith("\nthe output differs from dense greedy decoding: in float32 a near-tie can "
                                       "flip an argmax (decode.py NOTE [Exactness])\n"), err
+
+
+def test_each_run_has_its_own_bar_and_no_check_no_dense_bar(capsys, tmp_path, monkeypatch):
+    """On stubbed runs that stop short of --max-new-tokens (as at an end-of-text token): each bar counts
+    its own run's tokens, 5 and 7 of 8, not the first bar's, and is shown while every run goes (on a
+    console of its own here) and gone after; with --no-check there is no dense run and no dense bar;
+    --no-progress also reaches the models' training (mutation round 12: a bar read from task 0, the
+    dense bar added under --no-check, the key sets' runs after the bars stopped, and prepare_models
+    always told to show progress survived)."""
+    import io
+
+    from rich.console import Console
+
+    _stub_run(monkeypatch)
+    import wmtp.generate_cli
+    import wmtp.reproduce
+
+    bars, trained, shown = [], [], []
+    monkeypatch.setattr(wmtp.generate_cli, "_progress", lambda enabled: bars.append(Progress(
+        console=Console(file=io.StringIO()), auto_refresh=False, disable=not enabled)) or bars[-1])
+    prepare, (dense,), generate = (wmtp.reproduce.prepare_models, wmtp.generate_cli.loop_functions("eager"),
+                                   wmtp.generate_cli.generate)
+    monkeypatch.setattr(wmtp.reproduce, "prepare_models", lambda *a: trained.append(a[7]) or prepare(*a))
+    monkeypatch.setattr(wmtp.generate_cli, "loop_functions", lambda loop: (
+        lambda *a, **k: shown.append(bars[-1].live.is_started) or dense(*a, **k),))
+    monkeypatch.setattr(wmtp.generate_cli, "generate",
+                        lambda *a, **k: shown.append(bars[-1].live.is_started) or generate(*a, **k))
+    argv = ["generate", "--preset", "tiny", "--device", "cpu", "--max-new-tokens", "8", "--cache-dir",
+            str(tmp_path / "cache"), "--keyset", "2:3", "native"]
+    for extra in ([], ["--no-check", "--no-progress"]):
+        code, _, err = _run(capsys, [*argv, *extra])
+        assert code == 0, err
+        shown.append(bars[-1].live.is_started)
+    assert [[(t.description, t.total, t.completed) for t in bar.tasks] for bar in bars] == [
+        [("dense greedy", 8, 5), ("sink2+win3", 8, 7), ("native", 8, 7)], [("sink2+win3", 8, 7), ("native", 8, 7)]]
+    assert shown == [True, True, True, False, False, False, False] and trained == [True, False]
