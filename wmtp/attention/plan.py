@@ -133,11 +133,13 @@ def launch_config(B: int, Hq: int, Hkv: int, Lq: int, D: int, dtype: torch.dtype
     if num_splits is None:
         if sm_count is None:  # the CPU interpreter runs programs one by one: splitting only adds programs
             num_splits = 1
-        elif short:  # one block a program, unless partials are heavy and fill two waves or more (NOTE [Launch])
+        elif short:  # one block a program, unless partials are heavy and fill 1.5 waves or more (NOTE [Launch])
             partial = Hq // Hkv * Lq * (D + 2) * 4  # bytes a split writes and the merge reads: m, l, acc of real rows
             per_sm = 2 if block_m * D * 4 <= 32 * 1024 else 1  # resident programs an SM, by accumulator size
             light = 32 * partial < 2 * block_n * D * dtype.itemsize  # under 1/32 of a block's K and V bytes
-            num_splits = n_blk if light else _cdiv(n_blk, max(1, n_blk * B * Hkv // (per_sm * sm_count)))
+            programs, slots = n_blk * B * Hkv, per_sm * sm_count  # one-block programs; resident programs
+            waves = programs // slots if programs >= 2 * slots else 2 if 2 * programs >= 3 * slots else 1
+            num_splits = n_blk if light else _cdiv(n_blk, waves)
         else:  # whole waves: 1 or 2 resident programs per SM, by registers and shared memory
             num_splits = max(1, min(n_blk, (2 if two_per_sm else 1) * sm_count // (B * Hkv)))
         num_splits = _cdiv(n_blk, _cdiv(n_blk, num_splits))  # drop splits left empty
@@ -145,7 +147,8 @@ def launch_config(B: int, Hq: int, Hkv: int, Lq: int, D: int, dtype: torch.dtype
         acc = block_m * D * (2 if fp64 else 1)  # accumulator size (fp32 words)
         num_warps = 8 if acc > 128 * 128 or (short and acc > 16 * 256) else 4
     if num_stages is None:  # K/V blocks in flight per program, within the shared-memory budget
-        num_stages = 1 if short else 3 if two_per_sm else max(1, min(4, budget // stage_bytes))
+        one_stage = short or (window is not None and Lq > 1 and D >= 128 and not fma)  # a long draft-extend
+        num_stages = 1 if one_stage else 3 if two_per_sm else max(1, min(4, budget // stage_bytes))
     return LaunchConfig(block_m, block_n, num_splits, num_warps, num_stages)
 
 
