@@ -56,12 +56,13 @@ Defaults (H200 runs; metrics/README.md lists the files):
   2-stage launch measured was slower (draft-floor-h200-a353de9.json), and 64-key blocks beat
   128-key ones (draft-floor-h200-d011fa8.json). One block a program, unless a split's partial
   (m, l and acc of the tile's real rows, fp32) is at least 1/32 of a block's K and V bytes (a
-  choice between the measured 1/62 and 1/16) and one block a program makes at least two waves of
-  programs (two resident an SM for an accumulator of at most 32 KiB, else one): then whole blocks
-  a program, as many as keep a wave full (experiment 54, docs/results/gpu-attention.md);
+  choice between the measured 1/62 and 1/16) and one block a program makes 1.5 waves of programs
+  or more (two resident an SM for an accumulator of at most 32 KiB, else one; 1.5-1.99 count as
+  two, then by floor): then whole blocks a program, as many as keep a wave full (experiments 54, 56);
 - a long range (verify) runs in whole waves: one or two resident programs per SM (two when the
   accumulator is <= 32 KiB and two 3-stage K/V pipelines fit in shared memory), each streaming its
   blocks through ``num_stages`` buffers (tune-attention-h200-{graph-12d4ff2,plain-24aeee8}.json);
+  a long draft-extend (a window, Lq > 1, D >= 128, tensor-core tiles) in one stage (experiment 55);
 - fp32 and fp64 tiles are planned as FMA tiles (ieee dots, without tensor cores; fp32 at D <= 64
   takes tf32x3 on a GPU, NOTE [tf32x3]): 16-32-key blocks and at most 64 rows a tile
   (``max_tile_rows``) keep compile times in seconds; the CPU interpreter runs one split. A narrower
