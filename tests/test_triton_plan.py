@@ -24,6 +24,7 @@ BF16, F32, F64, M = torch.bfloat16, torch.float32, torch.float64, 1 << 20
     ((4, 32, 8, 16, 128, BF16, M, 64, 4096, 132), (64, 64, 8, 4, 3)),  # 16 queries: not measured, stages kept
     ((1, 32, 8, 8, 128, BF16, M, 64, 2400, 1), (32, 64, 1, 4, 1)),  # one program of 40 blocks: the loop's limit
     ((1, 32, 8, 8, 128, BF16, M, 64, 2464, 1), (32, 64, 1, 4, 3)),  # 41 blocks
+    ((4, 32, 8, 8, 128, BF16, 16384, None, None, 132), (32, 64, 8, 4, 3)),  # a verify of 32-block loops keeps them
     ((16, 4, 4, 8, 64, BF16, M, 64, 4096, 132), (16, 64, 4, 4, 3)),  # D64 keeps its stages
     ((4, 32, 8, 8, 128, F32, M, 64, 4096, 132), (32, 16, 8, 4, 3)),  # and fp32 (FMA tiles)
     ((4, 4, 4, 1, 64, BF16, M, 64, 4096, 132), (16, 64, 66, 4, 1)),  # one row's partial, 1/62 of a block: one a program
