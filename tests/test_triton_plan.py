@@ -27,12 +27,18 @@ BF16, F32, F64, M = torch.bfloat16, torch.float32, torch.float64, 1 << 20
     ((4, 32, 8, 8, 128, BF16, 16384, None, None, 132), (32, 64, 8, 4, 3)),  # a verify of 32-block loops keeps them
     ((16, 4, 4, 8, 64, BF16, M, 64, 4096, 132), (16, 64, 4, 4, 3)),  # D64 keeps its stages
     ((4, 32, 8, 8, 128, F32, M, 64, 4096, 132), (32, 16, 8, 4, 3)),  # and fp32 (FMA tiles)
+    ((4, 32, 8, 8, 128, F64, M, 64, 4096, 132), (32, 16, 8, 4, 3)),  # and fp64 (33 blocks a program)
+    ((4, 32, 8, 9, 128, BF16, M, 64, 4096, 132), (64, 64, 8, 4, 3)),  # 9 queries a tile: stages kept
+    ((4, 32, 8, 8, 128, BF16, M, None, 4096, 132), (32, 64, 8, 4, 1)),  # a window without sinks: one stage
+    ((1, 32, 8, 8, 128, BF16, M, 64, 5049, 8), (32, 64, 2, 4, 3)),  # 81 blocks, 2 splits: 41 (not 40) a program
+    ((1, 32, 8, 8, 128, BF16, 2048, 64, 4096, None), (32, 64, 1, 4, 1)),  # interpreter: 33 blocks, one stage
     ((4, 4, 4, 1, 64, BF16, M, 64, 4096, 132), (16, 64, 66, 4, 1)),  # one row's partial, 1/62 of a block: one a program
     ((4, 4, 4, 4, 64, BF16, M, 64, 4096, 132), (16, 64, 17, 4, 1)),  # four rows' (1/15.5): 4 blocks a program
     ((4, 8, 4, 1, 64, BF16, M, 64, 4096, 132), (16, 64, 17, 4, 1)),  # two rows' (1/31): over the 1/32 line
     ((3, 16, 2, 1, 256, BF16, M, 64, 4096, 132), (16, 64, 33, 4, 1)),  # 396 programs: 1.5 waves of 264 count as 2
     ((3, 16, 2, 1, 256, BF16, M, 64, 4096, 133), (16, 64, 66, 4, 1)),  # just under 1.5 waves of 266: one a program
     ((5, 16, 2, 1, 256, BF16, M, 64, 4096, 132), (16, 64, 33, 4, 1)),  # 660 programs, 2.5 waves: two (by floor)
+    ((5, 16, 2, 2, 256, BF16, M, 64, 4096, 132), (16, 64, 34, 4, 1)),  # 670 programs, 2.54 waves: two, not three
     ((8, 8, 2, 8, 256, BF16, M, 64, 4096, 132), (32, 64, 17, 8, 1)),  # a 32 KiB accumulator (32 x 256): still 2 a SM
     ((1, 32, 8, 1, 128, BF16, M, None, None, 132), (16, 64, 33, 4, 3)),  # verify: 2 programs per SM, 264 = 2 * 132
     ((1, 32, 8, 8, 128, BF16, M, None, None, 132), (32, 64, 33, 4, 3)),
