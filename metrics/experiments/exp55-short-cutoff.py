@@ -1,4 +1,4 @@
-"""Experiment 55 (prepared in session 42, not yet run): the draft's launch just past the "short" cut-off.
+"""Experiment 55 (prepared in session 42, run in session 43): the draft's launch just past the "short" cut-off.
 
 The planner (wmtp/attention/plan.py, NOTE [Launch]) calls a key range short while
 ``cdiv(n_keys, 64) * B * Hkv <= 8 * sm_count`` and then runs one 64-key block a program in one stage

@@ -1,4 +1,4 @@
-"""Experiment 56 (prepared in session 43): split count for a short draft range just past one wave of programs.
+"""Experiment 56 (session 43): split count for a short draft range just past one wave of programs.
 
 The planner (wmtp/attention/plan.py, NOTE [Launch]) runs a short key range as one 64-key block a
 program unless a split's partial is heavy (>= 1/32 of a block's K and V bytes) and the one-block
