@@ -38,10 +38,10 @@ def _decode_fakes(monkeypatch, wrong=False):
         step_times += [1.0, 2.0, 6.0]
         return TOKENS
 
-    stats = {None: SpecStats(3, steps=3, committed=6, draft_keys_read=300, draft_times_s=[0.5, 0.5, 8.0],
-                             verify_times_s=[0.5] * 3),
-             16: SpecStats(3, steps=3, committed=9, draft_keys_read=60, draft_times_s=[0.25, 0.25, 4.0],
-                           verify_times_s=[0.5, 0.5, 0.25])}
+    stats = {None: SpecStats(3, steps=3, committed=6, proposed=9, accepted=3, draft_keys_read=300, draft_kv_bytes=800,
+                             draft_times_s=[0.5, 0.5, 8.0], verify_times_s=[0.5] * 3),
+             16: SpecStats(3, steps=3, committed=9, proposed=9, accepted=6, draft_keys_read=60, draft_kv_bytes=200,
+                           draft_times_s=[0.25, 0.25, 4.0], verify_times_s=[0.5, 0.5, 0.25])}
 
     def speculative(target, head, prompt, n, depth, n_sink, window, prefill, draft_cache, gate):
         return TOKENS + (wrong and window is not None), stats[window]
@@ -61,6 +61,9 @@ def test_decode_row_from_literal_step_times(monkeypatch):
     got = [[row["arms"][label][k] for k in keys] for label in ("native", "sink4+win16")]
     assert got[0] == [3, 2.0, 100.0, 0.5, 0.5, 0.5, 0.5, 3.0, 0.0]  # tpot (0.5 + 0.5) / 2; 2 / 0.5 - 1
     assert got[1] == pytest.approx([3, 3.0, 20.0, 0.25, 0.5, 1 / 3, 0.25, 7.0, 0.5])  # 1 - 0.25 / 0.5
+    fields = ("lossless", "n_sink", "window", "gate", "draft_cache", "draft_kv_bytes", "acceptance_rate")
+    assert [[row["arms"][label][k] for k in fields] for label in ("native", "sink4+win16")] == [
+        [True, 0, None, None, "full", 800, 1 / 3], [True, 4, 16, None, "full", 200, 2 / 3]]
     assert table_cells(bench_decode.table({"environment": {"device": "cpu"}, "decode_dtype": "float64",
                                            "rows": [row]})) == [
         ["10", "eager", "dense", "1", "", "", "", "2000.000", "", ""],
@@ -87,8 +90,13 @@ def test_decode_options_take_a_page_as_long_as_the_smallest_context(monkeypatch)
     with pytest.raises(RuntimeError, match="the bench started"):
         run(page_size=64, draft_caches=("ring", "full"))
     for kw, match in ((dict(page_size=65), "--page-size must be at most the smallest context 64, got 65"),
+                      (dict(page_size=0), "--page-size must be an integer >= 1, got 0"),
+                      (dict(page_size=16.0), "--page-size must be an integer >= 1, got 16.0"),
                       (dict(draft_caches=("full", "full")), "draft caches must be distinct ones of full, ring"),
-                      (dict(loops=("eager", "eager")), "loops must be distinct ones of eager, graph")):
+                      (dict(loops=("eager", "eager")), "loops must be distinct ones of eager, graph"),
+                      (dict(loops=()), r"loops must be distinct ones of eager, graph, got \[\]"),
+                      (dict(draft_caches=()), r"draft caches must be distinct ones of full, ring, got \[\]"),
+                      (dict(draft_caches=("full", "paged")), r"draft caches .*, got \['full', 'paged'\]")):
         with pytest.raises(ValueError, match=match):
             run(**kw)
 
