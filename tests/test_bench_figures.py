@@ -161,6 +161,30 @@ def test_depth_refuses_a_run_whose_tokens_differ(monkeypatch):
         bench_depth.run_context(None, None, PROMPT, _preset(NATIVE, WIN, depth=1), (1,), 3, "pre")
 
 
+def test_depth_sums_every_steps_seconds_and_hands_each_arm_its_gate(monkeypatch):
+    """A run's TPOT charges every step: the sums of its draft (0.25 + 0.75 + 2) and verify (1 + 1 + 4)
+    seconds over its 4 tokens, 9 / 4 (not the median or largest step); the gated arm decodes with its gate."""
+    gates = []
+
+    def greedy(target, prompt, n, step_times, prefill):
+        step_times += [1.0, 3.0]
+        return TOKENS
+
+    def speculative(target, head, prompt, n, policy, n_sink, window, prefill, gate):
+        gates.append((window, gate))
+        return TOKENS, SpecStats(1, steps=3, proposed=3, accepted=1, committed=4, draft_times_s=[0.25, 0.75, 2.0],
+                                 verify_times_s=[1.0, 1.0, 4.0], steps_by_depth=[0, 3])
+
+    monkeypatch.setattr(bench_depth, "loop_generators", lambda loop: (greedy, speculative))
+    gated = KeySetConfig(4, 16, gate=100)
+    row = bench_depth.run_context(None, None, PROMPT, _preset(NATIVE, gated, depth=1), (1,), 1, "pre")
+    assert gates == [(None, None)] * 3 + [(16, 100)] * 3  # fixed-1, adaptive, adaptive-per-depth
+    assert row["dense"]["tpot_s"] == 2.0 and row["arms"]["sink4+win16+gate100"]["gate"] == 100
+    p = row["arms"]["sink4+win16+gate100"]["policies"]["fixed-1"]
+    assert (p["draft_s"], p["verify_s"], p["tpot_s"], p["tpot_speedup_vs_dense"]) == (3.0, 6.0, 2.25, 2.0 / 2.25 - 1)
+    assert (p["committed"], p["accepted"], p["acceptance_rate"], p["steps_by_depth"]) == (4, 1, 1 / 3, [0, 3])
+
+
 def test_depth_options_refuse_bad_rounds_and_repeated_depths():
     bench_depth.check_options((1, 3), 3, 1)
     for rounds in (0, True, 1.0):
@@ -168,8 +192,21 @@ def test_depth_options_refuse_bad_rounds_and_repeated_depths():
             bench_depth.check_options((1,), 3, rounds)
     with pytest.raises(ValueError, match="each once"):
         bench_depth.check_options((1, 1), 3, 1)
+    with pytest.raises(ValueError, match=r"--depths needs at least one value, each once, got \[\]"):
+        bench_depth.check_options((), 3, 1)
     with pytest.raises(ValueError, match="--loop must be one of eager, graph"):
         bench_depth.check_options((1,), 3, 1, "lazy")
+
+
+def test_depth_checks_its_options_before_any_work(monkeypatch):
+    """``bench_depth`` itself refuses a depth past the preset's and the graph loop off CUDA (the command
+    line checks them too, first)."""
+    monkeypatch.setattr(bench_depth, "bench_setup", lambda *a: pytest.fail("the bench started"))
+    for kw, match in ((dict(depths=(4,)), r"--depths must be in \[1, 3\] \(the preset's depth\), got 4"),
+                      (dict(loop="graph"), "the graph loop captures CUDA graphs; device cpu has none")):
+        with pytest.raises(ValueError, match=match):
+            bench_depth.bench_depth(_preset(NATIVE), None, torch.device("cpu"), 0, (64,), cache_dir=None, command="c",
+                                    **{"depths": (1,), "rounds": 1, **kw})
 
 
 def test_sampling_options_refuse_no_temperature_or_seed():
