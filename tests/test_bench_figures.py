@@ -229,7 +229,8 @@ def test_pooled_sums_every_count():
 
 
 def _sampling_fakes(monkeypatch, module, wrong=None):
-    """Per seed 3 and 5: the native arm AL 2 then 3 (pooled 10 / 4), the windowed 1 then 2 (pooled 6 / 4);
+    """Per seed 3 and 5: the native arm AL 2 then 3 (pooled 10 / 4), the windowed 1 then 2 (pooled 6 / 4),
+    histograms and per-position counts to match (re-indexed runs: one more accepted, counts unchanged);
     ``wrong``: the method (sampling) or positions whose windowed tokens differ from dense decoding's."""
     seen = []
 
@@ -241,9 +242,14 @@ def _sampling_fakes(monkeypatch, module, wrong=None):
         how = kw.get("positions", method)
         seen.append((window, how, seed))
         committed = {(True, 3): 4, (True, 5): 6, (False, 3): 2, (False, 5): 4}[window is None, seed]
-        stats = SpecStats(2, steps=2, proposed=4, accepted=committed - 2, committed=committed)
-        if how == "reindexed":  # re-indexed positions draft better: one more token a seed
+        accepted = committed - 2  # 0, 2 or 4 over two steps of depth 2: each step accepting accepted / 2
+        hist, per_position = [0, 0, 0], [min(accepted, 2), max(accepted - 2, 0)]
+        hist[accepted // 2] = 2
+        stats = SpecStats(2, steps=2, proposed=4, accepted=accepted, committed=committed,
+                          accept_length_histogram=hist, per_position_accepted=per_position)
+        if how == "reindexed":  # re-indexed positions draft better: one more draft accepted a seed
             stats.committed += 1
+            stats.accepted += 1
         return TOKENS + seed + (window is not None and how == wrong), stats
 
     monkeypatch.setattr(module, "sample_generate", dense)
@@ -263,6 +269,11 @@ def test_sampling_row_pools_the_seeds_against_the_native_arm(monkeypatch):
         assert (windowed["steps"], windowed["proposed"], windowed["accepted"]) == (4, 8, 2)
         assert native["mean_accept_length_change_vs_native"] is None
         assert windowed["mean_accept_length_change_vs_native"] == pytest.approx(1.5 / 2.5 - 1)
+        lossless = {"rejection": "in distribution (rejection sampling)", "gumbel": "token-equal to dense sampling"}
+        assert native == {
+            "lossless": lossless[method], "steps": 4, "proposed": 8, "accepted": 6, "acceptance_rate": 0.75,
+            "mean_accept_length": 2.5, "mean_accept_length_per_seed": [2.0, 3.0], "accept_length_histogram": [0, 2, 2],
+            "per_position_acceptance": [1.0, 0.5], "mean_accept_length_change_vs_native": None}
     result = {"environment": {"device": "cpu"}, "decode_dtype": "float64", "config": {"spec": {"depth": 2}},
               "sample_seeds": [3, 5], "rows": [row]}
     assert table_cells(bench_sampling.table(result)) == [
@@ -290,19 +301,56 @@ def test_positions_row_pairs_reindexed_with_absolute(monkeypatch):
     assert (row["arms"]["sink4+win9"]["evicts"], row["arms"]["sink4+win10"]["evicts"]) == (True, False)
     arm = row["arms"]["sink4+win9"]["positions"]
     assert (arm["absolute"]["mean_accept_length"], arm["reindexed"]["mean_accept_length"]) == (1.5, 2.0)
-    assert arm["reindexed"]["mean_accept_length_per_seed"] == [1.5, 2.5]
+    assert arm == {
+        "absolute": {"steps": 4, "proposed": 8, "accepted": 2, "acceptance_rate": 0.25, "mean_accept_length": 1.5,
+                     "mean_accept_length_per_seed": [1.0, 2.0], "accept_length_histogram": [2, 2, 0],
+                     "per_position_acceptance": [0.5, 0.0]},
+        "reindexed": {"steps": 4, "proposed": 8, "accepted": 4, "acceptance_rate": 0.5, "mean_accept_length": 2.0,
+                      "mean_accept_length_per_seed": [1.5, 2.5], "accept_length_histogram": [2, 2, 0],
+                      "per_position_acceptance": [0.5, 0.0]}}
     assert row["arms"]["sink4+win9"]["reindexed_al_change"] == pytest.approx(2.0 / 1.5 - 1)
     result = {"environment": {"device": "cpu"}, "decode_dtype": "float64", "config": {"spec": {"depth": 3}},
               "train_seq_len": 64, "rows": [row]}
     assert table_cells(bench_positions.table(result)) == [
-        ["10", "1", "sink4+win9", "yes", "1.50", "2.00", "+33.3%", "25.0%", "25.0%"],
-        ["", "", "sink4+win10", "no", "1.50", "2.00", "+33.3%", "25.0%", "25.0%"]]
+        ["10", "1", "sink4+win9", "yes", "1.50", "2.00", "+33.3%", "25.0%", "50.0%"],
+        ["", "", "sink4+win10", "no", "1.50", "2.00", "+33.3%", "25.0%", "50.0%"]]
     seen.clear()
     row = bench_positions.run_context(None, None, PROMPT, _preset(NATIVE), (edge,), 0.0, (3, 5), "pre")
     assert row["sample_seeds"] == [3] and seen == [("dense", 3), (9, "absolute", 3), (9, "reindexed", 3)]
     _sampling_fakes(monkeypatch, bench_positions, wrong="reindexed")
     with pytest.raises(AssertionError, match=r"sink4\+win9 \(reindexed\) at context 10, temperature 1.0, seed 3"):
         bench_positions.run_context(None, None, PROMPT, _preset(NATIVE), (edge,), 1.0, (3, 5), "pre")
+
+
+def test_sampling_hands_each_arm_its_gate(monkeypatch):
+    _sampling_fakes(monkeypatch, bench_sampling)
+    inner, gates = bench_sampling.speculative_sample, []
+
+    def speculative(*a, **kw):
+        gates.append(kw["gate"])
+        return inner(*a, **kw)
+
+    monkeypatch.setattr(bench_sampling, "speculative_sample", speculative)
+    gated = KeySetConfig(4, 16, gate=100)
+    row = bench_sampling.run_context(None, None, PROMPT, _preset(gated, NATIVE, depth=2), 0.7, (3,), "pre")
+    assert gates == [None, None, 100, 100]  # rejection, gumbel: the native arm, then the gated one
+    assert [a["gate"] for a in row["arms"].values()] == [None, 100]
+
+
+def test_sampling_and_positions_check_temperatures_and_seeds_before_any_work(monkeypatch):
+    """Each bench refuses bad temperatures and seeds itself (the command line checks them too, first)."""
+    bench_sampling.check_temperatures((0.0, 1e-4), (0, 2**64 - 1))
+    for temperatures, seeds, match in (((1.0, 1.0), (3,), r"--temperatures must be distinct, got \[1.0, 1.0\]"),
+                                       ((-1.0,), (3,), "--temperatures must be finite and >= 0, got -1.0"),
+                                       ((5e-5,), (3,), r"temperature must be 0 \(greedy\) or a finite number >= "),
+                                       ((1.0,), (-1,), r"seed must be an int in \[0, 2\*\*64\), got -1")):
+        for module, call in ((bench_sampling, lambda: bench_sampling.bench_sampling(
+                _preset(NATIVE), None, torch.device("cpu"), 0, (64,), temperatures, seeds, None, "c")),
+                             (bench_positions, lambda: bench_positions.bench_positions(
+                _preset(NATIVE), None, torch.device("cpu"), 0, (64,), (WIN,), temperatures, seeds, None, "c"))):
+            monkeypatch.setattr(module, "bench_setup", lambda *a: pytest.fail("the bench started"))
+            with pytest.raises(ValueError, match=match):
+                call()
 
 
 def test_positions_refuses_a_native_or_gated_key_set(monkeypatch):
