@@ -7,6 +7,7 @@ that differs; and the position of the last draft query, on which ``bench positio
 benches)."""
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -373,6 +374,26 @@ def test_positions_defaults_to_the_presets_windowed_key_sets(monkeypatch, capsys
     assert main(["bench", "positions", "--preset", "tiny", "--device", "cpu", "--cache-dir", str(tmp_path / "cache"),
                  "--out", str(tmp_path / "p.json")]) == 2
     assert seen == [(WIN,)] and "stop here" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bench", ["decode", "depth", "sampling", "positions"])
+def test_each_bench_command_writes_the_partial_metrics_and_hears_no_progress(bench, monkeypatch, capsys, tmp_path):
+    """The command hands its bench a writer of the partial file (a bench stopped after a row keeps it) and
+    ``progress=False`` under ``--no-progress`` (True without it)."""
+    module, seen = getattr(wmtp, f"bench_{bench}"), []
+
+    def stop(*a, progress, log, on_context, **k):
+        seen.append(progress)
+        on_context({"rows": ["a row"], "complete": False})
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(module, f"bench_{bench}", stop)
+    out = tmp_path / "b.json"
+    args = ["bench", bench, "--preset", "tiny", "--device", "cpu", "--cache-dir", str(tmp_path / "cache"),
+            "--out", str(out)]
+    assert main(args) == 2 and main(args + ["--no-progress"]) == 2 and seen == [True, False]
+    assert json.loads(out.read_text()) == {"rows": ["a row"], "complete": False}
+    assert capsys.readouterr().err.count("stop here") == 2
 
 
 def test_the_last_draft_query_sits_at_prompt_plus_new_tokens_plus_depth_minus_4(monkeypatch):
