@@ -8,6 +8,7 @@ benches)."""
 
 import dataclasses
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -352,6 +353,65 @@ def test_sampling_and_positions_check_temperatures_and_seeds_before_any_work(mon
             monkeypatch.setattr(module, "bench_setup", lambda *a: pytest.fail("the bench started"))
             with pytest.raises(ValueError, match=match):
                 call()
+
+
+def _bench(monkeypatch, module, call) -> tuple[tuple[int, int, int | None], dict]:
+    """A bench run with its setup and driver faked: the progress bar's units a context (``run_contexts``'
+    ``units``), the ticks its rows make and the page size its prefills are given; and the result it
+    starts (its header faked empty)."""
+    seen = []
+
+    def run_contexts(name, setup, preset, device, contexts, units, rows, result, t_start, progress, log, on_context,
+                     page_size=None):
+        ticks = []
+        for row in rows(PROMPT, "pre", ticks.append):
+            pass
+        seen.append((units, len(ticks), page_size))
+        return result
+
+    monkeypatch.setattr(module, "bench_setup", lambda *a: SimpleNamespace(header={}, target=None, head=None))
+    monkeypatch.setattr(module, "run_contexts", run_contexts)
+    result = call()
+    (got,) = seen
+    return got, result
+
+
+def test_every_benchs_bar_counts_the_ticks_of_its_rows_and_its_result_says_its_options(monkeypatch):
+    """A context's units (the bar's total, less its prefill) are the ticks its rows make: decode a row a
+    loop (every loop run: CUDA faked, the generators are); depth every round's dense run and (arm,
+    policy); sampling and positions every seed's run a temperature (one seed at temperature 0 for
+    positions). Decode's ``page_size`` reaches the prefills. Each result's fields beside its rows, literal."""
+    cpu = torch.device("cpu")
+    _decode_fakes(monkeypatch)
+    got, result = _bench(monkeypatch, bench_decode, lambda: bench_decode.bench_decode(
+        _preset(NATIVE, WIN), None, torch.device("cuda"), 0, (10,), ("eager", "graph"), None, "c", page_size=4))
+    assert got == (2, 2, 4) and result == {
+        "lossless": "asserted: every arm's tokens equal the same loop's dense greedy tokens (torch.equal)",
+        "draft_caches": ["full"], "page_size": 4, "rows": [], "complete": False}
+    _depth_fakes(monkeypatch)
+    got, result = _bench(monkeypatch, bench_depth, lambda: bench_depth.bench_depth(
+        _preset(WIN, NATIVE, depth=1), None, cpu, 0, (10,), (1,), 2, None, "c"))
+    assert got == (14, 14, None) and result == {
+        "depths": [1], "policies": ["fixed-1", "adaptive", "adaptive-per-depth"], "rounds": 2, "loop": "eager",
+        "tpot": "measured time per token kept over the whole decode, prefill excluded: (sum of the steps' draft and "
+                "verify seconds) / committed tokens",
+        "lossless": "asserted: every (arm, policy)'s tokens equal dense greedy decoding's (torch.equal)",
+        "rows": [], "complete": False}
+    _sampling_fakes(monkeypatch, bench_sampling)
+    got, result = _bench(monkeypatch, bench_sampling, lambda: bench_sampling.bench_sampling(
+        _preset(WIN, NATIVE, depth=2), None, cpu, 0, (10,), (0.7, 1.0), (3, 5), None, "c"))
+    assert got == (20, 20, None) and result == {
+        "sample_seeds": [3, 5], "temperatures": [0.7, 1.0], "methods": ["rejection", "gumbel"],
+        "lossless": "asserted: every gumbel arm's tokens equal dense sampling's with the same seed (torch.equal); "
+                    "rejection arms are equal to it in distribution", "rows": [], "complete": False}
+    _sampling_fakes(monkeypatch, bench_positions)
+    got, result = _bench(monkeypatch, bench_positions, lambda: bench_positions.bench_positions(
+        _preset(NATIVE), None, cpu, 0, (10,), (KeySetConfig(4, 9), WIN), (0.0, 1.0), (3, 5), None, "c"))
+    assert got == (15, 15, None) and result == {
+        "keysets": [{"n_sink": 4, "window": 9}, {"n_sink": 4, "window": 16}], "sample_seeds": [3, 5],
+        "temperatures": [0.0, 1.0], "positions": ["absolute", "reindexed"], "train_seq_len": 64,
+        "lossless": "asserted: every run's tokens equal dense decoding's with the same seed (torch.equal); "
+                    "gumbel verification, greedy at temperature 0", "rows": [], "complete": False}
 
 
 def test_positions_refuses_a_native_or_gated_key_set(monkeypatch):
