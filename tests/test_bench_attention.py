@@ -38,6 +38,9 @@ def test_result_structure_and_rows(result):
     assert all(r["read_floor_ms"] is None and r["step_ms"] is None and r["step_read_floor_ms"] is None
                for r in result["rows"])  # likewise
     assert result["dtype"] == "float32" and result["copy_bandwidth_gbs"] > 0
+    settings = ("contexts", "shapes", "q_lens", "methods", "n_sink", "window", "batch", "page_size")
+    assert [result[k] for k in settings] == [[64, 200], [[4, 2, 32]], [1, 3], list(METHODS), 4, 16, 1,
+                                             bench_report.PAGE_SIZE]
     rows = result["rows"]
     assert len(rows) == 2 * 1 * 2 * len(METHODS)
     for r in rows:
@@ -120,6 +123,50 @@ def test_the_inputs_and_guard_errors_keep_their_first_and_last_lines(monkeypatch
 def test_bad_arguments_raise_value_error(kw):
     with pytest.raises(ValueError):
         ba.sweep("cpu", **{**TINY, "methods": SDPA_METHODS, **kw})
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(methods=()), r"need a window \(got 16\) and methods from triton_window, .* \(unknown: \[\]\)"),
+    (dict(q_lens=(0, 1)), r"need contexts >= every q_len >= 1; got contexts \(64, 200\), q_lens \(0, 1\)"),
+    (dict(contexts=(2, 64)), r"need contexts >= every q_len >= 1; got contexts \(2, 64\), q_lens \(1, 3\)"),
+    (dict(warmup_ms=0), r"and positive repeats, warmup_ms, rep_ms \(got 2, 0, 100\)"),
+    (dict(rep_ms=0), r"and positive repeats, warmup_ms, rep_ms \(got 2, 25, 0\)")])
+def test_bad_arguments_say_what_they_need(kw, match):
+    with pytest.raises(ValueError, match=match):
+        ba.sweep("cpu", **{**TINY, "methods": SDPA_METHODS, **kw})
+
+
+def test_cpu_figures_from_literal_call_times(monkeypatch):
+    """Every call timed 1, 2 and 9 s (``time_call`` faked): the median 2000 ms, never the mean; the copy
+    bandwidth 4 bytes an element of 2**23 over 2 s; each floor its bytes over it in ms; the error the
+    largest |out - ref| (one element of sdpa_full's output moved by 0.5); a context as long as the
+    queries is enough; the seed draws the inputs; each reference's largest |value| under its own name."""
+    monkeypatch.setattr(ba, "time_call", lambda fn, device, repeats, warmup: [1.0, 9.0, 2.0])
+    full = bm.BUILDERS["sdpa_full"]
+
+    def moved(c):
+        fn = full(c)
+        return lambda: fn().index_put((torch.tensor(0),) * 4, torch.tensor(0.5), accumulate=True)  # (B, Hq, q, D)
+
+    monkeypatch.setitem(bm.BUILDERS, "sdpa_full", moved)
+    kw = dict(contexts=(3,), shapes=((4, 2, 32),), q_lens=(3,), dtype=torch.float32, n_sink=1, window=2,
+              methods=("sdpa_full", "sdpa_compact_window"))
+    res = ba.sweep("cpu", **kw)
+    assert res["copy_bandwidth_gbs"] == 4 * 2**23 / 2.0 / 1e9
+    (full_row, window_row) = res["rows"]
+    assert full_row["bytes"] == (2 * 3 * 2 * 32 + 2 * 4 * 3 * 32) * 4 and window_row["keys_read"] == 3
+    for r in res["rows"]:
+        assert r["median_ms"] == 2000.0 and r["error"] is None and isinstance(r["setup_s"], float)
+        assert r["floor_ms"] == pytest.approx(r["bytes"] / (4 * 2**23 / 2.0) * 1e3, rel=1e-12)
+        assert r["pct_of_floor"] == pytest.approx(r["floor_ms"] / 2000.0 * 100, rel=1e-12)
+    errs = res["correctness"]["q_len=3"]["max_abs_err"]
+    assert errs["sdpa_full"] == pytest.approx(0.5, abs=1e-5) and errs["sdpa_compact_window"] <= FP32_GUARD
+    refs = [ba.sweep("cpu", **kw, seed=seed)["correctness"]["q_len=3"]["ref_max_abs"] for seed in (0, 1)]
+    assert refs[0] == res["correctness"]["q_len=3"]["ref_max_abs"] and refs[1] != refs[0]
+    # the guard's references (SDPA faked: each output holds its key count): the full set's 8, the window's 1 + 2
+    monkeypatch.setattr(ba, "sdpa", lambda q, k, v, mask, gqa: lambda: torch.full_like(q, float(k.shape[2])))
+    guard = ba.sweep("cpu", **{**kw, "contexts": (8,), "q_lens": (1,)})["correctness"]["q_len=1"]
+    assert guard["ref_max_abs"] == {"full": 8.0, "window": 3.0}
 
 
 def test_a_batch_sweep_counts_every_row_and_leaves_the_bars_to_batch_1():
