@@ -62,9 +62,8 @@ Defaults (H200 runs; metrics/README.md lists the files):
 - a long range (verify) runs in whole waves: one or two resident programs per SM (two when the
   accumulator is <= 32 KiB and two 3-stage K/V pipelines fit in shared memory), each streaming its
   blocks through ``num_stages`` buffers (tune-attention-h200-{graph-12d4ff2,plain-24aeee8}.json);
-  a long draft-extend (a window, 2-8 queries a tile, D >= 128, tensor cores, <= 40 blocks a
-  program): 1 stage (H100, experiments 55 and 57; at D256 with 8 heads a kv head a windowed
-  prefill's 8-query chunks too);
+  a long windowed tile (2-32 queries a tile, D >= 128, tensor cores, <= 40 blocks a program: a
+  draft-extend, a windowed prefill's chunks): 1 stage (H100, experiments 55, 57 and 58);
 - fp32 and fp64 tiles are planned as FMA tiles (ieee dots, without tensor cores; fp32 at D <= 64
   takes tf32x3 on a GPU, NOTE [tf32x3]): 16-32-key blocks and at most 64 rows a tile
   (``max_tile_rows``) keep compile times in seconds; the CPU interpreter runs one split. A narrower
