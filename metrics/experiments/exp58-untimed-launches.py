@@ -21,6 +21,9 @@ bench's ``graph_ms`` (a CUDA graph's replay under ``triton.testing.do_bench``, c
 three rounds, the two variants interleaved in each, the median of the three; each cell also checks
 the two outputs agree (``max_abs_diff``). Rows are written after every cell.
 
+Ran in session 44 on an H100 (untimed-launches-h100-exp58.json beside it), before 4f3d1f0 widened the
+rule to 2-32 queries a tile; from 4f3d1f0 on, the ``kept`` cells' planned launch is their ``one_stage``.
+
 Usage: python3 metrics/experiments/exp58-untimed-launches.py OUT.json
 """
 
