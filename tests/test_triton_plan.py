@@ -19,13 +19,16 @@ BF16, F32, F64, M = torch.bfloat16, torch.float32, torch.float64, 1 << 20
     ((2, 32, 8, 8, 128, BF16, M, 64, 4096, 132), (32, 64, 17, 4, 1)),  # 67 x 16 // 264 = 4 blocks a program
     ((4, 32, 8, 1, 128, BF16, M, 64, 4096, 132), (16, 64, 8, 4, 3)),  # 65 x 32 blocks > 8 x 132: not "short"
     ((4, 32, 8, 2, 128, BF16, M, 64, 4096, 132), (16, 64, 8, 4, 1)),  # draft-extend, 2-32 queries, D >= 128: one stage
-    ((16, 16, 2, 8, 256, BF16, M, 64, 4096, 132), (64, 32, 4, 4, 1)),  # 4 splits of 33 blocks: a short loop
+    ((16, 16, 2, 8, 256, BF16, M, 64, 4096, 132), (64, 32, 4, 4, 2)),  # 4 splits of 33 blocks: two stages
+    ((10, 16, 2, 8, 256, BF16, M, 64, 4096, 132), (64, 32, 6, 4, 1)),  # 6 splits of 22 blocks: one stage
     ((32, 16, 2, 8, 256, BF16, M, 64, 4096, 132), (64, 32, 2, 4, 4)),  # 2 splits of 66 blocks: stages kept
     ((4, 32, 8, 16, 128, BF16, M, 64, 4096, 132), (64, 64, 8, 4, 1)),  # 16 queries: one stage (experiment 58)
     ((4, 16, 8, 32, 128, BF16, M, 64, 4096, 132), (64, 64, 8, 4, 1)),  # 32 queries a tile: one stage
     ((4, 16, 8, 33, 128, BF16, M, 64, 4096, 132), (128, 64, 4, 4, 4)),  # 33: not measured, stages kept
     ((4, 32, 8, 32, 128, BF16, M, 64, 4096, 132), (128, 64, 4, 4, 1)),  # a prefill's 32-query chunk (4 of B 1)
-    ((1, 32, 8, 8, 128, BF16, M, 64, 2400, 1), (32, 64, 1, 4, 1)),  # one program of 40 blocks: the loop's limit
+    ((1, 32, 8, 8, 128, BF16, M, 64, 1401, 1), (32, 64, 1, 4, 1)),  # one program of 24 blocks: one stage's limit
+    ((1, 32, 8, 8, 128, BF16, M, 64, 1402, 1), (32, 64, 1, 4, 2)),  # 25 blocks: two stages
+    ((1, 32, 8, 8, 128, BF16, M, 64, 2400, 1), (32, 64, 1, 4, 2)),  # one program of 40 blocks: the loop's limit
     ((1, 32, 8, 8, 128, BF16, M, 64, 2464, 1), (32, 64, 1, 4, 3)),  # 41 blocks
     ((4, 32, 8, 8, 128, BF16, 16384, None, None, 132), (32, 64, 8, 4, 3)),  # a verify of 32-block loops keeps them
     ((16, 4, 4, 8, 64, BF16, M, 64, 4096, 132), (16, 64, 4, 4, 3)),  # D64 keeps its stages
@@ -34,7 +37,7 @@ BF16, F32, F64, M = torch.bfloat16, torch.float32, torch.float64, 1 << 20
     ((4, 32, 8, 9, 128, BF16, M, 64, 4096, 132), (64, 64, 8, 4, 1)),  # 9 queries a tile: one stage
     ((4, 32, 8, 8, 128, BF16, M, None, 4096, 132), (32, 64, 8, 4, 1)),  # a window without sinks: one stage
     ((1, 32, 8, 8, 128, BF16, M, 64, 5049, 8), (32, 64, 2, 4, 3)),  # 81 blocks, 2 splits: 41 (not 40) a program
-    ((1, 32, 8, 8, 128, BF16, 2048, 64, 4096, None), (32, 64, 1, 4, 1)),  # interpreter: 33 blocks, one stage
+    ((1, 32, 8, 8, 128, BF16, 2048, 64, 4096, None), (32, 64, 1, 4, 2)),  # interpreter: 33 blocks, two stages
     ((4, 4, 4, 1, 64, BF16, M, 64, 4096, 132), (16, 64, 66, 4, 1)),  # one row's partial, 1/62 of a block: one a program
     ((4, 4, 4, 4, 64, BF16, M, 64, 4096, 132), (16, 64, 17, 4, 1)),  # four rows' (1/15.5): 4 blocks a program
     ((4, 8, 4, 1, 64, BF16, M, 64, 4096, 132), (16, 64, 17, 4, 1)),  # two rows' (1/31): over the 1/32 line

@@ -147,9 +147,10 @@ def launch_config(B: int, Hq: int, Hkv: int, Lq: int, D: int, dtype: torch.dtype
         acc = block_m * D * (2 if fp64 else 1)  # accumulator size (fp32 words)
         num_warps = 8 if acc > 128 * 128 or (short and acc > 16 * 256) else 4
     if num_stages is None:  # K/V blocks in flight per program, within the shared-memory budget
+        fit = 3 if two_per_sm else max(1, min(4, budget // stage_bytes))
         extend = window is not None and 1 < Lq <= 32 and D >= 128 and not fma  # 2-32 queries (measured: 2-8, 16, 32)
-        one_stage = short or (extend and _cdiv(n_blk, num_splits) <= 40)  # ...looping over at most 40 blocks
-        num_stages = 1 if one_stage else 3 if two_per_sm else max(1, min(4, budget // stage_bytes))
+        loop = _cdiv(n_blk, num_splits)  # ...looping over 24 blocks or fewer: one stage; 25-40: two
+        num_stages = 1 if short or (extend and loop <= 24) else min(2, fit) if extend and loop <= 40 else fit
     return LaunchConfig(block_m, block_n, num_splits, num_warps, num_stages)
 
 
