@@ -5,7 +5,7 @@ over at most 40 key blocks (NOTE [Launch]); the limit was drawn from H100 runs (
 Experiments 57 and 58 on an H200 (session 45) found the one stage faster at loops of 17 and 23 blocks
 but mixed at 33-34: slower at D128 batch 12 (4.7-10.9 %) and D256 batch 32 with 2 and 4 queries
 (2.0 / 5.8 %), faster at D128 batch 16 (4.0-5.9 %) and D256 batch 16 with 8 queries (11.2 %). This
-times every batch between those cells whose planned launch loops over 23-34 blocks in one stage:
+times a sample of the batches whose planned launch loops over 23-34 blocks in one stage:
 the planned launch (``planned``), the stages of the no-rule branch at the same splits (``old``: 3 or
 4) and two stages (``two_stage``). bf16, sink 64 + window 4096, S = 131072, Hq32/Hkv8 at D128 and
 Hq16/Hkv2 at D256 (the bench's shapes), contiguous caches. Timing is the bench's ``graph_ms`` (a

@@ -64,8 +64,8 @@ Defaults (H200 runs; metrics/README.md lists the files):
   blocks through ``num_stages`` buffers (tune-attention-h200-{graph-12d4ff2,plain-24aeee8}.json);
   a long windowed tile (2-32 queries a tile, D >= 128, tensor cores, <= 40 blocks a program: a
   draft-extend, a windowed prefill's chunks): 1 stage up to 24 blocks a program (H100, experiments
-  55, 57, 58; H200, 58), 2 stages over 25-40 (experiment 59: at 27-34 blocks 1-14 % faster than one
-  on an H200, where one stage lost up to 11 % to three; -13 to +3 % against one on an H100);
+  55, 57, 58; H200, 58), 2 stages over 25-40 (experiment 59, 27-34 blocks: 1-14 % faster than one
+  for 2-8 queries on an H200, where one lost up to 11 % to three; -13 to +4 % on the H100 and H200);
 - fp32 and fp64 tiles are planned as FMA tiles (ieee dots, without tensor cores; fp32 at D <= 64
   takes tf32x3 on a GPU, NOTE [tf32x3]): 16-32-key blocks and at most 64 rows a tile
   (``max_tile_rows``) keep compile times in seconds; the CPU interpreter runs one split. A narrower
