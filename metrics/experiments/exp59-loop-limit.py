@@ -17,8 +17,11 @@ Groups (``mid`` by default): ``mid``, the cells above; ``short``, loops of 9-22 
 and 16 queries, D256 with 2, 4 and 8) and D128's 16-query tiles at 34; ``long``, loops of 44-67 blocks
 (past the limit: ``planned`` is ``old`` there, so it times two stages against the planned 3-4);
 ``paged``, four cells of ``mid`` in the bench's 16-row pages (one stage runs PAGED=1, more PAGED=2,
-NOTE [Pages]). From the commit that follows the first runs, the planner gives 25-40 blocks two stages:
-``planned`` is then ``two_stage`` there (each row's ``planned_launch`` says which).
+NOTE [Pages]); ``moved``, the launches of experiments 57 and 58 that 86230b5 moved to two stages
+untimed (D256 batch 16 with 5-8 queries, batch 32 with 2 and 4; D256 windowed prefills of 96 and 128
+queries at batch 1, planned by 8-query chunks as ``plan_call`` does). From 86230b5 on, the planner gives
+25-40 blocks two stages: ``planned`` is then ``two_stage`` there (each row's ``planned_launch`` says
+which), and a ``one_stage`` variant is timed beside it wherever the planned launch has more stages.
 
 Usage: python3 metrics/experiments/exp59-loop-limit.py OUT.json [GROUP ...]
 """
@@ -34,7 +37,7 @@ from triton.testing import do_bench
 
 from wmtp.attention import triton_attention as ta
 from wmtp.attention.paged import paginate
-from wmtp.attention.plan import _cdiv, launch_config
+from wmtp.attention.plan import _cdiv, launch_config, query_chunk
 from wmtp.bench_methods import PAGE_SIZE
 from wmtp.bench_timing import graph_replay_ms
 from wmtp.metrics import environment
@@ -51,6 +54,7 @@ GROUPS = {  # (D, B, q_len)
               + [(256, 12, 2), (256, 20, 2), (256, 16, 4), (256, 10, 8)]),
     "long": [(128, 17, 2), (128, 24, 8), (256, 34, 2), (256, 40, 4), (256, 17, 8), (256, 24, 8)],
     "paged": [(128, 12, 8), (128, 16, 8), (256, 27, 4), (256, 33, 4)],
+    "moved": [(256, 16, q) for q in (5, 6, 7, 8)] + [(256, 32, 2), (256, 32, 4), (256, 1, 96), (256, 1, 128)],
 }
 CELLS = [(name, *cell) for name in GROUP_NAMES for cell in GROUPS[name]]
 
@@ -83,14 +87,17 @@ for group, D, B, Lq in CELLS:
         call = lambda **kw: ta.paged_attention_triton(q, k_pages, v_pages, table, q_pos, N_SINK, WINDOW, **kw)  # noqa: E731
     else:
         call = lambda **kw: ta.attention_triton(q, k, v, q_pos, N_SINK, WINDOW, **kw)  # noqa: E731
-    args = (B, Hq, Hkv, Lq, D, torch.bfloat16, S, N_SINK, WINDOW, sm)
+    Lc = query_chunk(Lq, Hq // Hkv, torch.bfloat16, D)  # a tile's queries: Lq but for the prefills
+    args = (B * _cdiv(Lq, Lc), Hq, Hkv, Lc, D, torch.bfloat16, S, N_SINK, WINDOW, sm)  # as plan_call calls it
     planned = launch_config(*args)._asdict()
-    n_blk = _cdiv(N_SINK + WINDOW + Lq - 1, planned["block_n"]) + 1
+    n_blk = _cdiv(N_SINK + WINDOW + Lc - 1, planned["block_n"]) + 1
     variants = {"planned": {key: planned[key] for key in KEYS}}
     variants["old"] = {**variants["planned"], "num_stages": launch_config(*args, num_splits=1).num_stages}
     variants["two_stage"] = {**variants["planned"], "num_stages": 2}
+    if planned["num_stages"] != 1:
+        variants["one_stage"] = {**variants["planned"], "num_stages": 1}
     row = {"group": group, "Hq": Hq, "Hkv": Hkv, "D": D, "B": B, "q_len": Lq, "planned_launch": planned,
-           "loop_blocks": _cdiv(n_blk, planned["num_splits"]), "programs": B * Hkv * planned["num_splits"],
+           "loop_blocks": _cdiv(n_blk, planned["num_splits"]), "programs": args[0] * Hkv * planned["num_splits"],
            "variants": variants, "rounds_us": {n: [] for n in variants}, "max_abs_diff": {}}
     try:
         ref = call(**variants["old"]).float()
