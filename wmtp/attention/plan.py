@@ -4,9 +4,37 @@ queries reads, and how a call is launched.
 The kernel (attention/triton_attention.py) plans its two key ranges on device from the positions
 it loads (NOTE [Host sync] there); ``key_plan`` is the same computation in Python, the readable
 reference that tests/test_triton_attention.py checks the device plan against. ``launch_config``
-picks tile sizes, split count and Triton options from shapes alone (NOTE [Launch] in
-attention/triton_attention.py). ``check_tensors`` is the kernels' input contract and
-``query_chunk`` cuts a query block longer than one tile into chunks, which one launch runs.
+picks tile sizes, split count and Triton options from shapes alone (NOTE [Launch]).
+``check_tensors`` is the kernels' input contract and ``query_chunk`` cuts a query block longer
+than one tile into chunks, which one launch runs.
+
+NOTE [Launch]: ``launch_config`` picks the launch from shapes; ``plan_call``
+(attention/triton_plan.py) turns it into the kernel's arguments. ``n_blk`` bounds the key blocks by
+``min(S, n_sink + window + Lq - 1)`` keys (``S`` for the full set); a split left without keys
+writes ``m = -inf, l = 0``.
+Defaults (H200 runs; metrics/README.md lists the files):
+- a short range (the draft: at most 8 blocks of 64 keys per SM over all heads) runs blocks of 64
+  keys (32 where shared memory is smaller), 4 warps (8 for tiles over 16 x 256), ONE stage: every
+  2-stage launch measured was slower (draft-floor-h200-a353de9.json), and 64-key blocks beat
+  128-key ones (draft-floor-h200-d011fa8.json). One block a program, unless a split's partial
+  (m, l and acc of the tile's real rows, fp32) is at least 1/32 of a block's K and V bytes (a
+  choice between the measured 1/62 and 1/16) and one block a program makes 1.5 waves of programs
+  or more (two resident an SM for an accumulator of at most 32 KiB, else one; 1.5-1.99 count as
+  two, then by floor): then whole blocks a program, as many as keep a wave full (experiments 54, 56);
+- a long range (verify) runs in whole waves: one or two resident programs per SM (two when the
+  accumulator is <= 32 KiB and two 3-stage K/V pipelines fit in shared memory), each streaming its
+  blocks through ``num_stages`` buffers (tune-attention-h200-{graph-12d4ff2,plain-24aeee8}.json);
+  a long windowed tile (2-32 queries a tile, D >= 128, tensor cores, <= 40 blocks a program: a
+  draft-extend, a windowed prefill's chunks): 1 stage up to 24 blocks a program (H100, experiments
+  55, 57, 58; H200, 58), 2 stages over 25-40 (experiment 59, 27-34 blocks: 1-14 % faster than one
+  for 2-8 queries on an H200, where one lost up to 11 % to three; -13 to +4 % on the H100 and H200);
+- fp32 and fp64 tiles are planned as FMA tiles (ieee dots, without tensor cores; fp32 at D <= 64
+  takes tf32x3 on a GPU, NOTE [tf32x3] in attention/triton_plan.py): 16-32-key blocks and at most
+  64 rows a tile (``max_tile_rows``) keep compile times in seconds; the CPU interpreter runs one
+  split. A narrower fp32 launch (2 warps, 2 stages, 4 programs an SM) took 28.8-36 % less time
+  over 16K-131K keys, 20 calls back to back (fp32-full-sweep-h200-exp29.json) but up to 9.4 %
+  slower a token in the decode loop, one call at a time (narrow-fp32-h200-exp30.json): a launch is
+  judged in the loop.
 """
 
 from __future__ import annotations
@@ -76,7 +104,7 @@ def key_plan(t_min: int, t_max: int, n_sink: int | None, window: int | None, blo
 
 
 class LaunchConfig(NamedTuple):
-    """Tile sizes, grid and Triton options of one launch (NOTE [Launch] in attention/triton_attention.py)."""
+    """Tile sizes, grid and Triton options of one launch (NOTE [Launch])."""
 
     block_m: int  # rows of the query tile: group * Lq, padded to a power of two >= 16
     block_n: int  # keys per block

@@ -6,7 +6,7 @@ the merge's launch. Everything but the tensors follows from shapes, strides, dty
 and the launch overrides, so ``_static_plan`` computes it once per distinct key (an LRU cache) and
 ``plan_call`` only allocates the output and the split workspace; the key doubles as the launch
 cache's (NOTE [Launch cache] in attention/launch.py). NOTE [Launch] in
-attention/triton_attention.py says how the launch is chosen (``launch_config``, attention/plan.py);
+attention/plan.py says how the launch is chosen (``launch_config``);
 NOTE [Host sync] why no device value is read here.
 
 NOTE [Workspace]: with split-K the partials live in ONE allocation, ``m | l | acc`` (``n_rows``
