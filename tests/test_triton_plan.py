@@ -109,6 +109,11 @@ def test_launch_config_rejects_bad_overrides_and_fits_smaller_gpus():
         launch_config(1, 16, 2, 1, 256, BF16, 0, None, None, 132)
     # 64 KiB of shared memory: the draft's 64-key K and V blocks at D 256 (64 KiB) cannot fit; 32-key ones can
     assert tuple(launch_config(*args, smem_bytes=64 * 1024)) == (16, 32, 131, 4, 1)
+    # a draft-extend looping over 34 blocks of 128 keys (64 KiB of K and V a stage): two stages, or one
+    # where shared memory holds one (99 KiB, an sm_86's opt-in limit)
+    extend = (1, 32, 8, 8, 128, BF16, M, 64, 4096, 1)
+    assert tuple(launch_config(*extend, block_n=128)) == (32, 128, 1, 4, 2)
+    assert tuple(launch_config(*extend, block_n=128, smem_bytes=99 * 1024)) == (32, 128, 1, 4, 1)
 
 
 def test_max_tile_rows():
