@@ -5,13 +5,19 @@ two over 25-40 and its shared-memory fit (3 or 4) past 40 (NOTE [Launch]). Exper
 those rules on tiles of 16-32 rows mostly; at D256 with 8 queries (Hq16/Hkv2: 64 rows, 4 warps,
 32-key blocks) two stages beat the planned one at 22 blocks (-12.0 %) and the planned four at 44
 (-13.0 %) on an H200. This times every stage count the shared memory holds at the deeper tiles:
-D256 with 8 queries (64 rows) and 16 (128 rows, 8 warps), D128 with 16 queries (64 rows) and 32
+D256 with 8 queries (64 rows, the most a D256 tile holds), D128 with 16 queries (64 rows) and 32
 (128 rows), at batches whose planned launch loops over 14 to 132 blocks a program, the planned
 splits throughout (``stages_N``: the planned launch with N stages; ``planned_launch`` names the
 plan's). bf16, sink 64 + window 4096, S = 131072, contiguous caches, the bench's shapes. Timing as
 experiment 59: ``graph_ms`` (a CUDA graph's replay under ``triton.testing.do_bench``, cold L2,
 median), three rounds with the variants interleaved, the median of the three; each cell checks the
 outputs against the planned launch's (``max_abs_diff``). Rows are written after every cell.
+
+The script's first version (1c49588, the H100 run of session 46) also timed D256 with 16 queries,
+planned as one 128-row tile; the kernel cuts those queries into two 8-query tiles (``query_chunk``,
+as ``plan_call`` does), so its launches were 64-row tiles of 2B tiles at the 128-row plan's splits
+(1.8-1.9 waves of programs), not a planned launch. The cells now plan each tile as ``plan_call``
+does, with ``tiles`` = B x chunks, and D256 with 16 queries is replaced by more D256 8-query batches.
 
 Usage: python3 metrics/experiments/exp60-stage-count.py OUT.json
 """
@@ -26,7 +32,7 @@ import torch
 from triton.testing import do_bench
 
 from wmtp.attention import triton_attention as ta
-from wmtp.attention.plan import _cdiv, launch_config
+from wmtp.attention.plan import _cdiv, launch_config, query_chunk
 from wmtp.bench_timing import graph_replay_ms
 from wmtp.metrics import environment
 
@@ -34,8 +40,7 @@ S, N_SINK, WINDOW, ROUNDS = 1 << 17, 64, 4096, 3
 SHAPES = {128: (32, 8), 256: (16, 2)}  # D: (Hq, Hkv)
 OUT = sys.argv[1]
 KEYS = ("num_splits", "block_n", "num_warps", "num_stages")
-CELLS = ([(256, B, 8) for B in (9, 10, 12, 14, 17, 20, 23, 34)]  # (D, B, q_len); loops 19-132 blocks
-         + [(256, B, 16) for B in (9, 10, 12, 14, 17, 23)]  # 19-66
+CELLS = ([(256, B, 8) for B in (9, 10, 12, 14, 17, 20, 23, 28, 34, 50, 80)]  # (D, B, q_len); loops 19-132 blocks
          + [(128, B, 16) for B in (6, 7, 9, 12, 17)]  # 14-67
          + [(128, B, 32) for B in (3, 4, 5, 6, 9)])  # 14-67
 
@@ -66,14 +71,16 @@ for D, B, Lq in CELLS:
     q = torch.randn(B, Hq, Lq, D, generator=gen, device="cuda", dtype=torch.bfloat16)  # (B, Hq, Lq, D)
     q_pos = torch.arange(S - Lq, S, device="cuda")  # (Lq,)
     call = lambda **kw: ta.attention_triton(q, k, v, q_pos, N_SINK, WINDOW, **kw)  # noqa: E731
-    args = (B, Hq, Hkv, Lq, D, torch.bfloat16, S, N_SINK, WINDOW, sm)
+    Lc = query_chunk(Lq, Hq // Hkv, torch.bfloat16, D)  # a tile's queries
+    args = (B * _cdiv(Lq, Lc), Hq, Hkv, Lc, D, torch.bfloat16, S, N_SINK, WINDOW, sm)  # as plan_call calls it
     planned = launch_config(*args)._asdict()
-    n_blk = _cdiv(N_SINK + WINDOW + Lq - 1, planned["block_n"]) + 1
+    n_blk = _cdiv(N_SINK + WINDOW + Lc - 1, planned["block_n"]) + 1
     fit = launch_config(*args, num_splits=1).num_stages  # the shared-memory fit (no split: the long branch)
     base = {key: planned[key] for key in KEYS}
     variants = {f"stages_{n}": {**base, "num_stages": n} for n in range(1, max(fit, planned["num_stages"]) + 1)}
-    row = {"D": D, "Hq": Hq, "Hkv": Hkv, "B": B, "q_len": Lq, "planned_launch": planned, "fit": fit,
-           "loop_blocks": _cdiv(n_blk, planned["num_splits"]), "programs": B * Hkv * planned["num_splits"],
+    row = {"D": D, "Hq": Hq, "Hkv": Hkv, "B": B, "q_len": Lq, "tiles": args[0], "planned_launch": planned,
+           "fit": fit, "loop_blocks": _cdiv(n_blk, planned["num_splits"]),
+           "programs": args[0] * Hkv * planned["num_splits"],
            "variants": variants, "rounds_us": {n: [] for n in variants}, "max_abs_diff": {}}
     try:
         ref = call(**base).float()
