@@ -24,10 +24,17 @@ Defaults (H200 runs; metrics/README.md lists the files):
 - a long range (verify) runs in whole waves: one or two resident programs per SM (two when the
   accumulator is <= 32 KiB and two 3-stage K/V pipelines fit in shared memory), each streaming its
   blocks through ``num_stages`` buffers (tune-attention-h200-{graph-12d4ff2,plain-24aeee8}.json);
-  a long windowed tile (2-32 queries a tile, D >= 128, tensor cores, <= 40 blocks a program: a
-  draft-extend, a windowed prefill's chunks): 1 stage up to 24 blocks a program (H100, experiments
-  55, 57, 58; H200, 58), 2 stages over 25-40 (experiment 59, 27-34 blocks: 1-14 % faster than one
-  for 2-8 queries on an H200, where one lost up to 11 % to three; -13 to +4 % on the H100 and H200);
+  a long windowed tile (2-32 queries a tile, D >= 128, tensor cores: a draft-extend, a windowed
+  prefill's chunks) takes its stages by depth and loop (blocks a program):
+  - up to 32 rows: 1 stage up to 24 blocks (H100, experiments 55, 57, 58; H200, 58), 2 over 25-40
+    (experiment 59, 27-34 blocks: 1-14 % faster than one on an H200, where one lost up to 11 % to
+    three; -13 to +3 % on the H100), the fit past 40 (two lost 6-19 % at 44-67 on an H200);
+  - 64 rows at D256 (32-key blocks, 4 warps): 1 stage up to 18 blocks, 2 over 19-44 (experiments
+    59-60: 10-19 % faster than the plan's one at 19-22 and its fit at 44 on an H100, 12-13 % at 22
+    and 44 on an H200), the fit past 44 (three beat four by 6.6-12.1 % at 66-132 on an H100, untimed
+    on an H200);
+  - 64-128 rows at D128: 1 stage up to 40 blocks (experiments 59-60 at 34 blocks: two 1.4-8.7 %
+    slower in six H100 timings of three cells, -0.8 / +3.7 % in two cells on an H200), the fit past 40;
 - fp32 and fp64 tiles are planned as FMA tiles (ieee dots, without tensor cores; fp32 at D <= 64
   takes tf32x3 on a GPU, NOTE [tf32x3] in attention/triton_plan.py): 16-32-key blocks and at most
   64 rows a tile (``max_tile_rows``) keep compile times in seconds; the CPU interpreter runs one
@@ -177,8 +184,10 @@ def launch_config(B: int, Hq: int, Hkv: int, Lq: int, D: int, dtype: torch.dtype
     if num_stages is None:  # K/V blocks in flight per program, within the shared-memory budget
         fit = 3 if two_per_sm else max(1, min(4, budget // stage_bytes))
         extend = window is not None and 1 < Lq <= 32 and D >= 128 and not fma  # 2-32 queries (measured: 2-8, 16, 32)
-        loop = _cdiv(n_blk, num_splits)  # ...looping over 24 blocks or fewer: one stage; 25-40: two
-        num_stages = 1 if short or (extend and loop <= 24) else min(2, fit) if extend and loop <= 40 else fit
+        # a windowed tile's loop: one stage up to `one` blocks, two up to `two`, then the fit (NOTE [Launch])
+        one, two = (18, 44) if D > 128 and block_m >= 64 else (40, 40) if block_m >= 64 else (24, 40)
+        loop = _cdiv(n_blk, num_splits)
+        num_stages = 1 if short or (extend and loop <= one) else min(2, fit) if extend and loop <= two else fit
     return LaunchConfig(block_m, block_n, num_splits, num_warps, num_stages)
 
 
