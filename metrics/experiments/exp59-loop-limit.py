@@ -22,6 +22,8 @@ untimed (D256 batch 16 with 5-8 queries, batch 32 with 2 and 4; D256 windowed pr
 queries at batch 1, planned by 8-query chunks as ``plan_call`` does). From 86230b5 on, the planner gives
 25-40 blocks two stages: ``planned`` is then ``two_stage`` there (each row's ``planned_launch`` says
 which), and a ``one_stage`` variant is timed beside it wherever the planned launch has more stages.
+``depth`` and ``paged_depth`` (session 46): launches 4c7c62f moves by tile depth (D256 64-row tiles at
+19-44 blocks to two stages, D128 64-128-row tiles at 25-40 to one), contiguous and in pages.
 
 Usage: python3 metrics/experiments/exp59-loop-limit.py OUT.json [GROUP ...]
 """
@@ -55,6 +57,8 @@ GROUPS = {  # (D, B, q_len)
     "long": [(128, 17, 2), (128, 24, 8), (256, 34, 2), (256, 40, 4), (256, 17, 8), (256, 24, 8)],
     "paged": [(128, 12, 8), (128, 16, 8), (256, 27, 4), (256, 33, 4)],
     "moved": [(256, 16, q) for q in (5, 6, 7, 8)] + [(256, 32, 2), (256, 32, 4), (256, 1, 96), (256, 1, 128)],
+    "depth": [(256, 10, 8), (256, 20, 8), (256, 9, 5), (128, 12, 16), (128, 16, 9), (128, 6, 32)],
+    "paged_depth": [(256, 10, 8), (256, 20, 8), (128, 12, 16), (128, 6, 32)],
 }
 CELLS = [(name, *cell) for name in GROUP_NAMES for cell in GROUPS[name]]
 
@@ -81,7 +85,7 @@ for group, D, B, Lq in CELLS:
     v = torch.randn(B, Hkv, S, D, generator=gen, device="cuda", dtype=torch.bfloat16)  # (B, Hkv, S, D)
     q = torch.randn(B, Hq, Lq, D, generator=gen, device="cuda", dtype=torch.bfloat16)  # (B, Hq, Lq, D)
     q_pos = torch.arange(S - Lq, S, device="cuda")  # (Lq,)
-    if group == "paged":
+    if group.startswith("paged"):
         k_pages, v_pages, table = paginate(k, v, PAGE_SIZE, gen)  # (pages, PAGE_SIZE, Hkv, D) x2, (B, pages)
         del k, v
         call = lambda **kw: ta.paged_attention_triton(q, k_pages, v_pages, table, q_pos, N_SINK, WINDOW, **kw)  # noqa: E731
