@@ -16,7 +16,7 @@ outputs against the planned launch's (``max_abs_diff``). Rows are written after 
 The script's first version (1c49588, the H100 run of session 46) also timed D256 with 16 queries,
 planned as one 128-row tile; the kernel cuts those queries into two 8-query tiles (``query_chunk``,
 as ``plan_call`` does), so its launches were 64-row tiles of 2B tiles at the 128-row plan's splits
-(1.8-1.9 waves of programs), not a planned launch. The cells now plan each tile as ``plan_call``
+(1.4-1.9 waves of programs), not a planned launch. The cells now plan each tile as ``plan_call``
 does, with ``tiles`` = B x chunks, and D256 with 16 queries is replaced by more D256 8-query batches.
 
 Usage: python3 metrics/experiments/exp60-stage-count.py OUT.json

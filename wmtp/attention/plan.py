@@ -27,14 +27,15 @@ Defaults (H200 runs; metrics/README.md lists the files):
   a long windowed tile (2-32 queries a tile, D >= 128, tensor cores: a draft-extend, a windowed
   prefill's chunks) takes its stages by depth and loop (blocks a program):
   - up to 32 rows: 1 stage up to 24 blocks (H100, experiments 55, 57, 58; H200, 58), 2 over 25-40
-    (experiment 59, 27-34 blocks: 1-14 % faster than one on an H200, where one lost up to 11 % to
-    three; -13 to +3 % on the H100), the fit past 40 (two lost 6-19 % at 44-67 on an H200);
+    (experiment 59, 27-34 blocks: 1-7 % faster than one on an H200, where one lost up to 11 % to
+    three; -3 to +3 % on the H100), the fit past 40 (two lost 6-19 % at 44-67 on an H200);
   - 64 rows at D256 (32-key blocks, 4 warps): 1 stage up to 18 blocks, 2 over 19-44 (experiments
-    59-60: 10-19 % faster than the plan's one at 19-22 and its fit at 44 on an H100, 12-13 % at 22
-    and 44 on an H200), the fit past 44 (three beat four by 6.6-12.1 % at 66-132 on an H100, untimed
-    on an H200);
-  - 64-128 rows at D128: 1 stage up to 40 blocks (experiments 59-60 at 34 blocks: two 1.4-8.7 %
-    slower in six H100 timings of three cells, -0.8 / +3.7 % in two cells on an H200), the fit past 40;
+    59-60: 9-19 % faster than the plan's one at 19-22 and its fit at 44 on an H100 (contiguous;
+    0.3 % in pages at 22), 12-13 % at 22 and 44 on an H200), the fit past 44 (three beat four by
+    6.6-12.1 % at 66-132 on an H100, untimed on an H200);
+  - 64-128 rows at D128: 1 stage up to 40 blocks (experiments 59-60 at 34 blocks: two 1.4-8.9 %
+    slower in nine H100 timings of four cells, 11.0 % in pages; -0.8 / +3.7 % in two cells on an
+    H200), the fit past 40;
 - fp32 and fp64 tiles are planned as FMA tiles (ieee dots, without tensor cores; fp32 at D <= 64
   takes tf32x3 on a GPU, NOTE [tf32x3] in attention/triton_plan.py): 16-32-key blocks and at most
   64 rows a tile (``max_tile_rows``) keep compile times in seconds; the CPU interpreter runs one
