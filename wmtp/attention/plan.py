@@ -28,7 +28,8 @@ Defaults (H200 runs; metrics/README.md lists the files):
   prefill's chunks) takes its stages by depth and loop (blocks a program):
   - up to 32 rows: 1 stage up to 24 blocks (H100, experiments 55, 57, 58; H200, 58), 2 over 25-40
     (experiment 59, 27-34 blocks: 1-7 % faster than one on an H200, where one lost up to 11 % to
-    three; -3 to +3 % on the H100), the fit past 40 (two lost 6-19 % at 44-67 on an H200);
+    three; -3 to +3 % on the H100), the fit past 40 (two lost 6-19 % at 44-67 on an H200; the
+    H100 read -6 % for D256 2-4 queries at 44);
   - 64 rows at D256 (32-key blocks, 4 warps): 1 stage up to 18 blocks, 2 over 19-44 (experiments
     59-60: 9-19 % faster than the plan's one at 19-22 and its fit at 44 on an H100 (contiguous;
     0.3 % in pages at 22), 12-13 % at 22 and 44 on an H200), the fit past 44 (three beat four by
