@@ -29,14 +29,20 @@ Defaults (H200 runs; metrics/README.md lists the files):
   - up to 32 rows: 1 stage up to 24 blocks (H100, experiments 55, 57, 58; H200, 58), 2 over 25-40
     (experiment 59, 27-34 blocks: 1-7 % faster than one on an H200, where one lost up to 11 % to
     three; -3 to +3 % on the H100), the fit past 40 (two lost 6-19 % at 44-67 on an H200; the
-    H100 read -6 % for D256 2-4 queries at 44);
+    H100 read -6 % for D256 2-4 queries at 44; past a wave, experiment 61 on an H100, the fit was
+    fastest in three cells of six, two stages 2.3 / 2.8 % and one 8.4 % faster in the others);
   - 64 rows at D256 (32-key blocks, 4 warps): 1 stage up to 18 blocks, 2 over 19-44 (experiments
     59-60: 9-19 % faster than the plan's one at 19-22 and its fit at 44 on an H100 (contiguous;
-    0.3 % in pages at 22), 12-13 % at 22 and 44 on an H200), the fit past 44 (three beat four by
-    6.6-12.1 % at 66-132 on an H100, untimed on an H200);
-  - 64-128 rows at D128: 1 stage up to 40 blocks (experiments 59-60 at 34 blocks: two 1.4-8.9 %
-    slower in nine H100 timings of four cells, 11.0 % in pages; -0.8 / +3.7 % in two cells on an
-    H200), the fit past 40;
+    0.3 % in pages at 22), 12-13 % at 22 and 44 on an H200), 3 past 44 (experiments 60-61, H100:
+    5.5-12.1 % faster than four at 66-132 blocks), but 2 past a wave of programs (more than the
+    SMs): two stages compile to 96.5 KiB of shared memory, so two programs share an SM, where one of
+    three (129 KiB) or four (161 KiB) holds it alone (experiment 61, H100: two 25-39 % faster than
+    four at 134-400 programs, three at 132: -5.5 %);
+  - 128 rows at D128: 1 stage up to 40 blocks (34: two 4-5 % slower on an H100), 2 past it
+    (experiments 60-61 at 67 blocks, H100: 9-10 % faster than four below a wave, 39-44 % past it);
+  - 64 rows at D128: 1 stage at every loop measured (14-67 blocks; experiments 59-61: two 1.4-8.9 %
+    slower at 34 blocks on an H100, -0.8 / +3.7 % on an H200; at 67 one beat the fit of three by
+    3.7-14.4 %, H100);
 - fp32 and fp64 tiles are planned as FMA tiles (ieee dots, without tensor cores; fp32 at D <= 64
   takes tf32x3 on a GPU, NOTE [tf32x3] in attention/triton_plan.py): 16-32-key blocks and at most
   64 rows a tile (``max_tile_rows``) keep compile times in seconds; the CPU interpreter runs one
@@ -130,6 +136,20 @@ def max_tile_rows(dtype: torch.dtype, D: int) -> int:
     return min(64 if fma else MAX_ROWS, MAX_TILE_BYTES // ((8 if dtype == torch.float64 else 4) * D))
 
 
+def _extend_stages(block_m: int, D: int, n_blk: int, programs: int, sm_count: int | None,
+                   fit: int) -> tuple[int, int, int]:
+    """A windowed 2-32-query tile's stage rule by depth (NOTE [Launch]): one stage up to ``one`` blocks
+    a program, two up to ``two``, ``deep`` past it. Past a wave of programs (more than ``sm_count``) a
+    D256 64-row tile takes two stages, which let two programs share an SM (96.5 KiB of shared memory each)."""
+    if D > 128 and block_m >= 64:  # 64 rows at D256, 32-key blocks
+        return 18, 44, 3 if sm_count is None or programs <= sm_count else 2
+    if block_m >= 128:  # 128 rows at D128
+        return 40, 40, 2
+    if block_m >= 64:  # 64 rows at D128: one stage at every loop measured (14-67 blocks)
+        return n_blk, n_blk, 1
+    return 24, 40, fit  # up to 32 rows
+
+
 def launch_config(B: int, Hq: int, Hkv: int, Lq: int, D: int, dtype: torch.dtype, capacity: int,
                   n_sink: int | None, window: int | None, sm_count: int | None,
                   num_splits: int | None = None, block_n: int | None = None,
@@ -186,10 +206,11 @@ def launch_config(B: int, Hq: int, Hkv: int, Lq: int, D: int, dtype: torch.dtype
     if num_stages is None:  # K/V blocks in flight per program, within the shared-memory budget
         fit = 3 if two_per_sm else max(1, min(4, budget // stage_bytes))
         extend = window is not None and 1 < Lq <= 32 and D >= 128 and not fma  # 2-32 queries (measured: 2-8, 16, 32)
-        # a windowed tile's loop: one stage up to `one` blocks, two up to `two`, then the fit (NOTE [Launch])
-        one, two = (18, 44) if D > 128 and block_m >= 64 else (40, 40) if block_m >= 64 else (24, 40)
+        # a windowed tile's loop: one stage up to `one` blocks, two up to `two`, then `deep` (NOTE [Launch])
+        one, two, deep = _extend_stages(block_m, D, n_blk, B * Hkv * num_splits, sm_count, fit)
         loop = _cdiv(n_blk, num_splits)
-        num_stages = 1 if short or (extend and loop <= one) else min(2, fit) if extend and loop <= two else fit
+        num_stages = 1 if short or (extend and loop <= one) else min(2, fit) if extend and loop <= two else \
+            min(deep, fit) if extend else fit
     return LaunchConfig(block_m, block_n, num_splits, num_warps, num_stages)
 
 
