@@ -17,7 +17,10 @@ registers and shared memory (from Triton's cache; best effort), which say how ma
 
 Groups (``waves`` by default, the cells above): ``paged``, seven of them in the bench's 16-row pages (one
 stage runs PAGED=1, more PAGED=2, NOTE [Pages]); ``prefill``, D256 windowed prefills of 96 queries at batch
-8 and 128 at batch 2, planned by 8-query chunks as ``plan_call`` does. Rows name the planned launch of the
+8 and 128 at batch 2, planned by 8-query chunks as ``plan_call`` does; ``paged128`` (after the second run
+found one stage 10-18 % faster than the planned two for D128 128-row tiles in pages), D128 with 32 queries
+at more batches and D128 windowed prefills (32-query chunks) in pages, ``prefill128`` those prefills
+contiguous. Rows name the planned launch of the
 library they ran with: the first run (fe12fda) planned the fit (3 or 4) past the loop limit, later runs
 ``_extend_stages`` (attention/plan.py).
 
@@ -52,6 +55,8 @@ GROUPS = {  # (D, B, q_len)
               + [(128, B, 8) for B in (17, 33)]),
     "paged": [(256, B, 8) for B in (34, 66, 67, 100)] + [(128, 9, 32), (128, 25, 32), (128, 25, 16)],
     "prefill": [(256, 8, 96), (256, 2, 128)],
+    "paged128": [(128, B, 32) for B in (3, 6, 17, 33)] + [(128, 4, 96), (128, 2, 256), (128, 8, 128)],
+    "prefill128": [(128, 4, 96), (128, 2, 256), (128, 8, 128)],
 }
 CELLS = [(name, *cell) for name in GROUP_NAMES for cell in GROUPS[name]]
 
@@ -102,7 +107,7 @@ for group, D, B, Lq in CELLS:
     v = torch.randn(B, Hkv, S, D, generator=gen, device="cuda", dtype=torch.bfloat16)  # (B, Hkv, S, D)
     q = torch.randn(B, Hq, Lq, D, generator=gen, device="cuda", dtype=torch.bfloat16)  # (B, Hq, Lq, D)
     q_pos = torch.arange(S - Lq, S, device="cuda")  # (Lq,)
-    if group == "paged":
+    if group.startswith("paged"):
         k_pages, v_pages, table = paginate(k, v, PAGE_SIZE, gen)  # (pages, PAGE_SIZE, Hkv, D) x2, (B, pages)
         del k, v
         call = lambda **kw: ta.paged_attention_triton(q, k_pages, v_pages, table, q_pos, N_SINK, WINDOW, **kw)  # noqa: E731
