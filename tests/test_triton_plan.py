@@ -30,14 +30,16 @@ BF16, F32, F64, M = torch.bfloat16, torch.float32, torch.float64, 1 << 20
     ((1, 16, 2, 8, 256, BF16, M, 64, 1306, 1), (64, 32, 1, 4, 2)),  # on 1 SM (past a wave): two share it
     ((66, 16, 2, 8, 256, BF16, M, 64, 4096, 132), (64, 32, 1, 4, 3)),  # 132 blocks, 132 programs: three
     ((67, 16, 2, 8, 256, BF16, M, 64, 4096, 132), (64, 32, 1, 4, 2)),  # 134 programs, past a wave: two
+    ((1, 16, 2, 8, 256, BF16, M, 64, 4096, None), (64, 32, 1, 4, 3)),  # interpreter (no SM count): three
     ((12, 32, 8, 16, 128, BF16, M, 64, 4096, 132), (64, 64, 2, 4, 1)),  # 34 blocks of a D128 64-row tile: one
     ((6, 32, 8, 32, 128, BF16, M, 64, 4096, 132), (128, 64, 2, 4, 1)),  # 34 blocks of a D128 128-row tile: one
     ((1, 32, 8, 16, 128, BF16, M, 64, 2417, 1), (64, 64, 1, 4, 1)),  # one program of 40 blocks, D128 64 rows: one
     ((1, 32, 8, 16, 128, BF16, M, 64, 2418, 1), (64, 64, 1, 4, 1)),  # 41 blocks: still one
     ((17, 32, 8, 16, 128, BF16, M, 64, 4096, 132), (64, 64, 1, 4, 1)),  # 67 blocks: one (the fit is 3)
     ((1, 32, 8, 32, 128, BF16, M, 64, 2401, 1), (128, 64, 1, 4, 1)),  # 40 blocks of a D128 128-row tile: one
-    ((1, 32, 8, 32, 128, BF16, M, 64, 2402, 1), (128, 64, 1, 4, 2)),  # 41 blocks: two
-    ((9, 32, 8, 32, 128, BF16, M, 64, 4096, 132), (128, 64, 1, 4, 2)),  # 67 blocks, 72 programs: two (fit 4)
+    ((1, 32, 8, 32, 128, BF16, M, 64, 2402, 1), (128, 64, 1, 4, 1)),  # 41 blocks: still one
+    ((9, 32, 8, 32, 128, BF16, M, 64, 4096, 132), (128, 64, 1, 4, 1)),  # 67 blocks, 72 programs: one (fit 4)
+    ((12, 32, 8, 32, 128, BF16, M, 64, 4096, 132), (128, 64, 1, 4, 1)),  # a prefill's 12 32-query chunks: one
     ((17, 32, 8, 8, 128, BF16, M, 64, 4096, 132), (32, 64, 1, 4, 3)),  # 67 blocks of 32 rows: the fit
     ((32, 16, 2, 8, 256, BF16, M, 64, 4096, 132), (64, 32, 2, 4, 3)),  # 2 splits of 66 blocks: three
     ((4, 32, 8, 16, 128, BF16, M, 64, 4096, 132), (64, 64, 8, 4, 1)),  # 16 queries: one stage (experiment 58)

@@ -38,11 +38,12 @@ Defaults (H200 runs; metrics/README.md lists the files):
     SMs): two stages compile to 96.5 KiB of shared memory, so two programs share an SM, where one of
     three (129 KiB) or four (161 KiB) holds it alone (experiment 61, H100: two 25-39 % faster than
     four at 134-400 programs, three at 132: -5.5 %);
-  - 128 rows at D128: 1 stage up to 40 blocks (34: two 4-5 % slower on an H100), 2 past it
-    (experiments 60-61 at 67 blocks, H100: 9-10 % faster than four below a wave, 39-44 % past it);
-  - 64 rows at D128: 1 stage at every loop measured (14-67 blocks; experiments 59-61: two 1.4-8.9 %
-    slower at 34 blocks on an H100, -0.8 / +3.7 % on an H200; at 67 one beat the fit of three by
-    3.7-14.4 %, H100);
+  - 64-128 rows at D128: 1 stage at every loop measured (14-67 blocks). 64 rows: experiments
+    59-61, two 1.4-8.9 % slower at 34 blocks on an H100, -0.8 / +3.7 % on an H200; at 67 one beat
+    the fit of three by 3.7-14.4 % (H100). 128 rows (H100): two 4-5 % slower at 34; at 67 one beat
+    two by 9-18 % in pages, 13-16 % in windowed prefills' 32-query chunks (38-40 % in pages), and
+    tied past a wave (-2.7 to +1.1 %), but lost 8-9 % below a wave in one contiguous 32-query tile
+    (72 programs); one took 25-70 % less time than the fit of four in all of these but that one;
 - fp32 and fp64 tiles are planned as FMA tiles (ieee dots, without tensor cores; fp32 at D <= 64
   takes tf32x3 on a GPU, NOTE [tf32x3] in attention/triton_plan.py): 16-32-key blocks and at most
   64 rows a tile (``max_tile_rows``) keep compile times in seconds; the CPU interpreter runs one
@@ -143,9 +144,7 @@ def _extend_stages(block_m: int, D: int, n_blk: int, programs: int, sm_count: in
     D256 64-row tile takes two stages, which let two programs share an SM (96.5 KiB of shared memory each)."""
     if D > 128 and block_m >= 64:  # 64 rows at D256, 32-key blocks
         return 18, 44, 3 if sm_count is None or programs <= sm_count else 2
-    if block_m >= 128:  # 128 rows at D128
-        return 40, 40, 2
-    if block_m >= 64:  # 64 rows at D128: one stage at every loop measured (14-67 blocks)
+    if block_m >= 64:  # 64-128 rows at D128: one stage at every loop measured (14-67 blocks)
         return n_blk, n_blk, 1
     return 24, 40, fit  # up to 32 rows
 
