@@ -30,20 +30,21 @@ Defaults (H200 runs; metrics/README.md lists the files):
     (experiment 59, 27-34 blocks: 1-7 % faster than one on an H200, where one lost up to 11 % to
     three; -3 to +3 % on the H100), the fit past 40 (two lost 6-19 % at 44-67 on an H200; the
     H100 read -6 % for D256 2-4 queries at 44; past a wave, experiment 61 on an H100, the fit was
-    fastest in three cells of six, two stages 2.3 / 2.8 % and one 8.4 % faster in the others);
+    fastest in three cells of six, two stages 2.0-2.8 % and one 8.4-8.5 % faster in the others);
   - 64 rows at D256 (32-key blocks, 4 warps): 1 stage up to 18 blocks, 2 over 19-44 (experiments
     59-60: 9-19 % faster than the plan's one at 19-22 and its fit at 44 on an H100 (contiguous;
     0.3 % in pages at 22), 12-13 % at 22 and 44 on an H200), 3 past 44 (experiments 60-61, H100:
-    5.5-12.1 % faster than four at 66-132 blocks), but 2 past a wave of programs (more than the
-    SMs): two stages compile to 96.5 KiB of shared memory, so two programs share an SM, where one of
-    three (129 KiB) or four (161 KiB) holds it alone (experiment 61, H100: two 25-39 % faster than
-    four at 134-400 programs, three at 132: -5.5 %);
+    5.4-12.1 % faster than four at 66-132 blocks, contiguous, paged and prefill chunks), but 2 past a
+    wave of programs (more than the SMs): two stages compile to 96.5 KiB of shared memory, so two
+    programs share an SM, where one of three (129 KiB) or four (161 KiB) holds it alone (experiment
+    61, H100: two 25-46 % faster than four at 134-400 programs; three at 132 programs -5.4 %);
   - 64-128 rows at D128: 1 stage at every loop measured (14-67 blocks). 64 rows: experiments
     59-61, two 1.4-8.9 % slower at 34 blocks on an H100, -0.8 / +3.7 % on an H200; at 67 one beat
-    the fit of three by 3.7-14.4 % (H100). 128 rows (H100): two 4-5 % slower at 34; at 67 one beat
-    two by 9-18 % in pages, 13-16 % in windowed prefills' 32-query chunks (38-40 % in pages), and
-    tied past a wave (-2.7 to +1.1 %), but lost 8-9 % below a wave in one contiguous 32-query tile
-    (72 programs); one took 25-70 % less time than the fit of four in all of these but that one;
+    the fit of three by 3.4-14.6 % (H100). 128 rows (experiments 60-61, H100): two 4-5 % slower at
+    34 blocks; at 67 one beat two by 9-15 % in pages, 13-16 % in windowed prefills' 32-query chunks
+    (38-40 % in pages), and tied past a wave (-2.8 to +1.1 %), but lost 9-11 % below a wave in one
+    contiguous 32-query tile (72 programs); one took 25-69 % less time than the fit of four in all
+    of these but that one;
 - fp32 and fp64 tiles are planned as FMA tiles (ieee dots, without tensor cores; fp32 at D <= 64
   takes tf32x3 on a GPU, NOTE [tf32x3] in attention/triton_plan.py): 16-32-key blocks and at most
   64 rows a tile (``max_tile_rows``) keep compile times in seconds; the CPU interpreter runs one
