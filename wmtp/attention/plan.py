@@ -37,14 +37,15 @@ Defaults (H200 runs; metrics/README.md lists the files):
     5.4-12.1 % faster than four at 66-132 blocks, contiguous, paged and prefill chunks), but 2 past a
     wave of programs (more than the SMs): two stages compile to 96.5 KiB of shared memory, so two
     programs share an SM, where one of three (129 KiB) or four (161 KiB) holds it alone (experiment
-    61, H100: two 25-46 % faster than four at 134-400 programs; three at 132 programs -5.4 %);
+    61, H100: two 25-46 % faster than four at 134-400 programs; three at 132 programs -5.4 to
+    -7.7 %);
   - 64-128 rows at D128: 1 stage at every loop measured (14-67 blocks). 64 rows: experiments
     59-61, two 1.4-8.9 % slower at 34 blocks on an H100, -0.8 / +3.7 % on an H200; at 67 one beat
     the fit of three by 3.4-14.6 % (H100). 128 rows (experiments 60-61, H100): two 4-5 % slower at
-    34 blocks; at 67 one beat two by 9-15 % in pages, 13-16 % in windowed prefills' 32-query chunks
-    (38-40 % in pages), and tied past a wave (-2.8 to +1.1 %), but lost 9-11 % below a wave in one
-    contiguous 32-query tile (72 programs); one took 25-69 % less time than the fit of four in all
-    of these but that one;
+    34 blocks (22 % in pages); at 67 one beat two by 9-15 % in pages, 13-16 % in windowed
+    prefills' 32-query chunks (38-40 % in pages), and tied past a wave (-2.8 to +1.1 %), but lost
+    9-11 % below a wave in one contiguous 32-query tile (72 programs); one took 25-69 % less time
+    than the fit of four at 67 blocks in all of these but that one;
 - fp32 and fp64 tiles are planned as FMA tiles (ieee dots, without tensor cores; fp32 at D <= 64
   takes tf32x3 on a GPU, NOTE [tf32x3] in attention/triton_plan.py): 16-32-key blocks and at most
   64 rows a tile (``max_tile_rows``) keep compile times in seconds; the CPU interpreter runs one
