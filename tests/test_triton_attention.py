@@ -425,8 +425,24 @@ def test_paged_key_loop_offsets_are_int32_below_2_to_the_31():
         pool = _edge_pool(page_stride)
         assert max_offset(pool.shape, pool.stride()) == 4 * page_stride + 767
         assert plan_call(q, pool, pool, table, 16, pos, 4, 64, (None,) * 5, None).kwargs["OFF"] == want
+        assert plan_call(q, pool, pool, table, 16, pos, 4, 64, (None,) * 5, None).kwargs["ROW"] == tl.int32
     k = torch.empty(1, 3, 64, 16, device="meta", dtype=torch.float16)  # (B, Hkv, S, D): contiguous keeps int64
     assert plan_call(q, k, k, None, 1, pos, 4, 64, (None,) * 5, None).kwargs["OFF"] == tl.int64
+
+
+def test_offsets_within_a_page_are_int32_below_2_to_the_31():
+    """NOTE [Offsets]: ``ROW``, the width of a key's offsets within its page, is int32 while a page's
+    largest (row, dim) offset fits it: 15 rows of stride ``row_stride`` and 15 dims of stride 1."""
+    from wmtp.attention.triton_plan import plan_call
+
+    q = torch.empty(1, 3, 1, 16, device="meta", dtype=torch.float16)  # (B, Hq, Lq, D)
+    pos, table = torch.empty(1, device="meta", dtype=torch.int64), torch.empty(1, 4, device="meta", dtype=torch.int32)
+    edge = (2**31 - 1 - 15) // 15  # 15 * edge + 15 <= 2^31 - 1 < 15 * (edge + 1) + 15
+    for row_stride, want in ((edge, tl.int32), (edge + 1, tl.int64)):
+        pool = torch.empty_strided((4, 16, 3, 16), (16 * row_stride, row_stride, 16, 1), device="meta",
+                                   dtype=torch.float16)  # (num_pages, page_size, Hkv, D)
+        call = plan_call(q, pool, pool, table, 16, pos, 4, 64, (None,) * 5, None)
+        assert call.kwargs["ROW"] == want and call.kwargs["OFF"] == tl.int64
 
 
 @NEEDS_TRITON

@@ -71,13 +71,20 @@ runs of consecutive queries.)
 NOTE [Offsets]: Triton passes an int argument below 2^31, and ``program_id``, as int32, so a
 product of a head index and a stride wraps once a tensor passes 2^31 elements (8 kv heads of
 4M keys at D128). Every offset into q, K, V or the block table that multiplies a stride is formed
-in int64, but one: a paged cache's per-key row offsets in the key loop (``krow``) take the width
-``OFF``, int32 unless the page pool's largest offset passes 2^31 - 1 (the plan decides from shapes
-and strides, attention/triton_plan.py). In int64 they cost registers in the loop; side by side on
-an H200 at 1M keys (metrics/experiments/offsets-h200-exp16.json), int32 made the paged ``q_len``-8
-verify 17 % (D256) and 1 % (D128) faster and the paged ``q_len``-8 drafts 14 % / 10 %, while the
-contiguous cells moved at most 1 % and the contiguous D256 ``q_len``-8 draft lost 4 %: contiguous
-launches keep int64. The output's offsets (``_store_rows``, the merge) stay int32 within a batch
+in int64, but in the key loop. There a key's address is a pointer to its page (a paged cache:
+``page * stride`` in the width ``OFF``) or to its position (contiguous: int64), plus 32-bit offsets
+within it: its row of the page (the width ``ROW``) and the head dim. The plan picks ``OFF`` int32
+unless the page pool's largest offset passes 2^31 - 1, ``ROW`` int32 unless a page's largest (row,
+dim) offset does (attention/triton_plan.py, from shapes and strides). Side by side on an H200 at 1M
+keys (metrics/experiments/offsets-h200-exp16.json), int32 pages made the paged ``q_len``-8 verify
+17 % (D256) and 1 % (D128) faster and the paged ``q_len``-8 drafts 14 % / 10 %, while int32
+positions moved the contiguous cells at most 1 % but for a 4 % loss (the D256 ``q_len``-8 draft):
+contiguous launches keep int64. A pool past 2^31 elements (over 4 GiB of bf16 keys) needs int64
+pages; where every element's offset was formed in 64 bits, a 64-bit pointer a key and 32-bit
+offsets within its page took 0.4-5.2 % off 11 of 12 paged cells with int64 pages on an H100, one
++1.3 % (metrics/experiments/page-offsets-h100-exp63.json: the D128 batch-4 one-query draft at 1M
+-4.9 %, the D256 ``q_len``-8 verify -3.6 %), and moved the cells with int32 pages by -3.1 to +2.7 %.
+The output's offsets (``_store_rows``, the merge) stay int32 within a batch
 for one tile of queries (at most Hkv x 256 tile rows x 256 head dims a batch, below 2^31 for any
 Hkv < 32768); with NOTE [Chunks] the query and head terms are int64 (a 1M-token prefill's output
 passes 2^31 elements); the batch term is int64.
@@ -119,7 +126,8 @@ def _attend(acc, m_i, l_i, q, t,  # running (BLOCK_M, D) sum, (BLOCK_M,) max/den
             lo, hi, blk_a, blk_b,  # range [lo, hi) of key positions; this loop runs its blocks [blk_a, blk_b)
             n_sink, window, qk_scale,  # qk_scale: a scalar of the accumulator's dtype
             BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
-            MASKED: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, OFF: tl.constexpr):
+            MASKED: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, OFF: tl.constexpr,
+            ROW: tl.constexpr):
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     if PAGED == 2:  # NOTE [Pages]: the first block's pages; each iteration loads the next block's
@@ -140,15 +148,21 @@ def _attend(acc, m_i, l_i, q, t,  # running (BLOCK_M, D) sum, (BLOCK_M,) max/den
                 page = tl.load(bt_row + kpos // PAGE_SIZE, mask=kpos < hi, other=0)  # (BLOCK_N,)
             else:
                 page = tl.load(bt_row + kpos // PAGE_SIZE)  # (BLOCK_N,)
-            krow = page.to(OFF) * stride_outer + (kpos % PAGE_SIZE).to(OFF) * stride_pos  # (BLOCK_N,) NOTE [Offsets]
+            k_row = k_base + page.to(OFF) * stride_outer  # (BLOCK_N,) to each key's page: NOTE [Offsets]
+            v_row = v_base + page.to(OFF) * stride_outer
+            in_page = (kpos % PAGE_SIZE).to(ROW) * stride_pos  # (BLOCK_N,) the key's row in its page
         else:
-            krow = kpos.to(OFF) * stride_pos  # (BLOCK_N,) NOTE [Offsets]
+            k_row = k_base + kpos.to(OFF) * stride_pos  # (BLOCK_N,) NOTE [Offsets]
+            v_row = v_base + kpos.to(OFF) * stride_pos
+            in_page = tl.zeros_like(offs_n)  # (BLOCK_N,) int32
         if MASKED:  # K and V are both loaded before any arithmetic: two memory round trips overlap
-            k = tl.load(k_base + krow[None, :] + offs_d[:, None] * stride_d, mask=kread[None, :], other=0.0)
-            v = tl.load(v_base + krow[:, None] + offs_d[None, :] * stride_d, mask=kread[:, None], other=0.0)
+            k = tl.load(k_row[None, :] + (in_page[None, :] + offs_d[:, None] * stride_d), mask=kread[None, :],
+                        other=0.0)
+            v = tl.load(v_row[:, None] + (in_page[:, None] + offs_d[None, :] * stride_d), mask=kread[:, None],
+                        other=0.0)
         else:
-            k = tl.load(k_base + krow[None, :] + offs_d[:, None] * stride_d)  # (D, BLOCK_N)
-            v = tl.load(v_base + krow[:, None] + offs_d[None, :] * stride_d)  # (BLOCK_N, D)
+            k = tl.load(k_row[None, :] + (in_page[None, :] + offs_d[:, None] * stride_d))  # (D, BLOCK_N)
+            v = tl.load(v_row[:, None] + (in_page[:, None] + offs_d[None, :] * stride_d))  # (BLOCK_N, D)
         if UPCAST:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
@@ -170,18 +184,18 @@ def _attend_range(acc, m_i, l_i, q, t, k_base, v_base, bt_row, stride_outer, str
                   lo, hi, a, b, u1, u2,  # range [lo, hi); this split's blocks [a, b); unmasked blocks [u1, u2)
                   n_sink, window, qk_scale,
                   BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
-                  UPCAST: tl.constexpr, PRECISION: tl.constexpr, OFF: tl.constexpr):
+                  UPCAST: tl.constexpr, PRECISION: tl.constexpr, OFF: tl.constexpr, ROW: tl.constexpr):
     u1 = tl.minimum(tl.maximum(u1, a), b)
     u2 = tl.minimum(tl.maximum(u2, u1), b)
     acc, m_i, l_i = _attend(acc, m_i, l_i, q, t, k_base, v_base, bt_row, stride_outer, stride_pos, stride_d,
                             lo, hi, a, u1, n_sink, window, qk_scale,  # masked head
-                            BLOCK_N, HEAD_DIM, PAGE_SIZE, PAGED, True, UPCAST, PRECISION, OFF)
+                            BLOCK_N, HEAD_DIM, PAGE_SIZE, PAGED, True, UPCAST, PRECISION, OFF, ROW)
     acc, m_i, l_i = _attend(acc, m_i, l_i, q, t, k_base, v_base, bt_row, stride_outer, stride_pos, stride_d,
                             lo, hi, u1, u2, n_sink, window, qk_scale,  # unmasked interior
-                            BLOCK_N, HEAD_DIM, PAGE_SIZE, PAGED, False, UPCAST, PRECISION, OFF)
+                            BLOCK_N, HEAD_DIM, PAGE_SIZE, PAGED, False, UPCAST, PRECISION, OFF, ROW)
     acc, m_i, l_i = _attend(acc, m_i, l_i, q, t, k_base, v_base, bt_row, stride_outer, stride_pos, stride_d,
                             lo, hi, u2, b, n_sink, window, qk_scale,  # masked tail
-                            BLOCK_N, HEAD_DIM, PAGE_SIZE, PAGED, True, UPCAST, PRECISION, OFF)
+                            BLOCK_N, HEAD_DIM, PAGE_SIZE, PAGED, True, UPCAST, PRECISION, OFF, ROW)
     return acc, m_i, l_i
 
 
@@ -229,7 +243,8 @@ def _attention_kernel(
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr,  # PAGED: 0, 1, 2
     PRECISION: tl.constexpr, ACC: tl.constexpr,  # ACC: accumulator dtype, float64 for float64 inputs
-    OFF: tl.constexpr,  # NOTE [Offsets]: the key loop's row offsets, int32 (a paged pool below 2^31) or int64
+    OFF: tl.constexpr,  # NOTE [Offsets]: the key loop's page (or position) offsets, int32 (a paged pool below 2^31)
+    ROW: tl.constexpr,  # NOTE [Offsets]: offsets within a page, int32 unless a page's rows span 2^31 elements
     PDL: tl.constexpr,  # NOTE [PDL]: let the merge kernel launch now; it waits for this grid's end
     QSINK: tl.constexpr,  # NOTE [Re-indexed sinks]: the sink range is scored by QS, not Q
     CHUNKED: tl.constexpr,  # NOTE [Chunks]: grid axis 0 also runs over chunks of Lq queries
@@ -280,12 +295,12 @@ def _attention_kernel(
     acc, m_i, l_i = _attend_range(acc, m_i, l_i, q_s, t, k_base, v_base, bt_row, stride_kouter, stride_kpos, stride_kd,
                                   0, sink_hi, tl.minimum(start, n_blk_sink), tl.minimum(end, n_blk_sink),
                                   0, sink_u2, n_sink, window, qk_scale,
-                                  BLOCK_N, HEAD_DIM, PAGE_SIZE, PAGED, UPCAST, PRECISION, OFF)
+                                  BLOCK_N, HEAD_DIM, PAGE_SIZE, PAGED, UPCAST, PRECISION, OFF, ROW)
     acc, m_i, l_i = _attend_range(acc, m_i, l_i, q, t, k_base, v_base, bt_row, stride_kouter, stride_kpos, stride_kd,
                                   rec_lo, rec_hi, tl.maximum(start - n_blk_sink, 0),
                                   tl.minimum(tl.maximum(end - n_blk_sink, 0), n_blk_rec),
                                   rec_u1, rec_u2, n_sink, window, qk_scale,
-                                  BLOCK_N, HEAD_DIM, PAGE_SIZE, PAGED, UPCAST, PRECISION, OFF)
+                                  BLOCK_N, HEAD_DIM, PAGE_SIZE, PAGED, UPCAST, PRECISION, OFF, ROW)
 
     if SPLIT:  # partials of this split's real rows; a split without keys stores m = -inf, l = 0, acc = 0
         part = (pid_bh.to(tl.int64) * n_splits + pid_s) * BLOCK_M + rows  # (BLOCK_M,) int64: may pass 2^31 * D
