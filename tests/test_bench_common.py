@@ -100,7 +100,7 @@ def test_model_options_apply_new_tokens_and_keysets_native_first():
 
 def test_bench_cli_writes_the_final_json_at_its_default_path(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    args = argparse.Namespace(contexts=[64, 128], out=None, cache_dir=tmp_path / "cache")
+    args = argparse.Namespace(contexts=[64, 128], out=None, cache_dir=tmp_path / "cache", preset="small")
     final = {"rows": [1, 2], "complete": True, "wall_time_s": 3.0}
 
     def run(command, log, on_context):
@@ -113,6 +113,29 @@ def test_bench_cli_writes_the_final_json_at_its_default_path(tmp_path, monkeypat
     out, err = capsys.readouterr()
     assert code == 0 and json.loads((tmp_path / "metrics" / "bench-decode-cpu.json").read_text()) == final
     assert "table of 2 rows" in out and "wrote metrics/bench-decode-cpu.json in 3 s" in err
+
+
+def test_default_out_names_the_committed_files_only_for_the_default_preset():
+    """The committed results' names (metrics/bench-*-<device>.json, made with the small preset) are the
+    default preset's only: a ``--preset tiny`` smoke run, even stopped after its first partial write,
+    leaves them alone."""
+    for name, slug in (("depth", "cpu"), ("positions", "cpu"), ("sampling", "cpu"), ("decode", "h200"),
+                       ("batch", "h200")):
+        committed = f"metrics/bench-{name}-{slug}.json"
+        assert str(bench_common.default_out(name, "small", slug)) == committed
+        assert str(bench_common.default_out(name, "tiny", slug)) == f"metrics/bench-{name}-tiny-{slug}.json"
+
+
+def test_bench_cli_with_another_preset_leaves_the_committed_name_alone(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    args = argparse.Namespace(contexts=[64], out=None, cache_dir=tmp_path / "cache", preset="tiny")
+
+    def run(command, log, on_context):
+        on_context({"rows": [1], "complete": False})  # a partial write, as after a bench's first row
+        return {"rows": [1], "complete": True, "wall_time_s": 1.0}
+
+    assert bench_common.bench_cli(args, "wmtp", ["bench", "depth"], "depth", "cpu", run, lambda r: "") == 0
+    assert sorted(p.name for p in (tmp_path / "metrics").iterdir()) == ["bench-depth-tiny-cpu.json"]
 
 
 def test_time_call_warms_up_then_times_each_repeat_between_synchronizes(monkeypatch):
