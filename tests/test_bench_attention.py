@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
+from wmtp import bench, bench_report
 from wmtp import bench_attention as ba
 from wmtp import bench_methods as bm
-from wmtp import bench_report
 from wmtp.cli import main
 from wmtp.keyset import draft_key_mask
 
@@ -20,6 +20,7 @@ SDPA_METHODS = ("sdpa_full", "gather_sdpa_window", "sdpa_compact_window")
 # The Triton interpreter runs the draft kernel on CPU tensors (tests/conftest.py sets TRITON_INTERPRET=1
 # without CUDA); with CUDA present, CPU tensors cannot reach it.
 METHODS = SDPA_METHODS + (() if torch.cuda.is_available() else ("triton_window",))
+H100_BYTES, H200_BYTES = 80 * 10**9, 141 * 10**9  # the smallest and largest GPU of the committed sweeps
 FP32_GUARD = 1e-5  # fp32 outputs against fp32 SDPA, |out| <= ~1.5: a few ulps of summation order
 
 
@@ -458,6 +459,7 @@ def test_cli_batch_sweep_writes_its_own_file_and_says_the_bars_are_batch_1(monke
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(device, "resolve_device", lambda name: torch.device("cuda"))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda dev=None: "NVIDIA H200")
+    monkeypatch.setattr(bench, "device_memory_bytes", lambda dev: H200_BYTES)
     monkeypatch.setattr(ba, "sweep", fake_sweep)
     monkeypatch.setattr(bench_report, "plot", lambda result, png: png.write_bytes(b"png"))
     assert main(["bench", "attention", "--device", "cuda", "--batch", "2", "--contexts", "16384"]) == 0
@@ -472,3 +474,37 @@ def test_cli_batch_sweep_writes_its_own_file_and_says_the_bars_are_batch_1(monke
     assert seen["batch"] == 1 and "--batch 1 --contexts 16384" in seen["command"]
     assert json.loads((tmp_path / "metrics" / "bench-attention-h200.json").read_text())["batch"] == 1
     assert (tmp_path / "metrics" / "bench-attention-h200.png").exists() and "bars:" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["bench-attention-h200.json", "bench-attention-h100.json",
+                                  "bench-attention-h100-b4.json"])
+def test_the_committed_sweeps_fit_an_80_gb_gpu_and_not_a_16_gib_one(name):
+    """The memory check refuses no committed sweep (1M keys, batch 1 and 4, D128 and D256, bf16, paged
+    methods included), even on the smallest GPU that ran one; it is no formality either."""
+    from pathlib import Path
+
+    m = json.loads((Path(__file__).parents[1] / "metrics" / name).read_text())
+    batch = m.get("batch", 1)  # the batch-1 files predate the field (their commands have no --batch)
+    args = (tuple(m["contexts"]), batch, tuple((hkv, d) for _, hkv, d in m["shapes"]),
+            getattr(torch, m["dtype"]).itemsize, any("paged" in x for x in m["methods"]))
+    assert max(m["contexts"]) == 2**20 and any("paged" in x for x in m["methods"])
+    assert ("--batch 4" in m["command"]) == (batch == 4)
+    bench.check_kv_fits(*args, H100_BYTES)
+    with pytest.raises(ValueError, match="--contexts 1048576 .*GiB for k and v and their paged copies"):
+        bench.check_kv_fits(*args, 16 * 2**30 if batch == 4 else 4 * 2**30)
+
+
+def test_cli_sweep_refuses_contexts_the_gpu_cannot_hold_before_any_work(monkeypatch, tmp_path, capsys):
+    from wmtp import device
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(device, "resolve_device", lambda name: torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda dev=None: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(bench, "device_memory_bytes", lambda dev: H100_BYTES)
+    monkeypatch.setattr(ba, "sweep", lambda *a, **k: pytest.fail("the sweep started"))
+    assert main(["bench", "attention", "--device", "cuda", "--batch", "4", "--contexts", "16384", "4194304"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "wmtp bench attention: error: --contexts 4194304 at --batch 4 needs about 128.0 GiB for k and v and their "
+        "paged copies, more than the 74.5 GiB this device has"]
+    assert not (tmp_path / "metrics").exists()
+

@@ -1,9 +1,10 @@
 """What the benches share (wmtp/bench_common.py) and the plain attention timing (wmtp/bench.py), on
 literal inputs and fake clocks: the prompt a context, the metrics header, the per-context driver and
-its partial writes, the options a bench checks, the final JSON at its default path; ``time_call``'s
-warm-up and repeats, ``bench_draft_attention``'s medians and ratio against the native key set, and
-``wmtp bench attention`` off CUDA. No model decodes and nothing is timed (tests/test_cli_bench_*.py
-run the benches)."""
+its partial writes, the options a bench checks, the final JSON at its default path (the preset's
+name in it but for the default preset's); ``time_call``'s warm-up and repeats,
+``bench_draft_attention``'s medians and ratio against the native key set, ``wmtp bench attention``
+off CUDA and its check that k and v fit the device. No model decodes and nothing is timed
+(tests/test_cli_bench_*.py run the benches)."""
 
 import argparse
 import copy
@@ -100,7 +101,7 @@ def test_model_options_apply_new_tokens_and_keysets_native_first():
 
 def test_bench_cli_writes_the_final_json_at_its_default_path(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    args = argparse.Namespace(contexts=[64, 128], out=None, cache_dir=tmp_path / "cache")
+    args = argparse.Namespace(contexts=[64, 128], out=None, cache_dir=tmp_path / "cache", preset="small")
     final = {"rows": [1, 2], "complete": True, "wall_time_s": 3.0}
 
     def run(command, log, on_context):
@@ -113,6 +114,29 @@ def test_bench_cli_writes_the_final_json_at_its_default_path(tmp_path, monkeypat
     out, err = capsys.readouterr()
     assert code == 0 and json.loads((tmp_path / "metrics" / "bench-decode-cpu.json").read_text()) == final
     assert "table of 2 rows" in out and "wrote metrics/bench-decode-cpu.json in 3 s" in err
+
+
+def test_default_out_names_the_committed_files_only_for_the_default_preset():
+    """The committed results' names (metrics/bench-*-<device>.json, made with the small preset) are the
+    default preset's only: a ``--preset tiny`` smoke run, even stopped after its first partial write,
+    leaves them alone."""
+    for name, slug in (("depth", "cpu"), ("positions", "cpu"), ("sampling", "cpu"), ("decode", "h200"),
+                       ("batch", "h200")):
+        committed = f"metrics/bench-{name}-{slug}.json"
+        assert str(bench_common.default_out(name, "small", slug)) == committed
+        assert str(bench_common.default_out(name, "tiny", slug)) == f"metrics/bench-{name}-tiny-{slug}.json"
+
+
+def test_bench_cli_with_another_preset_leaves_the_committed_name_alone(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    args = argparse.Namespace(contexts=[64], out=None, cache_dir=tmp_path / "cache", preset="tiny")
+
+    def run(command, log, on_context):
+        on_context({"rows": [1], "complete": False})  # a partial write, as after a bench's first row
+        return {"rows": [1], "complete": True, "wall_time_s": 1.0}
+
+    assert bench_common.bench_cli(args, "wmtp", ["bench", "depth"], "depth", "cpu", run, lambda r: "") == 0
+    assert sorted(p.name for p in (tmp_path / "metrics").iterdir()) == ["bench-depth-tiny-cpu.json"]
 
 
 def test_time_call_warms_up_then_times_each_repeat_between_synchronizes(monkeypatch):
@@ -149,3 +173,37 @@ def test_attention_off_cuda_times_the_repeats_asked_and_refuses_the_sweeps_optio
                         (["--batch", "2"], "--plot, --methods, --rep-ms and --batch belong to the kernel sweep")):
         assert main(["bench", "attention", "--device", "cpu", *argv]) == 2
         assert match in capsys.readouterr().err
+
+
+GIB = 2**30
+
+
+def test_check_kv_fits_counts_k_v_and_their_paged_copies_of_the_largest_cell():
+    # the small preset's draft shapes (Hkv 4, D 64) in fp32 at 10**8 keys: 2 x 4 x 64 x 4 bytes a key
+    with pytest.raises(ValueError, match=r"^--contexts 100000000 needs about 190\.7 GiB for k and v, more than the "
+                                         r"16\.0 GiB this device has$"):
+        bench.check_kv_fits((1024, 10**8), 1, ((4, 64),), 4, False, 16 * GIB)
+    need = 4 * 4 * 2**20 * (8 * 128) * 2  # batch 4, 1M keys, the larger (Hkv, D) of two, bf16, paged: 32 GiB
+    bench.check_kv_fits((16384, 2**20), 4, ((2, 256), (8, 128)), 2, True, need)  # exactly enough
+    with pytest.raises(ValueError, match=r"^--contexts 1048576 at --batch 4 needs about 32\.0 GiB for k and v and "
+                                         r"their paged copies, more than the 32\.0 GiB"):
+        bench.check_kv_fits((16384, 2**20), 4, ((2, 256), (8, 128)), 2, True, need - 1)
+    bench.check_kv_fits((16384, 2**20), 4, ((2, 256), (8, 128)), 2, False, need // 2)  # no paged copies: half
+    bench.check_kv_fits((10**12,), 1, ((4, 64),), 4, False, None)  # the device's memory unknown: not checked
+
+
+def test_attention_off_cuda_refuses_contexts_the_memory_cannot_hold_before_any_work(monkeypatch, capsys, tmp_path):
+    """It allocated k and v of 10**8 keys (190.7 GiB) and was killed for memory: exit 137, no message."""
+    monkeypatch.setattr(bench, "device_memory_bytes", lambda device: 16 * GIB)
+    monkeypatch.setattr(bench, "bench_draft_attention", lambda *a, **k: pytest.fail("the bench started"))
+    out = tmp_path / "a.json"
+    assert main(["bench", "attention", "--device", "cpu", "--contexts", "1024", "100000000", "--out", str(out)]) == 2
+    _, err = capsys.readouterr()
+    assert err.splitlines() == ["wmtp bench attention: error: --contexts 100000000 needs about 190.7 GiB for k and v, "
+                                "more than the 16.0 GiB this device has"]
+    assert not out.exists()
+
+
+def test_device_memory_bytes_of_the_cpu_is_its_physical_memory():
+    assert bench.device_memory_bytes(torch.device("cpu")) > 0
+

@@ -150,6 +150,14 @@ def test_bad_input_raises_value_error(tmp_path):
         grading.grade("kv", ASSIGNMENTS / "solutions" / "01_keyset.py")
 
 
+@pytest.mark.parametrize("timeout_s", [0, -1, float("nan"), float("inf"), "10", True, None])
+def test_a_time_limit_that_is_not_a_finite_positive_number_is_bad_input(timeout_s):
+    """Refused before any child starts: 0 used to fail every file as "took longer than 0 s", and "10"
+    raised a TypeError inside subprocess."""
+    with pytest.raises(ValueError, match=r"^timeout_s must be a finite number > 0, got "):
+        grading.grade("keyset", ASSIGNMENTS / "solutions" / "01_keyset.py", timeout_s=timeout_s)
+
+
 def test_cli_exit_codes(capsys, tmp_path):
     assert main(["grade", "splitk_merge", str(ASSIGNMENTS / "solutions" / "04_splitk_merge.py")]) == 0
     assert "PASS splitk_merge" in capsys.readouterr().out

@@ -7,11 +7,13 @@ and reports medians and ratios. Timing uses wall-clock with device synchronisati
 from here (or ``wmtp bench``), never from timed assertions in tests. ``time_call`` is the plain
 wall-clock timing; the CUDA timings of ``wmtp bench attention`` live in wmtp/bench_timing.py.
 ``attention_cli`` is the ``wmtp bench attention`` command: the CUDA kernel sweep
-(wmtp/bench_attention.py), or elsewhere these draft queries, as a table (``attention_table``).
+(wmtp/bench_attention.py), or elsewhere these draft queries, as a table (``attention_table``);
+``check_kv_fits`` first refuses contexts whose keys and values the device cannot hold.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -76,6 +78,39 @@ def bench_draft_attention(model: ModelConfig, contexts: tuple[int, ...], keysets
     return rows
 
 
+def device_memory_bytes(device: torch.device) -> int | None:
+    """The device's memory in bytes: a CUDA GPU's total (``torch.cuda.mem_get_info``), else the
+    host's physical memory (the CPU's, which Apple MPS shares); ``None`` where the OS does not say."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[1]
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no os.sysconf (Windows), or no such name
+        return None
+
+
+def check_kv_fits(contexts: tuple[int, ...], batch: int, kv_shapes: tuple[tuple[int, int], ...], itemsize: int,
+                  paged: bool, memory_bytes: int | None) -> None:
+    """Refuse contexts whose keys and values cannot be held, before anything is allocated: the
+    largest cell's ``k`` and ``v``, ``(batch, Hkv, S, D)`` each at the largest ``S`` and the largest
+    ``Hkv * D`` of ``kv_shapes`` (``(Hkv, D)`` pairs), and with ``paged`` their paged copies too
+    (the sweep's ``paginate_cell`` keeps them beside ``k`` and ``v``), against ``memory_bytes``
+    (``None``: unknown, nothing checked). A lower bound of what the bench holds at once, so a context
+    it refuses cannot run in the device's memory; unchecked, a CPU run was killed for memory
+    (exit 137, no message) and a GPU sweep filled its rows with allocation errors.
+
+    Raises:
+        ValueError: naming ``--contexts``, the GiB needed and the GiB the device has.
+    """
+    S, rows = max(contexts), max(hkv * d for hkv, d in kv_shapes)
+    need = (4 if paged else 2) * batch * S * rows * itemsize
+    if memory_bytes is not None and need > memory_bytes:
+        at = "" if batch == 1 else f" at --batch {batch}"
+        raise ValueError(f"--contexts {S}{at} needs about {need / 2**30:.1f} GiB for k and v"
+                         f"{' and their paged copies' if paged else ''}, more than the {memory_bytes / 2**30:.1f} "
+                         "GiB this device has")
+
+
 def attention_table(rows: list[dict]):
     """A rich table of ``bench_draft_attention``'s rows (also reproduce's ``draft_attention``)."""
     from rich.table import Table
@@ -116,6 +151,9 @@ def attention_cli(args, prog: str, argv: list[str]) -> int:
 
         slug = "h200" if "H200" in torch.cuda.get_device_name(device) else "cuda"
         batch = 1 if args.batch is None else args.batch
+        contexts, methods = tuple(args.contexts or ba.CONTEXTS), tuple(args.methods or ba.METHODS)
+        check_kv_fits(contexts, batch, tuple((hkv, d) for _, hkv, d in ba.SHAPES), getattr(torch, dtype).itemsize,
+                      any("paged" in m for m in methods), device_memory_bytes(device))
         out = args.out or Path("metrics") / f"bench-attention-{slug}{'' if batch == 1 else f'-b{batch}'}.json"
         png = args.plot or out.with_suffix(".png")
         check_writable(out, "--out")
@@ -123,7 +161,6 @@ def attention_cli(args, prog: str, argv: list[str]) -> int:
         if png.suffix.lower() != ".png":
             raise ValueError(f"--plot {png}: the plot is a PNG, name it .png")
         check_distinct(out, png, "--out", "--plot")
-        contexts, methods = tuple(args.contexts or ba.CONTEXTS), tuple(args.methods or ba.METHODS)
         rep_ms = 100 if args.rep_ms is None else args.rep_ms
         command = command_line(prog, ["bench", "attention", "--device", args.device, "--dtype", dtype, "--rep-ms",
                                       str(rep_ms), "--batch", str(batch), "--contexts", *map(str, contexts),
@@ -153,11 +190,14 @@ def attention_cli(args, prog: str, argv: list[str]) -> int:
     from .config import get_preset
 
     preset = get_preset(args.preset)
+    contexts = tuple(args.contexts or (1024, 4096, 16384))
+    check_kv_fits(contexts, 1, ((preset.model.n_kv_heads, preset.model.head_dim),), getattr(torch, dtype).itemsize,
+                  False, device_memory_bytes(device))
     if args.out:
         check_writable(args.out, "--out")
         if args.out.suffix.lower() == ".png":
             raise ValueError(f"--out {args.out}: the metrics file is JSON (`wmtp plot` draws it); name it .json")
-    rows = bench_draft_attention(preset.model, tuple(args.contexts or (1024, 4096, 16384)), preset.spec.keysets,
+    rows = bench_draft_attention(preset.model, contexts, preset.spec.keysets,
                                  repeats=100 if args.repeats is None else args.repeats, dtype=getattr(torch, dtype),
                                  device=device)
     stdout_console().print(attention_table(rows))

@@ -56,6 +56,7 @@ from .bench_common import (
     bench_cli,
     bench_setup,
     model_options,
+    out_help,
     progress_bar,
     with_capacity,
 )
@@ -305,8 +306,7 @@ def add_arguments(p) -> None:
     p.add_argument("--rounds", type=int, default=3,
                    help="runs of every method, interleaved; times are their median (default: 3)")
     p.add_argument("--out", type=Path, default=None,
-                   help="write the JSON here and its plot beside it "
-                        "(default: metrics/bench-batch-<h200|cuda|cpu|mps>.json)")
+                   help="write the JSON here and its plot beside it " + out_help("batch"))
 
 
 def cli(args, prog: str, argv: list[str]) -> int:

@@ -149,11 +149,13 @@ def run_contexts(name: str, setup: BenchSetup, preset: Preset, device: torch.dev
 
 def add_model_arguments(p) -> None:
     """The options every bench on reproduce's models shares (bench decode's, bench sampling's)."""
-    from .cli import seed_arg
+    from .cli import DEFAULT_PRESET, seed_arg
 
     p.add_argument("--device", default="auto", help="cpu, mps, cuda or auto (default: auto)")
     p.add_argument("--new-tokens", type=int, default=None, help="tokens generated per run (default: the preset's)")
-    p.add_argument("--preset", default="small", help="named preset (default: small, reproduce's models)")
+    p.add_argument("--preset", default=DEFAULT_PRESET,
+                   help=f"named preset (default: {DEFAULT_PRESET}, reproduce's models; another goes into --out's "
+                        "default name)")
     p.add_argument("--dataset-dir", default=None, help="as reproduce's (default: none: the hub if online, else the "
                    "offline corpus python-stdlib)")
     p.add_argument("--seed", type=seed_arg, default=42, help="the models' seed, as reproduce's (default: 42)")
@@ -193,11 +195,28 @@ def model_options(args) -> tuple[torch.device, Preset, str]:
     return device, preset, slug
 
 
+def default_out(name: str, preset: str, slug: str) -> Path:
+    """``metrics/bench-<name>-<slug>.json`` for the default preset (the committed results); another
+    preset goes into the name, ``metrics/bench-<name>-<preset>-<slug>.json``, so that a quick
+    ``--preset tiny`` never overwrites them, even stopped halfway (as reproduce's ``_default_out``)."""
+    from .cli import DEFAULT_PRESET
+
+    return Path("metrics") / f"bench-{name}{'' if preset == DEFAULT_PRESET else '-' + preset}-{slug}.json"
+
+
+def out_help(name: str) -> str:
+    """``--out``'s default, as each bench's help states it."""
+    from .cli import DEFAULT_PRESET
+
+    return (f"(default: metrics/bench-{name}-<h200|cuda|cpu|mps>.json; another --preset than {DEFAULT_PRESET} "
+            f"goes into the name: metrics/bench-{name}-<preset>-<h200|cuda|cpu|mps>.json)")
+
+
 def bench_cli(args, prog: str, argv: list[str], name: str, slug: str, run: Callable, table: Callable,
               plot: bool = False) -> int:
     """What every ``wmtp bench`` on reproduce's models does once its own options are checked: the
-    output (``--out``, default ``metrics/bench-<name>-<slug>.json``; with ``plot`` its PNG beside it)
-    checked writable, then ``run(command, log, on_context)`` (the bench, logging to stderr and writing
+    output (``--out``, default ``default_out(name, args.preset, slug)``; with ``plot`` its PNG beside
+    it) checked writable, then ``run(command, log, on_context)`` (the bench, logging to stderr and writing
     the JSON so far after every row), the final JSON, the plot and a rich table."""
 
     from rich.console import Console
@@ -207,7 +226,7 @@ def bench_cli(args, prog: str, argv: list[str], name: str, slug: str, run: Calla
 
     if len(set(args.contexts)) < len(args.contexts):
         raise ValueError(f"--contexts must each be given once, got {args.contexts}")
-    out = args.out or Path("metrics") / f"bench-{name}-{slug}.json"
+    out = args.out or default_out(name, args.preset, slug)
     check_writable(out, "--out")
     if plot:
         check_writable(out.with_suffix(".png"), "--out's plot")

@@ -39,6 +39,7 @@ from .bench_common import (
     bench_setup,
     loop_generators,
     model_options,
+    out_help,
     run_contexts,
     with_capacity,  # noqa: F401  (experiments 17 and 18 import it from here)
 )
@@ -166,8 +167,7 @@ def add_arguments(p) -> None:
     p.add_argument("--page-size", type=int, default=None,
                    help="keep the KV caches paged, in pages of this many positions (default: contiguous)")
     p.add_argument("--out", type=Path, default=None,
-                   help="write the JSON here, its plot beside it as .png "
-                        "(default: metrics/bench-decode-<h200|cuda|cpu|mps>.json)")
+                   help="write the JSON here, its plot beside it as .png " + out_help("decode"))
 
 
 def cli(args, prog: str, argv: list[str]) -> int:

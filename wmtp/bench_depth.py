@@ -44,6 +44,7 @@ from .bench_common import (
     bench_setup,
     loop_generators,
     model_options,
+    out_help,
     run_contexts,
 )
 from .config import Preset
@@ -212,8 +213,7 @@ def add_arguments(p) -> None:
                    help="eager: wmtp/decode.py's loops; graph: wmtp/static_decode.py's CUDA graphs, CUDA only "
                         "(default: eager)")
     p.add_argument("--out", type=Path, default=None,
-                   help="write the JSON here and its plot beside it "
-                        "(default: metrics/bench-depth-<h200|cuda|cpu|mps>.json)")
+                   help="write the JSON here and its plot beside it " + out_help("depth"))
 
 
 def cli(args, prog: str, argv: list[str]) -> int:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from .bench_common import add_model_arguments, bench_cli, bench_setup, model_options, run_contexts
+from .bench_common import add_model_arguments, bench_cli, bench_setup, model_options, out_help, run_contexts
 from .bench_sampling import check_temperatures, pooled
 from .config import KeySetConfig, Preset, parse_keyset
 from .keyset import POSITIONS
@@ -157,8 +157,7 @@ def add_arguments(p) -> None:
     p.add_argument("--sample-seeds", type=seed_arg, nargs="+", default=[0, 1, 2, 3],
                    help="seeds of the sampling noise, one run each, pooled (default: 0 1 2 3)")
     p.add_argument("--out", type=Path, default=None,
-                   help="write the JSON here and its plot beside it "
-                        "(default: metrics/bench-positions-<h200|cuda|cpu|mps>.json)")
+                   help="write the JSON here and its plot beside it " + out_help("positions"))
 
 
 def cli(args, prog: str, argv: list[str]) -> int:

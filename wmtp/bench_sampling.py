@@ -29,7 +29,15 @@ from pathlib import Path
 
 import torch
 
-from .bench_common import add_keysets_argument, add_model_arguments, bench_cli, bench_setup, model_options, run_contexts
+from .bench_common import (
+    add_keysets_argument,
+    add_model_arguments,
+    bench_cli,
+    bench_setup,
+    model_options,
+    out_help,
+    run_contexts,
+)
 from .config import Preset
 from .model import TargetLM
 from .mtp import MTPHead
@@ -178,8 +186,7 @@ def add_arguments(p) -> None:
     p.add_argument("--sample-seeds", type=seed_arg, nargs="+", default=[0, 1, 2, 3],
                    help="seeds of the sampling noise, one run each, pooled (default: 0 1 2 3)")
     p.add_argument("--out", type=Path, default=None,
-                   help="write the JSON here and its plot beside it "
-                        "(default: metrics/bench-sampling-<h200|cuda|cpu|mps>.json)")
+                   help="write the JSON here and its plot beside it " + out_help("sampling"))
 
 
 def cli(args, prog: str, argv: list[str]) -> int:

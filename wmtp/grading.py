@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from . import grading_process
+from .checks import check_number
 from .grading_batch import batch_checks
 from .grading_checks import (  # noqa: F401  (OracleDraft, harness_models, ...: the tests' names, as before the split)
     N_FUZZ,
@@ -96,10 +97,12 @@ def grade(assignment: str, path: str | Path, *, timeout_s: float = TIMEOUT_S) ->
     changes the grader's checks gets a failed grade.
 
     Raises:
-        ValueError: unknown assignment, missing file, or a file without the assignment's function.
+        ValueError: unknown assignment, a ``timeout_s`` that is not a finite number > 0, missing
+            file, or a file without the assignment's function.
         GraderError: the grader is out of date with the library.
     """
     _function_name(assignment)
+    check_number("timeout_s", timeout_s, positive=True)  # 0 would fail every file as too slow; "10" a TypeError
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path} is a folder: pass the student's .py file" if path.is_dir()
