@@ -1,7 +1,7 @@
 """Experiment 62 (session 48): why the paged D128 draft is not flat in S at batch 4.
 
 The batch-4 sweeps (docs/results/gpu-attention.md, "Batch 4 on an H100" and session 45's H200 run) read
-the paged D128 one-query draft at 1M keys 15-20 % slower than at 16K-512K (H100 56.3-56.9 against
+the paged D128 one-query draft at 1M keys 14-24 % slower than at 16K-512K (H100 56.3-56.9 against
 47.6-49.2 us; H200 47.5 against 36.0 contiguous), where the contiguous draft, and every D256 or batch-1
 paged draft, is flat. The bench's pages (``paginate``) are permuted at random over a pool of
 ``B * ceil(S / 16)`` pages: at D128, batch 4 and 1M, 8.6 GB for K and as much for V, each 16-row page

@@ -77,17 +77,18 @@ within it: its row of the page (the width ``ROW``) and the head dim. The plan pi
 unless the page pool's largest offset passes 2^31 - 1, ``ROW`` int32 unless a page's largest (row,
 dim) offset does (attention/triton_plan.py, from shapes and strides). Side by side on an H200 at 1M
 keys (metrics/experiments/offsets-h200-exp16.json), int32 pages made the paged ``q_len``-8 verify
-17 % (D256) and 1 % (D128) faster and the paged ``q_len``-8 drafts 14 % / 10 %, while int32
-positions moved the contiguous cells at most 1 % but for a 4 % loss (the D256 ``q_len``-8 draft):
-contiguous launches keep int64. A pool past 2^31 elements (over 4 GiB of bf16 keys) needs int64
-pages; where every element's offset was formed in 64 bits, a 64-bit pointer a key and 32-bit
-offsets within its page took 0.4-5.2 % off 11 of 12 paged cells with int64 pages on an H100, one
-+1.3 % (metrics/experiments/page-offsets-h100-exp63.json: the D128 batch-4 one-query draft at 1M
--4.9 %, the D256 ``q_len``-8 verify -3.6 %), and moved the cells with int32 pages by -3.1 to +2.7 %.
-The output's offsets (``_store_rows``, the merge) stay int32 within a batch
-for one tile of queries (at most Hkv x 256 tile rows x 256 head dims a batch, below 2^31 for any
-Hkv < 32768); with NOTE [Chunks] the query and head terms are int64 (a 1M-token prefill's output
-passes 2^31 elements); the batch term is int64.
+17 % (D256) and 1 % (D128) faster and the paged ``q_len``-8 drafts 14 % / 10 % (speedups, old/new
+- 1), while int32 positions moved the contiguous cells at most 1 % but for a 4 % loss (the D256
+``q_len``-8 draft): contiguous launches keep int64. A pool past 2^31 elements (over 4 GiB of bf16
+keys) needs int64 pages; where every element's offset was formed in 64 bits, a 64-bit pointer a
+key and 32-bit offsets within its page took 0.4-5.2 % of the time off 11 of 12 paged cells with
+int64 pages on an H100, one +1.3 % (metrics/experiments/page-offsets-h100-exp63.json: the D128
+batch-4 one-query draft at 1M -4.9 %, the D256 ``q_len``-8 verify -3.6 %), and moved the cells
+with int32 pages by -3.1 to +2.7 %. The output's offsets (``_store_rows``, the merge) stay int32
+within a batch for one tile of queries (at most Hkv x 256 tile rows x 256 head dims a batch, below
+2^31 for any Hkv < 32768); with NOTE [Chunks] the query and head terms are int64 (a 1M-token
+prefill's output passes 2^31 elements); the batch term is int64. The head dim's offset is int32:
+the public ops refuse a cache whose last dim is strided (``triton_refuses``).
 
 NOTE [Re-indexed sinks]: with ``q_sink`` (``QSINK``) the sink range is scored by those queries
 and the recent range by ``q``: re-indexed (StreamingLLM) positions, which move only the sinks'
