@@ -245,7 +245,7 @@ def _attention_kernel(
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr,  # PAGED: 0, 1, 2
     PRECISION: tl.constexpr, ACC: tl.constexpr,  # ACC: accumulator dtype, float64 for float64 inputs
     OFF: tl.constexpr,  # NOTE [Offsets]: the key loop's page (or position) offsets, int32 (a paged pool below 2^31)
-    ROW: tl.constexpr,  # NOTE [Offsets]: offsets within a page, int32 unless a page's rows span 2^31 elements
+    ROW: tl.constexpr,  # NOTE [Offsets]: offsets within a page, int32 unless its (row, dim) offsets pass 2^31 - 1
     PDL: tl.constexpr,  # NOTE [PDL]: let the merge kernel launch now; it waits for this grid's end
     QSINK: tl.constexpr,  # NOTE [Re-indexed sinks]: the sink range is scored by QS, not Q
     CHUNKED: tl.constexpr,  # NOTE [Chunks]: grid axis 0 also runs over chunks of Lq queries
