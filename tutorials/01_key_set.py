@@ -31,7 +31,7 @@
 #
 # so `window` counts the query's own key, and the set holds `min(t + 1, n_sink + window)` keys.
 # With `S = t + 1` keys in the cache this is the paper's `{0 .. n_sink-1} ∪ {S-window .. S-1}`.
-# `window=None` is the full causal set (the native MTP head, and the target, always);
+# `window=None` is the full causal set (the native MTP head's, and the target's global layers');
 # `n_sink=0` is a pure sliding window.
 
 # %%
@@ -172,10 +172,11 @@ print(f"at S = {S}: 64 + 4096 reads {counts['64 + 4096'][-1] / S:.2%} of the key
 #   and checked against it, so there is exactly one place where an off-by-one could live.
 # - `window` counts the query's own key. Libraries disagree on this (some windows hold `W + 1` keys);
 #   here `draft_key_indices(19, 2, 6)` is `[0, 1, 14, ..., 19]`: 2 + 6 keys.
-# - Below `n_sink + window` tokens of context the windowed head reads exactly what the native head
-#   reads, so it drafts identically. Past that point its reads stay flat while the native head's grow
-#   linearly: that growing read is the *draft-KV tax* of notebook 05.
+# - While every draft query of a step sits at a position below `n_sink + window`, the windowed head reads
+#   exactly what the native head reads, so it drafts identically (a step's later drafts sit a few
+#   positions past its context, so they cross that line first). Past it, its reads stay flat while the
+#   native head's grow linearly: that growing read is the *draft-KV tax* of notebook 05.
 # - Reading fewer keys can make drafts worse (fewer of them accepted), never the output: the target
-#   verifies every draft with the full causal set (notebook 03).
+#   verifies every draft with its own, unchanged attention, as in dense decoding (notebook 03).
 #
 # Try: change `settings` to your own `(n_sink, window)`, or draw the mask for `n_sink=0, window=1`.

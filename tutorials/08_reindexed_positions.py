@@ -176,5 +176,5 @@ for ks in mass["keysets"]:
 # - The paper keeps absolute positions; StreamingLLM needs re-indexing because its model was never trained
 #   at the distances the sinks end up at. A draft head trained on short windows meets the same unseen
 #   distances, which is why the option exists here, and why it is measured rather than assumed to help.
-# - Verification is untouched: the target reads every key at its true position, so the output is the
-#   target's whichever positions the draft uses.
+# - Verification is untouched: the target attends as in dense decoding, with its own key sets and
+#   positions, so the output is the target's whichever positions the draft uses.

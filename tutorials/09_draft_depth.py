@@ -68,9 +68,10 @@ for alpha in (0.3, 0.6, 0.9):
 # ## Mechanism
 #
 # `AdaptiveDepth` keeps an estimate of every `alpha_i` (decaying counts of the steps that verified draft
-# `i`) and prices a step of `k` drafts at `cost(k) = 1 + c k` verify passes until it has measured steps,
-# `c` being one drafted token's cost. Each term of `E[AL | k]` is smaller than the one before, while each
-# draft costs the same, so the ratio peaks at some `k`. Where, depends on both:
+# `i`) and prices a step of `k` drafts at `cost(k) = 1 + c k` verify passes, `c` being one drafted token's
+# cost (with `learn_costs=True` only until it has measured steps; without it, as below, always). Each
+# term of `E[AL | k]` is smaller than the one before, while each draft costs the same, so the ratio
+# peaks at some `k`. Where, depends on both:
 
 # %%
 def best_depth(alpha: float, c: float, max_depth: int = 7) -> int:

@@ -9,7 +9,8 @@ absolute position ``t`` (0-based; its own key is at ``t``) the draft may read ke
 so ``window`` counts the query's own key and the set holds ``min(t + 1, n_sink + window)``
 keys. With ``S = t + 1`` this is the paper's ``{0 .. n_sink-1} ∪ {S-window .. S-1}``.
 ``window=None`` means the full causal set ``{0 .. t}``; ``n_sink=0`` is a pure sliding
-window. The target model always verifies with the full causal set.
+window. The target model verifies with its own layers' key sets, the same as in dense decoding
+(full causal in its global layers, a sliding window in its local ones); only the draft's changes.
 
 ``in_key_set`` below is that formula and nothing else. Every other form — the two key
 ranges a kernel loops over, index lists, boolean masks, the CSR layout for a batch — is
