@@ -129,6 +129,18 @@ def test_a_draft_head_of_another_target_config_is_a_value_error(models):
         wmtp.speculative_generate(target, wmtp.MTPHead(head.config, wide).double(), random_prompt(5), 4, 2)
 
 
+def test_a_draft_head_of_another_target_of_this_config_is_a_value_error(models):
+    """It would draft with the other target's embedding and output head: the output stays the target's,
+    the acceptance is another model's (it ran without complaint)."""
+    target, head = models
+    twin = wmtp.TargetLM(target.config).double()  # same config, its own weights
+    other_head = wmtp.MTPHead(head.config, twin).double()
+    with pytest.raises(ValueError, match="built on another target"):
+        wmtp.speculative_generate(target, other_head, random_prompt(5), 4, 2)
+    with pytest.raises(ValueError, match="built on another target"):
+        wmtp.prefill_prompt(target, random_prompt(5), 40, draft=other_head)
+
+
 class CallOnly:
     """A draft with the head's call and ``new_cache`` but no ``write_cache`` (the prefill's)."""
 

@@ -218,7 +218,7 @@ def test_bad_prefills_raise_value_error(models):
         (lambda g, s: g(target, prompt[:9], 5, prefill=pre), "another prompt"),
         (lambda g, s: g(other_target, prompt, 5, prefill=pre), "other models"),
         (lambda g, s: s(target, other_head, prompt, 5, 2, prefill=pre), "other models"),
-        (lambda g, s: s(target, head, prompt, 5, 2, prefill=alone), "other models"),
+        (lambda g, s: s(target, head, prompt, 5, 2, prefill=alone), "made without a draft head"),
         (lambda g, s: g(target, prompt, 5, prefill="cache"), "wmtp.Prefill"),
         (lambda g, s: g(target, [prompt, prompt], 5, prefill=pre), "batch of prompts"),
         (lambda g, s: s(target, head, [prompt], 5, 2, prefill=pre), "batch of prompts"),

@@ -1,7 +1,8 @@
 """wmtp: Windowed-MTP speculative decoding (arXiv 2607.21535), reproduced and explained.
 
 The draft head attends to ``n_sink`` attention sinks plus the ``window`` most recent keys; the
-target verifies with full attention, so the output is exactly the target's greedy output.
+target verifies with its own attention, untouched by ``(n_sink, window)``, so the output is exactly
+the target's greedy output.
 """
 
 import torch

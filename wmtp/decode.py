@@ -220,7 +220,7 @@ def speculative_generate(target: TargetLM, draft: MTPHead, prompt_ids: torch.Ten
     """Greedy speculative decoding with an MTP draft head whose attention reads ``(n_sink, window)``.
 
     Args:
-        target: the target LM (full attention in verification, always).
+        target: the target LM; it verifies with its own layers' key sets, untouched by ``(n_sink, window)``.
         draft: the MTP head drafting ``depth`` tokens per step, recursively.
         prompt_ids: 1-D LongTensor prompt, or a list of them (ragged lengths: each runs as alone,
             ``_each_prompt``; the result is then a list of outputs and a list of statistics).

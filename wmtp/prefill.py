@@ -87,6 +87,10 @@ def prefill_prompt(target: TargetLM, prompt_ids: torch.Tensor, max_len: int | No
             cache still held) raises ``ValueError``.
             ``None``: contiguous caches.
 
+    Returns:
+        A ``Prefill``: the caches, the logits and hidden state at the prompt's last position, which the
+        decoders' ``prefill=`` argument starts from (any number of runs; none writes them).
+
     Raises:
         ValueError: for a prompt that is not a non-empty 1-D integer tensor of ids in the
             vocabulary, a ``max_len`` shorter than the prompt or longer than the target's
@@ -155,6 +159,8 @@ def start(target: TargetLM, draft: MTPHead | None, prompt_ids: torch.Tensor, *, 
         return _run_prefill(target, draft, prompt_ids, needed, impl, checked, ring)
     if not isinstance(prefill, Prefill):
         raise ValueError(f"prefill must be a wmtp.Prefill from prefill_prompt, got {type(prefill).__name__}")
+    if draft is not None and prefill.draft is None and prefill.target is target:
+        raise ValueError("prefill was made without a draft head; prefill_prompt(target, prompt, max_len, draft)")
     if prefill.target is not target or (draft is not None and prefill.draft is not draft):
         raise ValueError("prefill was made with other models; prefill_prompt with this target and head")
     k = prefill.target_cache.k

@@ -66,13 +66,17 @@ def check_request(target: TargetLM, prompt_ids: torch.Tensor, max_new_tokens: in
 
 def check_draft(target: TargetLM, draft: MTPHead) -> None:
     """A draft is an ``MTPHead`` or anything with its call, ``new_cache`` and ``write_cache`` (a wrapper,
-    an oracle); one built on a target of another config is refused (a wrapper without ``target`` passes)."""
+    an oracle); one built on another target is refused, since it drafts with that target's embedding and
+    output head (a wrapper without ``target`` passes)."""
     missing = [name for name in ("__call__", "new_cache", "write_cache") if not callable(getattr(draft, name, None))]
     if missing:
         raise ValueError(f"a draft needs MTPHead's call, new_cache and write_cache; {type(draft).__name__} has no "
                          f"{', '.join(missing)}")
-    if getattr(getattr(draft, "target", None), "config", target.config) != target.config:
+    built_on = getattr(draft, "target", target)
+    if getattr(built_on, "config", target.config) != target.config:
         raise ValueError("the draft head was built for a target of another config; build it on this target")
+    if built_on is not target:  # same config, other weights: it would draft with the other target's embedding
+        raise ValueError("the draft head was built on another target (MTPHead(target) keeps it); build it on this one")
     w, e = (draft.proj, target.embed) if isinstance(draft, MTPHead) else (None, None)  # a head follows its target
     if w is not None and (w.dtype, w.device) != (e.dtype, e.device):
         raise ValueError(f"the draft head is {w.dtype} on {w.device}, the target {e.dtype} on {e.device}; move both "

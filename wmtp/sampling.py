@@ -225,7 +225,8 @@ def sample_generate(target: TargetLM, prompt_ids: torch.Tensor | list[torch.Tens
                     prefill: Prefill | None = None) -> torch.Tensor | list[torch.Tensor]:
     """Dense sampled decoding: the token at position ``t`` is a sample of ``softmax(logits / temperature)``
     drawn with ``seed``'s noise for ``t`` (NOTE [Position-keyed noise]); ``temperature=0`` is
-    ``greedy_generate``. The other arguments and the result are ``greedy_generate``'s.
+    ``greedy_generate``. The other arguments (``greedy_generate``'s but ``step_times``) and the result are
+    ``greedy_generate``'s.
 
     Raises:
         ValueError: for a ``temperature`` that is not 0 or a finite number ``>= MIN_TEMPERATURE``, a
@@ -250,8 +251,8 @@ def speculative_sample(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tenso
                        ) -> tuple[torch.Tensor, SpecStats] | tuple[list[torch.Tensor], list[SpecStats]]:
     """Sampled speculative decoding with an MTP draft head whose attention reads ``(n_sink, window)``.
 
-    The arguments not listed below are ``speculative_generate``'s (which verifies greedily, with its
-    default verifier); ``depth`` may be a policy (wmtp/policy.py). Under ``"rejection"`` the tokens
+    The arguments not listed below are ``speculative_generate``'s but ``verifier`` (it verifies
+    greedily, with its default verifier); ``depth`` may be a policy (wmtp/policy.py). Under ``"rejection"`` the tokens
     (never their distribution) depend on the depths the steps drafted, so a policy that learns from
     measured times makes them vary from run to run; under ``"gumbel"`` they cannot.
 
