@@ -53,6 +53,11 @@ class KVCache:
         return self.k.shape[3]
 
     @property
+    def batch(self) -> int:
+        """Rows (sequences) held."""
+        return self.k.shape[1]
+
+    @property
     def nbytes(self) -> int:
         """Bytes of keys and values held."""
         return self.k.nbytes + self.v.nbytes
@@ -146,6 +151,11 @@ class SeparateWrites:
     as ``KVCache``'s (a ring's refuses some)."""
 
     check_reads = KVCache.check_reads
+
+    @property
+    def batch(self) -> int:
+        """Rows (sequences) held: the block table's."""
+        return self.block_table.shape[0]
 
     def update_qkv(self, layer: int, pos: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    inv_freq: torch.Tensor | None, train_len: int | None, impl: str = "torch") -> torch.Tensor:
