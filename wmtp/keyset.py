@@ -162,13 +162,12 @@ def draft_key_indices(t: int, n_sink: int | None, window: int | None) -> torch.T
     """Key positions the draft query at position ``t`` may read, ascending.
 
     Example: ``draft_key_indices(19, n_sink=2, window=6)`` is ``[0, 1, 14, 15, 16, 17, 18, 19]``.
+    ``t``, ``n_sink`` and ``window`` may each be an int, a NumPy integer or a 0-d integer tensor (``as_int``).
 
     Args:
         t: absolute query position (0-based).
         n_sink: number of attention-sink keys at the start (``None`` = 0).
         window: number of recent keys including the query's own (``None`` = full causal set).
-
-    Each an int, a NumPy integer or a 0-d integer tensor (``as_int``).
 
     Returns:
         LongTensor ``(min(t + 1, n_sink + window),)`` of key positions (``(t + 1,)`` for ``window=None``).
