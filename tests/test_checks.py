@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from wmtp.checks import SEED_LIMIT, check_int, check_number, check_seed, check_tensors
+from wmtp.checks import SEED_LIMIT, as_real, check_int, check_number, check_seed, check_tensors
 
 
 def test_check_int_takes_ints_from_low_up():
@@ -36,6 +36,14 @@ def test_check_number_bounds_and_finiteness():
     for value in (math.nan, 0, -math.inf):
         with pytest.raises(ValueError, match=r"^clip must be a number > 0, got "):
             check_number("clip", value, positive=True, finite=False)
+
+
+def test_as_real_reads_numpy_reals_as_floats_and_leaves_the_rest():
+    for value, out in ((np.float32(0.5), 0.5), (np.int64(3), 3.0)):
+        assert as_real(value) == out and type(as_real(value)) is float
+    # np.float64 is a float already; the rest for check_number to judge
+    for value in (3, 2.5, np.float64(2.5), True, np.bool_(True), "1", None, torch.tensor(1.0)):
+        assert as_real(value) is value
 
 
 def test_check_seed_is_an_int_in_0_to_2_64():

@@ -7,6 +7,7 @@ index lists (STYLE.md lesson 2); only the exhaustive grid test re-derives them, 
 in plain Python, to check every derived form (indices, mask, count, ranges) against each other.
 """
 
+import numpy as np
 import pytest
 import torch
 
@@ -176,7 +177,7 @@ def test_bad_positions_raise(call, match):
 
 def test_position_forms_that_stay_valid():
     assert draft_key_csr([[0, 1], [0, 1, 2]], 1, 2)[0].tolist() == [0, 1, 3, 4, 6, 9]  # lists of lists
-    assert draft_key_csr([], 1, 2)[0].tolist() == [0]  # no queries (an empty list is a float tensor)
+    assert draft_key_csr([], 1, 2)[0].tolist() == [0]  # no queries
     assert torch.equal(draft_key_mask([0, 1, 2], 3, 1, 2), draft_key_mask(torch.arange(3), 3, 1, 2))
     for dtype in (torch.uint16, torch.uint32, torch.uint64):  # NotImplementedError ("min_all") before
         assert torch.equal(draft_key_mask(torch.arange(3).to(dtype), 3, 1, 2), draft_key_mask(torch.arange(3), 3, 1, 2))
@@ -233,6 +234,42 @@ def test_int64_sized_arguments_are_the_limit():
 def test_integer_tensors_are_positions():
     assert draft_key_indices(torch.tensor(5), 1, 2).tolist() == draft_key_indices(5, 1, 2).tolist() == [0, 4, 5]
     assert draft_key_indices(5, 1, 2).dtype == torch.long
+
+
+SCALARS = [np.int64, np.int32, lambda x: np.array(x), lambda x: torch.tensor(x, dtype=torch.int32)]
+
+
+@pytest.mark.parametrize("scalar", SCALARS, ids=["np.int64", "np.int32", "np-0d", "torch-0d"])
+def test_integer_scalars_are_ints_for_t_n_sink_and_window_alike(scalar):
+    """A NumPy t was taken and a NumPy n_sink or window refused; every integer scalar now reads as its int."""
+    assert draft_key_indices(scalar(19), scalar(2), scalar(6)).tolist() == [0, 1, 14, 15, 16, 17, 18, 19]
+    assert key_ranges(scalar(19), scalar(2), scalar(6)) == ((0, 2), (14, 20))
+    assert key_count(scalar(19), scalar(2), scalar(6)) == 8
+    assert torch.equal(draft_key_mask([19], 20, scalar(2), scalar(6)), draft_key_mask([19], 20, 2, 6))
+    assert draft_key_csr([scalar(19)], scalar(2), scalar(6))[1].tolist() == [0, 1, 14, 15, 16, 17, 18, 19]
+
+
+@pytest.mark.parametrize("bad", [torch.tensor([5]), torch.tensor(True), np.bool_(True), np.float64(5.0)],
+                         ids=["1-D", "bool-tensor", "np.bool_", "np.float64"])
+@pytest.mark.parametrize("arg", ["t", "n_sink", "window"])
+def test_non_scalar_or_non_integer_arguments_are_refused_by_name(bad, arg):
+    """A one-element 1-D t was read as its element (and a bool tensor t as 0 or 1): no scalar, no position."""
+    args = {"t": 5, "n_sink": 1, "window": 2} | {arg: bad}
+    with pytest.raises(ValueError, match="query position" if arg == "t" else arg):
+        draft_key_indices(**args)
+
+
+def test_an_empty_list_is_no_queries_in_the_mask_as_in_the_csr():
+    """``[]`` was refused as float32 positions (an empty LongTensor was taken): both are a (0, kv_len) mask."""
+    mask = draft_key_mask([], 6, 1, 2)
+    assert mask.shape == (0, 6) and mask.dtype == torch.bool
+    assert torch.equal(mask, draft_key_mask(torch.tensor([], dtype=torch.long), 6, 1, 2))
+
+
+def test_a_list_of_float_positions_is_named_as_one_sequence():
+    """Each float was taken as a sequence before: 'got torch.float32 ()', as if the list were a 0-d tensor."""
+    with pytest.raises(ValueError, match=r"integer positions .* got torch.float32 \(2,\)"):
+        draft_key_csr([1.5, 2.0], 1, 2)
 
 
 @pytest.mark.parametrize("call", [

@@ -1,9 +1,9 @@
 """What every KV cache shares (wmtp/kvcache.py): copies own their buffers and take their own ``checked``
 (a contiguous cache's, a ring's, a paged cache's and its forks'), a row view shares its row and keeps the
 cache's, writes are cast to the cache's dtype, and the shared checks refuse what they must (sizes, empty
-writes, values of another shape, a write's impl, ring slots of negative positions). (Writes, reads and their
-checks: tests/test_model.py and tests/test_row_positions.py; ``ring_slot``'s formula:
-tests/test_grading_harness.py.)"""
+writes, positions that are no tensor, values of another shape, a write's impl, a paged cache's generator,
+ring slots of negative positions). (Writes, reads and their checks: tests/test_model.py and
+tests/test_row_positions.py; ``ring_slot``'s formula: tests/test_grading_harness.py.)"""
 
 import pytest
 import torch
@@ -70,6 +70,46 @@ def test_a_cache_of_no_layers_rows_or_positions_is_refused(name, sizes):
     n_layers, batch, max_len = sizes
     with pytest.raises(ValueError, match=f"{name} must be an integer >= 1, got 0"):
         KVCache(n_layers, batch, 2, max_len, 4)
+
+
+SIZES = ("n_layers", "batch", "n_kv_heads", "max_len", "head_dim")
+
+
+def _cache(kind: str, **sizes):
+    """A cache of one kind with sizes ``(1, 1, 2, 8, 4)`` but the given ones."""
+    a = dict(zip(SIZES, (1, 1, 2, 8, 4))) | sizes
+    if kind == "ring":
+        return RingKVCache(a["n_layers"], a["batch"], a["n_kv_heads"], a["head_dim"], n_sink=1, window=2, spare=1,
+                           max_len=a["max_len"])
+    return KVCache(*a.values()) if kind == "contiguous" else PagedKVCache(*a.values(), page_size=4)
+
+
+@pytest.mark.parametrize("kind", ["contiguous", "paged", "ring"])
+@pytest.mark.parametrize("name", SIZES)
+@pytest.mark.parametrize("value", [0, -2, 2.0])
+def test_every_size_below_1_is_refused_by_name(kind, name, value):
+    """No heads or a zero head_dim built a cache of 0 bytes; a negative one was torch.zeros' RuntimeError."""
+    with pytest.raises(ValueError, match=f"{name} must be an integer >= 1, got {value}"):
+        _cache(kind, **{name: value})
+
+
+def test_a_paged_cache_refuses_a_generator_that_is_not_one():
+    with pytest.raises(ValueError, match="generator must be None or a torch.Generator, got int"):
+        PagedKVCache(1, 1, 2, 8, 4, page_size=4, generator=1)  # AttributeError ('int' ... 'device') before
+
+
+@pytest.mark.parametrize("kind", ["contiguous", "paged", "ring"])
+def test_positions_that_are_not_a_tensor_are_value_errors(kind):
+    """A list of positions was an AttributeError ('list' object has no attribute 'dim'), in writes and reads."""
+    cache, kv = _cache(kind), torch.ones(1, 2, 2, 4)
+    with pytest.raises(ValueError, match="pos must be a torch.Tensor, got list"):
+        cache.update(0, [0, 1], kv, kv)
+    with pytest.raises(ValueError, match="pos must be a torch.Tensor, got list"):  # rotated first: refused before
+        cache.update_qkv(0, [0, 1], kv, kv, kv, torch.ones(2), None)
+    if kind != "ring":  # a ring has no read (its queries read through attend)
+        with pytest.raises(ValueError, match="pos must be a torch.Tensor, got list"):
+            cache.read(0, [1])
+    assert not cache.k.any()
 
 
 def test_the_ring_and_paged_caches_refuse_an_unknown_write_impl():

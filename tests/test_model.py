@@ -529,6 +529,22 @@ def test_a_pass_without_a_cache_starts_at_position_0():
     assert torch.equal(target(ids, torch.arange(3))[0], target(ids)[0])
 
 
+def test_a_cache_of_another_type_or_batch_is_refused_by_name():
+    """A string cache was an AttributeError ('str' object has no attribute 'check_reads'); a 2-row cache under
+    1-row ids the write's 'k, v must be (2, ...)', which never named the cache's rows. Refused before a write."""
+    target = wmtp.TargetLM(SMALL)
+    ids = torch.tensor([[1, 2, 3]])
+    with pytest.raises(ValueError, match="cache must be None or a KV cache .* got str"):
+        target(ids, cache="x")
+    for cache in (target.new_cache(2, 16), target.new_cache(2, 16, page_size=4)):
+        with pytest.raises(ValueError, match="the cache holds 2 rows and ids 1"):
+            target(ids, cache=cache)
+        assert not cache.k.any()
+    with pytest.raises(ValueError, match="the cache holds 1 rows and ids 2"):
+        target(ids.repeat(2, 1), cache=target.new_cache(1, 16))
+    assert torch.equal(target(ids, cache=target.new_cache(1, 16))[0], target(ids)[0])
+
+
 @pytest.mark.parametrize("ids, pos, match", [  # IndexError, RuntimeError or AttributeError from inside torch before
     (torch.tensor([[1, 64]]), None, r"token ids must lie in \[0, 64\)"),
     (torch.tensor([[-1, 2]]), None, r"token ids must lie in \[0, 64\)"),

@@ -255,5 +255,21 @@ def test_best_depth_literal(alphas, costs, k):
 def test_an_adaptive_prior_is_any_pair():
     import numpy as np
 
-    for prior in ((2, 3), [2, 3], np.array([2.0, 3.0])):
+    for prior in ((2, 3), [2, 3], np.array([2.0, 3.0]), np.array([2, 3])):  # an int array was refused
         assert AdaptiveDepth(3, prior=prior).prior == (2.0, 3.0)
+
+
+def test_adaptive_numbers_may_be_numpy_scalars_and_refusals_name_the_argument():
+    """np.float32 costs and decay were refused (decay with a range message); AdaptiveDepth(0) named ``depth``."""
+    import numpy as np
+
+    policy = AdaptiveDepth(3, draft_cost=np.float32(0.25), verify_cost_per_draft=np.int64(0), decay=np.float32(0.5))
+    assert (policy.draft_cost, policy.verify_cost_per_draft, policy.decay) == (0.25, 0.0, 0.5)
+    assert all(type(x) is float for x in (policy.draft_cost, policy.verify_cost_per_draft, policy.decay))
+    for kwargs, match in [({"max_depth": 0}, "^max_depth must be an integer >= 1, got 0$"),
+                          ({"decay": "0.5"}, "^decay must be a number in \\(0, 1\\], got '0.5'$"),
+                          ({"decay": np.float32(1.5)}, "^decay must be a number in"),
+                          ({"draft_cost": np.bool_(True)}, "^draft_cost must be a finite number >= 0"),
+                          ({"draft_cost": np.float32("nan")}, "^draft_cost must be a finite number >= 0")]:
+        with pytest.raises(ValueError, match=match):
+            AdaptiveDepth(**({"max_depth": 3} | kwargs))

@@ -8,10 +8,11 @@ from deep inside torch). The key set's own arguments are checked in wmtp/keyset.
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
-__all__ = ["SEED_LIMIT", "check_int", "check_number", "check_seed", "check_tensors"]
+__all__ = ["SEED_LIMIT", "as_real", "check_int", "check_number", "check_seed", "check_tensors"]
 
 SEED_LIMIT = 2**64  # seeds are ints in [0, 2**64): torch's manual_seed takes them, sampled verification hashes 64 bits
 
@@ -30,6 +31,15 @@ def check_number(name: str, value, *, positive: bool, finite: bool = True) -> No
     if not ok:
         raise ValueError(f"{name} must be a{' finite' if finite else ''} number {'>' if positive else '>='} 0, "
                          f"got {value!r}")
+
+
+def as_real(value):
+    """``value`` as a ``float`` where it is a real number that is neither an int nor a float (a NumPy scalar
+    such as ``np.float32(0.5)``; not a bool); anything else unchanged, for ``check_number`` to refuse by
+    name. For arguments kept as floats: a config keeps what it is given (JSON takes no ``np.float32``)."""
+    if isinstance(value, numbers.Real) and not isinstance(value, (bool, int, float)):
+        return float(value)
+    return value
 
 
 def check_seed(seed, name: str = "seed") -> None:

@@ -91,7 +91,13 @@ def is_integer_tensor(t: torch.Tensor) -> bool:
 
 def as_positions(q_pos) -> torch.Tensor:
     """``q_pos`` (a tensor, a list of ints, a numpy array) as a tensor, else ``ValueError`` (``None``, a
-    string, ragged lists: torch's TypeError, RuntimeError or unnamed ValueError otherwise)."""
+    string, ragged lists: torch's TypeError, RuntimeError or unnamed ValueError otherwise). A list's integer
+    scalars are read by ``as_int`` (torch refuses a 0-d array in a list); an empty list is no positions,
+    int64 (torch would make it float32)."""
+    if isinstance(q_pos, (list, tuple)):
+        if not q_pos:
+            return torch.zeros(0, dtype=torch.long)
+        q_pos = [as_int(p) for p in q_pos]
     try:
         return torch.as_tensor(q_pos)
     except (TypeError, RuntimeError, ValueError):
@@ -99,15 +105,31 @@ def as_positions(q_pos) -> torch.Tensor:
                          ) from None
 
 
-def as_position(t, name: str = "a query position") -> int:
-    """``t`` as a position: an int (or 0-d integer tensor) in ``[0, LIMIT]``, else ``ValueError`` naming
-    ``name`` (5.5 is no position; 2**64 no int64 one)."""
+def as_int(value):
+    """``value`` as an ``int`` where it is an integer scalar: an int, a NumPy integer or a 0-d integer tensor;
+    anything else unchanged, for a check to refuse by name (a bool, a float, a 1-D tensor: torch would read a
+    one-element one as its element, a bool tensor as 0 or 1)."""
+    if isinstance(value, (bool, int)) or getattr(value, "ndim", 0) != 0 or getattr(value, "dtype", None) == torch.bool:
+        return value
     try:
-        if isinstance(t, bool):
-            raise TypeError
-        t = operator.index(t)
+        return operator.index(value)
     except TypeError:
-        raise ValueError(f"{name} must be an integer, got {t!r}") from None
+        return value
+
+
+def as_key_set_args(n_sink, window) -> tuple[int, int | None]:
+    """``(n_sink, window)`` as ints (``as_int``; ``None`` for ``n_sink`` read as 0), checked by
+    ``check_key_set_args``: what the key-set functions below take."""
+    window = as_int(window)
+    return check_key_set_args(as_int(n_sink), window), window
+
+
+def as_position(t, name: str = "a query position") -> int:
+    """``t`` as a position: an integer scalar (``as_int``) in ``[0, LIMIT]``, else ``ValueError`` naming
+    ``name`` (5.5 is no position; 2**64 no int64 one; a one-element 1-D tensor is no scalar)."""
+    t = as_int(t)
+    if isinstance(t, bool) or not isinstance(t, int):
+        raise ValueError(f"{name} must be an integer, got {t!r}")
     if t < 0:
         raise ValueError(f"{name} must be >= 0, got {t}")
     if t > LIMIT:
@@ -121,7 +143,7 @@ def key_ranges(t: int, n_sink: int | None, window: int | None) -> tuple[tuple[in
     ``sink = [0, a)`` and ``recent = [b, t + 1)`` with ``a <= b``; either may be empty. This is
     the form the kernels loop over: two contiguous key ranges, never a gathered copy.
     """
-    n_sink = check_key_set_args(n_sink, window)
+    n_sink, window = as_key_set_args(n_sink, window)
     t = as_position(t)
     if window is None:
         return (0, 0), (0, t + 1)
@@ -140,6 +162,7 @@ def draft_key_indices(t: int, n_sink: int | None, window: int | None) -> torch.T
     """Key positions the draft query at position ``t`` may read, ascending.
 
     Example: ``draft_key_indices(19, n_sink=2, window=6)`` is ``[0, 1, 14, 15, 16, 17, 18, 19]``.
+    ``t``, ``n_sink`` and ``window`` may each be an int, a NumPy integer or a 0-d integer tensor (``as_int``).
 
     Args:
         t: absolute query position (0-based).
@@ -150,8 +173,8 @@ def draft_key_indices(t: int, n_sink: int | None, window: int | None) -> torch.T
         LongTensor ``(min(t + 1, n_sink + window),)`` of key positions (``(t + 1,)`` for ``window=None``).
 
     Raises:
-        ValueError: for a ``t`` that is not an integer >= 0, or a bad ``(n_sink, window)``
-            (``check_key_set_args``).
+        ValueError: for a ``t`` that is not an integer >= 0 (a 1-D tensor, even of one element, is
+            none), or a bad ``(n_sink, window)`` (``check_key_set_args``).
     """
     (s0, s1), (r0, r1) = key_ranges(t, n_sink, window)
     return torch.cat([torch.arange(s0, s1), torch.arange(r0, r1)])
@@ -163,17 +186,17 @@ def draft_key_mask(q_pos: torch.Tensor, kv_len: int, n_sink: int | None, window:
     Args:
         q_pos: ``(Lq,)`` absolute query positions: an integer tensor (any integer dtype) or a list of ints.
         kv_len: number of key positions (columns).
-        n_sink: number of sink keys (``None`` = 0).
-        window: recent-window size including the query (``None`` = full causal set).
+        n_sink: number of sink keys (``None`` = 0; an integer scalar as ``draft_key_indices``').
+        window: recent-window size including the query (``None`` = full causal set; likewise).
 
     Returns:
-        BoolTensor ``(Lq, kv_len)`` on ``q_pos``'s device.
+        BoolTensor ``(Lq, kv_len)`` on ``q_pos``'s device (``(0, kv_len)`` for no queries, ``[]`` included).
 
     Raises:
         ValueError: for ``q_pos`` that is not 1-D integer positions >= 0, a ``kv_len`` that is not an
             int >= 0, or a bad ``(n_sink, window)``.
     """
-    check_key_set_args(n_sink, window)
+    n_sink, window = as_key_set_args(n_sink, window)
     q_pos = as_positions(q_pos)
     if q_pos.dim() != 1 or not is_integer_tensor(q_pos):
         raise ValueError(f"q_pos must be a 1-D tensor of integer positions, got {q_pos.dtype} {tuple(q_pos.shape)}")
@@ -198,8 +221,8 @@ def draft_key_csr(
     Args:
         q_pos: ``(Lq,)`` positions of one sequence (a tensor, or a list of ints), or a list of such
             tensors (one per sequence).
-        n_sink: number of sink keys (``None`` = 0).
-        window: recent-window size including the query (``None`` = full causal set).
+        n_sink: number of sink keys (``None`` = 0; an integer scalar as ``draft_key_indices``').
+        window: recent-window size including the query (``None`` = full causal set; likewise).
 
     Returns:
         ``indptr`` LongTensor ``(R + 1,)`` and ``indices`` LongTensor ``(nnz,)``, on the CPU.
@@ -208,11 +231,13 @@ def draft_key_csr(
         ValueError: for positions that are not 1-D integer tensors (or lists of ints) of positions
             >= 0, or a bad ``(n_sink, window)``.
     """
-    one = not isinstance(q_pos, (list, tuple)) or all(isinstance(t, int) or torch.is_tensor(t) and t.dim() == 0
-                                                      for t in q_pos)  # positions of one sequence
+    # positions of one sequence unless an element is a sequence (a list, or a tensor or array of a dim):
+    # [1.5, 2.0] is one sequence of float positions, refused as such
+    one = not isinstance(q_pos, (list, tuple)) or not any(isinstance(t, (list, tuple)) or getattr(t, "ndim", 0)
+                                                          for t in q_pos)
     seqs = [as_positions(seq) for seq in ([q_pos] if one else q_pos)]
-    check_key_set_args(n_sink, window)
-    for seq in seqs:  # an empty list is a float tensor: no positions, no dtype to check
+    n_sink, window = as_key_set_args(n_sink, window)
+    for seq in seqs:  # an empty tensor (not list) of another dtype: no positions, no dtype to check
         if seq.dim() != 1 or (seq.numel() and not is_integer_tensor(seq)):
             raise ValueError(f"q_pos must be (Lq,) integer positions or a list of such, got {seq.dtype} "
                              f"{tuple(seq.shape)}")
@@ -246,9 +271,9 @@ def sink_query_position(t, n_sink: int | None, window: int | None):
     """The position to rotate a query at ``t`` to when it scores the sinks under re-indexed positions.
 
     ``min(t, n_sink + window - 1)`` (module docstring); ``t`` itself when there is nothing to
-    re-index (``window=None``, or no sinks). ``t``: an int, or a tensor of positions.
+    re-index (``window=None``, or no sinks). ``t``: an integer scalar (``as_int``), or a tensor of positions.
     """
-    n_sink = check_key_set_args(n_sink, window)
+    n_sink, window = as_key_set_args(n_sink, window)
     t = t if torch.is_tensor(t) else as_position(t)
     if window is None or n_sink == 0:
         return t

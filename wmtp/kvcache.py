@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from .attention import IMPLS, attention
-from .checks import check_int
+from .checks import check_int, check_tensors
 from .fused import kv_write
 from .keyset import is_integer_tensor
 from .qkv_write import prepare_qk, qkv_write
@@ -31,12 +31,17 @@ class KVCache:
     ``checked=False`` skips the range check of written positions, the one read of the device in
     ``update``: a step captured in a CUDA graph cannot read the device (wmtp/static_decode.py, whose
     loops derive every position from a capacity checked once, before the first step).
+
+    Raises:
+        ValueError: for a size (``n_layers``, ``batch``, ``n_kv_heads``, ``max_len``, ``head_dim``) that
+            is not an integer >= 1.
     """
 
     def __init__(self, n_layers: int, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
                  *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                  checked: bool = True) -> None:
-        for name, value in (("n_layers", n_layers), ("batch", batch), ("max_len", max_len)):  # as the paged cache's
+        for name, value in (("n_layers", n_layers), ("batch", batch), ("n_kv_heads", n_kv_heads),
+                            ("max_len", max_len), ("head_dim", head_dim)):  # as the paged and ring caches'
             check_int(name, value, 1)
         shape = (n_layers, batch, n_kv_heads, max_len, head_dim)
         self.checked = checked
@@ -46,6 +51,11 @@ class KVCache:
     @property
     def max_len(self) -> int:
         return self.k.shape[3]
+
+    @property
+    def batch(self) -> int:
+        """Rows (sequences) held."""
+        return self.k.shape[1]
 
     @property
     def nbytes(self) -> int:
@@ -111,7 +121,11 @@ class KVCache:
         """Keys and values ``(B, Hkv, L, D)`` at positions ``pos`` ``(L,)`` or ``(B, L)`` (each row's own).
 
         Raises:
-            ValueError: for positions of another shape (``check_read``).
+            ValueError: for positions that are not an ``(L,)`` or ``(B, L)`` integer tensor (``check_read``).
+
+        Positions are not range-checked (that would read the device, every step): one outside ``[0,
+        max_len)`` reads what torch's indexing makes of it, an ``IndexError`` past the end (on CUDA a
+        device-side assert) and, for a negative one, a position counted from the end.
         """
         check_read(pos, self.k.shape[1])
         if pos.dim() == 2:
@@ -138,9 +152,15 @@ class SeparateWrites:
 
     check_reads = KVCache.check_reads
 
+    @property
+    def batch(self) -> int:
+        """Rows (sequences) held: the block table's."""
+        return self.block_table.shape[0]
+
     def update_qkv(self, layer: int, pos: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    inv_freq: torch.Tensor | None, train_len: int | None, impl: str = "torch") -> torch.Tensor:
-        """``KVCache.update_qkv``'s signature: returns the prepared queries."""
+        """``KVCache.update_qkv``'s signature: returns the prepared queries (``ValueError``: as ``update``)."""
+        check_tensors(pos=pos)  # before the rotation reads it; the rest is update's
         q, k = prepare_qk(q, k, pos, inv_freq, train_len, impl)
         self.update(layer, pos, k, v, impl)
         return q
@@ -154,6 +174,7 @@ def check_impl(impl: str) -> None:
 
 def check_read(pos: torch.Tensor, batch: int) -> None:
     """A cache read's positions: an integer tensor ``(L,)`` (every row's) or ``(batch, L)`` (each row's own)."""
+    check_tensors(pos=pos)
     if pos.dim() not in (1, 2) or not is_integer_tensor(pos) or pos.dim() == 2 and pos.shape[0] != batch:
         raise ValueError(f"read positions must be an integer tensor (L,) or ({batch}, L), got {pos.dtype} "
                          f"{tuple(pos.shape)}")
@@ -167,6 +188,7 @@ def check_write(layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     ``[0, max_len)``, or ``[a, b)`` for ``max_len=(a, b)`` (a fork's, wmtp/pagedcache.py), unless it
     is ``None`` (one read of the device)."""
     n_layers, B, Hkv, D = shape
+    check_tensors(pos=pos, k=k, v=v)
     if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n_layers:
         raise ValueError(f"layer must be an int in [0, {n_layers}), got {layer!r}")
     if pos.dim() not in (1, 2) or not pos.numel() or not is_integer_tensor(pos) or pos.dim() == 2 and pos.shape[0] != B:

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from .block import Block, RMSNorm, op_impl
 from .config import ModelConfig
-from .kvcache import KVCache
+from .kvcache import KVCache, SeparateWrites
 from .linear import linear, rezero, zero_bias
 from .pagedcache import PagedKVCache
 from .rmsnorm import add_rms_norm
@@ -135,9 +135,11 @@ class TargetLM(nn.Module):
             ValueError: for ``ids`` that are not a ``(B, L)`` int32 or int64 tensor on the model's device
                 with ``L >= 1``, or (on the CPU) hold an id outside ``[0, vocab_size)``; for a ``pos`` that
                 is not a tensor; for a ``logits_at`` that is not a ``(B, n)`` integer tensor on ``ids``'
-                device, or (on the CPU) that indexes past ``L``.
+                device, or (on the CPU) that indexes past ``L``; for a ``cache`` that is not ``None`` or a
+                KV cache (wmtp/kvcache.py, a paged or ring cache) of ``B`` rows.
         """
         check_ids(ids, self.embed)
+        check_cache(cache, ids.shape[0])
         if pos is None:
             pos = torch.arange(ids.shape[1], device=ids.device)
         elif not isinstance(pos, torch.Tensor):
@@ -161,6 +163,16 @@ def check_ids(ids: torch.Tensor, embed: torch.Tensor) -> None:
         got = f"{tuple(ids.shape)} {ids.dtype} on {ids.device}" if isinstance(ids, torch.Tensor) else type(ids).__name__
         raise ValueError(f"ids must be a (B, L) int32 or int64 tensor of token ids with L >= 1 on {embed.device}, "
                          f"got {got}")
+
+
+def check_cache(cache, batch: int) -> None:
+    """``TargetLM.forward``'s check of ``cache``: ``None`` or a cache of ``batch`` rows (its type and a
+    shape, no sync; its layers, heads and positions are its writes' checks)."""
+    if cache is not None and not isinstance(cache, (KVCache, SeparateWrites)):
+        raise ValueError(f"cache must be None or a KV cache (wmtp.KVCache, a paged or ring cache), got "
+                         f"{type(cache).__name__}")
+    if cache is not None and cache.batch != batch:
+        raise ValueError(f"the cache holds {cache.batch} rows and ids {batch}: a forward pass writes every row")
 
 
 def check_logits_at(logits_at: torch.Tensor, ids: torch.Tensor) -> None:

@@ -92,16 +92,21 @@ class PagedKVCache(SeparateWrites):  # update_qkv: the separate ops, then update
     spare page a sequence and a scratch page (NOTE [Forks]); ``nbytes`` counts the addressed ones.
 
     Raises:
-        ValueError: for a size below 1 or a ``page_size`` above ``max_len``.
+        ValueError: for a size (``n_layers``, ``batch``, ``n_kv_heads``, ``max_len``, ``head_dim``,
+            ``page_size``) that is not an integer >= 1, a ``page_size`` above ``max_len``, or a
+            ``generator`` that is not ``None`` or a ``torch.Generator``.
     """
 
     def __init__(self, n_layers: int, batch: int, n_kv_heads: int, max_len: int, head_dim: int, *, page_size: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", checked: bool = True,
                  generator: torch.Generator | None = None) -> None:
-        for name, value in (("n_layers", n_layers), ("batch", batch), ("max_len", max_len), ("page_size", page_size)):
+        for name, value in (("n_layers", n_layers), ("batch", batch), ("n_kv_heads", n_kv_heads), ("max_len", max_len),
+                            ("head_dim", head_dim), ("page_size", page_size)):
             check_int(name, value, 1)
         if page_size > max_len:  # one page would hold them all: the rest of it is memory no position uses
             raise ValueError(f"page_size must be at most max_len {max_len}, got {page_size}")
+        if generator is not None and not isinstance(generator, torch.Generator):  # on any device: it draws there
+            raise ValueError(f"generator must be None or a torch.Generator, got {type(generator).__name__}")
         self.checked, self.max_len, self.page_size = checked, max_len, page_size
         pages = -(-max_len // page_size)  # a sequence's pages
         shape = (n_layers, batch * pages + batch + 1, page_size, n_kv_heads, head_dim)  # spares: NOTE [Forks]
@@ -203,6 +208,10 @@ class PagedKVCache(SeparateWrites):  # update_qkv: the separate ops, then update
 
         Raises:
             ValueError: as ``KVCache.read``.
+
+        Positions are not range-checked (that would read the device, every step): one outside ``[0,
+        max_len)`` reads whatever page row the block table's indexing gives it (torch's ``IndexError``
+        past the table, on CUDA a device-side assert; no error within the last page).
         """
         check_read(pos, self.block_table.shape[0])
         page, row = page_rows(self.block_table, self.page_size, pos)  # (B, L), (L,) or (B, L)

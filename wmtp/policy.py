@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
-from .checks import check_number
+from .checks import as_real, check_int, check_number
 from .keyset import check_key_set_args
 
 __all__ = ["DepthPolicy", "FixedDepth", "AdaptiveDepth", "as_policy", "best_depth", "check_gate", "expected_tokens",
@@ -124,6 +124,8 @@ class AdaptiveDepth:
             ``"per-depth"`` (each depth's decayed mean step seconds and the line, weighted
             ``n_k : LINE_WEIGHT``, ``n_k`` the depth's decayed count of steps).
 
+    The numbers may be ints, floats or NumPy scalars (``as_real``; not bools).
+
     Raises:
         ValueError: for a ``max_depth`` that is not a positive integer, negative or non-finite
             costs, a ``prior`` that is not two finite numbers > 0, a ``decay`` outside ``(0, 1]``,
@@ -134,18 +136,19 @@ class AdaptiveDepth:
     def __init__(self, max_depth: int, draft_cost: float = 0.05, verify_cost_per_draft: float = 0.0,
                  prior: tuple[float, float] = (1.0, 1.0), decay: float = 0.99, learn_costs: bool = False,
                  cost_model: str = "line") -> None:
-        FixedDepth(max_depth)  # the same check of max_depth
+        check_int("max_depth", max_depth, 1)
+        draft_cost, verify_cost_per_draft, decay = as_real(draft_cost), as_real(verify_cost_per_draft), as_real(decay)
         for name, value in (("draft_cost", draft_cost), ("verify_cost_per_draft", verify_cost_per_draft)):
             check_number(name, value, positive=False)
         try:
-            pair = tuple(prior)  # any pair: a tuple, a list, a NumPy array
+            pair = tuple(as_real(p) for p in prior)  # any pair: a tuple, a list, a NumPy array (of ints too)
         except TypeError:
             pair = ()
         if len(pair) != 2 or not all(not isinstance(p, bool) and isinstance(p, (int, float)) and p > 0
                                      and math.isfinite(p) for p in pair):
             raise ValueError(f"prior must be two finite numbers > 0 (accepts, rejects), got {prior!r}")
         if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 < decay <= 1:
-            raise ValueError(f"decay must be in (0, 1], got {decay!r}")
+            raise ValueError(f"decay must be a number in (0, 1], got {decay!r}")
         if not isinstance(learn_costs, bool):
             raise ValueError(f"learn_costs must be True or False, got {learn_costs!r}")
         if cost_model not in COST_MODELS:
@@ -154,7 +157,7 @@ class AdaptiveDepth:
             raise ValueError(f"cost_model={cost_model!r} measures the steps: it needs learn_costs=True")
         self.max_depth, self.draft_cost, self.verify_cost_per_draft = max_depth, float(draft_cost), \
             float(verify_cost_per_draft)
-        self.prior, self.decay, self.learn_costs = (float(prior[0]), float(prior[1])), float(decay), learn_costs
+        self.prior, self.decay, self.learn_costs = (float(pair[0]), float(pair[1])), float(decay), learn_costs
         self.cost_model = cost_model
         self.accepts = [0.0] * max_depth  # decayed count of steps whose draft i was accepted
         self.tried = [0.0] * max_depth  # decayed count of steps that verified draft i

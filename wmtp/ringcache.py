@@ -47,7 +47,9 @@ class RingKVCache(SeparateWrites):  # update_qkv: the separate ops, then update
     runs attention over them, ``copy``; ``nbytes`` is what it holds.
 
     Raises:
-        ValueError: for a key set a ring cannot hold (``window=None``), ``spare < 0`` or sizes below 1.
+        ValueError: for a key set a ring cannot hold (``window=None``), a ``spare`` that is not an integer
+            >= 0, or a size (``n_layers``, ``batch``, ``n_kv_heads``, ``head_dim``, ``max_len``) that is
+            not an integer >= 1.
     """
 
     def __init__(self, n_layers: int, batch: int, n_kv_heads: int, head_dim: int, *, n_sink: int | None,
@@ -57,7 +59,7 @@ class RingKVCache(SeparateWrites):  # update_qkv: the separate ops, then update
         if window is None:
             raise ValueError("a ring cache holds a window of keys; window=None (every key) needs a KVCache")
         for name, value, low in (("spare", spare, 0), ("n_layers", n_layers, 1), ("batch", batch, 1),
-                                 ("max_len", max_len, 1)):
+                                 ("n_kv_heads", n_kv_heads, 1), ("head_dim", head_dim, 1), ("max_len", max_len, 1)):
             check_int(name, value, low)
         self.n_sink, self.window, self.spare, self.checked = n_sink or 0, window, spare, checked
         # no more slots than positions: below n_sink + window + spare, ring_slot(p) is p (nothing wraps)
