@@ -252,9 +252,10 @@ def speculative_sample(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tenso
     """Sampled speculative decoding with an MTP draft head whose attention reads ``(n_sink, window)``.
 
     The arguments not listed below are ``speculative_generate``'s but ``verifier`` (it verifies
-    greedily, with its default verifier); ``depth`` may be a policy (wmtp/policy.py). Under ``"rejection"`` the tokens
-    (never their distribution) depend on the depths the steps drafted, so a policy that learns from
-    measured times makes them vary from run to run; under ``"gumbel"`` they cannot.
+    greedily, with its default verifier); ``depth`` may be a policy (wmtp/policy.py). Under
+    ``"rejection"`` the tokens (never their distribution) depend on the depths the steps drafted, so a
+    policy that learns from measured times makes them vary from run to run; under ``"gumbel"`` they
+    cannot.
 
     Args:
         temperature: the sampling temperature of draft and target (``0``: greedy, as
