@@ -508,3 +508,23 @@ def test_cli_sweep_refuses_contexts_the_gpu_cannot_hold_before_any_work(monkeypa
         "paged copies, more than the 74.5 GiB this device has"]
     assert not (tmp_path / "metrics").exists()
 
+
+@pytest.mark.parametrize("argv, line", [
+    (["--methods", "triton_window", "sdpa_full", "--contexts", "8388608"],  # no paged method: k and v only
+     "--contexts 8388608 at --batch 4 needs about 128.0 GiB for k and v, more than the 74.5 GiB this device has"),
+    (["--dtype", "float32", "--contexts", "16384", "2097152"],  # 4 bytes an element
+     "--contexts 2097152 at --batch 4 needs about 128.0 GiB for k and v and their paged copies, more than the 74.5 "
+     "GiB this device has"),
+])
+def test_cli_sweep_counts_paged_copies_only_for_paged_methods_and_the_dtypes_bytes(monkeypatch, tmp_path, capsys, argv,
+                                                                                    line):
+    from wmtp import device
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(device, "resolve_device", lambda name: torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda dev=None: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(bench, "device_memory_bytes", lambda dev: H100_BYTES)
+    monkeypatch.setattr(ba, "sweep", lambda *a, **k: pytest.fail("the sweep started"))
+    assert main(["bench", "attention", "--device", "cuda", "--batch", "4", *argv]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"wmtp bench attention: error: {line}"]
+    assert not (tmp_path / "metrics").exists()

@@ -207,3 +207,44 @@ def test_attention_off_cuda_refuses_contexts_the_memory_cannot_hold_before_any_w
 def test_device_memory_bytes_of_the_cpu_is_its_physical_memory():
     assert bench.device_memory_bytes(torch.device("cpu")) > 0
 
+
+def test_check_kv_fits_takes_the_largest_context_and_shape_wherever_they_stand():
+    # largest first, as --contexts may give them; (4, 64) before (1, 64): 190.7 GiB, not 1024's or (1, 64)'s
+    with pytest.raises(ValueError, match=r"^--contexts 100000000 needs about 190\.7 GiB for k and v, more than"):
+        bench.check_kv_fits((10**8, 1024), 1, ((4, 64), (1, 64)), 4, False, 16 * GIB)
+
+
+def test_device_memory_bytes_is_a_gpus_total_else_the_hosts_physical_memory(monkeypatch):
+    """A GPU's total memory, not what is free now (mem_get_info is (free, total)); off CUDA (the CPU,
+    and MPS, which shares it) the host's physical pages, not the available ones; None where the OS
+    does not say."""
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (3 * GIB, 80 * GIB))
+    assert bench.device_memory_bytes(torch.device("cuda", 0)) == 80 * GIB
+    sysconf = {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 1000, "SC_AVPHYS_PAGES": 10}
+    monkeypatch.setattr(bench.os, "sysconf", lambda name: sysconf[name])
+    assert bench.device_memory_bytes(torch.device("cpu")) == 4096 * 1000
+    assert bench.device_memory_bytes(torch.device("mps")) == 4096 * 1000
+
+    def unknown(name):
+        raise ValueError("unrecognized configuration name")
+
+    monkeypatch.setattr(bench.os, "sysconf", unknown)
+    assert bench.device_memory_bytes(torch.device("cpu")) is None
+    monkeypatch.delattr(bench.os, "sysconf")  # Windows has none
+    assert bench.device_memory_bytes(torch.device("cpu")) is None
+
+
+@pytest.mark.parametrize("name", ["batch", "decode", "depth", "positions", "sampling"])
+def test_each_bench_states_its_own_default_out_and_the_default_preset(name):
+    """--out's help names this bench's files (default_out's names) and --preset defaults to DEFAULT_PRESET."""
+    import importlib
+
+    from wmtp.cli import DEFAULT_PRESET
+
+    p = argparse.ArgumentParser(formatter_class=lambda prog: argparse.HelpFormatter(prog, width=10**4))
+    importlib.import_module(f"wmtp.bench_{name}").add_arguments(p)
+    assert DEFAULT_PRESET == "small" and p.parse_args([]).preset == "small" and p.parse_args([]).out is None
+    text = p.format_help()
+    assert (f"(default: metrics/bench-{name}-<h200|cuda|cpu|mps>.json; another --preset than small goes into the "
+            f"name: metrics/bench-{name}-<preset>-<h200|cuda|cpu|mps>.json)") in text
+    assert "named preset (default: small, reproduce's models; another goes into --out's default name)" in text

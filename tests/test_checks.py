@@ -44,6 +44,8 @@ def test_as_real_reads_numpy_reals_as_floats_and_leaves_the_rest():
     # np.float64 is a float already; the rest for check_number to judge
     for value in (3, 2.5, np.float64(2.5), True, np.bool_(True), "1", None, torch.tensor(1.0)):
         assert as_real(value) is value
+    for value in (1j, np.complex64(1)):  # numbers, not reals: float() is a TypeError or drops the imaginary part
+        assert as_real(value) is value
 
 
 def test_check_seed_is_an_int_in_0_to_2_64():

@@ -12,12 +12,14 @@ import pytest
 import torch
 
 from wmtp.keyset import (
+    as_positions,
     draft_key_csr,
     draft_key_indices,
     draft_key_mask,
     key_count,
     key_ranges,
     render_mask,
+    sink_query_position,
 )
 
 # (t, n_sink, window, expected key positions), one regime per row.
@@ -259,11 +261,33 @@ def test_non_scalar_or_non_integer_arguments_are_refused_by_name(bad, arg):
         draft_key_indices(**args)
 
 
+@pytest.mark.parametrize("scalar", SCALARS, ids=["np.int64", "np.int32", "np-0d", "torch-0d"])
+def test_ranges_and_the_sink_query_position_of_integer_scalars_are_ints(scalar):
+    """What key_ranges and sink_query_position return is made of ints, whatever scalars came in (a 0-d
+    tensor window made the recent range start at tensor(14), which still compares equal to 14)."""
+    for got, want in ((key_ranges(scalar(19), scalar(2), scalar(6)), ((0, 2), (14, 20))),
+                      (key_ranges(scalar(19), None, scalar(6)), ((0, 0), (14, 20))),
+                      (sink_query_position(19, scalar(2), scalar(6)), 7),  # a tensor t stays a tensor
+                      (sink_query_position(3, scalar(2), scalar(6)), 3)):
+        assert got == want and repr(got) == repr(want)  # tensor(14) and np.int64(7) repr otherwise
+
+
 def test_an_empty_list_is_no_queries_in_the_mask_as_in_the_csr():
     """``[]`` was refused as float32 positions (an empty LongTensor was taken): both are a (0, kv_len) mask."""
     mask = draft_key_mask([], 6, 1, 2)
     assert mask.shape == (0, 6) and mask.dtype == torch.bool
     assert torch.equal(mask, draft_key_mask(torch.tensor([], dtype=torch.long), 6, 1, 2))
+
+
+def test_a_tuple_of_positions_reads_as_the_list():
+    """A tuple is a list of positions to the key-set helpers: ``()`` no queries (not float32 positions),
+    and its integer scalars read by ``as_int`` (torch refuses a 0-d array inside a sequence)."""
+    assert torch.equal(draft_key_mask((), 6, 1, 2), torch.zeros(0, 6, dtype=torch.bool))
+    assert torch.equal(draft_key_mask((np.array(19),), 20, 2, 6), draft_key_mask([19], 20, 2, 6))
+    assert draft_key_csr((np.array(19), np.int64(3)), 2, 6)[0].tolist() == [0, 8, 12]
+    for empty in ([], ()):  # no positions, int64 (torch.as_tensor([]) is float32)
+        got = as_positions(empty)
+        assert got.dtype == torch.int64 and got.shape == (0,)
 
 
 def test_a_list_of_float_positions_is_named_as_one_sequence():

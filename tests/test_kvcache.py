@@ -112,6 +112,18 @@ def test_positions_that_are_not_a_tensor_are_value_errors(kind):
     assert not cache.k.any()
 
 
+@pytest.mark.parametrize("kind", ["contiguous", "paged", "ring"])
+@pytest.mark.parametrize("name", ["k", "v"])
+def test_keys_or_values_that_are_not_a_tensor_are_value_errors(kind, name):
+    """check_write names a k or v that is no tensor (a list, a NumPy array) before it reads a shape from it."""
+    import numpy as np
+
+    cache, kv, pos = _cache(kind), torch.ones(1, 2, 2, 4), torch.tensor([0, 1])
+    for bad, got in (([[0.0]], "list"), (np.ones((1, 2, 2, 4)), "ndarray")):
+        with pytest.raises(ValueError, match=f"^{name} must be a torch.Tensor, got {got}$"):
+            cache.update(0, pos, **{"k": kv, "v": kv} | {name: bad})
+    assert not cache.k.any() and not cache.v.any()
+
 def test_the_ring_and_paged_caches_refuse_an_unknown_write_impl():
     """They write by indexed assignment for every impl, but an impl wmtp.attention does not know is an error."""
     caches = [RingKVCache(1, 1, 2, 4, n_sink=1, window=2, spare=1, max_len=8), PagedKVCache(1, 1, 2, 8, 4, page_size=4)]

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import random
+import types
 from dataclasses import asdict
 from pathlib import Path
 
@@ -536,6 +537,9 @@ def test_a_cache_of_another_type_or_batch_is_refused_by_name():
     ids = torch.tensor([[1, 2, 3]])
     with pytest.raises(ValueError, match="cache must be None or a KV cache .* got str"):
         target(ids, cache="x")
+    fake = types.SimpleNamespace(k=torch.zeros(1, 1, 1, 16, 8), batch=1)  # a cache's look, no cache
+    with pytest.raises(ValueError, match="cache must be None or a KV cache .* got SimpleNamespace"):
+        target(ids, cache=fake)
     for cache in (target.new_cache(2, 16), target.new_cache(2, 16, page_size=4)):
         with pytest.raises(ValueError, match="the cache holds 2 rows and ids 1"):
             target(ids, cache=cache)

@@ -123,6 +123,8 @@ def test_copy_ring_fill_and_bad_caches():
                           (dict(page_size=11), "page_size must be at most max_len 10, got 11")]:  # a 1e12 one: OOM
         with pytest.raises(ValueError, match=match):
             PagedKVCache(1, 1, 2, 10, 4, **kwargs)
+    one = PagedKVCache(1, 1, 2, 10, 4, page_size=10)  # a page as long as max_len: it holds them all
+    assert one.block_table.shape == (1, 1) and one.k.shape == (1, 3, 10, 2, 4)  # the page, a spare, a scratch
     with pytest.raises(ValueError, match="do not fit"):
         c.update(0, torch.tensor([10]), *torch.zeros(2, 1, 2, 1, 4, dtype=torch.float64))
     with pytest.raises(ValueError, match="ring or page_size"):

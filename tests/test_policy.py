@@ -257,6 +257,7 @@ def test_an_adaptive_prior_is_any_pair():
 
     for prior in ((2, 3), [2, 3], np.array([2.0, 3.0]), np.array([2, 3])):  # an int array was refused
         assert AdaptiveDepth(3, prior=prior).prior == (2.0, 3.0)
+    assert AdaptiveDepth(3, prior=iter((2, np.float32(3)))).prior == (2.0, 3.0)  # read once, as the pair checked
 
 
 def test_adaptive_numbers_may_be_numpy_scalars_and_refusals_name_the_argument():

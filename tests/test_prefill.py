@@ -213,12 +213,14 @@ def test_bad_prefills_raise_value_error(models):
     alone = wmtp.prefill_prompt(target, prompt, 40)
     other_target = copy.deepcopy(target)
     other_head = wmtp.MTPHead(head.config, target).double()
+    twin_head = wmtp.MTPHead(head.config, other_target).double()  # a head of the other target, as it should be
     cases = [
         (lambda g, s: g(target, random_prompt(10, seed=1), 5, prefill=pre), "another prompt"),
         (lambda g, s: g(target, prompt[:9], 5, prefill=pre), "another prompt"),
         (lambda g, s: g(other_target, prompt, 5, prefill=pre), "other models"),
         (lambda g, s: s(target, other_head, prompt, 5, 2, prefill=pre), "other models"),
         (lambda g, s: s(target, head, prompt, 5, 2, prefill=alone), "made without a draft head"),
+        (lambda g, s: s(other_target, twin_head, prompt, 5, 2, prefill=alone), "other models"),  # not 'without'
         (lambda g, s: g(target, prompt, 5, prefill="cache"), "wmtp.Prefill"),
         (lambda g, s: g(target, [prompt, prompt], 5, prefill=pre), "batch of prompts"),
         (lambda g, s: s(target, head, [prompt], 5, 2, prefill=pre), "batch of prompts"),

@@ -443,6 +443,11 @@ def test_offsets_within_a_page_are_int32_below_2_to_the_31():
                                    dtype=torch.float16)  # (num_pages, page_size, Hkv, D)
         call = plan_call(q, pool, pool, table, 16, pos, 4, 64, (None,) * 5, None)
         assert call.kwargs["ROW"] == want and call.kwargs["OFF"] == tl.int64
+    # pages of 2 rows: the largest (row, dim) offset row_stride + 15 is 2^31 - 1, then 2^31 exactly
+    for row_stride, want in ((2**31 - 16, tl.int32), (2**31 - 15, tl.int64)):
+        pool = torch.empty_strided((4, 2, 3, 16), (2 * row_stride, row_stride, 16, 1), device="meta",
+                                   dtype=torch.float16)
+        assert plan_call(q, pool, pool, table, 2, pos, 4, 64, (None,) * 5, None).kwargs["ROW"] == want
 
 
 @NEEDS_TRITON
@@ -459,6 +464,43 @@ def test_paged_int32_offsets_reach_the_last_element_below_2_to_the_31():
         pool[page] = small[0, :, 16 * logical : 16 * logical + 16].transpose(0, 1)  # (16, Hkv, D)
     out = paged_attention(q, pool, pool, table, pos, 4, 8, impl="triton")
     assert_kernel_close(out, q, small, small, pos, 4, 8)
+
+@NEEDS_TRITON
+def test_pages_past_2_to_the_31_elements_are_read_where_they_are():
+    """NOTE [Offsets]: a page 2^31 + 256 elements into its pool (pages 2^29 + 64 elements apart, so the
+    plan's ``OFF`` is int64) is read where it is; a page offset formed in int32 wraps below the pool.
+    Its rows stay near its start, so ``ROW`` stays int32 (the "paged-rows" case above is the converse)."""
+    from wmtp.attention.triton_plan import plan_call
+
+    g = torch.Generator().manual_seed(10)
+    small = torch.randn(1, 3, 64, 16, generator=g).half().to(DEVICE)  # (1, Hkv, 64, D)
+    q = torch.randn(1, 3, 1, 16, generator=g).half().to(DEVICE)  # (1, Hq, 1, D)
+    pos = torch.tensor([63], device=DEVICE)
+    pool = _edge_pool(2**29 + 64, DEVICE)  # page 4 starts at 2^31 + 256
+    table = torch.tensor([[0, 1, 2, 4]], dtype=torch.int32, device=DEVICE)  # logical page 3 -> the last page
+    for logical, page in enumerate(table[0].tolist()):
+        pool[page] = small[0, :, 16 * logical : 16 * logical + 16].transpose(0, 1)  # (16, Hkv, D)
+    call = plan_call(q, pool, pool, table, 16, pos, 4, 64, (None,) * 5, None)
+    assert (call.kwargs["OFF"], call.kwargs["ROW"]) == (tl.int64, tl.int32)
+    out = paged_attention(q, pool, pool, table, pos, 4, 8, impl="triton")
+    assert_kernel_close(out, q, small, small, pos, 4, 8)
+
+
+@NEEDS_TRITON
+def test_contiguous_positions_past_2_to_the_31_elements_are_read_where_they_are():
+    """NOTE [Offsets]: a position-major cache (S, Hkv, D) seen as (1, Hkv, S, D), 2^26 positions 48
+    elements apart: the query at its last position reads its window 3.2 * 10^9 elements in (int64
+    position offsets; int32 ones wrap) and its sinks at the start, as a 12-key cache of those keys."""
+    g = torch.Generator().manual_seed(11)
+    Hkv, S, D = 3, 1 << 26, 16
+    small = torch.randn(1, Hkv, 12, D, generator=g).half().to(DEVICE)  # sinks 0-3, then the window's 8 keys
+    q = torch.randn(1, Hkv, 1, D, generator=g).half().to(DEVICE)
+    buf = _huge_head_stride((S, Hkv, D), torch.float16)
+    buf[:4] = small[0, :, :4].transpose(0, 1)
+    buf[S - 8 :] = small[0, :, 4:].transpose(0, 1)
+    big = buf.permute(1, 0, 2)[None]  # (1, Hkv, S, D), position stride Hkv * D
+    out = wmtp.attention(q, big, big, torch.tensor([S - 1], device=DEVICE), 4, 8, impl="triton")
+    assert_kernel_close(out, q, small, small, torch.tensor([11], device=DEVICE), 4, 8)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
