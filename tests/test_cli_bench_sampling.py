@@ -23,6 +23,7 @@ def test_bench_sampling_writes_every_arm_and_method(capsys, wikitext_dir, tmp_pa
     assert m["kind"] == "bench-sampling" and m["complete"] and m["decode_dtype"] == "float64"
     assert m["sample_seeds"] == [3, 5] and m["config"]["preset"] == "tiny"
     assert m["command"].startswith("wmtp bench sampling")
+    assert not m["checkpoint"]["loaded"] and len(m["checkpoint"]["weights_sha256"]) == 16  # the weights trained
     assert [(r["context"], r["temperature"]) for r in m["rows"]] == [(64, 0.7), (64, 1.5), (300, 0.7), (300, 1.5)]
     for r in m["rows"]:
         assert r["new_tokens"] == 9 and list(r["arms"]) == ["native", "sink4+win16"] and r["prefill_s"] > 0

@@ -80,6 +80,45 @@ def test_the_prompts_and_training_losses_a_reproduction_records(tmp_path, monkey
     assert m["training"] == {"loaded": False, "target_losses": 4.5, "head_losses": 6.5}
 
 
+def test_the_metrics_name_the_weights_trained_or_loaded(tmp_path, monkeypatch):
+    """``weights_sha256`` reaches reproduce's metrics JSON and the benches' header: one digest whether a
+    run trains the checkpoint or loads it into fresh models, and when another cache trains it again from
+    the seed (CPU training is deterministic); the digest of the weights saved, not of the untrained models.
+    On a stubbed corpus, evaluations, arms and attention timing stubbed; 2 + 2 training steps (tiny's
+    30 + 20 took 17-24 s a training on 2 shared cores)."""
+    import dataclasses
+    import json
+
+    import wmtp
+    from wmtp import bench_common, reproduce
+    from wmtp.train import weights_sha256
+
+    for name, stub in (("perplexity", lambda *a: 0.0), ("head_accuracy", lambda *a: []),
+                       ("run_arms", lambda *a: {}), ("bench_draft_attention", lambda *a, **k: [])):
+        monkeypatch.setattr(reproduce, name, stub)
+    g = torch.Generator().manual_seed(0)
+    _stub_corpus({k: torch.randint(0, 512, (3000,), generator=g) for k in ("train", "valid", "test")}, monkeypatch)
+    p = get_preset("tiny")
+    preset = dataclasses.replace(p, train=dataclasses.replace(p.train, target_steps=2, head_steps=2))
+
+    def run(cache: str, out: str) -> dict:
+        reproduce.reproduce(preset, None, torch.device("cpu"), 0, tmp_path / out, tmp_path / cache, None,
+                            "wmtp reproduce", progress=False, log=lambda *a: None)
+        return json.loads((tmp_path / out).read_text())["training"]
+
+    first, again, other = run("a", "1.json"), run("a", "2.json"), run("b", "3.json")
+    assert (first["loaded"], again["loaded"], other["loaded"]) == (False, True, False)
+    assert first["weights_sha256"] == again["weights_sha256"] == other["weights_sha256"]
+    target, head = wmtp.build_models("tiny", seed=0)
+    untrained = weights_sha256(target, head)
+    blob = torch.load(first["checkpoint"], weights_only=True)
+    target.load_state_dict(blob["target"]), head.load_state_dict(blob["head"])
+    assert weights_sha256(target, head) == first["weights_sha256"] != untrained
+    header = bench_common.bench_setup("bench-x", preset, None, torch.device("cpu"), 0, (64,), tmp_path / "a",
+                                      "wmtp bench x", False, lambda *a: None).header
+    assert header["checkpoint"]["loaded"] and header["checkpoint"]["weights_sha256"] == first["weights_sha256"]
+
+
 def test_a_checkpoint_that_cannot_be_written_fails_before_the_training(tmp_path, monkeypatch):
     from wmtp import reproduce
 

@@ -2,6 +2,7 @@
 checkpoints round-trip atomically and refuse another config."""
 
 import dataclasses
+import hashlib
 import math
 
 import pytest
@@ -17,6 +18,7 @@ from wmtp.train import (
     save_checkpoint,
     train_head,
     train_target,
+    weights_sha256,
 )
 
 CFG = TrainConfig(target_steps=60, head_steps=40, batch_size=8, seq_len=64, lr=1e-2, head_lr=1e-2, warmup_steps=5)
@@ -111,8 +113,10 @@ def test_checkpoint_round_trip_and_config_check(trained, tmp_path):
     save_checkpoint(path, target, head, meta)
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]  # no temp file left behind
     t2, h2 = wmtp.build_models("tiny", seed=5)
+    assert weights_sha256(t2, h2) != weights_sha256(target, head)
     load_checkpoint(path, t2, h2, meta)
     assert torch.equal(t2.embed, target.embed) and torch.equal(h2.proj, head.proj)
+    assert weights_sha256(t2, h2) == weights_sha256(target, head)  # fresh models, the saved weights
     other = checkpoint_meta(dataclasses.replace(preset, train=dataclasses.replace(preset.train, lr=1.0)),
                             "synthetic", "abc", 0)
     with pytest.raises(ValueError, match="another config.*train"):
@@ -150,6 +154,27 @@ def test_checkpoint_round_trip_and_config_check(trained, tmp_path):
         load_checkpoint(None, t2, h2, meta)
     with pytest.raises(ValueError, match=r"meta must be a dict \(checkpoint_meta's\), got NoneType"):
         load_checkpoint(path, t2, h2, None)
+
+
+def test_weights_sha256_digests_every_entry_of_both_models():
+    """The docstring's digest: name, dtype, shape and bytes of each entry, sorted, the target's then the
+    head's; one element of either model, or another dtype, gives another digest; seeds make the same one."""
+    target, head = wmtp.build_models("tiny", seed=0)
+    h = hashlib.sha256()
+    for prefix, model in (("target.", target), ("head.", head)):
+        for name, w in sorted(model.state_dict().items()):
+            h.update(f"{prefix}{name}\0float32\0{list(w.shape)}\0".encode() + w.numpy().tobytes())
+    digest = weights_sha256(target, head)
+    assert digest == h.hexdigest()[:16] == weights_sha256(*wmtp.build_models("tiny", seed=0))
+    assert weights_sha256(target.double(), head.double()) != digest  # the same values, other bytes
+    for w in (target.float().embed, head.float().proj, head.block.mlp.w_down):
+        before = w.detach().clone()
+        with torch.no_grad():
+            w.view(-1)[-1] += 1e-3
+            changed = weights_sha256(target, head)
+            w.copy_(before)
+        assert changed != digest
+    assert weights_sha256(target, head) == digest
 
 
 def test_perplexity_scores_the_same_text_in_windows(trained):

@@ -37,6 +37,7 @@ from .train import (
     save_checkpoint,
     train_head,
     train_target,
+    weights_sha256,
 )
 
 DRAFT_ATTENTION_BAR = {"context": 16384, "n_sink": 8, "window": 64, "min_ratio": 15.0, "judged_on": "cpu"}
@@ -77,7 +78,9 @@ def prepare_models(preset: Preset, corpus: data.Corpus, tokens: dict, seed: int,
     weights, and one checkpoint, on every device; the models move to ``device`` afterwards.
 
     The default checkpoint name carries a hash of all that, so a changed config trains anew; an
-    explicit ``checkpoint`` made for anything else is refused with ``ValueError``.
+    explicit ``checkpoint`` made for anything else is refused with ``ValueError``. ``info`` holds the
+    checkpoint's path, ``loaded``, the training's losses and times, and ``weights_sha256`` (the CPU
+    weights', loaded or trained: ``train.weights_sha256``).
     """
     g = torch.Generator().manual_seed(seed)
     target = TargetLM(preset.model, generator=g)
@@ -102,6 +105,7 @@ def prepare_models(preset: Preset, corpus: data.Corpus, tokens: dict, seed: int,
         info["head_train_s"] = time.perf_counter() - t0
         save_checkpoint(checkpoint, target, head, meta)
         info["loaded"] = False
+    info["weights_sha256"] = weights_sha256(target, head)  # which weights, where checkpoint names collide
     return target.to(device).eval(), head.to(device).eval(), info
 
 

@@ -7,11 +7,12 @@ then trained, the target frozen, on recursive draft steps ``k = 1 .. MTPConfig.t
 Every step's stream is teacher-forced over the whole window, so its keys come from the same
 step; at inference the keys of committed positions come from step 1 (wmtp/decode.py). Batches are
 drawn with an explicit ``torch.Generator``. Checkpoints are written atomically and refuse to load
-into a model of another configuration.
+into a model of another configuration; ``weights_sha256`` digests the weights they hold.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from dataclasses import asdict
@@ -199,6 +200,16 @@ def load_checkpoint(path: str | Path, target: TargetLM, head: MTPHead, meta: dic
                              "shapes (another model config, or not a wmtp checkpoint)")
     target.load_state_dict(blob["target"])
     head.load_state_dict(blob["head"])
+
+
+def weights_sha256(target: TargetLM, head: MTPHead) -> str:
+    """sha256 of each state_dict entry (target's, head's; sorted): name, dtype, shape, CPU bytes; 16 hex chars."""
+    h = hashlib.sha256()
+    for prefix, model in (("target.", target), ("head.", head)):
+        for name, w in sorted(model.state_dict().items()):
+            h.update(f"{prefix}{name}\0{str(w.dtype).removeprefix('torch.')}\0{list(w.shape)}\0".encode())
+            h.update(w.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 CHECKPOINT_VERSION = 1  # bump when the code changes what training makes of the same configs, corpus and seed
