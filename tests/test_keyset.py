@@ -267,7 +267,7 @@ def test_ranges_and_the_sink_query_position_of_integer_scalars_are_ints(scalar):
     tensor window made the recent range start at tensor(14), which still compares equal to 14)."""
     for got, want in ((key_ranges(scalar(19), scalar(2), scalar(6)), ((0, 2), (14, 20))),
                       (key_ranges(scalar(19), None, scalar(6)), ((0, 0), (14, 20))),
-                      (sink_query_position(19, scalar(2), scalar(6)), 7),  # a tensor t stays a tensor
+                      (sink_query_position(19, scalar(2), scalar(6)), 7),  # an int t gives an int
                       (sink_query_position(3, scalar(2), scalar(6)), 3)):
         assert got == want and repr(got) == repr(want)  # tensor(14) and np.int64(7) repr otherwise
 

@@ -124,6 +124,7 @@ def test_keys_or_values_that_are_not_a_tensor_are_value_errors(kind, name):
             cache.update(0, pos, **{"k": kv, "v": kv} | {name: bad})
     assert not cache.k.any() and not cache.v.any()
 
+
 def test_the_ring_and_paged_caches_refuse_an_unknown_write_impl():
     """They write by indexed assignment for every impl, but an impl wmtp.attention does not know is an error."""
     caches = [RingKVCache(1, 1, 2, 4, n_sink=1, window=2, spare=1, max_len=8), PagedKVCache(1, 1, 2, 8, 4, page_size=4)]
