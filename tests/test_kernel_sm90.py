@@ -75,3 +75,35 @@ def test_one_query_draft_launches_never_spill(compiled):
     for name in ("draft-D256", "draft-D128"):  # one block a program: a spill is a memory trip on the critical path
         cell = compiled["cells"][name]
         assert cell["spill_bytes"] == 0 and cell["num_stages"] == 1, (name, cell)
+
+
+PAGE_PRODUCTS = """
+import json, re, sys
+import torch, triton.language as tl
+sys.path.insert(0, "scripts")
+import kernel_sm90 as K
+from wmtp.attention import triton_attention as ta
+meta = dict(device="meta", dtype=torch.bfloat16)
+q = torch.empty(4, 32, 1, 128, **meta)  # (B, Hq, Lq, D)
+pages = torch.empty(4 * 2**16, 16, 8, 128, **meta)  # (num_pages, page_size, Hkv, D): 2^32 elements
+table = torch.empty(4, 2**16, device="meta", dtype=torch.int32)  # (B, pages a row): 1M keys
+call = ta.plan_call(q, pages, pages, table, 16, torch.empty(1, device="meta", dtype=torch.int64), 64, 4096,
+                    (None,) * 5, K.H200, None)
+out = {"PAGE_STRIDE": call.kwargs["PAGE_STRIDE"], "OFF": str(call.kwargs["OFF"])}
+for name, kw in (("planned", {}), ("argument", {"PAGE_STRIDE": 0}), ("int32", {"PAGE_STRIDE": 0, "OFF": tl.int32})):
+    out[name] = len(re.findall("mul.lo.s64", K.compile_sm90(call._replace(kwargs={**call.kwargs, **kw})).asm["ptx"]))
+print(json.dumps(out))
+"""
+
+
+def test_pages_past_2_to_the_31_multiply_by_the_page_stride_as_a_literal():
+    """NOTE [Offsets]: the paged D128 one-query draft at batch 4 over 1M keys (a pool of 2^32 elements:
+    int64 pages) compiles its page products as int32 pages do, without a 64-bit multiply a key: its PTX
+    has as many ``mul.lo.s64`` as the int32 launch's, and fewer than with the stride an argument."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-c", PAGE_PRODUCTS], env=env, cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    counts = json.loads(run.stdout)
+    assert (counts["PAGE_STRIDE"], counts["OFF"]) == (16 * 8 * 128, "int64")
+    assert counts["planned"] == counts["int32"] < counts["argument"], counts

@@ -421,13 +421,14 @@ def test_paged_key_loop_offsets_are_int32_below_2_to_the_31():
     q = torch.empty(1, 3, 1, 16, device="meta", dtype=torch.float16)  # (B, Hq, Lq, D)
     pos, table = torch.empty(1, device="meta", dtype=torch.int64), torch.empty(1, 4, device="meta", dtype=torch.int32)
     edge = (2**31 - 768) // 4  # the largest offset 2^31 - 1 exactly; one element more needs int64
-    for page_stride, want in ((edge, tl.int32), (edge + 1, tl.int64)):
+    for page_stride, want, literal in ((edge, tl.int32, 0), (edge + 1, tl.int64, edge + 1)):
         pool = _edge_pool(page_stride)
         assert max_offset(pool.shape, pool.stride()) == 4 * page_stride + 767
-        assert plan_call(q, pool, pool, table, 16, pos, 4, 64, (None,) * 5, None).kwargs["OFF"] == want
-        assert plan_call(q, pool, pool, table, 16, pos, 4, 64, (None,) * 5, None).kwargs["ROW"] == tl.int32
+        kwargs = plan_call(q, pool, pool, table, 16, pos, 4, 64, (None,) * 5, None).kwargs
+        assert (kwargs["OFF"], kwargs["ROW"], kwargs["PAGE_STRIDE"]) == (want, tl.int32, literal)
     k = torch.empty(1, 3, 64, 16, device="meta", dtype=torch.float16)  # (B, Hkv, S, D): contiguous keeps int64
-    assert plan_call(q, k, k, None, 1, pos, 4, 64, (None,) * 5, None).kwargs["OFF"] == tl.int64
+    kwargs = plan_call(q, k, k, None, 1, pos, 4, 64, (None,) * 5, None).kwargs
+    assert (kwargs["OFF"], kwargs["PAGE_STRIDE"]) == (tl.int64, 0)
 
 
 def test_offsets_within_a_page_are_int32_below_2_to_the_31():
@@ -465,10 +466,12 @@ def test_paged_int32_offsets_reach_the_last_element_below_2_to_the_31():
     out = paged_attention(q, pool, pool, table, pos, 4, 8, impl="triton")
     assert_kernel_close(out, q, small, small, pos, 4, 8)
 
+
 @NEEDS_TRITON
 def test_pages_past_2_to_the_31_elements_are_read_where_they_are():
     """NOTE [Offsets]: a page 2^31 + 256 elements into its pool (pages 2^29 + 64 elements apart, so the
-    plan's ``OFF`` is int64) is read where it is; a page offset formed in int32 wraps below the pool.
+    plan's ``OFF`` is int64, the page stride a literal) is read where it is; a page offset formed in int32
+    wraps below the pool.
     Its rows stay near its start, so ``ROW`` stays int32 (the "paged-rows" case above is the converse)."""
     from wmtp.attention.triton_plan import plan_call
 
@@ -481,7 +484,7 @@ def test_pages_past_2_to_the_31_elements_are_read_where_they_are():
     for logical, page in enumerate(table[0].tolist()):
         pool[page] = small[0, :, 16 * logical : 16 * logical + 16].transpose(0, 1)  # (16, Hkv, D)
     call = plan_call(q, pool, pool, table, 16, pos, 4, 64, (None,) * 5, None)
-    assert (call.kwargs["OFF"], call.kwargs["ROW"]) == (tl.int64, tl.int32)
+    assert (call.kwargs["OFF"], call.kwargs["ROW"], call.kwargs["PAGE_STRIDE"]) == (tl.int64, tl.int32, 2**29 + 64)
     out = paged_attention(q, pool, pool, table, pos, 4, 8, impl="triton")
     assert_kernel_close(out, q, small, small, pos, 4, 8)
 

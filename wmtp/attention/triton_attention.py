@@ -82,13 +82,16 @@ keys (metrics/experiments/offsets-h200-exp16.json), int32 pages made the paged `
 ``q_len``-8 draft): contiguous launches keep int64. A pool past 2^31 elements (over 4 GiB of bf16
 keys) needs int64 pages; where every element's offset was formed in 64 bits, a 64-bit pointer a
 key and 32-bit offsets within its page took 0.4-5.2 % of the time off 11 of 12 paged cells with
-int64 pages on an H100, one +1.3 % (metrics/experiments/page-offsets-h100-exp63.json: the D128
-batch-4 one-query draft at 1M -4.9 %, the D256 ``q_len``-8 verify -3.6 %), and moved the cells
-with int32 pages by -3.1 to +2.7 %. The output's offsets (``_store_rows``, the merge) stay int32
-within a batch for one tile of queries (at most Hkv x 256 tile rows x 256 head dims a batch, below
-2^31 for any Hkv < 32768); with NOTE [Chunks] the query and head terms are int64 (a 1M-token
-prefill's output passes 2^31 elements); the batch term is int64. The head dim's offset is int32:
-the public ops refuse a cache whose last dim is strided (``triton_refuses``).
+int64 pages on an H100, one +1.3 %, and moved those with int32 pages by -3.1 to +2.7 %
+(metrics/experiments/page-offsets-h100-exp63.json). int64 pages' stride is then a literal
+(``PAGE_STRIDE``; 0 for int32 pages: the argument): as an argument, its sign extension was hoisted
+out of the loop and each key's product compiled to a 64-bit multiply (triton 3.7.1 offline: 257
+``mul.lo.s64`` in the batch-4 D128 draft's PTX, int32 pages' 1; tests/test_kernel_sm90.py). Not
+yet timed or run on a GPU (metrics/experiments/exp64-page-stride.py times it). The output's offsets
+(``_store_rows``, the merge) stay int32 within a batch for one tile of queries (at most Hkv x 256
+tile rows x 256 head dims a batch, below 2^31 for any Hkv < 32768); with NOTE [Chunks] the query and
+head terms are int64 (a 1M-token prefill's output passes 2^31 elements); the batch term is int64.
+The head dim's offset is int32: the public ops refuse a cache whose last dim is strided (``triton_refuses``).
 
 NOTE [Re-indexed sinks]: with ``q_sink`` (``QSINK``) the sink range is scored by those queries
 and the recent range by ``q``: re-indexed (StreamingLLM) positions, which move only the sinks'
@@ -246,6 +249,7 @@ def _attention_kernel(
     PRECISION: tl.constexpr, ACC: tl.constexpr,  # ACC: accumulator dtype, float64 for float64 inputs
     OFF: tl.constexpr,  # NOTE [Offsets]: the key loop's page (or position) offsets, int32 (a paged pool below 2^31)
     ROW: tl.constexpr,  # NOTE [Offsets]: offsets within a page, int32 unless its (row, dim) offsets pass 2^31 - 1
+    PAGE_STRIDE: tl.constexpr,  # NOTE [Offsets]: int64 pages' stride as a literal (0: K's page stride, an argument)
     PDL: tl.constexpr,  # NOTE [PDL]: let the merge kernel launch now; it waits for this grid's end
     QSINK: tl.constexpr,  # NOTE [Re-indexed sinks]: the sink range is scored by QS, not Q
     CHUNKED: tl.constexpr,  # NOTE [Chunks]: grid axis 0 also runs over chunks of Lq queries
@@ -279,6 +283,7 @@ def _attention_kernel(
     blocks_per_split = tl.cdiv(n_blk_sink + n_blk_rec, n_splits)
 
     if PAGED:
+        stride_kouter = stride_kouter if PAGE_STRIDE == 0 else PAGE_STRIDE  # NOTE [Offsets]
         k_base = K + kvh.to(tl.int64) * stride_kh  # NOTE [Offsets]
         v_base = V + kvh.to(tl.int64) * stride_kh
         bt_row = BT + b.to(tl.int64) * stride_btb

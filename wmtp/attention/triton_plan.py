@@ -131,6 +131,7 @@ def _static_plan(q_shape, q_stride, k_shape, k_stride, bt_stride, page_size, pag
                   ACC=tl.float64 if fp64 else tl.float32, PDL=pdl, QSINK=q_sink, CHUNKED=n_chunks > 1,
                   # NOTE [Offsets]: the key loop's offset widths: a page's in the pool, a row's and dim's in a page
                   OFF=tl.int32 if paged and max_offset(k_shape, k_stride) < 2**31 else tl.int64,
+                  PAGE_STRIDE=k_stride[0] if paged and max_offset(k_shape, k_stride) >= 2**31 else 0,
                   ROW=tl.int64 if paged and max_offset(k_shape[1::2], k_stride[1::2]) >= 2**31 else tl.int32,
                   num_warps=num_warps, num_stages=num_stages)
     merge = None
