@@ -84,16 +84,17 @@ keys) needs int64 pages; where every element's offset was formed in 64 bits, a 6
 key and 32-bit offsets within its page took 0.4-5.2 % of the time off 11 of 12 paged cells with
 int64 pages on an H100, one +1.3 %, and moved those with int32 pages by -3.1 to +2.7 %
 (metrics/experiments/page-offsets-h100-exp63.json). int64 pages' stride is then a literal
-(``PAGE_STRIDE``; 0 for int32 pages: the argument): as an argument, its sign extension was hoisted
-out of the loop and each key's product compiled to a 64-bit multiply (triton 3.7.1 offline: 257
-``mul.lo.s64`` in the batch-4 D128 draft's PTX, int32 pages' 1; tests/test_kernel_sm90.py). On an
-H100 the literal took 5.0 / 2.1 % off that draft at 1M (``q_len`` 1 / 8; int64 pages then as fast as
-int32 ones), 3.7 % off the D256 batch-8 verify, and left the other three int64 cells within 0.5 %
-(metrics/experiments/page-stride-h100-exp64.json). The output's offsets
-(``_store_rows``, the merge) stay int32 within a batch for one tile of queries (at most Hkv x 256
-tile rows x 256 head dims a batch, below 2^31 for any Hkv < 32768); with NOTE [Chunks] the query and
-head terms are int64 (a 1M-token prefill's output passes 2^31 elements); the batch term is int64.
-The head dim's offset is int32: the public ops refuse a cache whose last dim is strided (``triton_refuses``).
+(``PAGE_STRIDE``; 0, the argument's stride, for int32 pages and contiguous caches): as an argument,
+its sign extension was hoisted out of the loop and each key's product compiled to a 64-bit multiply
+(triton 3.7.1 offline: 257 ``mul.lo.s64`` in the batch-4 D128 draft's PTX, int32 pages' 1;
+tests/test_kernel_sm90.py). On an H100 the literal took 5.0 / 2.1 % off that draft at 1M (``q_len``
+1 / 8), 3.7 % off the D256 batch-8 verify, and moved the other three int64 cells by -0.2 to +0.5 %;
+D128's int64 pages, forced on a 2^31 pool, came within 0.7 % of int32 ones (page-stride-h100-exp64.json
+in metrics/experiments). The output's offsets (``_store_rows``, the merge) stay int32 within a batch
+for one tile of queries (at most Hkv x 256 tile rows x 256 head dims a batch, below 2^31 for any
+Hkv < 32768); with NOTE [Chunks] the query and head terms are int64 (a 1M-token prefill's output
+passes 2^31 elements); the batch term is int64. The head dim's offset is int32: the public ops
+refuse a cache whose last dim is strided (``triton_refuses``).
 
 NOTE [Re-indexed sinks]: with ``q_sink`` (``QSINK``) the sink range is scored by those queries
 and the recent range by ``q``: re-indexed (StreamingLLM) positions, which move only the sinks'
