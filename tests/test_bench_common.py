@@ -29,7 +29,8 @@ TOKENS = {"train": torch.arange(0, 5), "valid": torch.arange(5, 8), "test": torc
 def test_long_prompt_is_the_last_tokens_of_the_splits_end_to_end():
     assert bench_common.long_prompt(TOKENS, 4).tolist() == [6, 7, 8, 9]
     assert bench_common.long_prompt(TOKENS, 10).tolist() == list(range(10))  # every token is enough
-    with pytest.raises(ValueError, match="the corpus has 10 tokens; context 11 needs more"):
+    with pytest.raises(ValueError, match="^the corpus has 10 tokens; context 11 needs more: pass --contexts of at "
+                                         "most 10 tokens$"):  # the flag that helps, and how far
         bench_common.long_prompt(TOKENS, 11)
 
 
