@@ -19,6 +19,8 @@ def test_help_lists_every_subcommand_and_flag(capsys):
         assert flag in out
     code, out, _ = _run(capsys, ["bench", "attention", "--help"])
     assert code == 0 and "--contexts" in out
+    # the bars a user can read, not an issue tracker's they never see
+    assert "the bars of docs/results/gpu-attention.md" in " ".join(out.split()) and "issue" not in out
 
 
 def test_version_and_python_m(capsys):
