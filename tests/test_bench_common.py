@@ -95,8 +95,9 @@ def test_model_options_apply_new_tokens_and_keysets_native_first():
     assert (device.type, slug, preset.spec.new_tokens) == ("cpu", "cpu", 2)
     assert preset.spec.keysets == (NATIVE, KeySetConfig(8, 64), KeySetConfig(4, 16, gate=100))
     assert bench_common.model_options(_model_args())[1] == get_preset("tiny")
-    for bad in (dict(new_tokens=1), dict(contexts=[64, 1])):
-        with pytest.raises(ValueError, match="--contexts and --new-tokens must be at least 2"):
+    for bad, message in ((dict(new_tokens=1), "--new-tokens must be at least 2, got 1"),  # the one flag wrong
+                         (dict(contexts=[64, 1]), "--contexts must be at least 2, got 64 1")):
+        with pytest.raises(ValueError, match=f"^{message}$"):
             bench_common.model_options(_model_args(**bad))
 
 

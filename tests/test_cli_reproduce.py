@@ -82,11 +82,10 @@ def test_tiny_reproduce_on_cuda(capsys, tmp_path):
     assert all(arm["lossless"] is True for c in m["contexts"] for arm in c["arms"].values())
 
 
-SHORT = "--contexts must be positive and --new-tokens at least 2 (one decode step to time)"
-
-
-@pytest.mark.parametrize("argv, message", [
-    (["--new-tokens", "1"], SHORT), (["--contexts", "64", "0"], SHORT),
+@pytest.mark.parametrize("argv, message", [  # each names the one flag that is wrong, not both
+    (["--new-tokens", "1"], "--new-tokens must be at least 2 (one decode step to time), got 1"),
+    (["--contexts", "64", "0"], "--contexts must be positive, got 64 0"),
+    (["--contexts", "-5"], "--contexts must be positive, got -5"),
     (["--contexts", "2031", "64"], "a prompt of 2031 tokens plus 16 new tokens and depth 3 needs 2049 cache positions; "
                              "the KV cache holds 2048"),
     (["--contexts", "2030"], "the run started"), (["--new-tokens", "2"], "the run started"),

@@ -189,8 +189,10 @@ def model_options(args) -> tuple[torch.device, Preset, str]:
     from .device import resolve_device
 
     device = resolve_device(args.device)
-    if any(c < 2 for c in args.contexts) or (args.new_tokens is not None and args.new_tokens < 2):
-        raise ValueError("--contexts and --new-tokens must be at least 2")
+    if any(c < 2 for c in args.contexts):
+        raise ValueError(f"--contexts must be at least 2, got {' '.join(map(str, args.contexts))}")
+    if args.new_tokens is not None and args.new_tokens < 2:
+        raise ValueError(f"--new-tokens must be at least 2, got {args.new_tokens}")
     preset = get_preset(args.preset)
     if args.new_tokens is not None:
         preset = dataclasses.replace(preset, spec=dataclasses.replace(preset.spec, new_tokens=args.new_tokens))

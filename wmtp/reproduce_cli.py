@@ -84,8 +84,10 @@ def _preset_with_overrides(args: argparse.Namespace):
     spec = preset.spec
     contexts = spec.contexts if args.contexts is None else tuple(args.contexts)
     new_tokens = spec.new_tokens if args.new_tokens is None else args.new_tokens
-    if new_tokens < 2 or any(c < 1 for c in contexts):  # before SpecConfig's own check, which names no flag
-        raise ValueError("--contexts must be positive and --new-tokens at least 2 (one decode step to time)")
+    if any(c < 1 for c in contexts):  # before SpecConfig's own check, which names no flag
+        raise ValueError(f"--contexts must be positive, got {' '.join(map(str, contexts))}")
+    if new_tokens < 2:
+        raise ValueError(f"--new-tokens must be at least 2 (one decode step to time), got {new_tokens}")
     if args.depth is not None:
         spec = replace(spec, depth=args.depth)
     if args.keysets is not None:
