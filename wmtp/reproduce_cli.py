@@ -52,8 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _print_reproduce(console: Console, m: dict) -> None:
-    table = Table(title=f"Windowed-MTP reproduction: {m['corpus']['name']}, depth {m['config']['spec']['depth']}, "
-                  f"decode {m['decode_dtype']}")
+    table = Table(title=f"Windowed-MTP reproduction: {m['corpus']['name']}, preset {m['config']['preset']}, "
+                  f"depth {m['config']['spec']['depth']}, decode {m['decode_dtype']}")  # tiny's numbers mean nothing
     for col in ("context", "arm", "draft keys/step", "accept", "AL", "draft ms/step", "verify ms/step", "TPOT ms",
                 "TPOT speedup vs dense", "lossless"):
         table.add_column(col, justify="right")
