@@ -74,13 +74,20 @@ def test_run_contexts_keeps_each_row_with_its_prefill_and_hands_it_on(monkeypatc
     def rows(prompt, pre, tick):
         for i in range(2):
             tick(f"row {i}")
-            yield {"context": prompt.numel(), "pre": pre, "i": i}
+            yield {"context": prompt.numel(), "pre": pre, "i": i, "loop": ("eager", "graph")[i]}
 
-    partials = []
+    partials, lines = [], []
     result = bench_common.run_contexts("t", setup, get_preset("tiny"), "cpu", (8, 4), 2, rows, {"rows": []}, 0.0,
-                                       False, lambda line: None, lambda r: partials.append(copy.deepcopy(r)), 16)
-    want = [{"context": c, "pre": f"pre{c}", "i": i, "prefill_s": c / 4} for c in (8, 4) for i in range(2)]
+                                       False, lines.append, lambda r: partials.append(copy.deepcopy(r)), 16)
+    want = [{"context": c, "pre": f"pre{c}", "i": i, "loop": ("eager", "graph")[i], "prefill_s": c / 4}
+            for c in (8, 4) for i in range(2)]
     assert prefills == [(8, 16), (4, 16)] and result["rows"] == want and result["complete"] is True
+    # each row said by what sets it apart in its context, not "row 3 done" (row of what?)
+    assert [line for line in lines if "prefilled" not in line] == [
+        "context 8, eager loop: done (row 1 of the JSON)", "context 8, graph loop: done (row 2 of the JSON)",
+        "context 4, eager loop: done (row 3 of the JSON)", "context 4, graph loop: done (row 4 of the JSON)"]
+    assert bench_common.row_name({"temperature": 0.7}) == ", temperature 0.7"  # sampling's, positions' rows
+    assert bench_common.row_name({"context": 8}) == ""
     assert [p["rows"] for p in partials] == [want[:n] for n in range(1, 5)]
     assert all("complete" not in p and p["wall_time_s"] > 0 for p in partials)
 

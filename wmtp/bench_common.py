@@ -124,6 +124,15 @@ def progress_bar(enabled: bool) -> Progress:
                     disable=not enabled)
 
 
+def row_name(row: dict) -> str:
+    """What sets a row apart from the others of its context, for the log: ``, eager loop`` (decode's
+    and depth's rows), ``, temperature 0.7`` (sampling's and positions'), or nothing."""
+    parts = [f"{row['loop']} loop"] if "loop" in row else []
+    if "temperature" in row:
+        parts.append(f"temperature {row['temperature']}")
+    return "".join(f", {part}" for part in parts)
+
+
 def run_contexts(name: str, setup: BenchSetup, preset: Preset, device: torch.device, contexts: tuple[int, ...],
                  units: int, rows: Callable, result: dict, t_start: float, progress: bool, log,
                  on_context: Callable[[dict], object] | None, page_size: int | None = None) -> dict:
@@ -147,7 +156,7 @@ def run_contexts(name: str, setup: BenchSetup, preset: Preset, device: torch.dev
             for row in rows(prompt, pre, tick):
                 result["rows"].append({**row, "prefill_s": prefill_s})
                 result["wall_time_s"] = time.perf_counter() - t_start
-                log(f"context {c}: row {len(result['rows'])} done")
+                log(f"context {c}{row_name(row)}: done (row {len(result['rows'])} of the JSON)")
                 if on_context is not None:
                     on_context(result)
     result["complete"] = True
