@@ -468,7 +468,7 @@ def test_cli_batch_sweep_writes_its_own_file_and_says_the_bars_are_batch_1(monke
     assert written["batch"] == 2 and (tmp_path / "metrics" / "bench-attention-h200-b2.png").exists()
     assert sorted(p.name for p in (tmp_path / "metrics").iterdir()) == ["bench-attention-h200-b2.json",
                                                                         "bench-attention-h200-b2.png"]
-    assert "the issue's bars are judged at batch 1, not at --batch 2" in capsys.readouterr().err
+    assert "the bars (docs/results/gpu-attention.md) are judged at batch 1, not at --batch 2" in capsys.readouterr().err
     seen.clear()
     assert main(["bench", "attention", "--device", "cuda", "--contexts", "16384"]) == 0  # no --batch: batch 1
     assert seen["batch"] == 1 and "--batch 1 --contexts 16384" in seen["command"]

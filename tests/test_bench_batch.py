@@ -35,7 +35,7 @@ def test_batch_prompts_are_different_text():
         list(range(90, 100)), list(range(81, 90)), list(range(73, 80))]
     assert [p.tolist() for p in batch_prompts(torch.arange(14), 10, 3, "equal")] == [  # stride (14 - 10) // 2
         list(range(4, 14)), list(range(2, 12)), list(range(0, 10))]
-    with pytest.raises(ValueError, match="context 101 needs more"):
+    with pytest.raises(ValueError, match="context 101 needs more: pass --contexts of at most 100 tokens"):
         batch_prompts(text, 101, 1, "equal")
 
 

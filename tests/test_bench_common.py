@@ -29,7 +29,8 @@ TOKENS = {"train": torch.arange(0, 5), "valid": torch.arange(5, 8), "test": torc
 def test_long_prompt_is_the_last_tokens_of_the_splits_end_to_end():
     assert bench_common.long_prompt(TOKENS, 4).tolist() == [6, 7, 8, 9]
     assert bench_common.long_prompt(TOKENS, 10).tolist() == list(range(10))  # every token is enough
-    with pytest.raises(ValueError, match="the corpus has 10 tokens; context 11 needs more"):
+    with pytest.raises(ValueError, match="^the corpus has 10 tokens; context 11 needs more: pass --contexts of at "
+                                         "most 10 tokens$"):  # the flag that helps, and how far
         bench_common.long_prompt(TOKENS, 11)
 
 
@@ -73,13 +74,20 @@ def test_run_contexts_keeps_each_row_with_its_prefill_and_hands_it_on(monkeypatc
     def rows(prompt, pre, tick):
         for i in range(2):
             tick(f"row {i}")
-            yield {"context": prompt.numel(), "pre": pre, "i": i}
+            yield {"context": prompt.numel(), "pre": pre, "i": i, "loop": ("eager", "graph")[i]}
 
-    partials = []
+    partials, lines = [], []
     result = bench_common.run_contexts("t", setup, get_preset("tiny"), "cpu", (8, 4), 2, rows, {"rows": []}, 0.0,
-                                       False, lambda line: None, lambda r: partials.append(copy.deepcopy(r)), 16)
-    want = [{"context": c, "pre": f"pre{c}", "i": i, "prefill_s": c / 4} for c in (8, 4) for i in range(2)]
+                                       False, lines.append, lambda r: partials.append(copy.deepcopy(r)), 16)
+    want = [{"context": c, "pre": f"pre{c}", "i": i, "loop": ("eager", "graph")[i], "prefill_s": c / 4}
+            for c in (8, 4) for i in range(2)]
     assert prefills == [(8, 16), (4, 16)] and result["rows"] == want and result["complete"] is True
+    # each row said by what sets it apart in its context, not "row 3 done" (row of what?)
+    assert [line for line in lines if "prefilled" not in line] == [
+        "context 8, eager loop: done (row 1 of the JSON)", "context 8, graph loop: done (row 2 of the JSON)",
+        "context 4, eager loop: done (row 3 of the JSON)", "context 4, graph loop: done (row 4 of the JSON)"]
+    assert bench_common.row_name({"temperature": 0.7}) == ", temperature 0.7"  # sampling's, positions' rows
+    assert bench_common.row_name({"context": 8}) == ""
     assert [p["rows"] for p in partials] == [want[:n] for n in range(1, 5)]
     assert all("complete" not in p and p["wall_time_s"] > 0 for p in partials)
 
@@ -94,8 +102,9 @@ def test_model_options_apply_new_tokens_and_keysets_native_first():
     assert (device.type, slug, preset.spec.new_tokens) == ("cpu", "cpu", 2)
     assert preset.spec.keysets == (NATIVE, KeySetConfig(8, 64), KeySetConfig(4, 16, gate=100))
     assert bench_common.model_options(_model_args())[1] == get_preset("tiny")
-    for bad in (dict(new_tokens=1), dict(contexts=[64, 1])):
-        with pytest.raises(ValueError, match="--contexts and --new-tokens must be at least 2"):
+    for bad, message in ((dict(new_tokens=1), "--new-tokens must be at least 2, got 1"),  # the one flag wrong
+                         (dict(contexts=[64, 1]), "--contexts must be at least 2, got 64 1")):
+        with pytest.raises(ValueError, match=f"^{message}$"):
             bench_common.model_options(_model_args(**bad))
 
 

@@ -19,6 +19,8 @@ def test_help_lists_every_subcommand_and_flag(capsys):
         assert flag in out
     code, out, _ = _run(capsys, ["bench", "attention", "--help"])
     assert code == 0 and "--contexts" in out
+    # the bars a user can read, not an issue tracker's they never see
+    assert "the bars of docs/results/gpu-attention.md" in " ".join(out.split()) and "issue" not in out
 
 
 def test_version_and_python_m(capsys):
@@ -52,11 +54,20 @@ def test_version_and_python_m(capsys):
 BAD = [
     (["reproduce", "--depth", "0"], "depth"),
     (["reproduce", "--depth", "-3"], "depth"),
-    (["reproduce", "--keysets=-1:64"], "n_sink"),
-    (["reproduce", "--keysets", "-1:64"], "n_sink must be a non-negative integer, got -1"),  # was read as an option
-    (["generate", "--keyset", "8:64", "-1:64"], "n_sink"), (["reproduce", "--contexts", "-5"], "--contexts"),
+    (["reproduce", "--keysets=-1:64"], "sink count"),
+    (["reproduce", "--keysets", "-1:64"], "--keysets -1:64: the sink count must be an integer >= 0, got -1"),  # was
+    (["generate", "--keyset", "8:64", "-1:64"], "--keyset -1:64: the sink count"),  # ... read as an option
+    (["reproduce", "--contexts", "-5"], "--contexts"),
     (["reproduce", "--keysets", "8:-2"], "window"),
-    (["reproduce", "--keysets", "8:99999999999999999999"], "window must be at most 2**62"),  # a wrapped key set
+    # the flag and the value named, in the command line's terms (KeySetConfig's own words say "or None")
+    (["reproduce", "--keysets", "4:-16"], "error: --keysets 4:-16: the window must be an integer >= 1 (the full "
+                                          "causal set is the native arm), got -16\n"),
+    (["reproduce", "--keysets", "8:64@-3"], "error: --keysets 8:64@-3: the gate must be an integer >= 1 (a context "
+                                            "length), got -3\n"),
+    (["bench", "decode", "--keysets", "8:0"], "error: --keysets 8:0: the window must be"),
+    (["generate", "--keyset", "8:0"], "error: --keyset 8:0: the window must be"),
+    (["reproduce", "--keysets", "8:99999999999999999999"],
+     "--keysets 8:99999999999999999999: window must be at most 2**62"),  # a wrapped key set
     (["generate", "--keyset", "99999999999999999999:1"], "n_sink must be at most 2**62"),  # OverflowError, trained
     (["reproduce", "--keysets", "8"], "SINK:WINDOW"),
     (["reproduce", "--device", "tpu"], "unknown device"),

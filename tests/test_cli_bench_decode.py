@@ -71,7 +71,8 @@ def test_bench_decode_writes_lossless_rows(capsys, wikitext_dir, tmp_path, monke
     for extra, match in ((["--loops", "graph"], "graph loop captures CUDA graphs"), (["--page-size", "0"], ">= 1"),
                          (["--page-size", "100000"], "--page-size must be at most the smallest context"),
                          (["--keysets", "4:16@0"], "gate must be"), (["--keysets", "4:16@x"], "SINK:WINDOW@GATE"),
-                         (["--contexts", "1"], "at least 2"), (["--contexts", "10000000"], "needs more")):
+                         (["--contexts", "1"], "at least 2"),
+                         (["--contexts", "10000000"], "needs more: pass --contexts of at most")):
         code, _, err = _run(capsys, args + extra + ["--out", str(tmp_path / "bad.json")])
         last = err.strip().splitlines()[-1]  # after the corpus's line, for the context the corpus cannot fill
         assert code == 2 and match in last and "Traceback" not in err, err

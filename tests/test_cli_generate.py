@@ -53,8 +53,9 @@ def test_generate_prints_the_text_and_writes_its_marks(capsys, wikitext_dir, tmp
 
 
 @pytest.mark.parametrize("bad,match", [
-    (["--keyset", "natve"], "is not native, SINK:WINDOW or SINK:WINDOW@GATE"), (["--keyset=-1:64"], "n_sink must be"),
-    (["--keyset", "8:64@0"], "gate must be a positive integer (a context length) or None, got 0\n"),
+    (["--keyset", "natve"], "is not native, SINK:WINDOW or SINK:WINDOW@GATE"),
+    (["--keyset=-1:64"], "--keyset -1:64: the sink count must be"),
+    (["--keyset", "8:64@0"], "--keyset 8:64@0: the gate must be an integer >= 1 (a context length), got 0\n"),
     (["--depth", "0"], "depth"),
     (["--max-new-tokens", "0"], "at least 1"),
     (["the", "--context", "9"], "not both"), ([""], "empty"), (["--device", "tpu"], "unknown device"),

@@ -82,11 +82,10 @@ def test_tiny_reproduce_on_cuda(capsys, tmp_path):
     assert all(arm["lossless"] is True for c in m["contexts"] for arm in c["arms"].values())
 
 
-SHORT = "--contexts must be positive and --new-tokens at least 2 (one decode step to time)"
-
-
-@pytest.mark.parametrize("argv, message", [
-    (["--new-tokens", "1"], SHORT), (["--contexts", "64", "0"], SHORT),
+@pytest.mark.parametrize("argv, message", [  # each names the one flag that is wrong, not both
+    (["--new-tokens", "1"], "--new-tokens must be at least 2 (one decode step to time), got 1"),
+    (["--contexts", "64", "0"], "--contexts must be positive, got 64 0"),
+    (["--contexts", "-5"], "--contexts must be positive, got -5"),
     (["--contexts", "2031", "64"], "a prompt of 2031 tokens plus 16 new tokens and depth 3 needs 2049 cache positions; "
                              "the KV cache holds 2048"),
     (["--contexts", "2030"], "the run started"), (["--new-tokens", "2"], "the run started"),
@@ -128,7 +127,8 @@ def test_reproduce_passes_its_options_on_and_prints_what_the_run_returns(capsys,
     arm = {"draft_keys_read_per_step": 60.0, "acceptance_rate": 0.5, "mean_accept_length": 2.5,
            "draft_time_per_step_s": 0.001, "verify_time_per_step_s": 0.003, "tpot_s": 0.0016,
            "tpot_speedup_vs_dense": 0.5625, "lossless": True}
-    m = {"corpus": {"name": "c"}, "config": {"spec": {"depth": 2}}, "decode_dtype": "float64", "wall_time_s": 12.3,
+    m = {"corpus": {"name": "c"}, "config": {"preset": "tiny", "spec": {"depth": 2}}, "decode_dtype": "float64",
+         "wall_time_s": 12.3,
          "contexts": [{"context": 64, "dense": {"step_median_s": 0.002, "tpot_s": 0.0025},
                        "arms": {"native": arm, "sink8+win64": {**arm, "tpot_speedup_vs_dense": -0.25,
                                                                "lossless": False}}}],
@@ -160,7 +160,7 @@ def test_reproduce_passes_its_options_on_and_prints_what_the_run_returns(capsys,
                     ["", "native", "60", "0.50", "2.50", "1.00", "3.00", "1.60", "+56%", "yes"],  # a percentage
                     ["", "sink8+win64", "60", "0.50", "2.50", "1.00", "3.00", "1.60", "-25%", "NO"],
                     ["64", "sink8+win64", "64", "0.0100", "2.0x"]]
-    assert "Windowed-MTP reproduction: c, depth 2, decode float64" in stdout
+    assert "Windowed-MTP reproduction: c, preset tiny, depth 2, decode float64" in stdout  # a tiny run says so
     assert stdout.endswith("\ntarget perplexity on 100 valid tokens, by context: 64: 12.50, 128: 9.25\n")
     code, _, err = _run(capsys, [*argv, "--out", "[bold]/m.json"])  # printed as it is, no markup
     assert (code, err) == (0, "wrote [bold]/m.json and [bold]/m.png in 12 s\n")

@@ -136,6 +136,20 @@ def test_a_file_that_does_not_import_is_a_failed_grade(tmp_path):
     assert str(report).startswith("FAIL keyset: ")  # no "(check 0)": no check ran
 
 
+def test_a_syntax_error_graded_from_its_own_folder_names_no_frozen_frame(tmp_path, capsys, monkeypatch):
+    """``cd folder && wmtp grade keyset bug.py``: the import's frames in ``<frozen importlib._bootstrap>``
+    resolved into the current folder, the student's, and the report ended "(<frozen importlib._bootstrap>,
+    line 241)"; the SyntaxError's own "(bug.py, line 1)" is where the mistake is."""
+    (tmp_path / "bug.py").write_text("def f(:\n    pass\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["grade", "keyset", "bug.py"]) == 1
+    out = capsys.readouterr().out
+    assert "could not be imported: SyntaxError: " in out and out.endswith(" (bug.py, line 1)\n"), out
+    with pytest.raises(ValueError) as raised:  # a frame of no file, ``<string>``'s, beside a relative "bug.py"
+        exec(compile("raise ValueError('x')", "<string>", "exec"))
+    assert grading.describe_error(raised.value, "bug.py") == "ValueError: x"
+
+
 def test_bad_input_raises_value_error(tmp_path):
     with pytest.raises(ValueError, match="no such file"):
         grading.grade("keyset", tmp_path / "missing.py")

@@ -72,7 +72,8 @@ def _arm(draft_ms, verify_ms, al):
 
 def test_a_reproduction_is_draft_attention_step_times_and_acceptance(drawn, tmp_path):
     """Per arm the draft (solid) and verify (dashed) ms per step in one colour, and the AL."""
-    m = {"draft_attention": DRAFT_ROWS, "config": {"spec": {"depth": 3}}, "corpus": {"name": "wikitext-2"},
+    m = {"draft_attention": DRAFT_ROWS, "config": {"preset": "tiny", "spec": {"depth": 3}},
+         "corpus": {"name": "wikitext-2"},
          "environment": ENV, "decode_dtype": "float64",
          "contexts": [{"context": 64, "arms": {"native": _arm(1, 4, 2.5), "sink4+win8": _arm(0.5, 4.5, 2.0)}},
                       {"context": 256, "arms": {"native": _arm(2, 8, 2.25), "sink4+win8": _arm(0.75, 9, 1.5)}}]}
@@ -86,7 +87,7 @@ def test_a_reproduction_is_draft_attention_step_times_and_acceptance(drawn, tmp_
     assert styles["native: draft"][1] == styles["native: verify"][1] != styles["sink4+win8: draft"][1]
     assert _lines(ax_acc) == {"native": ([64, 256], [2.5, 2.25]), "sink4+win8": ([64, 256], [2.0, 1.5])}
     assert ax_acc.get_title() == "Mean accept length, depth 3" and ax_step.get_xscale() == "log"
-    assert title == "wmtp reproduce on wikitext-2 (cpu, torch 9.9, decode float64)"
+    assert title == "wmtp reproduce on wikitext-2, preset tiny (cpu, torch 9.9, decode float64)"  # tiny: a smoke test
 
 
 def test_decode_is_a_panel_per_loop(drawn, tmp_path):

@@ -180,7 +180,8 @@ def attention_cli(args, prog: str, argv: list[str]) -> int:
             step = "" if step is None else f" (by step_ms: {'met' if step else 'not met'})"
             err.print(f"bar {name}: {'met' if bar['met'] else 'NOT met'}{step}", markup=False, soft_wrap=True)
         if batch != 1:
-            err.print(f"bars: the issue's bars are judged at batch 1, not at --batch {batch}", markup=False)
+            err.print(f"bars: the bars (docs/results/gpu-attention.md) are judged at batch 1, not at --batch {batch}",
+                      markup=False, soft_wrap=True)
         err.print(f"wrote {wrote}; the sweep took {result['wall_time_s']:.0f} s", markup=False,
                   soft_wrap=True)  # one line on a pipe, however long the path
         return 0

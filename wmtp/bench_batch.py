@@ -55,6 +55,7 @@ from .bench_common import (
     add_model_arguments,
     bench_cli,
     bench_setup,
+    check_corpus_holds,
     model_options,
     out_help,
     progress_bar,
@@ -84,8 +85,7 @@ def batch_prompts(text: torch.Tensor, context: int, batch: int, lengths: str) ->
     Raises:
         ValueError: if ``text`` holds fewer than ``context`` tokens.
     """
-    if text.numel() < context:
-        raise ValueError(f"the corpus has {text.numel()} tokens; context {context} needs more")
+    check_corpus_holds(text, context)
     stride = context if batch == 1 else min(context, (text.numel() - context) // (batch - 1))
     end = text.numel()
     return [text[end - b * stride - n: end - b * stride] for b, n in enumerate(prompt_lengths(context, batch, lengths))]

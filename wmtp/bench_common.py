@@ -49,6 +49,14 @@ def with_capacity(target: TargetLM, head: MTPHead, max_len: int) -> tuple[Target
     return big.eval(), big_head.eval()
 
 
+def check_corpus_holds(text: torch.Tensor, context: int) -> None:
+    """Raise a ValueError, naming ``--contexts`` and the most it may ask, if ``text`` holds fewer than
+    ``context`` tokens (the benches' default contexts are long: ``--preset tiny``'s capped corpus cannot fill them)."""
+    if text.numel() < context:
+        raise ValueError(f"the corpus has {text.numel()} tokens; context {context} needs more: pass --contexts of "
+                         f"at most {text.numel()} tokens")
+
+
 def long_prompt(tokens: dict[str, torch.Tensor], context: int) -> torch.Tensor:
     """The last ``context`` tokens of the train, valid and test splits end to end.
 
@@ -56,8 +64,7 @@ def long_prompt(tokens: dict[str, torch.Tensor], context: int) -> torch.Tensor:
         ValueError: if the splits hold fewer tokens.
     """
     text = torch.cat([tokens["train"], tokens["valid"], tokens["test"]])
-    if text.numel() < context:
-        raise ValueError(f"the corpus has {text.numel()} tokens; context {context} needs more")
+    check_corpus_holds(text, context)
     return text[-context:]
 
 
@@ -117,6 +124,15 @@ def progress_bar(enabled: bool) -> Progress:
                     disable=not enabled)
 
 
+def row_name(row: dict) -> str:
+    """What sets a row apart from the others of its context, for the log: ``, eager loop`` (decode's
+    and depth's rows), ``, temperature 0.7`` (sampling's and positions'), or nothing."""
+    parts = [f"{row['loop']} loop"] if "loop" in row else []
+    if "temperature" in row:
+        parts.append(f"temperature {row['temperature']}")
+    return "".join(f", {part}" for part in parts)
+
+
 def run_contexts(name: str, setup: BenchSetup, preset: Preset, device: torch.device, contexts: tuple[int, ...],
                  units: int, rows: Callable, result: dict, t_start: float, progress: bool, log,
                  on_context: Callable[[dict], object] | None, page_size: int | None = None) -> dict:
@@ -140,7 +156,7 @@ def run_contexts(name: str, setup: BenchSetup, preset: Preset, device: torch.dev
             for row in rows(prompt, pre, tick):
                 result["rows"].append({**row, "prefill_s": prefill_s})
                 result["wall_time_s"] = time.perf_counter() - t_start
-                log(f"context {c}: row {len(result['rows'])} done")
+                log(f"context {c}{row_name(row)}: done (row {len(result['rows'])} of the JSON)")
                 if on_context is not None:
                     on_context(result)
     result["complete"] = True
@@ -182,8 +198,10 @@ def model_options(args) -> tuple[torch.device, Preset, str]:
     from .device import resolve_device
 
     device = resolve_device(args.device)
-    if any(c < 2 for c in args.contexts) or (args.new_tokens is not None and args.new_tokens < 2):
-        raise ValueError("--contexts and --new-tokens must be at least 2")
+    if any(c < 2 for c in args.contexts):
+        raise ValueError(f"--contexts must be at least 2, got {' '.join(map(str, args.contexts))}")
+    if args.new_tokens is not None and args.new_tokens < 2:
+        raise ValueError(f"--new-tokens must be at least 2, got {args.new_tokens}")
     preset = get_preset(args.preset)
     if args.new_tokens is not None:
         preset = dataclasses.replace(preset, spec=dataclasses.replace(preset.spec, new_tokens=args.new_tokens))

@@ -111,7 +111,8 @@ def build_parser(prog: str = "wmtp") -> argparse.ArgumentParser:
                      "(default: 100)")
     att.add_argument("--methods", nargs="+", default=None, help="(CUDA) methods to time (default: all)")
     att.add_argument("--batch", type=int, default=None, help="(CUDA) sequences per call, each of S keys (default: 1, "
-                     "the issue's bars; another batch writes metrics/bench-attention-<h200|cuda>-b<batch>.json)")
+                     "the bars of docs/results/gpu-attention.md; another batch writes "
+                     "metrics/bench-attention-<h200|cuda>-b<batch>.json)")
     att.add_argument("--dtype", choices=("float32", "float64", "float16", "bfloat16"), default=None,
                      help="default: bfloat16 on CUDA, float32 elsewhere")
     att.add_argument("--out", type=Path, default=None,

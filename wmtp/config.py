@@ -104,15 +104,23 @@ class KeySetConfig:
         return f"sink{self.n_sink}+win{self.window}" + ("" if self.gate is None else f"+gate{self.gate}")
 
 
-def parse_keyset(text: str) -> KeySetConfig:
+def parse_keyset(text: str, flag: str = "--keysets") -> KeySetConfig:
     """``"SINK:WINDOW"`` or ``"SINK:WINDOW@GATE"`` (the command line's forms, e.g. ``64:4096`` and
-    ``8:64@8192``) to a ``KeySetConfig``; ``ValueError`` on anything else."""
+    ``8:64@8192``) to a ``KeySetConfig``; ``ValueError`` on anything else, a number out of range as
+    ``flag text: ...`` in the command line's terms (KeySetConfig's own words name ``None``)."""
     match = re.fullmatch(r"(-?[0-9]+):(-?[0-9]+)(?:@(-?[0-9]+))?", text)
     if match is None:  # int() alone would take " 8:64" and "1_0:64"
         raise ValueError(f"key set {text!r} is not SINK:WINDOW or SINK:WINDOW@GATE (integers, e.g. 64:4096 "
                          "or 8:64@8192)")
-    sink, window, gate = match.groups()
-    return KeySetConfig(n_sink=int(sink), window=int(window), gate=None if gate is None else int(gate))
+    sink, window, gate = (None if g is None else int(g) for g in match.groups())
+    for what, value, low, hint in (("sink count", sink, 0, ""), ("window", window, 1, " (the full causal set is "
+                                   "the native arm)"), ("gate", gate, 1, " (a context length)")):
+        if value is not None and value < low:
+            raise ValueError(f"{flag} {text}: the {what} must be an integer >= {low}{hint}, got {value}")
+    try:
+        return KeySetConfig(n_sink=sink, window=window, gate=gate)
+    except ValueError as e:  # a number past 2**62
+        raise ValueError(f"{flag} {text}: {e}") from None
 
 
 @dataclass(frozen=True)

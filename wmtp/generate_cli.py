@@ -95,13 +95,13 @@ def _options(args):
 
 
 def _keyset(text: str) -> KeySetConfig:
-    """``--keyset``'s ``native`` or ``parse_keyset``'s forms (whose range errors pass through)."""
+    """``--keyset``'s ``native`` or ``parse_keyset``'s forms (whose range errors name ``--keyset``)."""
     if text == "native":
         return KeySetConfig(0, None)
     if not re.fullmatch(r"-?[0-9]+:-?[0-9]+(@-?[0-9]+)?", text):
         raise ValueError(f"key set {text!r} is not native, SINK:WINDOW or SINK:WINDOW@GATE (integers, e.g. 8:64 "
                          "or 8:64@8192)")
-    return parse_keyset(text)
+    return parse_keyset(text, "--keyset")
 
 
 def cli(args, prog: str, argv: list[str]) -> int:

@@ -152,13 +152,16 @@ def grade_function(assignment: str, fn: Callable, progress: Callable[[int, str],
 def describe_error(e: BaseException, student_file: str | Path | None) -> str:
     """``e`` in one line, ``Type: first line of its message``, and where it was raised in the student's
     code: the deepest frame in a file of ``student_file``'s folder (the file or a helper beside it),
-    as ``(file, line n)``. A bare ``assert`` or a message of many lines still names the line."""
+    as ``(file, line n)``. A bare ``assert`` or a message of many lines still names the line. Frames of
+    no file (``<frozen importlib._bootstrap>``, ``<string>``) are never the student's, wherever the
+    folder is (a relative name resolves into the current one)."""
     lines = str(e).strip().splitlines()
     text = type(e).__name__ + (f": {lines[0]}" + (" ..." if len(lines) > 1 else "") if lines else "")
     if student_file is None:
         return text
     folder = Path(student_file).resolve().parent
-    frames = [f for f in traceback.extract_tb(e.__traceback__) if Path(f.filename).resolve().parent == folder]
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if not f.filename.startswith("<") and Path(f.filename).resolve().parent == folder]
     return text + (f" ({Path(frames[-1].filename).name}, line {frames[-1].lineno})" if frames else "")
 
 

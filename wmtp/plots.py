@@ -83,8 +83,8 @@ def plot_reproduction(m: dict, png_path: str | Path) -> None:
     ax_acc.set(xscale="log", xlabel="context (tokens)", ylabel="tokens per target pass (AL)",
                title=f"Mean accept length, depth {m['config']['spec']['depth']}")
     env = m["environment"]
-    _finish(fig, [ax_attn, ax_step, ax_acc], f"wmtp reproduce on {m['corpus']['name']} ({env['device']}, torch "
-            f"{env['versions']['torch']}, decode {m['decode_dtype']})", png_path)
+    _finish(fig, [ax_attn, ax_step, ax_acc], f"wmtp reproduce on {m['corpus']['name']}, preset {m['config']['preset']} "
+            f"({env['device']}, torch {env['versions']['torch']}, decode {m['decode_dtype']})", png_path)
 
 
 def plot_decode(m: dict, png_path: str | Path) -> None:

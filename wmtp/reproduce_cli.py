@@ -52,8 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _print_reproduce(console: Console, m: dict) -> None:
-    table = Table(title=f"Windowed-MTP reproduction: {m['corpus']['name']}, depth {m['config']['spec']['depth']}, "
-                  f"decode {m['decode_dtype']}")
+    table = Table(title=f"Windowed-MTP reproduction: {m['corpus']['name']}, preset {m['config']['preset']}, "
+                  f"depth {m['config']['spec']['depth']}, decode {m['decode_dtype']}")  # tiny's numbers mean nothing
     for col in ("context", "arm", "draft keys/step", "accept", "AL", "draft ms/step", "verify ms/step", "TPOT ms",
                 "TPOT speedup vs dense", "lossless"):
         table.add_column(col, justify="right")
@@ -84,8 +84,10 @@ def _preset_with_overrides(args: argparse.Namespace):
     spec = preset.spec
     contexts = spec.contexts if args.contexts is None else tuple(args.contexts)
     new_tokens = spec.new_tokens if args.new_tokens is None else args.new_tokens
-    if new_tokens < 2 or any(c < 1 for c in contexts):  # before SpecConfig's own check, which names no flag
-        raise ValueError("--contexts must be positive and --new-tokens at least 2 (one decode step to time)")
+    if any(c < 1 for c in contexts):  # before SpecConfig's own check, which names no flag
+        raise ValueError(f"--contexts must be positive, got {' '.join(map(str, contexts))}")
+    if new_tokens < 2:
+        raise ValueError(f"--new-tokens must be at least 2 (one decode step to time), got {new_tokens}")
     if args.depth is not None:
         spec = replace(spec, depth=args.depth)
     if args.keysets is not None:
