@@ -55,20 +55,22 @@ BAD = [
     (["reproduce", "--depth", "0"], "depth"),
     (["reproduce", "--depth", "-3"], "depth"),
     (["reproduce", "--keysets=-1:64"], "sink count"),
-    (["reproduce", "--keysets", "-1:64"], "--keysets -1:64: the sink count must be an integer >= 0, got -1"),  # was
-    (["generate", "--keyset", "8:64", "-1:64"], "--keyset -1:64: the sink count"),  # ... read as an option
+    (["reproduce", "--keysets", "-1:64"],  # "-1:64" was read as an option
+     "--keysets -1:64: the sink count must be an integer from 0 to 2**62, got -1"),
+    (["generate", "--keyset", "8:64", "-1:64"], "--keyset -1:64: the sink count"),
     (["reproduce", "--contexts", "-5"], "--contexts"),
     (["reproduce", "--keysets", "8:-2"], "window"),
     # the flag and the value named, in the command line's terms (KeySetConfig's own words say "or None")
-    (["reproduce", "--keysets", "4:-16"], "error: --keysets 4:-16: the window must be an integer >= 1 (the full "
-                                          "causal set is the native arm), got -16\n"),
+    (["reproduce", "--keysets", "4:-16"], "error: --keysets 4:-16: the window must be an integer from 1 to 2**62, "
+                                          "got -16\n"),
     (["reproduce", "--keysets", "8:64@-3"], "error: --keysets 8:64@-3: the gate must be an integer >= 1 (a context "
                                             "length), got -3\n"),
     (["bench", "decode", "--keysets", "8:0"], "error: --keysets 8:0: the window must be"),
     (["generate", "--keyset", "8:0"], "error: --keyset 8:0: the window must be"),
     (["reproduce", "--keysets", "8:99999999999999999999"],
-     "--keysets 8:99999999999999999999: window must be at most 2**62"),  # a wrapped key set
-    (["generate", "--keyset", "99999999999999999999:1"], "n_sink must be at most 2**62"),  # OverflowError, trained
+     "--keysets 8:99999999999999999999: the window must be an integer from 1 to 2**62, got 99999999999999999999\n"),
+    (["generate", "--keyset", "99999999999999999999:1"],  # a wrapped key set, an OverflowError once trained
+     "--keyset 99999999999999999999:1: the sink count must be an integer from 0 to 2**62, got 99999999999999999999\n"),
     (["reproduce", "--keysets", "8"], "SINK:WINDOW"),
     (["reproduce", "--device", "tpu"], "unknown device"),
     (["reproduce", "--device", "mps"], "MPS is not available"),

@@ -2,6 +2,7 @@
 they differ) and writes each key set's marks; bad input is one line and exit 2 before any work."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,10 @@ def test_generate_prints_the_text_and_writes_its_marks(capsys, wikitext_dir, tmp
     assert m["runs"][1]["draft_keys_read"] > (2 + 3) * m["runs"][1]["draft_queries"]  # native: the whole context
     code, stdout, err = _run(capsys, [*base, " the of", "--no-check", "--out", str(out)])
     assert code == 0 and "not checked" in stdout and json.loads(out.read_text())["dense_ids"] is None, err
+    code, _, err = _run(capsys, [*base, "--context", "100000000"])  # generate's flag is --context, not --contexts
+    assert code == 2 and "Traceback" not in err, err
+    assert re.fullmatch(r"wmtp generate: error: the corpus has (\d+) tokens; context 100000000 needs more: "
+                        r"pass --context of at most \1 tokens", err.strip().splitlines()[-1]), err
     code, stdout, err = _run(capsys, [*base, "\n\n the of", "--no-check"])  # the prompt, less its blank lines
     assert code == 0 and stdout.startswith(" the of"), (err, stdout[:40])
     monkeypatch.setattr("wmtp.generate.greedy_generate", lambda *a, **k: torch.zeros(12, dtype=torch.long))
@@ -57,10 +62,12 @@ def test_generate_prints_the_text_and_writes_its_marks(capsys, wikitext_dir, tmp
     (["--keyset=-1:64"], "--keyset -1:64: the sink count must be"),
     (["--keyset", "8:64@0"], "--keyset 8:64@0: the gate must be an integer >= 1 (a context length), got 0\n"),
     (["--depth", "0"], "depth"),
-    (["--max-new-tokens", "0"], "at least 1"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be from 1 to 4096, got 0\n"),
     (["the", "--context", "9"], "not both"), ([""], "empty"), (["--device", "tpu"], "unknown device"),
-    (["--preset", "huge"], "unknown preset"), (["--out", "TMP"], "is a folder"), (["--context", "0"], "at least 1"),
-    (["--context", "-5"], "at least 1"), (["--max-new-tokens", "5000"], "to 4096"), (["--depth", "65"], "to 64"),
+    (["--preset", "huge"], "unknown preset"), (["--out", "TMP"], "is a folder"),
+    (["--context", "0"], "--context must be at least 1, got 0\n"),
+    (["--context", "-5"], "--context must be at least 1, got -5\n"),  # each flag blamed alone
+    (["--max-new-tokens", "5000"], "--max-new-tokens must be from 1 to 4096, got 5000\n"), (["--depth", "65"], "to 64"),
     (["--impl", "bogus"], "invalid choice"), (["--out", "TMP/g.json"], "inside --cache-dir"),
     (["--loop", "graph"], "captures CUDA graphs"), (["--keyset", "8:64", "8:64"], "key set sink8+win64 is given twice"),
     (["ab\udcffc"], "the prompt is not UTF-8 text"),  # argv's byte 0xff, which the tokenizer refused with a traceback

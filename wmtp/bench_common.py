@@ -49,22 +49,22 @@ def with_capacity(target: TargetLM, head: MTPHead, max_len: int) -> tuple[Target
     return big.eval(), big_head.eval()
 
 
-def check_corpus_holds(text: torch.Tensor, context: int) -> None:
-    """Raise a ValueError, naming ``--contexts`` and the most it may ask, if ``text`` holds fewer than
-    ``context`` tokens (the benches' default contexts are long: ``--preset tiny``'s capped corpus cannot fill them)."""
+def check_corpus_holds(text: torch.Tensor, context: int, flag: str = "--contexts") -> None:
+    """Raise a ValueError, naming ``flag`` and the most it may ask, if ``text`` holds fewer than ``context``
+    tokens (the benches' default contexts are long: ``--preset tiny``'s capped corpus cannot fill them)."""
     if text.numel() < context:
-        raise ValueError(f"the corpus has {text.numel()} tokens; context {context} needs more: pass --contexts of "
+        raise ValueError(f"the corpus has {text.numel()} tokens; context {context} needs more: pass {flag} of "
                          f"at most {text.numel()} tokens")
 
 
-def long_prompt(tokens: dict[str, torch.Tensor], context: int) -> torch.Tensor:
+def long_prompt(tokens: dict[str, torch.Tensor], context: int, flag: str = "--contexts") -> torch.Tensor:
     """The last ``context`` tokens of the train, valid and test splits end to end.
 
     Raises:
         ValueError: if the splits hold fewer tokens.
     """
     text = torch.cat([tokens["train"], tokens["valid"], tokens["test"]])
-    check_corpus_holds(text, context)
+    check_corpus_holds(text, context, flag)
     return text[-context:]
 
 

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 
 from .checks import check_int, check_number
-from .keyset import check_key_set_args
+from .keyset import LIMIT, check_key_set_args
 from .policy import check_gate
 
 
@@ -113,14 +113,12 @@ def parse_keyset(text: str, flag: str = "--keysets") -> KeySetConfig:
         raise ValueError(f"key set {text!r} is not SINK:WINDOW or SINK:WINDOW@GATE (integers, e.g. 64:4096 "
                          "or 8:64@8192)")
     sink, window, gate = (None if g is None else int(g) for g in match.groups())
-    for what, value, low, hint in (("sink count", sink, 0, ""), ("window", window, 1, " (the full causal set is "
-                                   "the native arm)"), ("gate", gate, 1, " (a context length)")):
-        if value is not None and value < low:
-            raise ValueError(f"{flag} {text}: the {what} must be an integer >= {low}{hint}, got {value}")
-    try:
-        return KeySetConfig(n_sink=sink, window=window, gate=gate)
-    except ValueError as e:  # a number past 2**62
-        raise ValueError(f"{flag} {text}: {e}") from None
+    for what, value, ok, bounds in (("sink count", sink, 0 <= sink <= LIMIT, "from 0 to 2**62"),
+                                    ("window", window, 1 <= window <= LIMIT, "from 1 to 2**62"),
+                                    ("gate", gate, gate is None or gate >= 1, ">= 1 (a context length)")):
+        if not ok:
+            raise ValueError(f"{flag} {text}: the {what} must be an integer {bounds}, got {value}")
+    return KeySetConfig(n_sink=sink, window=window, gate=gate)
 
 
 @dataclass(frozen=True)

@@ -71,8 +71,10 @@ def _options(args):
         (args.prompt or "").encode("utf-8")
     except UnicodeEncodeError:  # argv's bytes that are not UTF-8 arrive as lone surrogates: the tokenizer refuses them
         raise ValueError("the prompt is not UTF-8 text (give it from a UTF-8 terminal or file)") from None
-    if args.context is not None and args.context < 1 or not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS:
-        raise ValueError(f"--context must be at least 1 and --max-new-tokens from 1 to {MAX_NEW_TOKENS}")
+    if args.context is not None and args.context < 1:
+        raise ValueError(f"--context must be at least 1, got {args.context}")
+    if not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS:
+        raise ValueError(f"--max-new-tokens must be from 1 to {MAX_NEW_TOKENS}, got {args.max_new_tokens}")
     depth = preset.spec.depth if args.depth is None else args.depth
     if not 1 <= depth <= MAX_DEPTH:
         raise ValueError(f"--depth must be from 1 to {MAX_DEPTH}, got {depth}")
@@ -128,7 +130,7 @@ def cli(args, prog: str, argv: list[str]) -> int:
     tok = tokenizer.train_tokenizer(corpus, preset.model.vocab_size, args.cache_dir)
     tokens = tokenizer.corpus_token_splits(corpus, tok)
     prompt = (tokenizer.encode(tok, args.prompt) if args.prompt is not None
-              else long_prompt(tokens, args.context or 256))
+              else long_prompt(tokens, args.context or 256, "--context"))
     if not prompt.numel():
         raise ValueError("the prompt encodes to no tokens")
     target, head, _ = prepare_models(preset, corpus, tokens, args.seed, device, args.cache_dir, None,
