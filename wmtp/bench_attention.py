@@ -6,8 +6,8 @@ Windowed-MTP draft reads ``n_sink + window`` keys whatever ``S`` is. ``sweep`` t
 the same inputs, the methods of wmtp/bench_methods.py (wmtp's Triton kernels: windowed draft, full
 verify, contiguous and paged cache; SDPA over the full cache, gather-then-SDPA, SDPA over a ready
 compact buffer, FlexAttention with a block mask) and sets each time against the HBM floor (the
-bytes a method must move over the measured copy bandwidth). ``bars`` checks the issue's targets; ``table`` and
-``plot`` (wmtp/bench_report.py) render a result. Figures come from here, never from timed assertions
+bytes a method must move over the measured copy bandwidth). ``bars``, ``table`` and ``plot``
+(wmtp/bench_report.py) check the bars and render a result. Figures come from here, never from timed assertions
 in tests; the timings are wmtp/bench_timing.py's, and ``CAVEATS`` (NOTE [Timing] in
 wmtp/bench_report.py), written into every result, says what they include.
 """
@@ -101,7 +101,7 @@ def sweep(device: torch.device | str, contexts=CONTEXTS, shapes=SHAPES, q_lens=Q
 
     Inputs are random normal from one seeded generator on ``device``, drawn once per (S, shape) and
     shared by every method and q_len. A method that fails records its error string in its row.
-    Every row of a batch has ``S`` keys and the same positions; the issue's bars are judged at batch
+    Every row of a batch has ``S`` keys and the same positions; the bars are judged at batch
     1 only (``bars`` is empty for another batch).
 
     Args:
@@ -171,7 +171,7 @@ def sweep(device: torch.device | str, contexts=CONTEXTS, shapes=SHAPES, q_lens=Q
                 "copy_bandwidth_gbs": bandwidth / 1e9, "graph_floor_ms": floor,
                 "step_floor_ms": step_floor, "correctness": dict(correctness),
                 "caveats": CAVEATS,
-                "rows": list(rows), "bars": bars(rows) if batch == 1 else {},  # the issue's bars: batch 1
+                "rows": list(rows), "bars": bars(rows) if batch == 1 else {},  # the bars: batch 1
                 "wall_time_s": time.perf_counter() - t_start}
 
     import torch._dynamo.config as dynamo  # a scoped patch: FlexAttention compiles per shape, never falls back

@@ -1,7 +1,7 @@
-"""Reading an attention sweep (wmtp/bench_attention.py): the issue's bars, the timing caveats
+"""Reading an attention sweep (wmtp/bench_attention.py): the bars, the timing caveats
 written into every result, a rich table, a PNG.
 
-The bars are the kernel issue's targets for arXiv 2607.21535's draft-KV tax on a GPU (Sec. 4):
+The bars are this project's targets for arXiv 2607.21535's draft-KV tax on a GPU (Sec. 4):
 (a) the windowed draft kernel, one query, flat in the context and under ``DRAFT_MAX_MS``; (b) the
 full verify kernel at the largest context within ``VERIFY_MIN_PCT`` of the HBM floor.
 """
@@ -57,7 +57,7 @@ def _shape_key(r: dict) -> str:
 
 
 def bars(rows: list[dict]) -> dict:
-    """The issue's targets, evaluated from the rows; a missing or failed row leaves its bar unmet.
+    """The bars, evaluated from the rows; a missing or failed row leaves its bar unmet.
 
     (a) ``triton_window``, q_len 1, every shape: the kernels' device time (``graph_ms``: the call
     captured in a CUDA graph, replayed with L2 cold) at most ``DRAFT_MAX_MS`` at every S, and at the
