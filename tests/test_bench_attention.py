@@ -484,7 +484,7 @@ def test_the_committed_sweeps_fit_an_80_gb_gpu_and_not_a_16_gib_one(name):
     from pathlib import Path
 
     m = json.loads((Path(__file__).parents[1] / "metrics" / name).read_text())
-    batch = m.get("batch", 1)  # the batch-1 files predate the field (their commands have no --batch)
+    batch = m.get("batch", 1)  # older batch-1 files predate the field (their commands have no --batch)
     args = (tuple(m["contexts"]), batch, tuple((hkv, d) for _, hkv, d in m["shapes"]),
             getattr(torch, m["dtype"]).itemsize, any("paged" in x for x in m["methods"]))
     assert max(m["contexts"]) == 2**20 and any("paged" in x for x in m["methods"])
