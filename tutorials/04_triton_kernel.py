@@ -241,12 +241,12 @@ if DEVICE.type != "cuda":
 #   it. It cannot tell you anything about speed; run this notebook on a CUDA machine for that.
 # - At draft sizes the floor is latency, not bandwidth or arithmetic. On an H200 (bf16, one query,
 #   64 + 4096 keys, cold L2; `docs/results/gpu-attention.md`) the two-kernel draft takes about 13 µs
-#   (D256) and 16 µs (D128) of CUDA-graph time. The same timing charges 5.7 µs to a graph of two
-#   kernels that do nothing, and 8.6–8.8 / 11.3–11.7 µs to a kernel that only *reads* the draft's
+#   (D256) and 16 µs (D128) of CUDA-graph time. The same timing charges 5.6 µs to a graph of two
+#   kernels that do nothing, and 8.6–8.9 / 11.4–11.7 µs to a kernel that only *reads* the draft's
 #   K and V (`wmtp bench attention` reports it as `read_floor_ms`); the merge adds 2–2.6 µs after
-#   the attention grid. Most of the 4.6 µs an empty kernel costs there is the standalone replay's
+#   the attention grid. Most of the 4.5 µs an empty kernel costs there is the standalone replay's
 #   launch: inside one graph of other work (`step_ms`) the draft takes about 9.5 / 12.1 µs.
 #   Evict-first hints, an L2 prefetch, two pipeline stages, a merge fused into one cooperative
 #   kernel, TMA loads, other block sizes, warps and merge launches were all measured, and none was
 #   faster at both shapes (`metrics/experiments/`). At 1M keys the same kernel over the full cache
-#   takes 39–62× as long: the saving Windowed-MTP is after comes from reading fewer keys.
+#   takes 39–61× as long: the saving Windowed-MTP is after comes from reading fewer keys.

@@ -90,8 +90,8 @@ its sign extension was hoisted out of the loop and each key's product compiled t
 tests/test_kernel_sm90.py). On an H100 the literal took 5.0 / 2.1 % off that draft at 1M (``q_len``
 1 / 8), 3.7 % off the D256 batch-8 verify, and moved the other three int64 cells by -0.2 to +0.5 %;
 D128's int64 pages, forced on a 2^31 pool, came within 0.7 % of int32 ones (page-stride-h100-exp64.json
-in metrics/experiments); on an H200 5.6 % off that one-query draft, 4.9 % off that verify, int64 pages
-within 0.8 % of int32 on a 2^31 pool (page-stride-h200-exp64.json). The output's offsets
+in metrics/experiments); on an H200 5.6 % off that one-query draft, 4.9 % off that verify, D128's
+int64 pages within 0.8 % of int32 on a 2^31 pool (page-stride-h200-exp64.json). The output's offsets
 (``_store_rows``, the merge) stay int32 within a batch for one tile of queries (at most Hkv x 256
 tile rows x 256 head dims a batch, below 2^31 for any Hkv < 32768); with NOTE [Chunks] the query
 and head terms are int64 (a 1M-token prefill's output passes 2^31 elements); the batch term is int64.
