@@ -77,6 +77,22 @@ def test_parse_and_label():
             parse_keyset(bad)
 
 
+def test_parse_keyset_takes_each_number_at_its_edge():
+    """``parse_keyset``'s range checks at their edges (mutation round 15): a sink count of 0 and of 2**62, a
+    window of 1 and of 2**62 and a gate of 1 are taken; one past 2**62 is refused in the command line's
+    words, naming the flag given (``--keysets`` by default), the text and the value."""
+    assert parse_keyset("0:1@1") == KeySetConfig(0, 1, 1)
+    assert parse_keyset("4611686018427387904:4611686018427387904") == KeySetConfig(2**62, 2**62, None)
+    with pytest.raises(ValueError) as sink:
+        parse_keyset("4611686018427387905:1")
+    assert str(sink.value) == ("--keysets 4611686018427387905:1: the sink count must be an integer from 0 to 2**62, "
+                               "got 4611686018427387905")
+    with pytest.raises(ValueError) as window:
+        parse_keyset("0:4611686018427387905", "--keyset")
+    assert str(window.value) == ("--keyset 0:4611686018427387905: the window must be an integer from 1 to 2**62, "
+                                 "got 4611686018427387905")
+
+
 class Spy(HeadProxy):
     """A draft that records each call's positions and key set, then answers as ``head``."""
 

@@ -150,6 +150,19 @@ def test_a_syntax_error_graded_from_its_own_folder_names_no_frozen_frame(tmp_pat
     assert grading.describe_error(raised.value, "bug.py") == "ValueError: x"
 
 
+def test_a_relative_student_file_is_its_folder_resolved(tmp_path, monkeypatch):
+    """``describe_error`` called with a relative name (mutation round 15): the folder compared with the
+    frames' (resolved) folders is the name's resolved one, so the line raised in a file beside it is
+    named (compared with ".", no frame was the student's)."""
+    helper = tmp_path / "helper.py"
+    namespace = {}
+    exec(compile("def slot(p):\n    raise ValueError('x')\n", str(helper), "exec"), namespace)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError) as raised:
+        namespace["slot"](0)
+    assert grading.describe_error(raised.value, "student.py") == "ValueError: x (helper.py, line 2)"
+
+
 def test_bad_input_raises_value_error(tmp_path):
     with pytest.raises(ValueError, match="no such file"):
         grading.grade("keyset", tmp_path / "missing.py")

@@ -51,3 +51,30 @@ def test_check_reads_refuses_a_bad_key_set(n_sink, window, name):
     ring = RingKVCache(1, 1, 2, 4, n_sink=2, window=6, spare=3, max_len=20)
     with pytest.raises(ValueError, match=name):
         ring.check_reads(1, n_sink, window)
+
+
+def test_a_copy_owns_its_values_and_takes_its_own_checked(monkeypatch):
+    """``copy`` (mutation round 15): the copy's values are its own, as its keys are (a write to the copy
+    leaves the original's ``v`` alone); ``checked`` is the original's unless given, and a given one is
+    the copy's (``prefill``'s ``cache.copy(checked)``)."""
+    def no_read(*args, **kwargs):
+        raise AssertionError("the range check read the positions")
+
+    ring = RingKVCache(1, 1, 2, 4, n_sink=1, window=2, spare=1, max_len=8)
+    copy = ring.copy()
+    copy.update(0, torch.tensor([3]), torch.ones(1, 2, 1, 4), torch.full((1, 2, 1, 4), 2.0))
+    assert ring.k.sum() == 0 and ring.v.sum() == 0 and copy.v.sum() == 2 * 2 * 4
+    assert copy.checked is True
+    assert ring.copy(checked=False).checked is False
+    assert RingKVCache(1, 1, 2, 4, n_sink=1, window=2, spare=1, max_len=8, checked=False).copy().checked is False
+    monkeypatch.setattr(torch, "aminmax", no_read)
+    ring.copy(checked=False).update(0, torch.tensor([5]), torch.ones(1, 2, 1, 4), torch.ones(1, 2, 1, 4))
+
+
+def test_a_write_of_another_dtype_is_cast_to_the_rings():
+    """``update`` (mutation round 15) casts float32 keys and values into a float64 ring alike; an indexed
+    assignment of another dtype raises."""
+    ring = RingKVCache(1, 1, 1, 2, n_sink=0, window=2, spare=1, max_len=8, dtype=torch.float64)
+    k = torch.tensor([[[[0.5, 1.5]]]])  # (B, Hkv, L, D) float32
+    ring.update(0, torch.tensor([4]), k, -k)
+    assert ring.k[0, 1, 0, 0].tolist() == [0.5, 1.5] and ring.v[0, 1, 0, 0].tolist() == [-0.5, -1.5]

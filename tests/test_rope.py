@@ -310,3 +310,18 @@ def test_rope_pair_joins_only_a_next_head_of_the_same_shape_and_strides():
     other = y.view(-1)[16:56].view(1, 1, 5, 8)  # (1, 1, 5, 8) from the third head's start, strides (40, 40, 8, 1)
     got_q, got_k = rope_pair(q, other, pos, f, "torch")
     assert torch.equal(got_q, rope(q, pos, f, "torch")) and torch.equal(got_k, rope(other, pos, f, "torch"))
+
+
+def test_rope_pair_joins_no_k_of_another_batch_or_tensor():
+    """``k`` starting where ``q``'s next head would, with ``q``'s strides, but of the first batch row only or
+    in another tensor, is no joined pair (mutation round 15): rotated alone, it keeps its one row, and its
+    own elements are read, not those of ``q``'s tensor at its offset."""
+    g = torch.Generator().manual_seed(3)
+    y, z = (torch.randn(2, 5, 3 * 8, dtype=torch.float64, generator=g) for _ in range(2))  # two storages
+    heads, others = (t.view(2, 5, 3, 8).transpose(1, 2) for t in (y, z))  # (B=2, 3 heads, L=5, D=8)
+    q = heads[:, :2]  # strides (120, 8, 24, 1)
+    pos, f = torch.arange(5), rope_frequencies(8, 10000.0, "cpu", torch.float64)
+    for k in (heads[:1, 2:3], others[:, 2:3]):  # (1, 1, 5, 8) of y; (2, 1, 5, 8) of z, at y's third head's offset
+        got_q, got_k = rope_pair(q, k, pos, f, "torch")
+        assert got_k.shape == k.shape
+        assert torch.equal(got_q, rope(q, pos, f, "torch")) and torch.equal(got_k, rope(k, pos, f, "torch"))

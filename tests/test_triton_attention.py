@@ -431,6 +431,24 @@ def test_paged_key_loop_offsets_are_int32_below_2_to_the_31():
     assert (kwargs["OFF"], kwargs["PAGE_STRIDE"]) == (tl.int64, 0)
 
 
+def test_the_page_stride_is_a_literal_from_an_offset_of_exactly_2_to_the_31():
+    """NOTE [Offsets] (mutation round 15): a pool whose largest offset is 2^31 exactly (two pages 2^31 - 767
+    elements apart) has int64 pages, and so the literal stride; a contiguous cache past 2^31 elements
+    keeps ``PAGE_STRIDE`` 0, the argument's stride (its kernel reads no page stride)."""
+    from wmtp.attention.triton_plan import max_offset, plan_call
+
+    q = torch.empty(1, 3, 1, 16, device="meta", dtype=torch.float16)  # (B, Hq, Lq, D)
+    pos, table = torch.empty(1, device="meta", dtype=torch.int64), torch.empty(1, 2, device="meta", dtype=torch.int32)
+    flat = torch.empty(2**31 + 1, dtype=torch.float16, device="meta")
+    pool = flat.as_strided((2, 16, 3, 16), (2**31 - 767, 48, 16, 1))  # (num_pages, page_size, Hkv, D)
+    assert max_offset(pool.shape, pool.stride()) == 2**31
+    kwargs = plan_call(q, pool, pool, table, 16, pos, 4, 64, (None,) * 5, None).kwargs
+    assert (kwargs["OFF"], kwargs["ROW"], kwargs["PAGE_STRIDE"]) == (tl.int64, tl.int32, 2**31 - 767)
+    k = torch.empty(1, 3, 2**26, 16, device="meta", dtype=torch.float16)  # (B, Hkv, S, D): 3 * 2^30 elements
+    kwargs = plan_call(q, k, k, None, 1, pos, 4, 64, (None,) * 5, None).kwargs
+    assert (kwargs["OFF"], kwargs["ROW"], kwargs["PAGE_STRIDE"]) == (tl.int64, tl.int32, 0)
+
+
 def test_offsets_within_a_page_are_int32_below_2_to_the_31():
     """NOTE [Offsets]: ``ROW``, the width of a key's offsets within its page, is int32 while a page's
     largest (row, dim) offset fits it: 15 rows of stride ``row_stride`` and 15 dims of stride 1."""
