@@ -368,7 +368,8 @@ def test_plot_writes_a_png(result, tmp_path):
 
 
 def test_the_plots_floor_counts_every_row_of_a_batch(result, tmp_path, monkeypatch):
-    """The dashed HBM floor of a batch sweep is the bytes of all its rows (older results: batch 1)."""
+    """The dashed HBM floor of a batch sweep is the bytes of all its rows (older results: batch 1); the title
+    names the batch and the machine (the GPU's name where the sweep ran on one)."""
     pytest.importorskip("matplotlib")
     from matplotlib.figure import Figure
 
@@ -380,7 +381,17 @@ def test_the_plots_floor_counts_every_row_of_a_batch(result, tmp_path, monkeypat
     seen.clear()
     bench_report.plot({k: v for k, v in result.items() if k != "batch"}, tmp_path / "old.png")
     assert seen and set(seen) == {(1,)}
-    assert titles == [f"Attention time vs context, float32, batch {b}, sink 4 + window 16" for b in (3, 1)]
+    machine = f"cpu, torch {torch.__version__}, triton {result['environment']['versions']['triton']}"
+    assert titles == [f"wmtp bench attention ({machine})\ntime vs context, float32, batch {b}, sink 4 + window 16"
+                      for b in (3, 1)]
+    env = result["environment"] | {"device": "cuda", "device_name": "NVIDIA H200",
+                                   "versions": {"torch": "2.11.0", "triton": "3.6.0"}}
+    bench_report.plot(result | {"environment": env}, tmp_path / "h200.png")
+    assert titles[-1] == ("wmtp bench attention (NVIDIA H200, torch 2.11.0, triton 3.6.0)\ntime vs context, float32, "
+                          "batch 1, sink 4 + window 16")
+    bench_report.plot(result | {"environment": env | {"versions": {"torch": "2.11.0", "triton": None}}},
+                      tmp_path / "no-triton.png")
+    assert titles[-1].startswith("wmtp bench attention (NVIDIA H200, torch 2.11.0)\ntime vs context")
 
 
 def test_cli_sweep_flags_need_cuda(capsys):

@@ -147,8 +147,9 @@ def _device_ms(r: dict) -> float | None:
 
 def plot(result: dict, png_path) -> None:
     """Device time against S, log-log (``_device_ms``): one panel per (shape, q_len), one line per method, the
-    full cache's HBM floor dashed and the window's read floor (``read_floor_ms``) dotted where measured.
-    Written atomically (temp file in the same folder, then rename)."""
+    full cache's HBM floor dashed and the window's read floor (``read_floor_ms``) dotted where measured; the
+    title names the device and the torch and triton versions. Written atomically (temp file in the same
+    folder, then rename)."""
     from matplotlib.figure import Figure  # no pyplot: no global backend state
 
     rows = result["rows"]
@@ -175,7 +176,10 @@ def plot(result: dict, png_path) -> None:
                    xlabel="context S (keys)", ylabel="ms: CUDA-graph replay, else plain calls")
             ax.grid(True, which="both", alpha=0.3)
     axes[0][0].legend(fontsize="small")
-    fig.suptitle(f"Attention time vs context, {result['dtype']}, batch {batch}, sink {result['n_sink']} + window "
-                 f"{result['window']}")
+    env, versions = result["environment"], result["environment"]["versions"]  # named as wmtp/plots.py names it
+    machine = [env.get("device_name", env["device"]), f"torch {versions['torch']}"]
+    machine += [f"triton {versions['triton']}"] if versions.get("triton") else []  # no triton: none named
+    fig.suptitle(f"wmtp bench attention ({', '.join(machine)})\ntime vs context, {result['dtype']}, batch {batch}, "
+                 f"sink {result['n_sink']} + window {result['window']}")
     with atomic_path(png_path) as tmp:
         fig.savefig(tmp, format="png", dpi=120)
