@@ -122,6 +122,11 @@ def test_perplexity_is_the_mean_of_each_window_s_losses_over_one_token_more():
     assert math.isclose(perplexity(target, tokens, 32, 64), math.exp(nll / 64), rel_tol=1e-9)
     with pytest.raises(ValueError, match=r"^evaluation text has 64 tokens; need 65$"):
         perplexity(target, tokens[:64], 32, 64)
+    # whole windows only: 63 tokens asked of windows of 32 score the first window, as 32 do
+    one = perplexity(target, tokens, 32, 32)
+    assert perplexity(target, tokens, 32, 63) == one != perplexity(target, tokens, 32, 64)
+    with pytest.raises(ValueError, match=r"^evaluation text has 65 tokens; need 33$"):  # no whole window asked
+        perplexity(target, tokens, 32, 16)
 
 def test_checkpoint_round_trip_and_config_check(trained, tmp_path):
     target, head, _, _, _ = trained
@@ -187,6 +192,18 @@ def test_checkpoint_with_a_weight_that_is_no_tensor_is_refused_by_name(tmp_path)
     with pytest.raises(ValueError, match="holds no head weights of this MTPHead's names and shapes"):
         load_checkpoint(tmp_path / "list_weight.pt", target, head, {})
     assert torch.equal(target.embed, before)
+
+
+def test_checkpoint_meta_names_everything_a_checkpoint_must_match_as_json():
+    """The configs, corpus, its fingerprint, seed and CHECKPOINT_VERSION, in JSON's terms (a tuple
+    field such as global_layers as a list, so the meta equals its own JSON round trip)."""
+    import json
+
+    meta = checkpoint_meta(wmtp.get_preset("tiny"), "wikitext-103", "f00d", 3)
+    assert list(meta) == ["model", "mtp", "train", "corpus", "corpus_fingerprint", "seed", "version"]
+    assert (meta["corpus"], meta["corpus_fingerprint"], meta["seed"], meta["version"]) == ("wikitext-103", "f00d", 3, 1)
+    assert meta["model"]["global_layers"] == [1] and meta["mtp"] == {"train_depth": 2, "rope": True}
+    assert json.loads(json.dumps(meta)) == meta
 
 def test_weights_sha256_digests_every_entry_of_both_models():
     """The docstring's digest: name, dtype, shape and bytes of each entry, sorted, the target's then the
@@ -316,6 +333,23 @@ def test_training_leaves_both_models_in_eval_mode():
                       progress=False) == []
     assert not any(m.training for m in head.modules())
 
+
+
+def test_one_step_moves_every_parameter_and_the_head_s_leaves_the_target_without_gradients():
+    """``train_target`` and ``train_head`` take ``parameters()``, a generator read more than once (the
+    decayed matrices, the rest, the clipping): one step moves every target and head parameter, the
+    1-D norm weights too. The head's step leaves no gradient on the target's (shared) weights."""
+    target, head = wmtp.build_models("tiny", seed=0)
+    tokens, cfg = synthetic_tokens(1000), dataclasses.replace(CFG, target_steps=1, head_steps=1, seq_len=8)
+    for model, train in ((target, lambda g: train_target(target, tokens, cfg, g, progress=False)),
+                         (head, lambda g: train_head(head, target, tokens, cfg, g, progress=False))):
+        before = {k: v.clone() for k, v in model.named_parameters()}
+        train(torch.Generator().manual_seed(0))
+        assert [k for k, v in model.named_parameters() if torch.equal(v, before[k])] == []
+        assert any(v.dim() == 1 for v in before.values())
+        if model is target:
+            target.zero_grad(set_to_none=True)  # the target's own last step left its gradients
+    assert [k for k, v in target.named_parameters() if v.grad is not None] == []
 
 def test_head_loss_is_the_mean_of_its_draft_steps_cross_entropies():
     """A head step's loss is the mean over the draft steps 1 .. train_depth of each step's cross-entropy
