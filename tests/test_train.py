@@ -351,6 +351,60 @@ def test_one_step_moves_every_parameter_and_the_head_s_leaves_the_target_without
             target.zero_grad(set_to_none=True)  # the target's own last step left its gradients
     assert [k for k, v in target.named_parameters() if v.grad is not None] == []
 
+
+def test_target_loss_is_next_token_cross_entropy_over_seq_len_positions():
+    """A target step's loss is the cross-entropy of windows of seq_len + 1 tokens, each position
+    predicting the next, worked out here from the same window draws."""
+    from torch.nn.functional import cross_entropy
+
+    from wmtp.train import random_windows
+
+    target, _ = wmtp.build_models("tiny", seed=0)
+    tokens, cfg = synthetic_tokens(1000), dataclasses.replace(CFG, target_steps=1, batch_size=2, seq_len=8)
+    with torch.no_grad():
+        x = random_windows(tokens, 2, 9, torch.Generator().manual_seed(5))
+        logits, _ = target(x[:, :-1], impl="torch")
+        want = cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten()).item()
+    [loss] = train_target(target, tokens, cfg, torch.Generator().manual_seed(5), progress=False)
+    assert math.isclose(loss, want, rel_tol=1e-6)
+
+
+def test_each_model_trains_at_its_own_rate_and_the_bar_shows_each_step_s_loss(monkeypatch):
+    """The target trains ``target_steps`` at ``lr``, the head ``head_steps`` at ``head_lr`` under their
+    own labels; the bar advances one step at a time showing that step's loss."""
+    import wmtp.train as train
+
+    calls, updates = [], []
+    real = train._optimise
+    monkeypatch.setattr(train, "_optimise", lambda params, fn, steps, lr, cfg, label, progress: calls.append(
+        (steps, lr, label)) or real(params, fn, steps, lr, cfg, label, progress))
+
+    class Bar:
+        def __init__(self, *columns, disable):
+            self.disable = disable
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def add_task(self, label, total, loss):
+            updates.append((label, total, loss))
+            return 7
+
+        def update(self, task, **fields):
+            updates.append((task, fields))
+
+    monkeypatch.setattr(train, "Progress", Bar)
+    target, head = wmtp.build_models("tiny", seed=0)
+    cfg = dataclasses.replace(CFG, target_steps=2, head_steps=1, lr=1e-2, head_lr=3e-3, batch_size=2, seq_len=8)
+    losses = train_target(target, synthetic_tokens(1000), cfg, torch.Generator().manual_seed(0), progress=False)
+    assert updates[0][:2] == ("target LM", 2) and math.isnan(updates[0][2])
+    assert updates[1:] == [(7, {"advance": 1, "loss": losses[0]}), (7, {"advance": 1, "loss": losses[1]})]
+    train_head(head, target, synthetic_tokens(1000), cfg, torch.Generator().manual_seed(0), progress=False)
+    assert calls == [(2, 1e-2, "target LM"), (1, 3e-3, "MTP head")]
+
 def test_head_loss_is_the_mean_of_its_draft_steps_cross_entropies():
     """A head step's loss is the mean over the draft steps 1 .. train_depth of each step's cross-entropy
     against the token k + 1 ahead (not their sum), worked out here from the same window draws."""
