@@ -105,6 +105,29 @@ def test_perplexity_of_a_trained_model_is_low(trained):
         perplexity(target, tokens[:2000].tolist(), 128)
 
 
+
+def test_perplexity_is_the_mean_of_each_window_s_losses_over_one_token_more():
+    """Two windows of 32 over 64 tokens: each window reads 33 tokens (its 32 and the next, to score its
+    last), the per-token losses summed over both and divided by 64. A text of exactly 64 tokens has no
+    token after the second window: refused."""
+    from torch.nn.functional import cross_entropy
+
+    target, _ = wmtp.build_models("tiny", seed=0)
+    tokens = torch.arange(65) * 7 % target.config.vocab_size
+    nll = 0.0
+    with torch.no_grad():
+        for w in (tokens[:33], tokens[32:65]):
+            logits, _ = target(w[None, :-1], impl="torch")
+            nll += cross_entropy(logits[0].double(), w[1:], reduction="sum").item()
+    assert math.isclose(perplexity(target, tokens, 32, 64), math.exp(nll / 64), rel_tol=1e-9)
+    with pytest.raises(ValueError, match=r"^evaluation text has 64 tokens; need 65$"):
+        perplexity(target, tokens[:64], 32, 64)
+    # whole windows only: 63 tokens asked of windows of 32 score the first window, as 32 do
+    one = perplexity(target, tokens, 32, 32)
+    assert perplexity(target, tokens, 32, 63) == one != perplexity(target, tokens, 32, 64)
+    with pytest.raises(ValueError, match=r"^evaluation text has 65 tokens; need 33$"):  # no whole window asked
+        perplexity(target, tokens, 32, 16)
+
 def test_checkpoint_round_trip_and_config_check(trained, tmp_path):
     target, head, _, _, _ = trained
     preset = wmtp.get_preset("tiny")
@@ -155,6 +178,32 @@ def test_checkpoint_round_trip_and_config_check(trained, tmp_path):
     with pytest.raises(ValueError, match=r"meta must be a dict \(checkpoint_meta's\), got NoneType"):
         load_checkpoint(path, t2, h2, None)
 
+
+
+def test_checkpoint_with_a_weight_that_is_no_tensor_is_refused_by_name(tmp_path):
+    """A head entry of the right name holding a list (no ``.shape``) is the one-line ValueError, not an
+    AttributeError, and nothing loads: the target keeps its own weights."""
+    target, head = wmtp.build_models("tiny", seed=0)
+    weights = head.state_dict()
+    weights[next(iter(weights))] = [0.0]
+    torch.save({"meta": {}, "target": wmtp.build_models("tiny", seed=1)[0].state_dict(), "head": weights},
+               tmp_path / "list_weight.pt")
+    before = target.embed.clone()
+    with pytest.raises(ValueError, match="holds no head weights of this MTPHead's names and shapes"):
+        load_checkpoint(tmp_path / "list_weight.pt", target, head, {})
+    assert torch.equal(target.embed, before)
+
+
+def test_checkpoint_meta_names_everything_a_checkpoint_must_match_as_json():
+    """The configs, corpus, its fingerprint, seed and CHECKPOINT_VERSION, in JSON's terms (a tuple
+    field such as global_layers as a list, so the meta equals its own JSON round trip)."""
+    import json
+
+    meta = checkpoint_meta(wmtp.get_preset("tiny"), "wikitext-103", "f00d", 3)
+    assert list(meta) == ["model", "mtp", "train", "corpus", "corpus_fingerprint", "seed", "version"]
+    assert (meta["corpus"], meta["corpus_fingerprint"], meta["seed"], meta["version"]) == ("wikitext-103", "f00d", 3, 1)
+    assert meta["model"]["global_layers"] == [1] and meta["mtp"] == {"train_depth": 2, "rope": True}
+    assert json.loads(json.dumps(meta)) == meta
 
 def test_weights_sha256_digests_every_entry_of_both_models():
     """The docstring's digest: name, dtype, shape and bytes of each entry, sorted, the target's then the
@@ -260,6 +309,120 @@ def test_gradients_are_clipped_and_not_accumulated():
     _, b = _one_param_run([up, down], weight_decay=0.0, grad_clip=math.inf)
     assert torch.allclose(b, torch.full((2,), 0.9 + 0.1 / 19, dtype=torch.float64), rtol=0, atol=1e-8)
 
+
+
+def test_adam_s_second_moment_decays_at_0_95():
+    """AdamW's betas are (0.9, 0.95): a gradient of 1, then of -2, gives m = 0.9 * 0.1 - 0.2 = -0.11 and
+    v = 0.95 * 0.05 + 0.05 * 4 = 0.2475, bias-corrected -0.11 / 0.19 and 0.2475 / 0.0975 = 4.95 / 1.95, so
+    ``b`` moves from 0.9 up by 0.1 * (0.11 / 0.19) / sqrt(4.95 / 1.95) (beta2 0.999 gives 0.93661...). A
+    gradient of 1 then -1, as above, cannot tell: its corrected v is 1 for any beta2."""
+    up = lambda w, b: b.sum()  # noqa: E731
+    down2 = lambda w, b: -2 * b.sum()  # noqa: E731
+    _, b = _one_param_run([up, down2], weight_decay=0.0, grad_clip=math.inf)
+    assert torch.allclose(b, torch.full((2,), 0.9363373950477333, dtype=torch.float64), rtol=0, atol=1e-8)
+
+
+def test_training_leaves_both_models_in_eval_mode():
+    """train_target and train_head switch their model to training mode and back to eval mode when
+    done (no steps needed to see it)."""
+    target, head = wmtp.build_models("tiny", seed=0)
+    cfg = dataclasses.replace(CFG, target_steps=0, head_steps=0)
+    assert train_target(target, synthetic_tokens(1000), cfg, torch.Generator().manual_seed(0), progress=False) == []
+    assert not any(m.training for m in target.modules())
+    assert train_head(head, target, synthetic_tokens(1000), cfg, torch.Generator().manual_seed(0),
+                      progress=False) == []
+    assert not any(m.training for m in head.modules())
+
+
+
+def test_one_step_moves_every_parameter_and_the_head_s_leaves_the_target_without_gradients():
+    """``train_target`` and ``train_head`` take ``parameters()``, a generator read more than once (the
+    decayed matrices, the rest, the clipping): one step moves every target and head parameter, the
+    1-D norm weights too. The head's step leaves no gradient on the target's (shared) weights."""
+    target, head = wmtp.build_models("tiny", seed=0)
+    tokens, cfg = synthetic_tokens(1000), dataclasses.replace(CFG, target_steps=1, head_steps=1, seq_len=8)
+    for model, train in ((target, lambda g: train_target(target, tokens, cfg, g, progress=False)),
+                         (head, lambda g: train_head(head, target, tokens, cfg, g, progress=False))):
+        before = {k: v.clone() for k, v in model.named_parameters()}
+        train(torch.Generator().manual_seed(0))
+        assert [k for k, v in model.named_parameters() if torch.equal(v, before[k])] == []
+        assert any(v.dim() == 1 for v in before.values())
+        if model is target:
+            target.zero_grad(set_to_none=True)  # the target's own last step left its gradients
+    assert [k for k, v in target.named_parameters() if v.grad is not None] == []
+
+
+def test_target_loss_is_next_token_cross_entropy_over_seq_len_positions():
+    """A target step's loss is the cross-entropy of windows of seq_len + 1 tokens, each position
+    predicting the next, worked out here from the same window draws."""
+    from torch.nn.functional import cross_entropy
+
+    from wmtp.train import random_windows
+
+    target, _ = wmtp.build_models("tiny", seed=0)
+    tokens, cfg = synthetic_tokens(1000), dataclasses.replace(CFG, target_steps=1, batch_size=2, seq_len=8)
+    with torch.no_grad():
+        x = random_windows(tokens, 2, 9, torch.Generator().manual_seed(5))
+        logits, _ = target(x[:, :-1], impl="torch")
+        want = cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten()).item()
+    [loss] = train_target(target, tokens, cfg, torch.Generator().manual_seed(5), progress=False)
+    assert math.isclose(loss, want, rel_tol=1e-6)
+
+
+def test_each_model_trains_at_its_own_rate_and_the_bar_shows_each_step_s_loss(monkeypatch):
+    """The target trains ``target_steps`` at ``lr``, the head ``head_steps`` at ``head_lr`` under their
+    own labels; the bar advances one step at a time showing that step's loss."""
+    import wmtp.train as train
+
+    calls, updates = [], []
+    real = train._optimise
+    monkeypatch.setattr(train, "_optimise", lambda params, fn, steps, lr, cfg, label, progress: calls.append(
+        (steps, lr, label)) or real(params, fn, steps, lr, cfg, label, progress))
+
+    class Bar:
+        def __init__(self, *columns, disable):
+            self.disable = disable
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def add_task(self, label, total, loss):
+            updates.append((label, total, loss))
+            return 7
+
+        def update(self, task, **fields):
+            updates.append((task, fields))
+
+    monkeypatch.setattr(train, "Progress", Bar)
+    target, head = wmtp.build_models("tiny", seed=0)
+    cfg = dataclasses.replace(CFG, target_steps=2, head_steps=1, lr=1e-2, head_lr=3e-3, batch_size=2, seq_len=8)
+    losses = train_target(target, synthetic_tokens(1000), cfg, torch.Generator().manual_seed(0), progress=False)
+    assert updates[0][:2] == ("target LM", 2) and math.isnan(updates[0][2])
+    assert updates[1:] == [(7, {"advance": 1, "loss": losses[0]}), (7, {"advance": 1, "loss": losses[1]})]
+    train_head(head, target, synthetic_tokens(1000), cfg, torch.Generator().manual_seed(0), progress=False)
+    assert calls == [(2, 1e-2, "target LM"), (1, 3e-3, "MTP head")]
+
+def test_head_loss_is_the_mean_of_its_draft_steps_cross_entropies():
+    """A head step's loss is the mean over the draft steps 1 .. train_depth of each step's cross-entropy
+    against the token k + 1 ahead (not their sum), worked out here from the same window draws."""
+    from torch.nn.functional import cross_entropy
+
+    from wmtp.train import head_step_logits, random_windows
+
+    target, head = wmtp.build_models("tiny", seed=0)
+    depth, tokens = head.config.train_depth, synthetic_tokens(1000)
+    cfg = dataclasses.replace(CFG, head_steps=1, batch_size=2, seq_len=8)
+    with torch.no_grad():
+        x = random_windows(tokens, 2, 8 + depth + 1, torch.Generator().manual_seed(5))
+        steps = head_step_logits(head, target, x, depth)
+        want = sum(cross_entropy(lg.flatten(0, 1), x[:, k + 1 : k + 9].flatten()).item()
+                   for k, lg in enumerate(steps, start=1)) / depth
+    assert depth > 1
+    [loss] = train_head(head, target, tokens, cfg, torch.Generator().manual_seed(5), progress=False)
+    assert math.isclose(loss, want, rel_tol=1e-6)
 
 def test_head_steps_read_the_targets_hidden_then_their_own():
     """Step 1 reads the target's hidden states at positions 0 .. L-1 and the tokens 1 .. L, step k the
