@@ -84,7 +84,8 @@ def test_check_pages_reads_only_the_pages_the_queries_reach():
 
 def test_triton_refuses_each_thing_the_kernels_cannot_take():
     """Any of q, k, v of another dtype; a strided head dim even where k and v share it; k and v of
-    two layouts each with a contiguous head dim; a gradient on v or on q_sink, but not under no_grad."""
+    two layouts each with a contiguous head dim; a gradient on v or on q_sink, but not under no_grad;
+    a cache of more than 2**30 positions."""
     q, k, v = _t(1, 2, 3, 4), _t(1, 2, 5, 4), _t(1, 2, 5, 4)
     assert triton_refuses(q, k, v, None) is None
     assert triton_refuses(q, k, v.double(), None) == (
@@ -101,6 +102,10 @@ def test_triton_refuses_each_thing_the_kernels_cannot_take():
     assert triton_refuses(q, k, _t(1, 2, 5, 4), sink) == grad
     with torch.no_grad():
         assert triton_refuses(q, k, v, sink) is None
+    v = _t(1, 2, 5, 4)  # the one above requires grad now
+    assert triton_refuses(q, k, v, None, 2**30) is None  # capacity: the cache's key positions
+    assert triton_refuses(q, k, v, None, 2**30 + 1) == (
+        "a cache of 1073741825 key positions (the kernels' positions are int32: at most 2**30)")
 
 
 def test_check_q_sink_must_be_a_tensor_matching_q_with_a_window():

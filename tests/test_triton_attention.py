@@ -583,18 +583,68 @@ def test_public_ops_refuse_what_the_kernels_cannot_take_with_a_value_error():
 
 
 def test_the_kernels_contract_refuses_what_the_public_op_would_have_caught():
-    """``plan.check_tensors``, the launcher's own contract behind the public op's checks: a head dim
-    that is not a power of two in [16, 256], and k and v of two layouts, are assertions."""
+    """``plan.check_tensors``, the launcher's own contract behind the public op's checks, raises
+    ValueErrors (assertions would vanish under ``python -O``): a head dim that is not a power of two
+    in [16, 256], k and v of two layouts, two dtypes, two devices, a strided head dim."""
     from wmtp.attention.plan import check_tensors
 
     q, k, v, pos = make_inputs(1, 4, 2, 2, 20, 32, torch.float32, seed=1)
     check_tensors(q, k, v, pos)
     for D in (8, 48, 512):
         qd, kd, vd, _ = make_inputs(1, 4, 2, 2, 20, D, torch.float32, seed=1)
-        with pytest.raises(AssertionError, match="power of two in \\[16, 256\\]"):
+        with pytest.raises(ValueError, match="^head_dim must be a power of two in \\[16, 256\\], got " + str(D)):
             check_tensors(qd, kd, vd, pos)
-    with pytest.raises(AssertionError, match="one layout"):
+    with pytest.raises(ValueError, match="^k and v must have one shape and one layout$"):
         check_tensors(q, k, v.transpose(2, 3).contiguous().transpose(2, 3), pos)
+    with pytest.raises(ValueError, match="^q, k, v must share one dtype of fp16/bf16/fp32/fp64, got torch.float32, "
+                                         "torch.float64, torch.float64$"):
+        check_tensors(q, k.double(), v.double(), pos)
+    with pytest.raises(ValueError, match="^all tensors must be on one device$"):
+        check_tensors(q, k, v, pos.to("meta"))
+    strided = (q.transpose(2, 3).contiguous().transpose(2, 3), k.transpose(2, 3).contiguous().transpose(2, 3))
+    for qs, ks in ((strided[0], k), (q, strided[1])):
+        with pytest.raises(ValueError, match="^the head dimension must be contiguous$"):
+            check_tensors(qs, ks, ks if ks is not k else v, pos)
+
+
+@NEEDS_TRITON
+def test_caches_past_2_to_the_30_positions_are_refused():
+    """The kernel's positions are int32 and ``window=None`` runs as a window of ``FULL`` = 2**30, so
+    a cache may hold at most 2**30 key positions: more would drop the first keys of a full causal
+    set. The plan refuses S = 2**30 + 1 (contiguous) and a block table of 2**26 + 1 pages of 16;
+    2**30 exactly plans. The public ops say so for ``impl="triton"`` and take the reference for
+    ``"auto"`` (stride-0 caches: no memory)."""
+    from wmtp.attention import _prepare
+    from wmtp.attention.triton_plan import FULL, plan_call
+
+    assert FULL == 2**30
+    q = torch.empty(1, 2, 1, 16, device="meta", dtype=torch.float16)  # (B, Hq, Lq, D)
+    pos = torch.empty(1, device="meta", dtype=torch.int64)
+    why = "^the Triton kernel reads caches of at most 2\\*\\*30 key positions, got {}; use impl='torch'$"
+    for S in (2**30, 2**30 + 1):
+        k = torch.empty(1, 1, S, 16, device="meta", dtype=torch.float16)  # (B, Hkv, S, D)
+        pages = torch.empty(4, 16, 1, 16, device="meta", dtype=torch.float16)  # (num_pages, page_size, Hkv, D)
+        table = torch.empty(1, -(-S // 16), device="meta", dtype=torch.int32)  # 2**26 (+ 1) pages of 16
+        if S == 2**30:
+            assert plan_call(q, k, k, None, 1, pos, 0, None, (None,) * 5, None).kwargs["HEAD_DIM"] == 16
+            assert plan_call(q, pages, pages, table, 16, pos, 0, None, (None,) * 5, None).kwargs["PAGED"]
+            continue
+        with pytest.raises(ValueError, match=why.format(2**30 + 1)):
+            plan_call(q, k, k, None, 1, pos, 0, None, (None,) * 5, None)
+        with pytest.raises(ValueError, match=why.format(2**30 + 16)):
+            plan_call(q, pages, pages, table, 16, pos, 0, None, (None,) * 5, None)
+    qr, pr = torch.zeros(1, 2, 1, 16, device=DEVICE), torch.tensor([5], device=DEVICE)
+    big = torch.zeros(1, 1, 1, 16, device=DEVICE).expand(1, 1, 2**30 + 1, 16)  # (B, Hkv, S, D), stride 0 in S
+    why = "^impl='triton' does not support a cache of 1073741825 key positions \\(the kernels' positions are int32"
+    with pytest.raises(ValueError, match=why + ": at most 2\\*\\*30\\); use impl='torch'$"):
+        wmtp.attention(qr, big, big, pr, 0, None, impl="triton")
+    pool = torch.zeros(1, 16, 1, 16, device=DEVICE)  # one page of 16
+    table = torch.zeros(1, 1, dtype=torch.int32, device=DEVICE).expand(1, 2**26 + 1)
+    with pytest.raises(ValueError, match="^impl='triton' does not support a cache of 1073741840 key positions"):
+        paged_attention(qr, pool, pool, table, pr, 0, None, impl="triton")
+    if CUDA:  # where "auto" would pick the kernel
+        assert _prepare(qr, big, big, pr, "auto")[0] == "torch"
+        assert _prepare(qr, big[..., : 2**30, :], big[..., : 2**30, :], pr, "auto")[0] == "triton"
 
 
 @pytest.mark.parametrize("impl", ["torch", pytest.param("triton", marks=NEEDS_TRITON)])

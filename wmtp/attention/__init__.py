@@ -121,12 +121,13 @@ def _prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos, impl: str
     if not (q.is_floating_point() and k.is_floating_point() and v.is_floating_point()):
         raise ValueError(f"q, k, v must be floating point, got {q.dtype}, {k.dtype}, {v.dtype}")
     resolved = resolve_impl(impl, q.device, q.dtype, q.shape[-1], group)
-    refused = triton_refuses(q, k, v, q_sink) if resolved == "triton" else None
+    capacity = (logical if logical is not None else k).shape[2]
+    refused = triton_refuses(q, k, v, q_sink, capacity) if resolved == "triton" else None
     if refused is not None and impl == "auto":  # as for a head_dim the kernel lacks: the reference
         resolved = "torch"
     elif refused is not None:
         raise ValueError(f"impl='triton' does not support {refused}; use impl='torch'")
-    check_positions(resolved, q_pos, (logical if logical is not None else k).shape[2])
+    check_positions(resolved, q_pos, capacity)
     if resolved == "triton" and q.stride(-1) != 1:
         q = q.contiguous()  # the kernel loads each query row whole; q is small
     return resolved, q, q_pos.to(q.device)
@@ -176,8 +177,8 @@ def attention(
             fit, ``q, k, v`` on two devices or not floating point, positions that are not integers or
             (where checked) not in ``[0, S)``, a ``q_sink`` unlike ``q`` or without a window, or an
             ``impl`` that cannot run (``resolve_impl``; ``"triton"`` also refuses tensors that need a
-            gradient, k and v of two layouts, and q, k, v of different dtypes, where ``"auto"`` takes
-            the reference).
+            gradient, k and v of two layouts, q, k, v of different dtypes and caches of more than
+            2**30 positions, where ``"auto"`` takes the reference).
     """
     check_key_set_args(n_sink, window)
     check_tensors(q=q, k=k, v=v)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..checks import check_tensors
+from .plan import MAX_POSITIONS
 
 
 def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor) -> int:
@@ -57,9 +58,14 @@ def check_pages(impl: str, block_table: torch.Tensor, q_pos: torch.Tensor, num_p
                              f"[0, {num_pages}), got [{lo}, {hi}]")
 
 
-def triton_refuses(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_sink: torch.Tensor | None) -> str | None:
+def triton_refuses(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_sink: torch.Tensor | None,
+                   capacity: int = 0) -> str | None:
     """What the Triton kernels cannot take beyond dtype and shape, or ``None``: they read k and v in
-    place (one layout, a contiguous head dim), in q's dtype, and have no backward."""
+    place (one layout, a contiguous head dim), in q's dtype, from a cache of at most ``MAX_POSITIONS``
+    key positions (``capacity``: S, or the block table's pages times the page size; int32 positions),
+    and have no backward."""
+    if capacity > MAX_POSITIONS:
+        return f"a cache of {capacity} key positions (the kernels' positions are int32: at most 2**30)"
     if not q.dtype == k.dtype == v.dtype:
         return f"q, k, v of different dtypes ({q.dtype}, {k.dtype}, {v.dtype})"
     if k.stride(-1) != 1 or k.stride() != v.stride():

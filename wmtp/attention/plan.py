@@ -64,7 +64,9 @@ import torch
 from ..keyset import key_ranges
 
 __all__ = ["KeyPlan", "key_plan", "LaunchConfig", "launch_config", "max_tile_rows", "check_tensors",
-           "query_chunk"]
+           "query_chunk", "MAX_POSITIONS"]
+
+MAX_POSITIONS = 1 << 30  # most key positions a Triton-read cache holds: its positions are int32 in the kernel
 
 SMEM_H200 = 232448  # opt-in shared memory per block of an H100/H200 (227 KiB), the tuned machine
 SMEM_HEADROOM = 32 * 1024  # shared memory left for the query tile and layout conversions
@@ -216,15 +218,20 @@ def launch_config(B: int, Hq: int, Hkv: int, Lq: int, D: int, dtype: torch.dtype
 
 
 def check_tensors(q, k, v, q_pos) -> None:
-    """The Triton kernels' input contract (AssertionError otherwise): one device, one dtype of
-    fp16/bf16/fp32/fp64, k and v alike, a power-of-two head dim in [16, 256], contiguous in it."""
-    assert q.device == k.device == v.device == q_pos.device, "all tensors must be on one device"
-    assert q.dtype == k.dtype == v.dtype and q.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64), \
-        f"q, k, v must share one dtype of fp16/bf16/fp32/fp64, got {q.dtype}, {k.dtype}, {v.dtype}"
-    assert k.shape == v.shape and k.stride() == v.stride(), "k and v must have one shape and one layout"
+    """The Triton kernels' input contract (``ValueError`` otherwise, as ``python -O`` keeps it): one
+    device, one dtype of fp16/bf16/fp32/fp64, k and v alike, a power-of-two head dim in [16, 256],
+    contiguous in it."""
+    if not q.device == k.device == v.device == q_pos.device:
+        raise ValueError("all tensors must be on one device")
+    if not (q.dtype == k.dtype == v.dtype and q.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)):
+        raise ValueError(f"q, k, v must share one dtype of fp16/bf16/fp32/fp64, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if k.shape != v.shape or k.stride() != v.stride():
+        raise ValueError("k and v must have one shape and one layout")
     D = q.shape[-1]
-    assert D in (16, 32, 64, 128, 256), f"head_dim must be a power of two in [16, 256], got {D}"
-    assert k.stride(-1) == 1 and q.stride(-1) == 1, "the head dimension must be contiguous"
+    if D not in (16, 32, 64, 128, 256):
+        raise ValueError(f"head_dim must be a power of two in [16, 256], got {D}")
+    if k.stride(-1) != 1 or q.stride(-1) != 1:
+        raise ValueError("the head dimension must be contiguous")
 
 
 def query_chunk(Lq: int, group: int, dtype: torch.dtype, D: int) -> int:

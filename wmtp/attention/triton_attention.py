@@ -45,7 +45,7 @@ sizes and query chunks come from shapes and Python ints only, so a call is async
 CUDA-graph capturable. Each program loads the tile's positions, takes ``t_min``/``t_max`` and
 computes on device what ``key_plan`` (attention/plan.py) computes on the host (the two ranges,
 their blocks, the unmasked blocks, its share ``cdiv(n_blk, n_splits)`` of the blocks).
-``window=None`` runs as ``n_sink = 0, window = FULL`` (larger than any position).
+``window=None`` runs as ``n_sink = 0, window = FULL`` (2**30: caches hold at most that many positions).
 
 NOTE [PDL]: with split-K the call is two dependent kernels. On sm_90+ the merge is launched with
 programmatic dependent launch: every attention program calls ``gdc_launch_dependents`` first, so
@@ -353,9 +353,10 @@ def attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: t
     """Sink+window (or full causal) attention over a contiguous cache; semantics of ``attention_torch``.
 
     Args:
-        q: ``(B, Hq, Lq, D)`` queries (fp16, bf16, fp32 or fp64; ``D`` a power of two, 16..256;
-            ``Hq // Hkv`` at most ``max_tile_rows(dtype, D)``, else ``ValueError``).
-        k, v: ``(B, Hkv, S, D)`` position-indexed keys and values, any strides (head dim contiguous).
+        q: ``(B, Hq, Lq, D)`` queries (fp16, bf16, fp32 or fp64, k's and v's; ``D`` a power of two,
+            16..256; ``Hq // Hkv`` at most ``max_tile_rows(dtype, D)``; else ``ValueError``).
+        k, v: ``(B, Hkv, S, D)`` position-indexed keys and values, any strides (head dim contiguous);
+            ``S`` at most ``FULL`` = 2**30 (the kernel's positions are int32), else ``ValueError``.
         q_pos: ``(Lq,)`` LongTensor of absolute query positions, each in ``[0, S)`` (not checked here,
             which would need a host sync; the kernel clamps them to ``[0, S)``, so it never reads outside),
             or ``(B, Lq)``: each batch row's own (a program serves one row: the key ranges are its own).
@@ -398,7 +399,8 @@ def paged_attention_triton(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
         q: ``(B, Hq, Lq, D)`` queries.
         k_pages, v_pages: ``(num_pages, page_size, Hkv, D)``; position ``p`` of sequence ``b`` is
             row ``p % page_size`` of page ``block_table[b, p // page_size]``.
-        block_table: ``(B, max_pages)`` int32, each page a read key lives on in ``[0, num_pages)``
+        block_table: ``(B, max_pages)`` int32 (``max_pages * page_size`` at most 2**30 positions, as
+            ``attention_triton``'s ``S``), each page a read key lives on in ``[0, num_pages)``
             (not checked: that needs a host sync; a page id outside it reads outside the pool or, its
             offset wrapped in int32, another page).
         q_pos, n_sink, window, num_splits, block_n, num_warps, num_stages, pdl, q_sink: as in

@@ -61,12 +61,12 @@ from typing import NamedTuple
 import torch
 import triton.language as tl
 
-from .plan import SMEM_H200, launch_config, query_chunk
+from .plan import MAX_POSITIONS, SMEM_H200, launch_config, query_chunk
 from .triton_merge import MergeCall, _merge_plan
 
 __all__ = ["FULL", "KernelCall", "plan_call"]
 
-FULL = 1 << 30  # window=None: a window longer than any position (int32-safe: t - FULL does not wrap)
+FULL = MAX_POSITIONS  # window=None: a window longer than any position of a cache the kernel takes
 
 TOKEN_MAJOR = True  # NOTE [Output layout]: the output in (B, Lq, Hq, D) memory
 
@@ -103,6 +103,9 @@ class _Plan(NamedTuple):
 def _static_plan(q_shape, q_stride, k_shape, k_stride, bt_stride, page_size, paged, capacity, dtype, device_type,
                  n_sink, window, tuning, limits, q_sink=False, token_major=True, pos_stride=0) -> _Plan:
     """Everything of a call that shapes, strides and Python ints fix, computed once per distinct key."""
+    if capacity > MAX_POSITIONS:  # the public ops' triton_refuses says so first; this guards direct calls
+        raise ValueError(f"the Triton kernel reads caches of at most 2**30 key positions, got {capacity}; "
+                         "use impl='torch'")
     B, Hq, Lq, D = q_shape
     Hkv = k_shape[2]  # k is (outer, position, Hkv, D) in both layouts
     fp64 = dtype == torch.float64
