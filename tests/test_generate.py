@@ -134,3 +134,11 @@ def test_generate_passes_eos_and_gate_to_both_runs():
     _, plain = wmtp.speculative_generate(target, head, prompt, 20, 3, 2, 6, eos_id=eos)
     assert g.stats.draft_keys_read == gated.draft_keys_read != plain.draft_keys_read
     assert generate(target, head, prompt, 5, 2, check=False, reference=dense[:5]).dense_equal is None
+
+
+def test_generate_takes_a_fixed_depth_only():
+    """Marks are recorded through a FixedDepth, so a depth policy is a one-line ValueError naming it
+    (the docstring says so), before any decoding."""
+    target, head = harness_models()
+    with pytest.raises(ValueError, match="^depth must be a positive integer, got <wmtp.policy.AdaptiveDepth"):
+        generate(target, head, random_prompt(8, seed=0), 4, wmtp.AdaptiveDepth(3))

@@ -538,7 +538,8 @@ def test_tensors_on_a_gpu_other_than_the_current_one(layout):
 @NEEDS_TRITON
 def test_public_op_checks_what_costs_no_sync():
     """Positions given on the host are range-checked before they move; an empty cache and a GQA
-    group wider than the kernel's tile are rejected from shapes (NOTE [Host sync] in wmtp.attention)."""
+    group wider than the kernel's tile are rejected from shapes (NOTE [Host checks] in
+    wmtp/attention/arguments.py)."""
     q, k, v, _ = make_inputs(1, 4, 2, 2, 20, 32, torch.float32, seed=0, device=DEVICE)
     for bad in ([0, 20], torch.tensor([-1, 3])):
         with pytest.raises(ValueError, match="positions"):

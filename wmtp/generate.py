@@ -33,7 +33,7 @@ DRAFT_STYLE = "bold green"  # an accepted draft, in the printed text
 
 class _Recorder(FixedDepth):
     """``FixedDepth`` that keeps each step's accepted count (the loops' ``policy.update``) and hands
-    ``on_step`` the tokens the step committed (its accepted drafts and the target's token)."""
+    ``on_step`` the number of tokens the step committed (its accepted drafts and the target's token)."""
 
     def __init__(self, depth: int, on_step: Callable[[int], object] | None = None) -> None:
         super().__init__(depth)
@@ -121,14 +121,16 @@ def generate(target: TargetLM, head: MTPHead, prompt_ids: torch.Tensor, max_new_
     """Greedy speculative decoding with each new token marked as an accepted draft or the target's.
 
     Args:
-        target, head, prompt_ids, max_new_tokens, depth, n_sink, window, impl, eos_id, gate: as
+        target, head, prompt_ids, max_new_tokens, n_sink, window, impl, eos_id, gate: as
             ``speculative_generate``'s (``window=None``: the native draft, the whole context).
+        depth: drafts a step, a positive int (a fixed depth: a depth policy is refused, since the
+            marks are recorded through a ``FixedDepth``).
         check: compare the tokens with dense greedy decoding's: ``reference`` if given (the tokens of
             ``greedy_generate`` for the same arguments, run once for many key sets), else a run of it.
         loop: ``"eager"`` (wmtp/decode.py) or ``"graph"`` (wmtp/static_decode.py's loops in CUDA
             graphs, whose ``SpecStats`` times are device times; CUDA and Triton only).
-        on_step: called after each decode step with the tokens it committed (its accepted drafts
-            and the target's token; the last step's may pass ``max_new_tokens`` or an eos), e.g. to
+        on_step: called after each decode step with the number of tokens it committed (its accepted
+            drafts and the target's token; the last step's may pass ``max_new_tokens`` or an eos), e.g. to
             advance a progress bar. The prefill's first token is not a step's.
 
     Returns:

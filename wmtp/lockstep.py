@@ -86,7 +86,7 @@ class LockstepStats:
 
 def _check_shape(prompts: torch.Tensor) -> None:
     if not isinstance(prompts, torch.Tensor) or prompts.dim() != 2 or prompts.numel() == 0:
-        raise ValueError("prompts must be a non-empty (B, P) LongTensor: B prompts of P tokens each")
+        raise ValueError("prompts must be a non-empty (B, P) integer tensor: B prompts of P tokens each")
 
 
 def _check_rows(target: TargetLM, prompts: torch.Tensor, max_new_tokens: int, extra: int,

@@ -46,7 +46,8 @@ def fork_pages(filled: int, needed: int, page_size: int) -> tuple[int, int]:
     of its own, those holding positions ``filled .. needed-1`` and the one holding ``filled``
     (``first = filled // page_size``; copied when ``filled`` is not a page boundary, since its rows
     below ``filled`` are shared positions): ``own = ceil(needed / page_size) - first``, which for
-    ``0 <= filled <= needed`` covers that page too."""
+    ``0 <= filled < needed`` covers that page too (``filled == needed`` on a page boundary owns
+    none: nothing is written)."""
     first = filled // page_size
     return first, -(-needed // page_size) - first
 

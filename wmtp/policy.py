@@ -124,7 +124,8 @@ class AdaptiveDepth:
             ``"per-depth"`` (each depth's decayed mean step seconds and the line, weighted
             ``n_k : LINE_WEIGHT``, ``n_k`` the depth's decayed count of steps).
 
-    The numbers may be ints, floats or NumPy scalars (``as_real``; not bools).
+    The costs, ``prior`` and ``decay`` may be ints, floats or NumPy scalars (``as_real``; not bools);
+    ``max_depth`` is a Python int.
 
     Raises:
         ValueError: for a ``max_depth`` that is not a positive integer, negative or non-finite
@@ -181,7 +182,8 @@ class AdaptiveDepth:
 
     def fitted_cost(self) -> tuple[float, float] | None:
         """``(A, B)`` of the line ``A + B k`` fitted to the measured step seconds (``B`` at least 0),
-        or ``None``: without ``learn_costs``, or before steps of two depths."""
+        or ``None``: without ``learn_costs``, before steps of two depths, or where the fitted line
+        gives a depth-1 step no positive cost (``A + B <= 0``)."""
         n, sk, skk, st, skt = self.time_sums
         spread = n * skk - sk * sk
         if not self.learn_costs or n <= 0 or spread <= 1e-9 * n * n:

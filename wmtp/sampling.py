@@ -251,8 +251,8 @@ def speculative_sample(target: TargetLM, draft: MTPHead, prompt_ids: torch.Tenso
                        ) -> tuple[torch.Tensor, SpecStats] | tuple[list[torch.Tensor], list[SpecStats]]:
     """Sampled speculative decoding with an MTP draft head whose attention reads ``(n_sink, window)``.
 
-    The arguments not listed below are ``speculative_generate``'s but ``verifier`` (it verifies
-    greedily, with its default verifier); ``depth`` may be a policy (wmtp/policy.py). Under
+    The arguments not listed below are ``speculative_generate``'s, less ``verifier`` (``method``
+    picks the verification here); ``depth`` may be a policy (wmtp/policy.py). Under
     ``"rejection"`` the tokens (never their distribution) depend on the depths the steps drafted, so a
     policy that learns from measured times makes them vary from run to run; under ``"gumbel"`` they
     cannot.

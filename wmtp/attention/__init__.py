@@ -161,7 +161,7 @@ def attention(
         q_pos: ``(Lq,)`` LongTensor of absolute query positions, in ``[0, S)``, or ``(B, Lq)``: each
             batch row's own (batched decoding with every sequence at its own position); queries are
             causal among themselves through the key-set formula. Checked unless they are on the GPU
-            and ``impl`` resolves to ``"triton"`` (NOTE [Host sync], wmtp/attention/arguments.py).
+            and ``impl`` resolves to ``"triton"`` (NOTE [Host checks], wmtp/attention/arguments.py).
         n_sink: sink keys (``None`` = 0).
         window: recent keys including the query's own (``None`` = full causal set).
         impl: ``"auto"``, ``"torch"`` or ``"triton"``.

@@ -1,7 +1,8 @@
 """Argument checks of the public attention ops (wmtp/attention/__init__.py): shapes, positions, page ids,
 query-sink queries, and what the Triton kernels cannot take. The checks raise ``ValueError`` with one
 line; ``triton_refuses`` returns the reason instead. Values are read only where that costs no wait for the GPU
-(NOTE [Host sync]). Library plumbing around the key set of arXiv 2607.21535, Sec. 3.
+(NOTE [Host checks]; the kernel's launcher reads none: NOTE [Host sync] in
+attention/triton_attention.py). Library plumbing around the key set of arXiv 2607.21535, Sec. 3.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch
 
 
 def check_positions(impl: str, q_pos: torch.Tensor, S: int) -> None:
-    """NOTE [Host sync]: query positions are range-checked on the host when that costs no wait:
+    """NOTE [Host checks]: query positions are range-checked on the host when that costs no wait:
     always for the reference (it reads them anyway) and for positions given in host memory. The
     Triton path with positions already on the GPU is not checked, so a call never waits for the
     device; the kernel clamps positions to the cache, so a bad one cannot read outside it."""
@@ -41,7 +42,7 @@ def check_positions(impl: str, q_pos: torch.Tensor, S: int) -> None:
 
 
 def check_pages(impl: str, block_table: torch.Tensor, q_pos: torch.Tensor, num_pages: int, page_size: int) -> None:
-    """NOTE [Host sync], as for positions: the pages the queries can reach (``0 .. max(q_pos)``, a
+    """NOTE [Host checks], as for positions: the pages the queries can reach (``0 .. max(q_pos)``, a
     row's own with positions per row) must lie in ``[0, num_pages)``; checked for the reference and
     for a table in host memory. (A negative page id would index from the end in torch: another page,
     silently.)"""

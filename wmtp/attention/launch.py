@@ -4,13 +4,13 @@
 ``fn[grid](*args, **kwargs)`` re-derives, on every call, what Triton specializes the kernel on
 (each argument's type, each int's value class, each pointer's 16-byte alignment) and looks the
 compiled kernel up from that: about 25 us of host time a launch on an H200's host for the draft's
-39 arguments then (metrics/experiments/host-h200-exp13.json; 38 since NOTE [Workspace]), against
-about 10 us of device time. The launchers here know which arguments can change between two calls
-with the same plan: the ints come from shapes, strides and options (``static``, a key the caller
-has already computed), only the tensors' dtypes and alignment remain. ``CachedLaunch`` keys the
-compiled kernel on ``static`` plus those, compiles and launches through ``fn[grid]`` on a miss, and
-on a hit launches the compiled kernel directly (``CompiledKernel[grid]``, the runner ``fn[grid]``
-itself ends with).
+39 arguments then (metrics/experiments/host-h200-exp13.json; the kernel has 46 parameters now, 16
+of them constexprs), against about 10 us of device time. The launchers here know which arguments
+can change between two calls with the same plan: the ints come from shapes, strides and options
+(``static``, a key the caller has already computed), only the tensors' dtypes and alignment remain.
+``CachedLaunch`` keys the compiled kernel on ``static`` plus those, compiles and launches through
+``fn[grid]`` on a miss, and on a hit launches the compiled kernel directly
+(``CompiledKernel[grid]``, the runner ``fn[grid]`` itself ends with).
 
 NOTE [Launch cache]: the key must be at least as fine as Triton's specialization, or a kernel
 compiled for other arguments would run. It holds every int exactly (through ``static``), each

@@ -6,7 +6,7 @@ reads a key outside the key set's two ranges (wmtp/keyset.py: the sink range and
 range), so its cost scales with the keys read, ``min(t + 1, n_sink + window)`` per query, not
 with the cache length. That is the draft-KV saving the paper measures.
 
-NOTE [Precision]: scores, softmax and the weighted sum run in ``promote_types(dtype, float32)``
+NOTE [Reference precision]: scores, softmax and the weighted sum run in ``promote_types(dtype, float32)``
 (fp32 for fp16/bf16/fp32 inputs, fp64 for fp64 inputs); the output is cast back to ``q.dtype``.
 Kernels accumulate in fp32 too (fp64 for fp64), so this mirrors their precision boundaries.
 """
