@@ -3,6 +3,8 @@ solution, agrees with the library's own definitions, fails the unimplemented tem
 each planted bug with a message naming the case; an answer in numpy or torch integers is an int, a
 float is not."""
 
+import ast
+
 import pytest
 import torch
 from grading_helpers import ASSIGNMENTS, FILES
@@ -26,6 +28,18 @@ def test_every_assignment_has_a_template_and_a_solution():
     assert set(FILES) == set(grading.ASSIGNMENTS)
     assert sorted(p.name for p in ASSIGNMENTS.glob("[0-9][0-9]_*.py")) == sorted(FILES.values())
     assert sorted(p.name for p in (ASSIGNMENTS / "solutions").glob("[0-9][0-9]_*.py")) == sorted(FILES.values())
+
+
+@pytest.mark.parametrize("assignment", FILES)
+def test_each_solution_states_its_templates_task_word_for_word(assignment):
+    """A solution's docstring is its template's with "Reference solution to assignment NN" for its
+    first words, so the task it solves is the one the grader checks (five had drifted: a rule the
+    grader fails, and a check it runs first, were missing)."""
+    template = ast.get_docstring(ast.parse((ASSIGNMENTS / FILES[assignment]).read_text()), clean=False)
+    solution = ast.get_docstring(ast.parse((ASSIGNMENTS / "solutions" / FILES[assignment]).read_text()), clean=False)
+    number = FILES[assignment][:2]
+    assert template.startswith(f"Assignment {number}: ")
+    assert solution == template.replace(f"Assignment {number}: ", f"Reference solution to assignment {number}: ", 1)
 
 
 @pytest.mark.parametrize("assignment", FILES)

@@ -13,7 +13,9 @@ follows ``p`` whatever ``q`` is, and why acceptance is ``sum(min(p, q))``.
 
 Your task: implement ``verify_one`` below in plain Python. ``u`` and ``r`` are two independent
 uniforms in ``[0, 1)``: use ``u`` for the acceptance test and ``r`` to sample the residual by
-inverse CDF (the first token whose cumulative residual mass exceeds ``r`` times the total).
+inverse CDF (the first token whose cumulative residual mass exceeds ``r`` times the total: so a
+token without residual mass is never committed, even at ``r = 0``). They are the only randomness:
+draw no random numbers of your own, so that the same arguments always give the same token.
 Return the committed token: ``draft`` if accepted, else the residual's sample (which is never the
 draft: a rejected draft has ``p[draft] < q[draft]``, so no residual mass).
 
@@ -21,9 +23,9 @@ Grade it:
 
     wmtp grade rejection tutorials/assignments/06_rejection_sampling.py
 
-The grader checks literal cases, then runs 20000 seeded drafts for each of eight pairs ``(p, q)``:
-the committed tokens must be distributed as ``p``, and the drafts accepted in ``sum(min(p, q))`` of
-the trials.
+The grader checks that one call repeated gives one token, then literal cases, then runs 20000
+seeded drafts for each of eight pairs ``(p, q)``: the committed tokens must be distributed as ``p``,
+and the drafts accepted in ``sum(min(p, q))`` of the trials.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Assignment 07: where the draft's keys live in a paged KV cache.
+"""Reference solution to assignment 07: where the draft's keys live in a paged KV cache.
 
 Serving engines keep the KV cache in fixed-size pages from one shared pool (vLLM's layout): a
 sequence's block table lists its pages, so logical position ``p`` is row ``p % page_size`` of

@@ -1,4 +1,4 @@
-"""Assignment 08: how deep to draft.
+"""Reference solution to assignment 08: how deep to draft.
 
 The paper drafts a fixed number of tokens a step (arXiv 2607.21535, Sec. 4); its step-cost model
 (Sec. 2) says what a deeper draft buys. With ``alphas[i - 1]`` the chance that draft ``i`` is
@@ -12,8 +12,8 @@ costs as it decodes and drafts this depth at every step (``docs/concepts.md#adap
 tutorial 09).
 
 Your task: implement ``best_depth`` below (plain Python): the ``k`` in ``1 .. len(costs)`` with the
-largest ``E[AL | k] / costs[k - 1]``, the smallest such ``k`` on a tie. You need not validate
-arguments.
+largest ``E[AL | k] / costs[k - 1]``, the smallest such ``k`` on a tie. ``alphas`` may be longer
+than ``costs``: the depths are those of ``costs``. You need not validate arguments.
 
 Grade it:
 

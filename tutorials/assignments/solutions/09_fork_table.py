@@ -1,4 +1,4 @@
-"""Assignment 09: many runs from one prompt, sharing its pages (copy on write).
+"""Reference solution to assignment 09: many runs from one prompt, sharing its pages (copy on write).
 
 At a million tokens a prompt's KV cache takes gigabytes, and every decoding arm of an experiment
 starts from the same prompt (arXiv 2607.21535, Sec. 5). In a paged cache (assignment 07) a run
@@ -22,8 +22,9 @@ copy before it writes:
   run reads.
 
 Return ``(table, copies)``: the table (as long as ``block_table``) and a list of ``(src, dst)``
-pages to copy, ``[(prompt's page holding filled, the run's page for it)]`` or ``[]``. You need not
-validate arguments.
+pages to copy, ``[(prompt's page holding filled, the run's page for it)]`` or ``[]``. Do not change
+the arguments: the prompt's ``block_table`` is every fork's, and ``free`` is the caller's (take its
+first pages without removing them). You need not validate arguments.
 
 Grade it:
 

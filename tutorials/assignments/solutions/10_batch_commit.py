@@ -1,4 +1,4 @@
-"""Assignment 10: a batch's commit, each row at its own position.
+"""Reference solution to assignment 10: a batch's commit, each row at its own position.
 
 A batch of ``B`` prompts decodes as one: one pass of the head and of the target serves every row
 (wmtp/batched.py, beyond arXiv 2607.21535, whose runs decode one sequence; its step is Sec. 2-3's).
