@@ -3,6 +3,7 @@ CUDA here), and refuses, in one line with exit 2, a file that is missing, not JS
 kind it knows or incomplete, and a PNG path that would overwrite its JSON."""
 
 import json
+from pathlib import Path
 
 from cli_helpers import run_cli as _run
 
@@ -40,6 +41,11 @@ def test_plot_renders_a_reproduce_json(capsys, wikitext_dir, tmp_path):
         (tmp_path / "broken.json").write_text(broken)  # the right kind, not whole: one line, no traceback
         code, _, err = _run(capsys, ["plot", str(tmp_path / "broken.json")])
         assert code == 2 and "incomplete" in err and len(err.strip().splitlines()) == 1, err
+    depth = json.loads((Path(__file__).resolve().parents[1] / "metrics" / "bench-depth-cpu.json").read_text())
+    (tmp_path / "nopolicies.json").write_text(json.dumps({**depth, "policies": []}))  # bars of no series: 0.8 / 0
+    code, _, err = _run(capsys, ["plot", str(tmp_path / "nopolicies.json"), "--out", str(tmp_path / "np.png")])
+    assert code == 2 and err.strip().endswith("ZeroDivisionError: float division by zero"), err
+    assert "incomplete 'wmtp bench depth' metrics file" in err and len(err.strip().splitlines()) == 1, err
     code, _, err = _run(capsys, ["plot", str(out), "--out", str(out)])  # the plot would overwrite its JSON
     assert code == 2 and "name it .png" in err and out.read_text().startswith("{")
     (tmp_path / "j.png").write_text(out.read_text())  # a JSON named .png: its default plot is itself

@@ -305,3 +305,13 @@ def test_cuda_paged_decoding_is_lossless(models, impl, page_size):
     assert torch.equal(static, dense)
     for c in (pre.target_cache, pre.draft_cache):  # NOTE [Forks]: captured steps wrote nothing past `needed`
         assert c.k[:, c._free.scratch].eq(0).all() and c.v[:, c._free.scratch].eq(0).all()
+
+
+def test_a_pool_of_more_pages_than_an_int32_block_table_addresses_is_refused():
+    """2**16 sequences of 2**15 one-key pages, plus a spare each and one more: 2**31 + 2**16 + 1 pages,
+    whose ids past 2**31 - 1 would wrap to negative (another sequence's pages) in the int32 block
+    table: refused before anything is allocated."""
+    from wmtp.pagedcache import PagedKVCache
+
+    with pytest.raises(ValueError, match=r"^a pool of 2147549185 pages exceeds the int32 block table$"):
+        PagedKVCache(1, 2**16, 1, 2**15, 1, page_size=1)

@@ -121,3 +121,21 @@ def test_run_arms_figures_from_scripted_times(monkeypatch):
     wrong.append(16)
     with pytest.raises(AssertionError, match=r"arm sink4\+win16 at context 8 is not lossless"):
         rep.run_arms(None, None, torch.zeros(8, dtype=torch.long), preset)
+
+
+def test_a_reproduction_of_no_training_steps_records_no_final_loss(wikitext_dir, tmp_path):
+    """TrainConfig takes 0 steps (an untrained model's reproduction); the JSON's final losses are then
+    None, where taking the last of no losses raised an IndexError after every arm had decoded."""
+    import dataclasses
+
+    import torch
+
+    from wmtp.config import get_preset
+    from wmtp.reproduce import reproduce
+
+    p = get_preset("tiny")
+    p = dataclasses.replace(p, train=dataclasses.replace(p.train, target_steps=0, head_steps=0))
+    m = reproduce(p, str(wikitext_dir), torch.device("cpu"), 0, None, tmp_path, None, "test", progress=False,
+                  log=lambda *a: None)
+    assert (m["training"]["target_losses"], m["training"]["head_losses"]) == (None, None)
+    assert all(arm["lossless"] for ctx in m["contexts"] for arm in ctx["arms"].values())

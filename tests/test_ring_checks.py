@@ -78,3 +78,10 @@ def test_a_write_of_another_dtype_is_cast_to_the_rings():
     k = torch.tensor([[[[0.5, 1.5]]]])  # (B, Hkv, L, D) float32
     ring.update(0, torch.tensor([4]), k, -k)
     assert ring.k[0, 1, 0, 0].tolist() == [0.5, 1.5] and ring.v[0, 1, 0, 0].tolist() == [-0.5, -1.5]
+
+
+def test_a_ring_of_more_rows_than_an_int32_block_table_addresses_is_refused():
+    """batch * slots rows past 2**31 - 1 would wrap to negative ids (another row's slots) when stored
+    as int32: refused before anything is allocated (2**20 rows of 2**11 slots: 2**31)."""
+    with pytest.raises(ValueError, match=r"^batch \* slots = 1048576 \* 2048 ring rows exceed the int32 block table$"):
+        RingKVCache(1, 2**20, 1, 1, n_sink=0, window=2**11, spare=0, max_len=2**12)

@@ -125,7 +125,7 @@ def test_perplexity_is_the_mean_of_each_window_s_losses_over_one_token_more():
     # whole windows only: 63 tokens asked of windows of 32 score the first window, as 32 do
     one = perplexity(target, tokens, 32, 32)
     assert perplexity(target, tokens, 32, 63) == one != perplexity(target, tokens, 32, 64)
-    with pytest.raises(ValueError, match=r"^evaluation text has 65 tokens; need 33$"):  # no whole window asked
+    with pytest.raises(ValueError, match=r"^n_tokens=16 scores no whole window of context 32$"):
         perplexity(target, tokens, 32, 16)
 
 def test_checkpoint_round_trip_and_config_check(trained, tmp_path):

@@ -162,6 +162,23 @@ def test_merge_plan_literal():
     for bad in (0, 3, 96):
         with pytest.raises(ValueError, match="power of two"):
             _merge_plan((1, 4, 3, 64), out_stride, 2, 16, 5, False, bad)
+    # a head dim that is not a power of two >= 16: 48 in slices of 32 (100 splits) left columns 32-47
+    # unwritten; 8 would fail inside the kernel
+    for D in (48, 24, 8):
+        with pytest.raises(ValueError, match=f"^the merge takes a head dim that is a power of two >= 16, got {D}$"):
+            _merge_plan((1, 4, 3, D), out_stride, 2, 16, 100, False, 256)
+
+
+def test_merge_splits_refuses_a_workspace_of_another_size_or_layout():
+    """``merge_splits``' workspace check is a ValueError (an assertion vanishes under ``python -O``):
+    ``n_rows * (D + 2)`` contiguous elements, ``n_rows`` = B * Hkv * splits * block_m = 2 * 5 * 16."""
+    from wmtp.attention.triton_merge import merge_splits
+
+    out = torch.empty(1, 4, 3, 32, device="meta")  # (B, Hq, Lq, D)
+    for ws, why in ((torch.empty(160 * 34 - 1, device="meta"), "got 5439$"),
+                    (torch.empty(2, 160 * 34, device="meta")[:, 0], "got 2 \\(not contiguous\\)$")):
+        with pytest.raises(ValueError, match="^ws must be contiguous m, l and acc: 5440 elements, " + why):
+            merge_splits(ws, out, 2, 16, 5, pdl=False)
 
 
 def _meta_plan(dtype=torch.float32, *, Hq=4, Lq=2, paged=False, num_splits=3, num_stages=None, n_sink=4,

@@ -216,7 +216,9 @@ def model_options(args) -> tuple[torch.device, Preset, str]:
 def default_out(name: str, preset: str, slug: str) -> Path:
     """``metrics/bench-<name>-<slug>.json`` for the default preset (the committed results); another
     preset goes into the name, ``metrics/bench-<name>-<preset>-<slug>.json``, so that a quick
-    ``--preset tiny`` never overwrites them, even stopped halfway (as reproduce's ``_default_out``)."""
+    ``--preset tiny`` never overwrites them, even stopped halfway. Unlike reproduce's
+    ``_default_out``, the corpus, the seed and overrides such as ``--contexts`` are not in the name:
+    such a run of the default preset rewrites the committed file unless ``--out`` is given."""
     from .cli import DEFAULT_PRESET
 
     return Path("metrics") / f"bench-{name}{'' if preset == DEFAULT_PRESET else '-' + preset}-{slug}.json"

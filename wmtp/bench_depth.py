@@ -204,7 +204,7 @@ def add_arguments(p) -> None:
     p.add_argument("--contexts", type=int, nargs="+", default=[1024, 16384],
                    help="prompt lengths (default: 1024 16384)")
     p.add_argument("--depths", type=int, nargs="+", default=None,
-                   help="fixed draft depths, each in [1, the preset's depth]; the adaptive policy always runs "
+                   help="fixed draft depths, each in [1, the preset's depth]; the two adaptive policies always run "
                         "(default: those of 1 3 7 up to the preset's depth, and the preset's depth: small 1 3 7, "
                         "tiny 1 3)")
     p.add_argument("--rounds", type=int, default=3,

@@ -40,7 +40,7 @@ BENCHES = {
                  "token-equal to dense sampling; write AL, acceptance and accept-length histograms as JSON."),
     "depth": ("time per token per key set and draft-depth policy",
               "Decode greedily with dense decoding and every draft arm of reproduce's models at each context, "
-              "drafting fixed depths and the adaptive depth policy; assert every run lossless; write the mean "
+              "drafting fixed depths and the two adaptive depth policies; assert every run lossless; write the mean "
               "drafted depth, AL and the measured time per token kept (TPOT) as JSON."),
     "batch": ("batches of prompts: the dense batch, lockstep and a position a row",
               "Decode batches of prompts of one length and of mixed lengths with reproduce's models: the dense "

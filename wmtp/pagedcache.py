@@ -94,8 +94,9 @@ class PagedKVCache(SeparateWrites):  # update_qkv: the separate ops, then update
 
     Raises:
         ValueError: for a size (``n_layers``, ``batch``, ``n_kv_heads``, ``max_len``, ``head_dim``,
-            ``page_size``) that is not an integer >= 1, a ``page_size`` above ``max_len``, or a
-            ``generator`` that is not ``None`` or a ``torch.Generator``.
+            ``page_size``) that is not an integer >= 1, a ``page_size`` above ``max_len``, a pool of
+            more than ``2**31 - 1`` pages (the int32 block table's range), or a ``generator`` that is
+            not ``None`` or a ``torch.Generator``.
     """
 
     def __init__(self, n_layers: int, batch: int, n_kv_heads: int, max_len: int, head_dim: int, *, page_size: int,
@@ -111,6 +112,8 @@ class PagedKVCache(SeparateWrites):  # update_qkv: the separate ops, then update
         self.checked, self.max_len, self.page_size = checked, max_len, page_size
         pages = -(-max_len // page_size)  # a sequence's pages
         shape = (n_layers, batch * pages + batch + 1, page_size, n_kv_heads, head_dim)  # spares: NOTE [Forks]
+        if shape[1] > 2**31 - 1:  # the block table is int32: a page id past it would wrap into another's
+            raise ValueError(f"a pool of {shape[1]} pages exceeds the int32 block table")
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # (n_layers, num_pages, page_size, Hkv, D)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         generator = generator or torch.Generator().manual_seed(0)

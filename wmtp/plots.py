@@ -259,6 +259,6 @@ def render(json_path: str | Path, png_path: str | Path | None = None) -> Path:
         raise ValueError(f"{json_path} is an incomplete {kind} metrics file: it has no rows to plot")
     try:
         draw(m, png_path)
-    except (KeyError, IndexError, TypeError, AttributeError) as e:  # the right kind, but not whole
+    except (KeyError, IndexError, TypeError, AttributeError, ZeroDivisionError) as e:  # the right kind, not whole
         raise ValueError(f"{json_path} is an incomplete {kind} metrics file: {type(e).__name__}: {e}") from None
     return png_path

@@ -195,7 +195,7 @@ def reproduce(preset: Preset, dataset_dir: str | None, device: torch.device, see
         "decode_dtype": str(dtype).removeprefix("torch."),
         "environment": environment(device),
         "training": {k: v for k, v in train_info.items() if not k.endswith("losses")}
-        | {k: v[-1] for k, v in train_info.items() if k.endswith("losses")},
+        | {k: v[-1] if v else None for k, v in train_info.items() if k.endswith("losses")},  # None: 0 steps
         "target_perplexity": {"valid_tokens_scored": ppl_tokens, "by_context": ppl},
         "head_top1_accuracy_teacher_forced": acc,
         "contexts": contexts,

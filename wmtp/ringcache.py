@@ -48,8 +48,9 @@ class RingKVCache(SeparateWrites):  # update_qkv: the separate ops, then update
 
     Raises:
         ValueError: for a key set a ring cannot hold (``window=None``), a ``spare`` that is not an integer
-            >= 0, or a size (``n_layers``, ``batch``, ``n_kv_heads``, ``head_dim``, ``max_len``) that is
-            not an integer >= 1.
+            >= 0, a size (``n_layers``, ``batch``, ``n_kv_heads``, ``head_dim``, ``max_len``) that is
+            not an integer >= 1, or more than ``2**31 - 1`` ring rows (``batch * slots``: the int32
+            block table's range).
     """
 
     def __init__(self, n_layers: int, batch: int, n_kv_heads: int, head_dim: int, *, n_sink: int | None,
@@ -64,6 +65,8 @@ class RingKVCache(SeparateWrites):  # update_qkv: the separate ops, then update
         self.n_sink, self.window, self.spare, self.checked = n_sink or 0, window, spare, checked
         # no more slots than positions: below n_sink + window + spare, ring_slot(p) is p (nothing wraps)
         self.slots = min(self.n_sink + window + spare, max_len)
+        if batch * self.slots > 2**31 - 1:  # the block table is int32: a row past it would wrap into another's
+            raise ValueError(f"batch * slots = {batch} * {self.slots} ring rows exceed the int32 block table")
         shape = (n_layers, batch * self.slots, 1, n_kv_heads, head_dim)  # pages of one row
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # (n_layers, B * slots, 1, Hkv, D)
         self.v = torch.zeros(shape, dtype=dtype, device=device)

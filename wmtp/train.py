@@ -145,7 +145,8 @@ def perplexity(target: TargetLM, tokens: torch.Tensor, context: int, n_tokens: i
 
     Raises:
         ValueError: for ``tokens`` that are not a tensor, a ``context`` or ``n_tokens`` that is not an
-            int >= 1, or too few tokens for one window.
+            int >= 1, an ``n_tokens`` below ``context`` (no whole window), or too few tokens for the
+            windows.
     """
     check_tensors(tokens=tokens)
     check_int("context", context, 1)  # 0 divided by zero; a negative one scored a slice and returned exp(-x)
@@ -153,8 +154,10 @@ def perplexity(target: TargetLM, tokens: torch.Tensor, context: int, n_tokens: i
         check_int("n_tokens", n_tokens, 1)
     n_tokens = n_tokens or context
     n_windows = n_tokens // context
-    if n_windows < 1 or tokens.numel() < n_windows * context + 1:
-        raise ValueError(f"evaluation text has {tokens.numel()} tokens; need {max(n_windows, 1) * context + 1}")
+    if n_windows < 1:
+        raise ValueError(f"n_tokens={n_tokens} scores no whole window of context {context}")
+    if tokens.numel() < n_windows * context + 1:
+        raise ValueError(f"evaluation text has {tokens.numel()} tokens; need {n_windows * context + 1}")
     nll = 0.0
     for w in range(n_windows):
         x = tokens[w * context : (w + 1) * context + 1][None].to(target.embed.device)  # (1, context + 1)

@@ -100,6 +100,8 @@ def _merge_plan(out_shape, out_stride, Hkv: int, block_m: int, num_splits: int, 
     if max_chunk < 1 or max_chunk & (max_chunk - 1):
         raise ValueError(f"max_chunk must be a power of two, got {max_chunk}")
     B, Hq, Lq, D = out_shape  # (B, Hq, Lq, D)
+    if D < 16 or D & (D - 1):  # a slice of BLOCK_D would leave D's last columns unmerged, unwritten
+        raise ValueError(f"the merge takes a head dim that is a power of two >= 16, got {D}")
     Lc = Lq if tile_queries is None else tile_queries
     n_bh = -(-Lq // Lc) * B * Hkv  # the attention grid's axis 0: (query chunk,) batch, kv head
     chunk = min(triton.next_power_of_2(num_splits), max_chunk)
@@ -147,5 +149,7 @@ def merge_splits(ws, out, Hkv: int, block_m: int, num_splits: int, pdl: bool, ma
     """
     static = (tuple(out.shape), out.stride(), Hkv, block_m, num_splits, pdl, max_chunk, tile_queries)
     grid, ints, kwargs = _merge_plan(*static)
-    assert ws.is_contiguous() and ws.numel() == ints[-2] * (out.shape[-1] + 2), "ws: contiguous m, l and acc"
+    if not ws.is_contiguous() or ws.numel() != ints[-2] * (out.shape[-1] + 2):
+        raise ValueError(f"ws must be contiguous m, l and acc: {ints[-2] * (out.shape[-1] + 2)} elements, got "
+                         f"{ws.numel()}{'' if ws.is_contiguous() else ' (not contiguous)'}")
     launch_merge(MergeCall(grid, (ws, out, *ints), kwargs, (*static, ws.dtype, out.dtype)), keyed=2)
