@@ -1,12 +1,12 @@
 """Metrics JSON: schema version, environment and provenance, atomic writer; the step-cost model.
 
-Every committed figure names the command, device and versions that made it, so each metrics
-file carries ``command`` and ``environment`` (versions, device, git revision); those of runs on
+Every committed figure names the command, device and versions that made it, so each metrics file
+carries ``command`` and ``environment`` (versions, device, git revision); those of runs on
 reproduce's models add ``schema_version``, the seed and the ``asdict`` of their configs, and the
-kernel sweep (``wmtp bench attention`` on CUDA) its own parameters (dtype, key set, shapes, ...). The step-cost model is the paper's (arXiv 2607.21535,
-Sec. 4): one speculative step costs ``t_step = t_verify + t_draft`` and yields ``AL`` tokens on
-average, so the time per output token is ``TPOT = t_step / AL``. Windowed-MTP shrinks
-``t_draft``; a smaller ``AL`` is the price it may pay.
+kernel sweep (``wmtp bench attention`` on CUDA) its own parameters (dtype, key set, shapes, ...).
+The step-cost model is the paper's (arXiv 2607.21535, Sec. 4): one speculative step costs
+``t_step = t_verify + t_draft`` and yields ``AL`` tokens on average, so the time per output token
+is ``TPOT = t_step / AL``. Windowed-MTP shrinks ``t_draft``; a smaller ``AL`` is the price it may pay.
 """
 
 from __future__ import annotations
