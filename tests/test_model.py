@@ -379,6 +379,19 @@ def test_the_routed_product_keeps_every_layout(monkeypatch):
             linear(inputs[0], w, bad)
 
 
+def test_a_bad_zero_bias_is_refused_off_the_route_too():
+    """The CPU's plain product adds no bias, yet a zero bias of another dtype, too short, or on
+    another device is refused there as on the route: one contract, whatever path runs."""
+    from wmtp.linear import linear
+
+    x, w = torch.zeros(5, 8, dtype=torch.float64), torch.zeros(12, 8, dtype=torch.float64)
+    assert linear(x, w, torch.zeros(12, dtype=torch.float64)).shape == (5, 12)
+    for bad in (torch.zeros(12), torch.zeros(11, dtype=torch.float64), torch.zeros(12, dtype=torch.float64,
+                                                                                  device="meta")):
+        with pytest.raises(ValueError, match="^linear's zero bias must be torch.float64 on cpu with at least 12"):
+            linear(x, w, bad)
+
+
 def test_every_product_of_a_few_row_pass_takes_the_route(monkeypatch):
     """Module wiring: an 8-row target pass routes all 7 products of each layer and the LM head, an
     8-row head pass its projection, its block's 7 and the LM head; a one-row step none."""

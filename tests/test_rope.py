@@ -198,6 +198,11 @@ def test_auto_takes_the_reference_under_autograd_where_the_kernel_would_serve(mo
     assert got.grad_fn is not None and torch.equal(got, rope_torch(x, pos, f))
     with pytest.raises(ValueError, match="no backward"):
         rope(x, pos, f, "triton")
+    fg = f.clone().requires_grad_()  # frequencies that need a gradient: the kernel would drop it
+    got = rope(x.detach(), pos, fg, "auto")
+    assert got.grad_fn is not None and torch.equal(got, rope_torch(x.detach(), pos, fg))
+    with pytest.raises(ValueError, match="^impl='triton' has no backward: x or inv_freq needs a gradient"):
+        rope(x.detach(), pos, fg, "triton")
 
 
 def test_attention_keeps_its_frequencies_per_device_and_dtype():

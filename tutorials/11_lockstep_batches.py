@@ -177,7 +177,7 @@ for B in (1, 2, 4, 8):
 # plain dense batching:
 
 # %%
-root = next(p for p in [Path.cwd(), *Path.cwd().parents] if (p / "pyproject.toml").exists())
+root = next((p for p in [Path.cwd(), *Path.cwd().parents] if (p / "pyproject.toml").exists()), Path.cwd())
 path = root / "metrics" / "experiments" / "lockstep-cpu-exp33.json"
 if path.exists():
     run = json.loads(path.read_text())

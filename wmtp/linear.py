@@ -65,13 +65,13 @@ def linear(x: torch.Tensor, w: torch.Tensor, zero: torch.Tensor) -> torch.Tensor
     Raises:
         ValueError: if ``zero`` is of another dtype or device than ``w``, or shorter than ``out``.
     """
-    rows = x.numel() // x.shape[-1]
-    if not few_rows(x, rows):
-        return F.linear(x, w)
-    if zero.dtype != w.dtype or zero.device != w.device or zero.numel() < w.shape[0]:
+    if zero.dtype != w.dtype or zero.device != w.device or zero.numel() < w.shape[0]:  # on every path, used or not
         raise ValueError(f"linear's zero bias must be {w.dtype} on {w.device} with at least {w.shape[0]} entries, "
                          f"got {zero.dtype} on {zero.device} with {zero.numel()} (convert the module, not its "
                          "parameters alone)")
+    rows = x.numel() // x.shape[-1]
+    if not few_rows(x, rows):
+        return F.linear(x, w)
     out = F.linear(x.reshape(rows, x.shape[-1]), w, zero[: w.shape[0]])  # (rows, out): addmm
     return out.view(*x.shape[:-1], w.shape[0])
 

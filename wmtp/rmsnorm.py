@@ -1,7 +1,8 @@
 """RMSNorm as one kernel: the reference in PyTorch and the same op in Triton, one signature.
 
-Every block of the target and of the MTP head normalises its input twice, and the head's input
-and the LM head's once more (arXiv 2607.21535, Sec. 2: the head is one transformer block). The
+Every block of the target and of the MTP head normalises its input twice; the head also normalises
+its two inputs (the hidden state and the token's embedding) and the LM head's input once each (arXiv
+2607.21535, Sec. 2: the head is one transformer block). The
 reference is six elementwise and reduction kernels on a GPU (square, mean, add, rsqrt, scale,
 weight); a one-row draft call of the small preset launches about 81 kernels, 30 of them for its
 five norms (metrics/experiments/decode-profile-h200-exp17.json). Inside a CUDA graph a kernel costs

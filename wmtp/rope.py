@@ -127,7 +127,7 @@ def rope(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor, impl: str =
             least float32, on ``x``'s device.
         impl: ``"torch"`` (the reference), ``"triton"`` (one kernel; CUDA, or CPU tensors under
             ``TRITON_INTERPRET=1``; it has no backward), or ``"auto"``: the kernel for CUDA tensors
-            when triton imports and ``x`` needs no gradient, else the reference.
+            when triton imports and neither ``x`` nor ``inv_freq`` needs a gradient, else the reference.
 
     Returns:
         ``(B, H, L, D)`` in ``x``'s dtype.
@@ -140,12 +140,12 @@ def rope(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor, impl: str =
     if impl not in IMPLS:
         raise ValueError(f"rope takes impl 'auto', 'torch' or 'triton', got {impl!r}")
     check_rope_args(x, pos, inv_freq)
-    grad = torch.is_grad_enabled() and x.requires_grad
+    grad = torch.is_grad_enabled() and (x.requires_grad or inv_freq.requires_grad)
     impl = resolve_impl("torch" if impl == "auto" and grad else impl, x.device)  # where the kernel can run
     if impl == "torch":
         return rope_torch(x, pos, inv_freq)
     if grad:
-        raise ValueError("impl='triton' has no backward: x needs a gradient (use impl='torch', or no_grad)")
+        raise ValueError("impl='triton' has no backward: x or inv_freq needs a gradient (use impl='torch', or no_grad)")
     return rope_triton(x, pos.contiguous(), inv_freq)
 
 
