@@ -381,7 +381,8 @@ def test_the_plots_floor_counts_every_row_of_a_batch(result, tmp_path, monkeypat
     seen.clear()
     bench_report.plot({k: v for k, v in result.items() if k != "batch"}, tmp_path / "old.png")
     assert seen and set(seen) == {(1,)}
-    machine = f"cpu, torch {torch.__version__}, triton {result['environment']['versions']['triton']}"
+    versions = result["environment"]["versions"]  # the package's metadata: 2.11.0 where torch.__version__ is +cu130
+    machine = f"cpu, torch {versions['torch']}, triton {versions['triton']}"
     assert titles == [f"wmtp bench attention ({machine})\ntime vs context, float32, batch {b}, sink 4 + window 16"
                       for b in (3, 1)]
     env = result["environment"] | {"device": "cuda", "device_name": "NVIDIA H200",
