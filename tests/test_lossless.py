@@ -14,6 +14,7 @@ import os
 import pytest
 import torch
 from decode_harness import Cycling, StepClock, V, random_prompt
+from op_impls import spy_attention_key_sets
 
 import wmtp
 from wmtp import grading
@@ -366,17 +367,26 @@ def device_models():
 
 
 @pytest.mark.parametrize("device, impl, depth, n_sink, window", BACKEND_CASES)
-def test_every_backend_is_lossless(device_models, device, impl, depth, n_sink, window):
+def test_every_backend_is_lossless(device_models, device, impl, depth, n_sink, window, monkeypatch):
     """Oracle drafts right for exactly j = 0..K tokens and the random head, on the backend's own
-    draft AND verify attention: the output equals the same backend's dense greedy decoding."""
+    draft AND verify attention: the output equals the same backend's dense greedy decoding. A spy
+    on the Triton attention's launches sees the target's key sets (its global and local layers) in
+    the dense run and those and the head's in the speculative one on the Triton backend, and no
+    launch on the torch one (a loop that fell back to the reference passed)."""
     target, head = device_models(device)
     prompt = random_prompt(12, seed=depth).to(device)
+    key_sets = spy_attention_key_sets(monkeypatch)
     ref = wmtp.greedy_generate(target, prompt, 24, impl=impl)
+    dense = {(0, None), (0, target.config.local_window)} if impl == "triton" else set()
+    assert set(key_sets) == dense
     seq = torch.cat([prompt, ref, torch.zeros(depth + 2, dtype=torch.long, device=device)])
     drafts = [(j, OracleDraft(head, seq, j)) for j in range(depth + 1)] + [(None, head)]
     for j, draft in drafts:
+        key_sets.clear()
         out, stats = wmtp.speculative_generate(target, draft, prompt, 24, depth, n_sink, window, impl=impl)
         assert out.device.type == device and torch.equal(out, ref), f"j={j}"
+        drafted = {(n_sink, window)} if impl == "triton" and j is None else set()  # an oracle runs no attention
+        assert set(key_sets) == dense | drafted, f"j={j}"
         if j is not None:
             assert stats.accept_length_histogram[j] >= stats.steps - 1, f"j={j}"
 

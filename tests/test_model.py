@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from op_impls import spy_attention_key_sets
 
 import wmtp
 from wmtp.config import KeySetConfig, ModelConfig, MTPConfig, SpecConfig, TrainConfig
@@ -41,17 +42,22 @@ def test_cached_decoding_matches_one_full_pass(models):
 @pytest.mark.skipif(not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"),
                     reason="needs CUDA or TRITON_INTERPRET=1")
 @torch.no_grad()
-def test_a_pass_without_a_cache_runs_the_triton_kernels():
+def test_a_pass_without_a_cache_runs_the_triton_kernels(monkeypatch):
     """Without a cache the rotated keys and the projected values lie in two layouts, which the Triton
     attention refuses: the model hands it both in one, and a target and a head pass with
-    impl='triton' match the reference's (a batch of two, both kinds of layer)."""
+    impl='triton' match the reference's (a batch of two, both kinds of layer) and launch the kernel
+    for every layer (a pass that fell back to the reference matched too)."""
     target, head = (m.to(DEVICE).float() for m in wmtp.build_models("tiny", seed=0))
     ids = torch.randint(0, 512, (2, 12), generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    key_sets = spy_attention_key_sets(monkeypatch)
     logits, hidden = target(ids, impl="triton")
+    assert len(key_sets) == target.config.n_layers
     ref, ref_hidden = target(ids, impl="torch")
+    assert len(key_sets) == target.config.n_layers  # the reference launches nothing
     torch.testing.assert_close(logits, ref, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(head(hidden, ids, impl="triton")[0], head(ref_hidden, ids, impl="torch")[0],
                                rtol=1e-4, atol=1e-4)
+    assert len(key_sets) == target.config.n_layers + 1  # the head's one layer
 
 
 def test_stale_positions_are_never_read(models):
