@@ -3,7 +3,8 @@
 Every experiment is described by these dataclasses; ``dataclasses.asdict`` of each goes verbatim
 into the metrics JSON (wmtp/metrics.py). Paper symbols (arXiv 2607.21535, Sec. 3-4) are named in
 the field comments. Presets live in one dict, ``PRESETS``: ``tiny`` for tests (seconds on CPU),
-``small`` for the CPU reproduction (``wmtp reproduce``, about 7 minutes on two cores: 390 s measured).
+``small`` for the CPU reproduction (``wmtp reproduce``, 7-10 minutes on two cores: 390 s and 605 s
+measured on two machines).
 """
 
 from __future__ import annotations
