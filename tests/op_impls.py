@@ -1,9 +1,10 @@
 """What the op tests share (tests/test_rmsnorm.py, test_rope.py, test_fused.py): where the Triton
 kernels can run (CUDA, or CPU tensors under Triton's interpreter, which tests/conftest.py switches on
 when there is no GPU), the ``impl`` parameters of one parametrized test over both impls, and a spy on
-the Triton attention's launches (tests/test_lossless.py, test_model.py)."""
+the Triton attention's launches (tests/test_lossless.py, test_model.py, test_query_chunks.py)."""
 
 import os
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -15,16 +16,25 @@ IMPLS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not (CUDA or I
                                                                   reason="needs CUDA or TRITON_INTERPRET=1"))]
 
 
-def spy_attention_key_sets(monkeypatch) -> list:
-    """``(n_sink, window)`` of every Triton attention launch planned from now on (``window`` None: the
-    full causal key set), so a test can tell that the kernel ran, and for which key sets."""
+class Plan(NamedTuple):
+    """One planned Triton attention launch: its key set (``window`` None: the full causal set) and grid."""
+
+    n_sink: int | None
+    window: int | None
+    grid: tuple
+
+
+def spy_attention_plans(monkeypatch) -> list[Plan]:
+    """Every Triton attention launch planned from now on, so a test can tell that the kernel ran, for
+    which key sets, and in how many programs."""
     from wmtp.attention import triton_attention as ta
 
-    key_sets, plan = [], ta.plan_call
+    plans, plan = [], ta.plan_call
 
     def spy(*args, **kwargs):
-        key_sets.append(args[6:8])  # plan_call(q, k, v, block_table, page_size, q_pos, n_sink, window, ...)
-        return plan(*args, **kwargs)
+        call = plan(*args, **kwargs)  # plan_call(q, k, v, block_table, page_size, q_pos, n_sink, window, ...)
+        plans.append(Plan(args[6], args[7], call.grid))
+        return call
 
     monkeypatch.setattr(ta, "plan_call", spy)
-    return key_sets
+    return plans

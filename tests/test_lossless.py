@@ -14,7 +14,7 @@ import os
 import pytest
 import torch
 from decode_harness import Cycling, StepClock, V, random_prompt
-from op_impls import spy_attention_key_sets
+from op_impls import spy_attention_plans
 
 import wmtp
 from wmtp import grading
@@ -375,18 +375,18 @@ def test_every_backend_is_lossless(device_models, device, impl, depth, n_sink, w
     launch on the torch one (a loop that fell back to the reference passed)."""
     target, head = device_models(device)
     prompt = random_prompt(12, seed=depth).to(device)
-    key_sets = spy_attention_key_sets(monkeypatch)
+    plans = spy_attention_plans(monkeypatch)
     ref = wmtp.greedy_generate(target, prompt, 24, impl=impl)
     dense = {(0, None), (0, target.config.local_window)} if impl == "triton" else set()
-    assert set(key_sets) == dense
+    assert {(p.n_sink, p.window) for p in plans} == dense
     seq = torch.cat([prompt, ref, torch.zeros(depth + 2, dtype=torch.long, device=device)])
     drafts = [(j, OracleDraft(head, seq, j)) for j in range(depth + 1)] + [(None, head)]
     for j, draft in drafts:
-        key_sets.clear()
+        plans.clear()
         out, stats = wmtp.speculative_generate(target, draft, prompt, 24, depth, n_sink, window, impl=impl)
         assert out.device.type == device and torch.equal(out, ref), f"j={j}"
         drafted = {(n_sink, window)} if impl == "triton" and j is None else set()  # an oracle runs no attention
-        assert set(key_sets) == dense | drafted, f"j={j}"
+        assert {(p.n_sink, p.window) for p in plans} == dense | drafted, f"j={j}"
         if j is not None:
             assert stats.accept_length_histogram[j] >= stats.steps - 1, f"j={j}"
 

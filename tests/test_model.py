@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from op_impls import spy_attention_key_sets
+from op_impls import spy_attention_plans
 
 import wmtp
 from wmtp.config import KeySetConfig, ModelConfig, MTPConfig, SpecConfig, TrainConfig
@@ -49,15 +49,15 @@ def test_a_pass_without_a_cache_runs_the_triton_kernels(monkeypatch):
     for every layer (a pass that fell back to the reference matched too)."""
     target, head = (m.to(DEVICE).float() for m in wmtp.build_models("tiny", seed=0))
     ids = torch.randint(0, 512, (2, 12), generator=torch.Generator().manual_seed(2)).to(DEVICE)
-    key_sets = spy_attention_key_sets(monkeypatch)
+    plans = spy_attention_plans(monkeypatch)
     logits, hidden = target(ids, impl="triton")
-    assert len(key_sets) == target.config.n_layers
+    assert len(plans) == target.config.n_layers
     ref, ref_hidden = target(ids, impl="torch")
-    assert len(key_sets) == target.config.n_layers  # the reference launches nothing
+    assert len(plans) == target.config.n_layers  # the reference launches nothing
     torch.testing.assert_close(logits, ref, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(head(hidden, ids, impl="triton")[0], head(ref_hidden, ids, impl="torch")[0],
                                rtol=1e-4, atol=1e-4)
-    assert len(key_sets) == target.config.n_layers + 1  # the head's one layer
+    assert len(plans) == target.config.n_layers + 1  # the head's one layer
 
 
 def test_stale_positions_are_never_read(models):

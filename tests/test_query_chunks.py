@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 from attention_truth import assert_kernel_close, make_inputs
+from op_impls import spy_attention_plans
 
 from wmtp.attention import triton_attention as ta
 from wmtp.attention.paged import paginate
@@ -51,19 +52,6 @@ def _op(layout, q, k, v, q_pos, n_sink, window, num_splits, q_sink=None):
                                      block_n=16, q_sink=q_sink)
 
 
-def _spy_grids(monkeypatch) -> list:
-    """The grid of every ``_attention_kernel`` launch planned from now on."""
-    grids, plan = [], ta.plan_call
-
-    def spy(*args, **kwargs):
-        call = plan(*args, **kwargs)
-        grids.append(call.grid)
-        return call
-
-    monkeypatch.setattr(ta, "plan_call", spy)
-    return grids
-
-
 @NEEDS_TRITON
 @pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
     not CUDA, reason="the CPU interpreter cannot multiply bf16"))])
@@ -80,13 +68,13 @@ def test_one_launch_equals_the_chunks_launched_one_by_one(layout, n_sink, window
     q, k, v, _ = make_inputs(B, Hq, Hkv, Lq, S, D, dtype, seed=7, device=DEVICE)
     q_pos = torch.stack([torch.arange(5, 5 + Lq), torch.arange(S - Lq, S)]).to(DEVICE)  # (B, Lq)
     assert query_chunk(Lq, Hq // Hkv, dtype, D) == Lc
-    grids = _spy_grids(monkeypatch)
+    plans = spy_attention_plans(monkeypatch)
     whole = _op(layout, q, k, v, q_pos, n_sink, window, num_splits)  # (B, Hq, Lq, D)
     n_chunks = -(-Lq // Lc)
-    assert grids == [(n_chunks * B * Hkv, num_splits)]  # one launch
+    assert [p.grid for p in plans] == [(n_chunks * B * Hkv, num_splits)]  # one launch
     chunks = torch.cat([_op(layout, q[:, :, i: i + Lc], k, v, q_pos[:, i: i + Lc], n_sink, window, num_splits)
                         for i in range(0, Lq, Lc)], dim=2)  # (B, Hq, Lq, D)
-    assert len(grids) == 1 + n_chunks
+    assert len(plans) == 1 + n_chunks
     assert torch.equal(whole, chunks)
     for b in range(B):
         rows = slice(b, b + 1)
@@ -99,9 +87,9 @@ def test_chunks_with_reindexed_sinks_and_shared_positions(monkeypatch):
     B, Hq, Hkv, Lq, S, D, n_sink, window = 1, 4, 1, 70, 120, 32, 4, 16
     q, k, v, q_pos = make_inputs(B, Hq, Hkv, Lq, S, D, torch.float32, seed=8, device=DEVICE)
     q_sink = torch.randn(q.shape, generator=torch.Generator().manual_seed(9)).to(DEVICE)
-    grids = _spy_grids(monkeypatch)
+    plans = spy_attention_plans(monkeypatch)
     whole = _op("contiguous", q, k, v, q_pos, n_sink, window, 2, q_sink)
-    assert grids == [(5, 2)]
+    assert [p.grid for p in plans] == [(5, 2)]
     chunks = torch.cat([_op("contiguous", q[:, :, i: i + 16], k, v, q_pos[i: i + 16], n_sink, window, 2,
                             q_sink[:, :, i: i + 16]) for i in range(0, Lq, 16)], dim=2)
     assert torch.equal(whole, chunks)
