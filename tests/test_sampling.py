@@ -169,6 +169,7 @@ P3, Q2, D2 = random_probs(3, 5, 0), random_probs(2, 5, 1), torch.tensor([1, 2]) 
     ((torch.tensor([-1, 2]), Q2, P3, 0, 0), r"drafts\[0\] = -1 is not a token id in \[0, 5\)"),  # read p[-1]
     ((torch.tensor([5, 2]), Q2, P3, 0, 0), r"drafts\[0\] = 5"),  # IndexError
     ((D2, -Q2, P3, 0, 0), "probabilities must be >= 0"), ((D2, Q2 * float("nan"), P3, 0, 0), "nan"),
+    ((D2, Q2, -P3, 0, 0), r"probabilities must be >= 0 and finite, got target -"),  # rejected, then sampled
     ((D2, Q2.to("meta"), P3, 0, 0), "one device"),
     ((D2, Q2, P3, -1, 0), r"pos \(the first draft's position\) must be >= 0"), ((D2, Q2, P3, 1.5, 0), "got 1.5"),
     ((D2, Q2, P3, 0, -1), r"seed must be an int in \[0, 2\*\*64\)"), ((D2, Q2, P3, 0, 1.5), "seed"),

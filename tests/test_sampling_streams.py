@@ -1,14 +1,16 @@
 """What each sampled choice of wmtp/sampling.py is keyed by and what a run passes on (mutation round 6):
 rejection draws its accept uniforms at the drafts' own positions and its next token at that token's
 position, from the stream of its case; the draft samples at the run's temperature; and a list of
-prompts runs each prompt with every option of the single-prompt call."""
+prompts runs each prompt with every option of the single-prompt call (impl and gate too, in the greedy
+generators as well)."""
 
 import pytest
 import torch
 from decode_harness import random_prompt
 from test_sampling import MirrorDraft
 
-from wmtp import sampling
+from wmtp import decode, sampling
+from wmtp.decode import greedy_generate, speculative_generate
 from wmtp.grading import harness_models
 from wmtp.sampling import check_sampling, sample_generate, speculative_sample, verify_rejection
 
@@ -80,3 +82,25 @@ def test_a_list_of_prompts_takes_every_option(models, monkeypatch):
     dense_eos = int(dense_alone[3])
     dense = sample_generate(target, [prompt], 8, 0.9, seed=2, eos_id=dense_eos)
     assert torch.equal(dense[0], dense_alone[: dense_alone.tolist().index(dense_eos) + 1])
+
+
+def test_a_list_of_prompts_passes_impl_and_gate_to_each_run(models, monkeypatch):
+    """Each prompt of a list reaches the decode loop with the call's ``impl`` and ``gate``, in all four
+    generators (a session 54 audit: dropping ``impl`` for a list in the sampling ones survived, so a
+    list ran whatever ``"auto"`` picked where one prompt was refused or held to the asked impl)."""
+    target, head = models
+    prompts = [random_prompt(9, seed=1), random_prompt(11, seed=2)]
+    seen = []
+    for module in (decode, sampling):
+        dense, spec = module.dense_loop, module.speculative_loop
+        # dense_loop(target, prompt, max_new, eos_id, impl, ...); speculative_loop(..., window, impl, ..., gate)
+        monkeypatch.setattr(module, "dense_loop", lambda *a, dense=dense: seen.append(("dense", a[4])) or dense(*a))
+        monkeypatch.setattr(module, "speculative_loop",
+                            lambda *a, spec=spec: seen.append(("spec", a[7], a[-1])) or spec(*a))
+    greedy_generate(target, prompts, 3, impl="torch")
+    speculative_generate(target, head, prompts, 3, 2, 2, 6, "torch", gate=10)
+    sample_generate(target, prompts, 3, 0.9, seed=2, impl="torch")
+    for method in ("rejection", "gumbel"):
+        speculative_sample(target, head, prompts, 3, 2, 2, 6, temperature=0.9, method=method, impl="torch", gate=10)
+    assert seen == [("dense", "torch")] * 2 + [("spec", "torch", 10)] * 2 + [("dense", "torch")] * 2 \
+        + [("spec", "torch", 10)] * 4
