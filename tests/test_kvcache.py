@@ -45,6 +45,10 @@ def test_a_row_view_writes_its_row_and_keeps_the_caches_checked(monkeypatch):
     row.update(1, torch.tensor([6, 2]), torch.ones(1, 2, 2, 4), 2 * torch.ones(1, 2, 2, 4))
     assert cache.k[1, 1, :, [2, 6]].eq(1).all() and cache.v[1, 1, :, [2, 6]].eq(2).all()  # row 1 of the cache
     assert cache.k.sum() == 2 * 2 * 4 and cache.v.sum() == 2 * 2 * 2 * 4  # and nothing else
+    monkeypatch.undo()
+    checked = KVCache(2, 3, 2, 8, 4).row(1)  # a checked cache's row checks too (an unchecked row survived)
+    with pytest.raises(ValueError, match="do not fit"):
+        checked.update(1, torch.tensor([-1]), torch.ones(1, 2, 1, 4), torch.ones(1, 2, 1, 4))
 
 
 @pytest.mark.parametrize("checked", [True, False])

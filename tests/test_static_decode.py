@@ -382,3 +382,9 @@ def test_a_list_of_prompts_passes_every_option_on(models):
     assert listed.seen == one.seen == ["reindexed"] * 4  # two steps (no accepts) of an extend and a recursive draft
     assert stats[0].draft_kv_bytes == one_stats.draft_kv_bytes < static_speculative_generate(
         target, head, prompts[0], 3, 2, 2, 3)[1].draft_kv_bytes  # a ring's
+    # the speculative loop's eos too (dropping it for a list survived, session 54): each prompt cut after
+    # its first eos, as alone
+    eos = int(wmtp.greedy_generate(target, prompts[1], 8)[2])
+    outs, _ = static_speculative_generate(target, head, prompts, 8, 2, 2, 3, eos_id=eos)
+    ones = [static_speculative_generate(target, head, p, 8, 2, 2, 3, eos_id=eos)[0] for p in prompts]
+    assert outs[1].numel() == 3 and all(torch.equal(a, b) for a, b in zip(outs, ones))
