@@ -1,8 +1,8 @@
 """What the decoding tests share (tests/test_lossless.py, test_static_decode.py, test_prefill.py, the
 lockstep and batched tests): the vocabulary of ``wmtp.grading.harness_models``, seeded random
 prompts, the counts that two runs of one request must agree on, a scripted depth policy, a fake
-clock, the base of every stand-in draft head, a device-side oracle draft and two per-row ones that
-check what they are fed (one of them in device ops only)."""
+clock, the base of every stand-in draft head, a head that records its logits, a device-side oracle
+draft and two per-row ones that check what they are fed (one of them in device ops only)."""
 
 import torch
 
@@ -69,6 +69,28 @@ class HeadProxy:
 
     def write_cache(self, *args):
         return self.head.write_cache(*args)
+
+
+class LogitsRecorder(HeadProxy):
+    """The head, recording every call's logits (copies: the static loop's buffers change in place). The
+    untrained head accepts no draft, so two runs' tokens and counts agree whatever its cache held; its
+    logits tell (``same_drafts``)."""
+
+    def __init__(self, head):
+        self.head, self.target, self.logits = head, head.target, []
+
+    def __call__(self, *args):
+        logits, g = self.head(*args)
+        self.logits.append(logits.clone())
+        return logits, g
+
+
+def same_drafts(a: LogitsRecorder, b: LogitsRecorder, msg: str = "") -> None:
+    """Assert two runs called their heads equally often with the same logits (1e-12: the cache reads
+    of two layouts may sum in another order)."""
+    assert len(a.logits) == len(b.logits) > 0, msg
+    for i, (x, y) in enumerate(zip(a.logits, b.logits)):
+        torch.testing.assert_close(y, x, rtol=0, atol=1e-12, msg=f"{msg} call {i}")
 
 
 class DeviceOracle(HeadProxy):

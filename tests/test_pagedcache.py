@@ -8,7 +8,7 @@ import os
 
 import pytest
 import torch
-from decode_harness import V, random_prompt, same_counts
+from decode_harness import LogitsRecorder, V, random_prompt, same_counts, same_drafts
 
 import wmtp
 from wmtp import grading
@@ -275,10 +275,13 @@ def test_decoding_from_a_paged_prefill_is_lossless(models, n_sink, window, page_
                                                        draft_cache=cache)
             assert torch.equal(out, dense) and torch.equal(ref, dense), (j, cache)
             same_counts(stats, ref_stats)
-    out, stats = wmtp.speculative_generate(target, head, prompt, 24, depth, n_sink, window, prefill=pre)
-    ref, ref_stats = wmtp.speculative_generate(target, head, prompt, 24, depth, n_sink, window)
+    paged_head, contiguous = LogitsRecorder(head), LogitsRecorder(head)
+    paged_pre = prefill_prompt(target, prompt, max_len, draft=paged_head, page_size=page_size)
+    out, stats = wmtp.speculative_generate(target, paged_head, prompt, 24, depth, n_sink, window, prefill=paged_pre)
+    ref, ref_stats = wmtp.speculative_generate(target, contiguous, prompt, 24, depth, n_sink, window)
     assert torch.equal(out, dense) and torch.equal(ref, dense)
-    same_counts(stats, ref_stats)  # the head's own paged draft KV: the contiguous run's drafts
+    same_counts(stats, ref_stats)
+    same_drafts(contiguous, paged_head)  # the head's own paged draft KV: the contiguous run's logits, call by call
     static, _ = wmtp.static_speculative_generate(target, head, prompt, 24, depth, n_sink, window, prefill=pre)
     assert torch.equal(static, dense)
     sampled, _ = wmtp.speculative_sample(target, head, prompt, 24, depth, n_sink, window, temperature=0.9, seed=4,

@@ -4,7 +4,7 @@ wrap-around, with the fewest spare slots the protocol allows), and decoding with
 
 import pytest
 import torch
-from decode_harness import HeadProxy, V, random_prompt, same_counts
+from decode_harness import HeadProxy, LogitsRecorder, V, random_prompt, same_counts, same_drafts
 
 import wmtp
 from wmtp import grading
@@ -215,18 +215,6 @@ def test_decoding_with_a_ring_is_lossless(models, n_sink, window):
     assert torch.equal(out, sampled)
 
 
-class Recorder(HeadProxy):
-    """The head, recording every call's logits (the static loop calls it with device tensors only)."""
-
-    def __init__(self, head):
-        self.head, self.target, self.logits = head, head.target, []
-
-    def __call__(self, *args):
-        logits, g = self.head(*args)
-        self.logits.append(logits.clone())
-        return logits, g
-
-
 @pytest.mark.parametrize("n_sink,window", WINDOWED)
 @pytest.mark.parametrize("depth", [1, 3, 8])
 def test_the_static_loop_reads_the_same_keys_from_a_ring(models, n_sink, window, depth):
@@ -238,32 +226,39 @@ def test_the_static_loop_reads_the_same_keys_from_a_ring(models, n_sink, window,
     ref = wmtp.greedy_generate(target, prompt, 50)
     runs = {}
     for cache in ("full", "ring"):
-        rec = Recorder(head)
+        rec = LogitsRecorder(head)
         out, stats = wmtp.static_speculative_generate(target, rec, prompt, 50, depth, n_sink, window,
                                                       draft_cache=cache)
         assert torch.equal(out, ref)
-        runs[cache] = rec.logits, stats
-    (full, full_stats), (ring_logits, ring_stats) = runs["full"], runs["ring"]
+        runs[cache] = rec, stats
+    (full, full_stats), (ring, ring_stats) = runs["full"], runs["ring"]
     same_counts(ring_stats, full_stats)
     c = target.config
     slot_bytes = 2 * c.n_kv_heads * c.head_dim * head.proj.element_size()  # K and V of a slot
     # the ring's size, as the eager loop's (a static count of the keys alone survived, session 54)
     assert ring_stats.draft_kv_bytes == (n_sink + window + depth) * slot_bytes < full_stats.draft_kv_bytes
-    assert len(full) == len(ring_logits)  # the steps' calls (the prefills are write_cache's)
-    for i, (a, b) in enumerate(zip(full, ring_logits)):
-        torch.testing.assert_close(b, a, rtol=0, atol=1e-12, msg=f"call {i}")
+    same_drafts(full, ring)  # the steps' calls (the prefills are write_cache's)
 
 
 def test_a_shared_prefill_fills_the_ring(models):
+    """A ring filled from a shared prefill drafts what a ring the run filled itself drafts: the same head
+    logits at every call (1e-12). The random head accepts no draft, so equal tokens and counts alone
+    could not tell (session 54: filling the ring one position short passed them)."""
     target, head = models
     prompt = random_prompt(30, seed=4)
-    pre = wmtp.prefill_prompt(target, prompt, 80, draft=head)
+    recorders = LogitsRecorder(head), LogitsRecorder(head)  # the run alone's head, the shared prefill's
+    pre = wmtp.prefill_prompt(target, prompt, 80, draft=recorders[1])  # its write_cache: no logits recorded
     for depth in (1, 4):
-        alone, alone_stats = wmtp.speculative_generate(target, head, prompt, 40, depth, 2, 3, draft_cache="ring")
-        shared, shared_stats = wmtp.speculative_generate(target, head, prompt, 40, depth, 2, 3, draft_cache="ring",
-                                                         prefill=pre)
+        runs = []
+        for rec, prefill in zip(recorders, (None, pre)):
+            rec.logits = []
+            out, stats = wmtp.speculative_generate(target, rec, prompt, 40, depth, 2, 3, draft_cache="ring",
+                                                   prefill=prefill)
+            runs.append((out, stats))
+        (alone, alone_stats), (shared, shared_stats) = runs
         assert torch.equal(alone, shared)
         same_counts(alone_stats, shared_stats)
+        same_drafts(*recorders, f"depth {depth}")
 
 
 @pytest.mark.parametrize("kwargs, match", [({"draft_cache": "paged"}, "unknown draft_cache"),
