@@ -4,8 +4,11 @@ before the long work (training) where it can be. Also what a reproduction takes 
 seed (its prompts, its loss curves' last losses, its untrained models), on a stubbed corpus with the
 slow parts stubbed out."""
 
+import dataclasses
 import os
 import random
+import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -138,13 +141,20 @@ def test_both_models_start_from_the_seed(tmp_path, monkeypatch):
     from wmtp.model import TargetLM
     from wmtp.mtp import MTPHead
 
-    monkeypatch.setattr(reproduce, "train_target", lambda *a: [])
-    monkeypatch.setattr(reproduce, "train_head", lambda *a: [])
-    preset, heads = get_preset("tiny"), []
+    trained = []  # what each training was given: its tokens and its generator's seed (the batches')
+    monkeypatch.setattr(reproduce, "train_target", lambda m, tokens, cfg, g, progress: trained.append(
+        ("target", tokens, g.initial_seed())) or [])
+    monkeypatch.setattr(reproduce, "train_head", lambda m, t, tokens, cfg, g, progress: trained.append(
+        ("head", tokens, g.initial_seed())) or [])
+    preset, heads, names = get_preset("tiny"), [], []
     for seed in (0, 1):
         corpus = SimpleNamespace(name="c", fingerprint=str(seed))
-        target, head, _ = reproduce.prepare_models(preset, corpus, {"train": None}, seed, "cpu", tmp_path, None, False,
-                                                   lambda *a: None)
+        trained.clear()
+        target, head, info = reproduce.prepare_models(preset, corpus, {"train": "TRAIN"}, seed, "cpu", tmp_path, None,
+                                                      False, lambda *a: None)
+        # the batches are drawn from the seed too (a fresh default generator for either survived, session 54)
+        assert trained == [("target", "TRAIN", seed), ("head", "TRAIN", seed)]
+        names.append(Path(info["checkpoint"]).name)
         g = torch.Generator().manual_seed(seed)
         want_target = TargetLM(preset.model, generator=g)
         want_head = MTPHead(preset.mtp, want_target, generator=g)
@@ -152,6 +162,15 @@ def test_both_models_start_from_the_seed(tmp_path, monkeypatch):
             assert all(torch.equal(a, b) for a, b in zip(got.state_dict().values(), want.state_dict().values()))
         heads.append(head.state_dict())
     assert not all(torch.equal(a, b) for a, b in zip(heads[0].values(), heads[1].values()))
+    # the default checkpoint's name carries a hash of the configs and the corpus: another config, another file
+    # (without it, a changed config found the old file and was refused)
+    other = dataclasses.replace(preset, train=dataclasses.replace(preset.train, head_steps=preset.train.head_steps + 1))
+    corpus = SimpleNamespace(name="c", fingerprint="1")
+    _, _, info = reproduce.prepare_models(other, corpus, {"train": "TRAIN"}, 1, "cpu", tmp_path, None, False,
+                                          lambda *a: None)
+    renamed = Path(info["checkpoint"]).name
+    assert re.fullmatch(r"ckpt-tiny-c-seed1-[0-9a-f]{12}\.pt", names[1]) and renamed != names[1]
+    assert renamed.startswith("ckpt-tiny-c-seed1-") and names[0].startswith("ckpt-tiny-c-seed0-")
 
 
 @pytest.mark.parametrize("error", [RuntimeError("[enforce fail] DefaultCPUAllocator: can't allocate memory: you "

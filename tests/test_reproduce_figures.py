@@ -123,19 +123,46 @@ def test_run_arms_figures_from_scripted_times(monkeypatch):
         rep.run_arms(None, None, torch.zeros(8, dtype=torch.long), preset)
 
 
-def test_a_reproduction_of_no_training_steps_records_no_final_loss(wikitext_dir, tmp_path):
+def test_a_reproduction_of_no_training_steps_records_no_final_loss(wikitext_dir, tmp_path, monkeypatch):
     """TrainConfig takes 0 steps (an untrained model's reproduction); the JSON's final losses are then
-    None, where taking the last of no losses raised an IndexError after every arm had decoded."""
-    import dataclasses
+    None, where taking the last of no losses raised an IndexError after every arm had decoded. The run
+    reads the corpus capped at the preset's ``max_train_chars``, scores perplexity and the head on the
+    valid split (the head's windows drawn from the seed), decodes the CPU arms in float64 and records
+    the preset's configs, each under its own name (a session 54 audit: the test split, seed 0, float32
+    models, an uncapped corpus and the head's config under "train" each passed every test)."""
+    from dataclasses import asdict
 
-    import torch
-
+    from wmtp import data, tokenizer
+    from wmtp import reproduce as rep
     from wmtp.config import get_preset
-    from wmtp.reproduce import reproduce
 
     p = get_preset("tiny")
     p = dataclasses.replace(p, train=dataclasses.replace(p.train, target_steps=0, head_steps=0))
-    m = reproduce(p, str(wikitext_dir), torch.device("cpu"), 0, None, tmp_path, None, "test", progress=False,
-                  log=lambda *a: None)
+    seen = {}
+
+    def spy(name, real, record):
+        def call(*a, **k):
+            out = real(*a, **k)
+            seen.setdefault(name, []).append(record(a, k, out))
+            return out
+        return call
+
+    monkeypatch.setattr(data, "load_corpus", spy("corpus", data.load_corpus, lambda a, k, out: k))
+    monkeypatch.setattr(tokenizer, "corpus_token_splits", spy("splits", tokenizer.corpus_token_splits,
+                                                              lambda a, k, out: out))
+    monkeypatch.setattr(rep, "perplexity", spy("ppl", rep.perplexity, lambda a, k, out: a[1]))
+    monkeypatch.setattr(rep, "head_accuracy", spy("acc", rep.head_accuracy,
+                                                  lambda a, k, out: (a[2], a[6].initial_seed())))
+    monkeypatch.setattr(rep, "run_arms", spy("arms", rep.run_arms, lambda a, k, out: (a[0].embed.dtype,
+                                                                                      a[1].proj.dtype)))
+    m = rep.reproduce(p, str(wikitext_dir), torch.device("cpu"), 5, None, tmp_path, None, "test", progress=False,
+                      log=lambda *a: None)
     assert (m["training"]["target_losses"], m["training"]["head_losses"]) == (None, None)
     assert all(arm["lossless"] for ctx in m["contexts"] for arm in ctx["arms"].values())
+    assert seen["corpus"] == [{"max_chars": p.train.max_train_chars}]
+    valid = seen["splits"][0]["valid"]
+    assert len(seen["ppl"]) == len(p.spec.ppl_contexts) and all(t is valid for t in seen["ppl"])
+    assert seen["acc"] == [(valid, 5)]
+    assert seen["arms"] == [(torch.float64, torch.float64)] * len(p.spec.contexts) and m["decode_dtype"] == "float64"
+    assert m["config"] == {"preset": "tiny", "model": asdict(p.model), "mtp": asdict(p.mtp), "train": asdict(p.train),
+                           "spec": asdict(p.spec)}
