@@ -79,8 +79,8 @@ class LogitsRecorder(HeadProxy):
     def __init__(self, head):
         self.head, self.target, self.logits = head, head.target, []
 
-    def __call__(self, *args):
-        logits, g = self.head(*args)
+    def __call__(self, *args, **kwargs):  # kwargs: ``positions`` where a run asks for it
+        logits, g = self.head(*args, **kwargs)
         self.logits.append(logits.clone())
         return logits, g
 

@@ -160,12 +160,17 @@ def test_broken_parquet_raises_one_error_and_logs_nothing(tmp_path):
     handler.emit = records.append
     logger = logging.getLogger("datasets")  # datasets' own handler writes to a stderr of its import time
     logger.addHandler(handler)
+    hf_logging = data._datasets().utils.logging
+    before = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     try:
         with pytest.raises(ValueError, match=r"cannot read the split files .*as parquet: ArrowInvalid"):
             data.load_corpus(tmp_path)
     finally:
         logger.removeHandler(handler)
     assert [r.getMessage() for r in records] == []  # no "Failed to read schema" line before wmtp's error
+    # and datasets' own logging as it was (left silenced, it passed every test: session 54)
+    assert (hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()) == before
+    assert before[0] < hf_logging.CRITICAL
 
 
 def test_wikitext_without_test_split_raises(tmp_path):
@@ -340,3 +345,9 @@ def test_the_first_name_of_a_split_wins(tmp_path):
     builder, files = data._find_split_files(tmp_path)
     assert builder == "text" and {k: p.name for k, p in files.items()} == {
         "train": "train.txt", "valid": "valid.txt", "test": "test.txt"}
+    both = tmp_path / "both"  # one folder of raw and tokenized text (its <unk> markers): the raw
+    for split in ("train", "valid", "test"):
+        for kind in ("tokens", "raw"):
+            write_text_split(both / f"wiki.{split}.{kind}", [kind])
+    assert {k: p.name for k, p in data._find_split_files(both)[1].items()} == {
+        "train": "wiki.train.raw", "valid": "wiki.valid.raw", "test": "wiki.test.raw"}

@@ -118,6 +118,45 @@ def test_a_write_that_fails_leaves_the_old_file_and_no_temporary_one(tmp_path):
     assert out.read_text() == "old" and os.listdir(tmp_path) == ["m.json"]
 
 
+def test_a_checkpoint_or_metrics_write_that_fails_leaves_the_old_file(tmp_path, monkeypatch):
+    """The library's writers go through ``atomic_path``: a save that dies half-written (a full disk, a
+    killed run) leaves the old checkpoint or metrics file whole (session 54: either writer writing
+    straight to its path passed every test, which only looked for leftover temporary files)."""
+    from pathlib import Path
+
+    import torch
+
+    import wmtp
+    from wmtp.metrics import write_json
+    from wmtp.train import save_checkpoint
+
+    def half_save(_obj, f, *a, **k):  # torch.save writing the first 100 bytes, then failing
+        Path(f).write_bytes(whole[:100])
+        raise OSError(28, "No space left on device")
+
+    target, head = wmtp.build_models("tiny", seed=0)
+    ckpt = tmp_path / "ckpt.pt"
+    save_checkpoint(ckpt, target, head, {"v": 1})
+    whole = ckpt.read_bytes()
+    monkeypatch.setattr(torch, "save", half_save)
+    with pytest.raises(OSError, match="No space"):
+        save_checkpoint(ckpt, target, head, {"v": 2})
+    metrics = tmp_path / "m.json"
+    write_json(metrics, {"a": 1})
+    real_write_text = Path.write_text
+
+    def half_text(self, text, *a, **k):
+        real_write_text(self, text[:3])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", half_text)
+    with pytest.raises(OSError, match="No space"):
+        write_json(metrics, {"a": 2})
+    monkeypatch.undo()
+    assert ckpt.read_bytes() == whole and metrics.read_text() == '{\n  "a": 1\n}\n'
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "m.json"]
+
+
 def test_missing_folders_are_made_below_the_nearest_existing_one(tmp_path):
     """An output two folders below any that exists passes ``check_writable`` (which makes nothing) and
     ``atomic_path`` makes both folders (the nearest existing ancestor found by one step up, and a

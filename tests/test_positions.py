@@ -17,7 +17,7 @@ import os
 import pytest
 import torch
 from attention_truth import assert_kernel_close, dtype_id, make_inputs
-from decode_harness import random_prompt, same_counts
+from decode_harness import LogitsRecorder, random_prompt, same_counts, same_drafts
 
 import wmtp
 from wmtp.attention import paged_attention
@@ -240,10 +240,20 @@ def test_a_head_without_rope_ignores_reindexing(models):
     target, _ = models
     head = wmtp.MTPHead(wmtp.MTPConfig(rope=False), target).double()
     prompt = random_prompt(30)
-    runs = [wmtp.speculative_generate(target, head, prompt, 16, 3, 2, 6, positions=p)
-            for p in ("absolute", "reindexed")]
+    recorders = LogitsRecorder(head), LogitsRecorder(head)
+    runs = [wmtp.speculative_generate(target, rec, prompt, 16, 3, 2, 6, positions=p)
+            for rec, p in zip(recorders, ("absolute", "reindexed"))]
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][0], wmtp.greedy_generate(target, prompt, 16))
     same_counts(runs[0][1], runs[1][1])
+    same_drafts(*recorders)  # the untrained head accepts nothing: its logits tell
+    # and it is a head without RoPE: the same weights with RoPE draft other logits (a head built with RoPE
+    # whatever its config said survived every test, session 54)
+    roped = wmtp.MTPHead(wmtp.MTPConfig(rope=True), target).double()
+    roped.load_state_dict(head.state_dict())
+    with_rope = LogitsRecorder(roped)
+    wmtp.speculative_generate(target, with_rope, prompt, 16, 3, 2, 6)
+    assert len(with_rope.logits) == len(recorders[0].logits)
+    assert not all(torch.allclose(a, b) for a, b in zip(with_rope.logits, recorders[0].logits))
 
 
 @pytest.mark.parametrize("generate", ["speculative_generate", "static_speculative_generate", "speculative_sample"])

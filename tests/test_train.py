@@ -194,6 +194,28 @@ def test_checkpoint_with_a_weight_that_is_no_tensor_is_refused_by_name(tmp_path)
     assert torch.equal(target.embed, before)
 
 
+class _RunsOnLoad:
+    """A pickled object whose loading calls a function: here ``_RAN.append``, in a hostile file anything."""
+
+    def __reduce__(self):
+        return _RAN.append, ("ran",)
+
+
+_RAN: list = []
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_unloaded(tmp_path):
+    """``--checkpoint`` takes a path from the user: only tensors and plain containers are unpickled
+    (``weights_only``), so a file whose loading calls a function is the unreadable-file error and the
+    function never runs (session 54: loading it whole passed every test)."""
+    target, head = wmtp.build_models("tiny", seed=0)
+    torch.save({"meta": _RunsOnLoad(), "target": target.state_dict(), "head": head.state_dict()}, tmp_path / "x.pt")
+    _RAN.clear()
+    with pytest.raises(ValueError, match="cannot be read: not a file torch.save wrote, or a damaged one"):
+        load_checkpoint(tmp_path / "x.pt", target, head, {})
+    assert _RAN == []
+
+
 def test_checkpoint_meta_names_everything_a_checkpoint_must_match_as_json():
     """The configs, corpus, its fingerprint, seed and CHECKPOINT_VERSION, in JSON's terms (a tuple
     field such as global_layers as a list, so the meta equals its own JSON round trip)."""
@@ -378,6 +400,8 @@ def test_each_model_trains_at_its_own_rate_and_the_bar_shows_each_step_s_loss(mo
     real = train._optimise
     monkeypatch.setattr(train, "_optimise", lambda params, fn, steps, lr, cfg, label, progress: calls.append(
         (steps, lr, label)) or real(params, fn, steps, lr, cfg, label, progress))
+    real_lr, schedule = train._lr, []  # each step's rate: its model's own warmup and cosine over its own steps
+    monkeypatch.setattr(train, "_lr", lambda *a: schedule.append(a) or real_lr(*a))
 
     class Bar:
         def __init__(self, *columns, disable):
@@ -404,6 +428,9 @@ def test_each_model_trains_at_its_own_rate_and_the_bar_shows_each_step_s_loss(mo
     assert updates[1:] == [(7, {"advance": 1, "loss": losses[0]}), (7, {"advance": 1, "loss": losses[1]})]
     train_head(head, target, synthetic_tokens(1000), cfg, torch.Generator().manual_seed(0), progress=False)
     assert calls == [(2, 1e-2, "target LM"), (1, 3e-3, "MTP head")]
+    w = cfg.warmup_steps  # the head's cosine over the target's steps survived (session 54)
+    steps = [(0, 1e-2, w, 2), (1, 1e-2, w, 2), (0, 3e-3, w, 1)]
+    assert schedule == [x for x in steps for _group in ("matrices", "the rest")]  # set for each parameter group
 
 def test_head_loss_is_the_mean_of_its_draft_steps_cross_entropies():
     """A head step's loss is the mean over the draft steps 1 .. train_depth of each step's cross-entropy
