@@ -6,7 +6,7 @@ import copy
 
 import pytest
 import torch
-from decode_harness import Cycling, HeadProxy, V
+from decode_harness import Cycling, HeadProxy, StepClock, V
 from decode_harness import random_prompts as prompts
 
 import wmtp
@@ -156,6 +156,35 @@ def test_one_row_counts_as_speculative_generate(models):
         _, lock = lockstep_generate(target, oracle, ps, 30, 5, n_sink, window)
         assert alone.accepted > 0 and (lock.steps, lock.accepted, lock.committed, lock.draft_keys_read) == (
             alone.steps, alone.accepted, alone.committed, alone.draft_keys_read)
+    # two copies of one prompt under a depth policy: draft_keys_read is one row's, each step's own depth
+    # (a count of every row, or of the policy's largest depth, survived: session 54)
+    j = lambda b, n: n % 4  # noqa: E731  the same for both rows
+    twice = ps.expand(2, -1)
+    for n_sink, window in [(None, None), (2, 8)]:
+        policies = Cycling([3, 1, 5]), Cycling([3, 1, 5])
+        _, alone = wmtp.speculative_generate(target, oracle_for(target, head, ps, 5, 30, j)[0], ps[0], 30,
+                                             policies[0], n_sink, window)
+        _, lock = lockstep_generate(target, oracle_for(target, head, twice, 5, 30, j)[0], twice, 30, policies[1],
+                                    n_sink, window)
+        assert policies[0].seen == policies[1].seen and len({k for k, _ in policies[1].seen}) == 3
+        assert alone.accepted > 0 and lock.draft_keys_read == alone.draft_keys_read
+
+
+def test_the_policy_hears_each_steps_phases(models, monkeypatch):
+    """On a fake clock (``StepClock``: consecutive readings 1, 2, 3, ... apart) the counters keep each
+    step's draft and verify phases, and the depth policy hears them in that order (session 54: the two
+    swapped, in the counters and the policy's update, survived every test of the eager loop)."""
+    from wmtp import lockstep
+
+    target, head = models
+    clock = StepClock()
+    monkeypatch.setattr(lockstep, "time", clock)
+    policy = Cycling([2])
+    _, stats = lockstep_generate(target, head, prompts(2, 5, seed=3), 6, policy)
+    first = clock.calls - 3 * stats.steps  # readings before the first step's (the prefill's)
+    draft = [first + 3 * s + 1 for s in range(stats.steps)]  # a step reads t0, t1, t2: spans c + 1, c + 2
+    assert stats.steps >= 3 and stats.draft_times_s == draft and stats.verify_times_s == [d + 1 for d in draft]
+    assert policy.times == list(zip(draft, [d + 1 for d in draft]))
 
 
 @pytest.mark.parametrize("row0", ["none", "all"])

@@ -62,6 +62,9 @@ def test_scripted_matches_and_stops(models, stop):
     static = static_batched_speculative_generate(target, oracle, prompts, new, policies[1], impl="torch", eos_id=eos)
     assert_same_run(static, eager)
     assert policies[0].positions == policies[1].positions == [5, *range(9, 8 + new - 1)]
+    # each live row's own accepted count, as the eager loop tells it (step 0: rows 0, 1, 2 accept 3, 0, 3;
+    # telling every row the batch's most, or row 0's, survived, session 54)
+    assert policies[1].seen == policies[0].seen and policies[1].seen[:3] == [(K, K), (K, 0), (K, K)]
     assert static[1].live_steps[0] < static[1].live_steps[1] and static[1].mean_accept_length > 1.5
 
 

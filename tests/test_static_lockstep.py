@@ -116,6 +116,16 @@ def test_a_batch_of_one_counts_as_static_speculative_generate(models, n_sink, wi
     assert torch.equal(out[0], alone_out) and alone.accepted > 0
     assert (lock.steps, lock.accepted, lock.committed, lock.draft_keys_read) == (
         alone.steps, alone.accepted, alone.committed, alone.draft_keys_read)
+    # two copies of the prompt under a depth policy: one row's keys, each step's own extend and depth (a
+    # count of every row, or of this step's width for the last step's extend, survived: session 54)
+    twice, same = ps.expand(2, -1), lambda b, t: (5 * t) % 7 != 0  # the same misses in both rows
+    policies = Cycling([3, 1, 5]), Cycling([3, 1, 5])
+    _, lock = static_lockstep_generate(target, oracle(target, head, twice, 30, same), twice, 30, policies[0],
+                                       n_sink, window)
+    _, alone = wmtp.static_speculative_generate(target, oracle(target, head, ps, 30, same), ps[0], 30, policies[1],
+                                                n_sink, window)
+    assert policies[0].seen == policies[1].seen and alone.accepted > 0
+    assert lock.draft_keys_read == alone.draft_keys_read
 
 
 def test_the_capture_warm_up_and_restore_change_nothing(models, monkeypatch):
