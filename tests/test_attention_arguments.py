@@ -98,6 +98,7 @@ def test_triton_refuses_each_thing_the_kernels_cannot_take():
         "k and v of two layouts or a strided head dim (strides (40, 20, 4, 1), (40, 4, 8, 1))")
     grad = "tensors that require grad (the kernels have no backward)"
     assert triton_refuses(q, k, v.requires_grad_(), None) == grad
+    assert triton_refuses(q, _t(1, 2, 5, 4).requires_grad_(), _t(1, 2, 5, 4), None) == grad  # k's alone (session 54)
     sink = _t(1, 2, 3, 4).requires_grad_()
     assert triton_refuses(q, k, _t(1, 2, 5, 4), sink) == grad
     with torch.no_grad():

@@ -214,6 +214,7 @@ def test_render_mask_rows_match_mask():
     lambda: draft_key_csr(torch.tensor([3.9]), 0, 2), lambda: draft_key_csr(torch.tensor([], dtype=torch.long), -1, 2),
     lambda: draft_key_mask([3], 2.5, 0, 2), lambda: draft_key_mask([3], -1, 0, 2),
     lambda: draft_key_mask([-1], 4, 0, 2), lambda: draft_key_mask(torch.tensor(3), 4, 0, 2),
+    lambda: draft_key_mask([-1, 3], 4, 0, 2),  # a negative one beside another (checking the largest survived)
     lambda: draft_key_mask(torch.tensor([[3]]), 4, 0, 2), lambda: draft_key_mask(torch.tensor([1.5]), 4, 0, 2),
     lambda: draft_key_indices(2**70, 1, 2), lambda: draft_key_mask([3], 2**70, 0, 2),  # torch's OverflowError
     lambda: draft_key_mask(torch.tensor([3 + 0j]), 4, 0, 2), lambda: draft_key_csr(torch.tensor([3 + 1j]), 0, 2),
